@@ -1,0 +1,25 @@
+//! `peg`: the squarepeg command-line tool. Each verb lives in its own module
+//! under `cmd/`; this file only parses the command line and dispatches.
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+
+#[derive(Parser)]
+#[command(
+    name = "peg",
+    version,
+    about = "squarepeg: QUIC-class transport services over TCP"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {}
+}

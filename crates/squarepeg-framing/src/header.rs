@@ -1,0 +1,219 @@
+//! The uCOBS frame header (wire version 1), specified byte by byte in
+//! docs/wire.md.
+//!
+//! ```text
+//! byte 0      version (high 4 bits, = 1) | kind (low 4 bits)
+//! byte 1      flags: bit 0 = FIN (stream chunks only); bits 1-7 reserved, must be 0
+//! then, by kind:
+//!   Message      varint sub-stream id, varint message number
+//!   StreamChunk  varint stream id, varint stream offset
+//!   Padding      nothing
+//!   Control      nothing (the payload is a control body, see squarepeg-session)
+//! ```
+//!
+//! Varints are QUIC varints (RFC 9000 §16). Only the sub-stream id travels
+//! with a message; its lifetime, dependency and priority stay with the sender
+//! (Hollywood §4.2, §7.2).
+
+use crate::{HeaderError, varint};
+
+/// The frame format version this crate writes and reads.
+pub const VERSION: u8 = 1;
+
+const FLAG_FIN: u8 = 0x01;
+
+/// What a frame carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// A whole application message (a datagram).
+    Message = 1,
+    /// A chunk of an ordered, reliable byte stream.
+    StreamChunk = 2,
+    /// Filler the receiver discards: pads inconsistent retransmissions to
+    /// the original length (Hollywood §4.2).
+    Padding = 3,
+    /// Connection control (flow control, stream open/reset, close).
+    Control = 4,
+}
+
+impl FrameKind {
+    fn from_nibble(n: u8) -> Result<Self, HeaderError> {
+        match n {
+            1 => Ok(Self::Message),
+            2 => Ok(Self::StreamChunk),
+            3 => Ok(Self::Padding),
+            4 => Ok(Self::Control),
+            other => Err(HeaderError::UnknownKind(other)),
+        }
+    }
+}
+
+/// A decoded frame header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FrameHeader {
+    /// Message number `number` of sub-stream `substream`. Numbers are
+    /// assigned by the sender per connection, starting at 0.
+    Message { substream: u64, number: u64 },
+    /// Bytes of stream `stream` starting at byte `offset` of that stream;
+    /// `fin` is set on the chunk holding the stream's last byte (or on an
+    /// empty chunk at the final offset).
+    StreamChunk { stream: u64, offset: u64, fin: bool },
+    /// Padding; its payload is ignored.
+    Padding,
+    /// A control frame; its payload is a control body.
+    Control,
+}
+
+impl FrameHeader {
+    /// The kind of frame this header introduces.
+    pub fn kind(&self) -> FrameKind {
+        match self {
+            Self::Message { .. } => FrameKind::Message,
+            Self::StreamChunk { .. } => FrameKind::StreamChunk,
+            Self::Padding => FrameKind::Padding,
+            Self::Control => FrameKind::Control,
+        }
+    }
+
+    /// Number of bytes [`FrameHeader::encode`] writes.
+    pub fn encoded_len(&self) -> Result<usize, HeaderError> {
+        let vlen = |v: u64| varint::len(v).ok_or(HeaderError::VarintTooLarge(v));
+        Ok(2 + match *self {
+            Self::Message { substream, number } => vlen(substream)? + vlen(number)?,
+            Self::StreamChunk { stream, offset, .. } => vlen(stream)? + vlen(offset)?,
+            Self::Padding | Self::Control => 0,
+        })
+    }
+
+    /// Appends the encoded header to `out`. On error `out` may hold a
+    /// partial header; callers discard it.
+    pub fn encode(&self, out: &mut Vec<u8>) -> Result<(), HeaderError> {
+        out.push((VERSION << 4) | self.kind() as u8);
+        match *self {
+            Self::Message { substream, number } => {
+                out.push(0);
+                varint::encode(substream, out)?;
+                varint::encode(number, out)?;
+            }
+            Self::StreamChunk {
+                stream,
+                offset,
+                fin,
+            } => {
+                out.push(if fin { FLAG_FIN } else { 0 });
+                varint::encode(stream, out)?;
+                varint::encode(offset, out)?;
+            }
+            Self::Padding | Self::Control => out.push(0),
+        }
+        Ok(())
+    }
+
+    /// Parses a header from the front of `buf` (a decoded frame body);
+    /// returns it and its length in bytes.
+    pub fn decode(buf: &[u8]) -> Result<(Self, usize), HeaderError> {
+        let [first, flags, ..] = *buf else {
+            return Err(HeaderError::Truncated);
+        };
+        let version = first >> 4;
+        if version != VERSION {
+            return Err(HeaderError::UnsupportedVersion(version));
+        }
+        let kind = FrameKind::from_nibble(first & 0x0f)?;
+        let allowed = if kind == FrameKind::StreamChunk {
+            FLAG_FIN
+        } else {
+            0
+        };
+        if flags & !allowed != 0 {
+            return Err(HeaderError::ReservedFlags(flags));
+        }
+        let mut pos = 2;
+        let mut next = || -> Result<u64, HeaderError> {
+            let (v, n) = varint::decode(&buf[pos..])?;
+            pos += n;
+            Ok(v)
+        };
+        let header = match kind {
+            FrameKind::Message => {
+                let substream = next()?;
+                let number = next()?;
+                Self::Message { substream, number }
+            }
+            FrameKind::StreamChunk => {
+                let stream = next()?;
+                let offset = next()?;
+                Self::StreamChunk {
+                    stream,
+                    offset,
+                    fin: flags & FLAG_FIN != 0,
+                }
+            }
+            FrameKind::Padding => Self::Padding,
+            FrameKind::Control => Self::Control,
+        };
+        Ok((header, pos))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(h: FrameHeader) -> Vec<u8> {
+        let mut out = Vec::new();
+        h.encode(&mut out).unwrap();
+        assert_eq!(out.len(), h.encoded_len().unwrap());
+        let mut with_tail = out.clone();
+        with_tail.extend_from_slice(b"payload");
+        assert_eq!(FrameHeader::decode(&with_tail).unwrap(), (h, out.len()));
+        out
+    }
+
+    #[test]
+    fn round_trips() {
+        assert_eq!(
+            round_trip(FrameHeader::Message {
+                substream: 0,
+                number: 0
+            }),
+            [0x11, 0, 0, 0]
+        );
+        assert_eq!(
+            round_trip(FrameHeader::StreamChunk {
+                stream: 3,
+                offset: 1000,
+                fin: true
+            }),
+            [0x12, 0x01, 0x03, 0x43, 0xe8]
+        );
+        assert_eq!(round_trip(FrameHeader::Padding), [0x13, 0]);
+        assert_eq!(round_trip(FrameHeader::Control), [0x14, 0]);
+        round_trip(FrameHeader::Message {
+            substream: varint::MAX,
+            number: varint::MAX,
+        });
+    }
+
+    #[test]
+    fn rejects_bad_headers() {
+        use HeaderError::*;
+        let cases: [(&[u8], HeaderError); 7] = [
+            (&[], Truncated),
+            (&[0x11], Truncated),
+            (&[0x21, 0, 0, 0], UnsupportedVersion(2)),
+            (&[0x15, 0], UnknownKind(5)),
+            (&[0x10, 0], UnknownKind(0)),
+            (&[0x11, 0x01, 0, 0], ReservedFlags(1)),
+            (&[0x12, 0x02, 0, 0], ReservedFlags(2)),
+        ];
+        for (bytes, err) in cases {
+            assert_eq!(FrameHeader::decode(bytes).unwrap_err(), err, "{bytes:02x?}");
+        }
+        assert_eq!(
+            FrameHeader::decode(&[0x11, 0, 0x40]).unwrap_err(),
+            Truncated
+        );
+    }
+}

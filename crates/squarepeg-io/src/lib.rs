@@ -1,0 +1,1 @@
+//! Packet I/O drivers for the userspace TCP: TUN device, event loop and timers
