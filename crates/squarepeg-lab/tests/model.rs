@@ -9,7 +9,13 @@ use squarepeg_lab::model::{
 const MS: Duration = Duration::from_millis(1);
 
 /// Offers `n` packets of `len` bytes, one every `spacing`, and returns (send time, verdict).
-fn offer_all(link: &mut LinkDirection, t0: Instant, n: usize, spacing: Duration, len: usize) -> Vec<(Instant, Verdict)> {
+fn offer_all(
+    link: &mut LinkDirection,
+    t0: Instant,
+    n: usize,
+    spacing: Duration,
+    len: usize,
+) -> Vec<(Instant, Verdict)> {
     (0..n)
         .map(|i| {
             let now = t0 + spacing * i as u32;
@@ -37,7 +43,12 @@ fn random_loss_rate_is_binomial() {
         .filter(|(_, v)| *v == Verdict::Drop(DropReason::RandomLoss))
         .count();
     let n_f = n as f64;
-    assert_within_4_sigma("random loss", lost as f64, n_f * p, (n_f * p * (1.0 - p)).sqrt());
+    assert_within_4_sigma(
+        "random loss",
+        lost as f64,
+        n_f * p,
+        (n_f * p * (1.0 - p)).sqrt(),
+    );
     let stats = link.stats();
     assert_eq!(stats.dropped_random_loss, lost as u64);
     assert_eq!(stats.dropped(), lost as u64);
@@ -68,7 +79,8 @@ fn loss_runs(verdicts: &[(Instant, Verdict)]) -> Vec<usize> {
 fn gilbert_elliott_stationary_loss_and_mean_burst() {
     let n = 200_000;
     let ge = GilbertElliott::new(0.01, 0.3);
-    let mut link = LinkDirection::new(LinkConfig::new().with_gilbert_elliott(ge), 7).expect("config");
+    let mut link =
+        LinkDirection::new(LinkConfig::new().with_gilbert_elliott(ge), 7).expect("config");
     let verdicts = offer_all(&mut link, Instant::now(), n, MS, 100);
     let lost = link.stats().dropped_burst_loss as f64;
     let pi = ge.stationary_bad();
@@ -83,7 +95,10 @@ fn gilbert_elliott_stationary_loss_and_mean_burst() {
     let mean = runs.iter().sum::<usize>() as f64 / runs.len() as f64;
     let sigma = (1.0 - ge.r).sqrt() / ge.r / (runs.len() as f64).sqrt();
     assert_within_4_sigma("GE mean burst", mean, ge.mean_bad_run(), sigma);
-    assert!(runs.iter().any(|&r| r >= 5), "bursts are really bursts: {runs:?}");
+    assert!(
+        runs.iter().any(|&r| r >= 5),
+        "bursts are really bursts: {runs:?}"
+    );
 }
 
 #[test]
@@ -95,7 +110,8 @@ fn gilbert_elliott_partial_losses_in_both_states() {
         loss_in_bad: 0.5,
         loss_in_good: 0.01,
     };
-    let mut link = LinkDirection::new(LinkConfig::new().with_gilbert_elliott(ge), 9).expect("config");
+    let mut link =
+        LinkDirection::new(LinkConfig::new().with_gilbert_elliott(ge), 9).expect("config");
     offer_all(&mut link, Instant::now(), n, MS, 100);
     let lost = link.stats().dropped_burst_loss as f64;
     // Loss = h(state) + independent Bernoulli noise: variance of the mean is the state part,
@@ -106,18 +122,20 @@ fn gilbert_elliott_partial_losses_in_both_states() {
     let state = (hb - hg).powi(2) * pi * (1.0 - pi) * (1.0 + lambda) / (1.0 - lambda);
     let noise = pi * hb * (1.0 - hb) + (1.0 - pi) * hg * (1.0 - hg);
     let sigma = ((state + noise) / n as f64).sqrt();
-    assert_within_4_sigma("GE partial loss rate", lost / n as f64, ge.stationary_loss(), sigma);
+    assert_within_4_sigma(
+        "GE partial loss rate",
+        lost / n as f64,
+        ge.stationary_loss(),
+        sigma,
+    );
 }
 
 #[test]
 fn duplication_rate_and_timing() {
     let n = 50_000;
     let p = 0.05;
-    let mut link = LinkDirection::new(
-        LinkConfig::new().with_delay(10 * MS).with_duplicate(p),
-        3,
-    )
-    .expect("config");
+    let mut link = LinkDirection::new(LinkConfig::new().with_delay(10 * MS).with_duplicate(p), 3)
+        .expect("config");
     let verdicts = offer_all(&mut link, Instant::now(), n, MS, 100);
     let mut duplicates = 0;
     for (sent, verdict) in &verdicts {
@@ -132,7 +150,12 @@ fn duplication_rate_and_timing() {
         }
     }
     let n_f = n as f64;
-    assert_within_4_sigma("duplicates", duplicates as f64, n_f * p, (n_f * p * (1.0 - p)).sqrt());
+    assert_within_4_sigma(
+        "duplicates",
+        duplicates as f64,
+        n_f * p,
+        (n_f * p * (1.0 - p)).sqrt(),
+    );
     assert_eq!(link.stats().duplicated, duplicates);
     assert_eq!(link.stats().delivered, n as u64);
 }
@@ -176,7 +199,12 @@ fn reordering_only_when_enabled_and_at_the_configured_rate() {
         .map(|(i, _)| i)
         .collect();
     let n_f = n as f64;
-    assert_within_4_sigma("held back", held.len() as f64, n_f * p, (n_f * p * (1.0 - p)).sqrt());
+    assert_within_4_sigma(
+        "held back",
+        held.len() as f64,
+        n_f * p,
+        (n_f * p * (1.0 - p)).sqrt(),
+    );
     assert_eq!(reordering.stats().reordered, held.len() as u64);
     // Packets are 1 ms apart and held 5 ms: exactly the held packets are overtaken (the last
     // packet of the run has nobody behind it).
@@ -195,7 +223,13 @@ fn delays(verdicts: &[(Instant, Verdict)]) -> Vec<Duration> {
 #[test]
 fn no_jitter_means_exact_delay() {
     let mut link = LinkDirection::new(LinkConfig::new().with_delay(35 * MS), 1).expect("config");
-    let verdicts = offer_all(&mut link, Instant::now(), 1000, Duration::from_micros(333), 188);
+    let verdicts = offer_all(
+        &mut link,
+        Instant::now(),
+        1000,
+        Duration::from_micros(333),
+        188,
+    );
     assert!(delays(&verdicts).iter().all(|&d| d == 35 * MS));
 }
 
@@ -207,13 +241,18 @@ fn uniform_jitter_stays_in_range_and_order_is_preserved() {
         distribution: JitterDistribution::Uniform,
         preserve_order: true,
     };
-    let config = LinkConfig::new().with_delay(20 * MS).with_jitter_config(jitter);
+    let config = LinkConfig::new()
+        .with_delay(20 * MS)
+        .with_jitter_config(jitter);
     // Packets 1 ms apart with ±5 ms jitter would cross often if order were not preserved.
     let mut link = LinkDirection::new(config.clone(), 11).expect("config");
     let verdicts = offer_all(&mut link, t0, 20_000, MS, 100);
     let d = delays(&verdicts);
     assert!(d.iter().all(|&x| x >= 15 * MS && x <= 25 * MS));
-    let arrivals: Vec<Instant> = verdicts.iter().map(|(_, v)| v.arrivals().next().expect("delivered")).collect();
+    let arrivals: Vec<Instant> = verdicts
+        .iter()
+        .map(|(_, v)| v.arrivals().next().expect("delivered"))
+        .collect();
     assert!(arrivals.windows(2).all(|w| w[0] <= w[1]), "order preserved");
     assert_eq!(link.stats().overtaking, 0);
 
@@ -229,8 +268,14 @@ fn uniform_jitter_stays_in_range_and_order_is_preserved() {
     let verdicts = offer_all(&mut link, t0, 20_000, MS, 100);
     let d = delays(&verdicts);
     let (min, max) = (d.iter().min().copied(), d.iter().max().copied());
-    assert!(min >= Some(15 * MS) && min < Some(15 * MS + Duration::from_micros(50)), "{min:?}");
-    assert!(max <= Some(25 * MS) && max > Some(25 * MS - Duration::from_micros(50)), "{max:?}");
+    assert!(
+        min >= Some(15 * MS) && min < Some(15 * MS + Duration::from_micros(50)),
+        "{min:?}"
+    );
+    assert!(
+        max <= Some(25 * MS) && max > Some(25 * MS - Duration::from_micros(50)),
+        "{max:?}"
+    );
     let reordered = overtaken(&verdicts).len();
     assert!(reordered > 1000, "{reordered}");
     assert!(link.stats().overtaking > 1000);
@@ -238,7 +283,12 @@ fn uniform_jitter_stays_in_range_and_order_is_preserved() {
     let sample: Vec<f64> = d.iter().map(|x| x.as_secs_f64() * 1e3 - 20.0).collect();
     let mean = sample.iter().sum::<f64>() / sample.len() as f64;
     let sd = 5.0 / 3f64.sqrt();
-    assert_within_4_sigma("uniform jitter mean (ms)", mean, 0.0, sd / (sample.len() as f64).sqrt());
+    assert_within_4_sigma(
+        "uniform jitter mean (ms)",
+        mean,
+        0.0,
+        sd / (sample.len() as f64).sqrt(),
+    );
 }
 
 #[test]
@@ -249,7 +299,9 @@ fn normal_jitter_is_truncated_at_two_sigma() {
         preserve_order: false,
     };
     let mut link = LinkDirection::new(
-        LinkConfig::new().with_delay(10 * MS).with_jitter_config(jitter),
+        LinkConfig::new()
+            .with_delay(10 * MS)
+            .with_jitter_config(jitter),
         13,
     )
     .expect("config");
@@ -264,8 +316,16 @@ fn normal_jitter_is_truncated_at_two_sigma() {
     let sd = (sample.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n as f64).sqrt();
     // σ = 2 ms; a normal truncated at ±2σ has standard deviation 0.8796σ.
     let expected_sd = 0.8796 * 2.0;
-    assert_within_4_sigma("normal jitter mean (ms)", mean, 0.0, expected_sd / (n as f64).sqrt());
-    assert!((sd - expected_sd).abs() < 0.03 * expected_sd, "sd {sd} vs {expected_sd}");
+    assert_within_4_sigma(
+        "normal jitter mean (ms)",
+        mean,
+        0.0,
+        expected_sd / (n as f64).sqrt(),
+    );
+    assert!(
+        (sd - expected_sd).abs() < 0.03 * expected_sd,
+        "sd {sd} vs {expected_sd}"
+    );
     // Most of the mass is within ±σ (68 % before truncation, 71.5 % after).
     let within_sigma = sample.iter().filter(|x| x.abs() <= 2.0).count() as f64 / n as f64;
     assert!((within_sigma - 0.715).abs() < 0.02, "{within_sigma}");
@@ -275,8 +335,14 @@ fn normal_jitter_is_truncated_at_two_sigma() {
 fn rate_limit_delivers_the_configured_rate_and_drops_the_excess() {
     // 1500-byte packets every 100 µs (120 Mbit/s) into 8 Mbit/s: 1.5 ms each on the wire.
     for config in [
-        LinkConfig::new().with_delay(5 * MS).with_rate(8_000_000).with_queue(None, Some(10)),
-        LinkConfig::new().with_delay(5 * MS).with_rate(8_000_000).with_queue(Some(15_000), None),
+        LinkConfig::new()
+            .with_delay(5 * MS)
+            .with_rate(8_000_000)
+            .with_queue(None, Some(10)),
+        LinkConfig::new()
+            .with_delay(5 * MS)
+            .with_rate(8_000_000)
+            .with_queue(Some(15_000), None),
     ] {
         let t0 = Instant::now();
         let mut link = LinkDirection::new(config, 1).expect("config");
@@ -284,7 +350,10 @@ fn rate_limit_delivers_the_configured_rate_and_drops_the_excess() {
         let verdicts = offer_all(&mut link, t0, n, Duration::from_micros(100), 1500);
         // The transmitter is busy from t0 on: by the last arrival (999.9 ms) it has started
         // floor(999.9 / 1.5) + 1 = 667 packets, and 10 more wait in the queue.
-        let delivered: Vec<Instant> = verdicts.iter().filter_map(|(_, v)| v.arrivals().next()).collect();
+        let delivered: Vec<Instant> = verdicts
+            .iter()
+            .filter_map(|(_, v)| v.arrivals().next())
+            .collect();
         assert_eq!(delivered.len(), 677);
         let stats = link.stats();
         assert_eq!(stats.dropped_queue_full, (n - 677) as u64);
@@ -292,7 +361,10 @@ fn rate_limit_delivers_the_configured_rate_and_drops_the_excess() {
         assert_eq!(stats.max_queue_bytes, 15_000);
         // Back to back at exactly the configured rate.
         for (k, at) in delivered.iter().enumerate() {
-            assert_eq!(*at, t0 + 5 * MS + Duration::from_micros(1500) * (k as u32 + 1));
+            assert_eq!(
+                *at,
+                t0 + 5 * MS + Duration::from_micros(1500) * (k as u32 + 1)
+            );
         }
         assert_eq!(link.queue_at(t0 + Duration::from_millis(1016)), (0, 0));
     }
@@ -304,7 +376,9 @@ fn serialization_carries_fractions_of_a_nanosecond() {
     // rounded down, with no drift.
     let t0 = Instant::now();
     let mut link = LinkDirection::new(
-        LinkConfig::new().with_rate(3_000_000).with_queue(None, Some(10_000)),
+        LinkConfig::new()
+            .with_rate(3_000_000)
+            .with_queue(None, Some(10_000)),
         1,
     )
     .expect("config");
@@ -318,11 +392,8 @@ fn serialization_carries_fractions_of_a_nanosecond() {
 #[test]
 fn overhead_counts_against_the_rate() {
     let t0 = Instant::now();
-    let mut link = LinkDirection::new(
-        LinkConfig::new().with_rate(1_000_000).with_overhead(25),
-        1,
-    )
-    .expect("config");
+    let mut link = LinkDirection::new(LinkConfig::new().with_rate(1_000_000).with_overhead(25), 1)
+        .expect("config");
     // (100 + 25) bytes at 1 Mbit/s = 1 ms.
     assert_eq!(link.offer(t0, 100).arrivals().next(), Some(t0 + MS));
     assert_eq!(link.stats().delivered_bytes, 100);
@@ -339,7 +410,10 @@ fn a_big_queue_at_a_low_rate_is_bufferbloat() {
     .expect("config");
     let verdicts = offer_all(&mut link, t0, 100, Duration::ZERO, 1250);
     for (k, (_, v)) in verdicts.iter().enumerate() {
-        assert_eq!(v.arrivals().next(), Some(t0 + 10 * MS + 10 * MS * (k as u32 + 1)));
+        assert_eq!(
+            v.arrivals().next(),
+            Some(t0 + 10 * MS + 10 * MS * (k as u32 + 1))
+        );
     }
     let stats = link.stats();
     assert_eq!(stats.max_queue_delay, 990 * MS);
@@ -347,7 +421,10 @@ fn a_big_queue_at_a_low_rate_is_bufferbloat() {
     assert_eq!(stats.dropped(), 0);
     // A packet sent half a second later still waits for half the backlog.
     let later = t0 + 500 * MS;
-    assert_eq!(link.offer(later, 1250).arrivals().next(), Some(t0 + 10 * MS + 1010 * MS));
+    assert_eq!(
+        link.offer(later, 1250).arrivals().next(),
+        Some(t0 + 10 * MS + 1010 * MS)
+    );
     assert_eq!(link.queue_at(later), (50, 50 * 1250));
 }
 
@@ -360,11 +437,19 @@ fn mtu_link_down_and_reconfigure() {
     link.set_up(false);
     assert_eq!(link.offer(t0, 10), Verdict::Drop(DropReason::LinkDown));
     link.set_up(true);
-    link.reconfigure(LinkConfig::new().with_delay(MS)).expect("valid");
+    link.reconfigure(LinkConfig::new().with_delay(MS))
+        .expect("valid");
     assert_eq!(link.offer(t0, 10).arrivals().next(), Some(t0 + MS));
     assert!(link.reconfigure(LinkConfig::new().with_loss(2.0)).is_err());
     let stats = link.stats();
-    assert_eq!((stats.dropped_too_big, stats.dropped_link_down, stats.delivered), (1, 1, 2));
+    assert_eq!(
+        (
+            stats.dropped_too_big,
+            stats.dropped_link_down,
+            stats.delivered
+        ),
+        (1, 1, 2)
+    );
 }
 
 /// FNV-1a over the verdicts, times relative to the start.

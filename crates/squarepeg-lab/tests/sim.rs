@@ -43,19 +43,34 @@ fn measured_rtt_equals_configured_delay() {
     let mut sim = Simulator::new(SimConfig::new(1, Bottleneck::symmetric(link))).expect("sim");
     let server_addr = SocketAddr::new(v4(2), 7);
     let mut client = UdpHost::new(v4(1), sim.start());
-    client.add_flow(flow(server_addr, 5000, 50, 100 * MS)).expect("flow");
+    client
+        .add_flow(flow(server_addr, 5000, 50, 100 * MS))
+        .expect("flow");
     let client = sim.add_host(Side::Left, client).expect("add");
     let server = sim
-        .add_host(Side::Right, UdpHost::new(v4(2), sim.start()).with_echo(true))
+        .add_host(
+            Side::Right,
+            UdpHost::new(v4(2), sim.start()).with_echo(true),
+        )
         .expect("add");
     sim.run_for(Duration::from_secs(10)).expect("run");
 
     let client = sim.host::<UdpHost>(client).expect("client");
     assert_eq!(client.rtts().len(), 50);
-    assert!(client.rtts().iter().all(|s| s.rtt == 50 * MS + 2 * Duration::from_micros(1504)));
+    assert!(
+        client
+            .rtts()
+            .iter()
+            .all(|s| s.rtt == 50 * MS + 2 * Duration::from_micros(1504))
+    );
     let server = sim.host::<UdpHost>(server).expect("server");
     assert_eq!(server.received().len(), 50);
-    assert!(server.received().iter().all(|a| a.one_way_delay() == 25 * MS + Duration::from_micros(1504)));
+    assert!(
+        server
+            .received()
+            .iter()
+            .all(|a| a.one_way_delay() == 25 * MS + Duration::from_micros(1504))
+    );
     assert_eq!(server.echoes_sent(), 50);
     let stats = sim.stats();
     assert_eq!((stats.sent, stats.delivered), (100, 100));
@@ -78,21 +93,32 @@ fn routing_between_several_hosts_v4_and_v6() {
     a.add_flow(flow(rights[0], 1, 3, MS)).expect("flow");
     a.add_flow(flow(rights[1], 2, 4, MS)).expect("flow");
     // To nobody: dropped and counted.
-    a.add_flow(flow(SocketAddr::new(v4(222), 9), 3, 2, MS)).expect("flow");
+    a.add_flow(flow(SocketAddr::new(v4(222), 9), 3, 2, MS))
+        .expect("flow");
     // To a neighbour on the same side: delivered at once.
-    a.add_flow(flow(SocketAddr::new(v4(2), 9), 4, 5, MS)).expect("flow");
+    a.add_flow(flow(SocketAddr::new(v4(2), 9), 4, 5, MS))
+        .expect("flow");
     let mut b = UdpHost::new(v4(2), start);
     b.add_flow(flow(rights[1], 1, 6, MS)).expect("flow");
     let mut c = UdpHost::new(v6(1), start);
     c.add_flow(flow(right6, 1, 7, MS)).expect("flow");
-    assert!(c.add_flow(flow(rights[0], 1, 1, MS)).is_err(), "address family is checked");
+    assert!(
+        c.add_flow(flow(rights[0], 1, 1, MS)).is_err(),
+        "address family is checked"
+    );
 
     let a = sim.add_host(Side::Left, a).expect("add");
     let b = sim.add_host(Side::Left, b).expect("add");
     sim.add_host(Side::Left, c).expect("add");
-    let r0 = sim.add_host(Side::Right, UdpHost::new(rights[0].ip(), start)).expect("add");
-    let r1 = sim.add_host(Side::Right, UdpHost::new(rights[1].ip(), start)).expect("add");
-    let r6 = sim.add_host(Side::Right, UdpHost::new(right6.ip(), start)).expect("add");
+    let r0 = sim
+        .add_host(Side::Right, UdpHost::new(rights[0].ip(), start))
+        .expect("add");
+    let r1 = sim
+        .add_host(Side::Right, UdpHost::new(rights[1].ip(), start))
+        .expect("add");
+    let r6 = sim
+        .add_host(Side::Right, UdpHost::new(right6.ip(), start))
+        .expect("add");
     assert!(matches!(
         sim.add_host(Side::Right, UdpHost::new(v4(100), start)),
         Err(SimError::DuplicateAddress(_))
@@ -101,7 +127,10 @@ fn routing_between_several_hosts_v4_and_v6() {
 
     let from = |id, addr: IpAddr| -> usize {
         let host = sim.host::<UdpHost>(id).expect("host");
-        host.received().iter().filter(|a| a.from.ip() == addr).count()
+        host.received()
+            .iter()
+            .filter(|a| a.from.ip() == addr)
+            .count()
     };
     assert_eq!(from(r0, v4(1)), 3);
     assert_eq!(from(r1, v4(1)), 4);
@@ -109,7 +138,12 @@ fn routing_between_several_hosts_v4_and_v6() {
     assert_eq!(from(r6, v6(1)), 7);
     assert_eq!(from(b, v4(1)), 5);
     let local = sim.host::<UdpHost>(b).expect("b");
-    assert!(local.received().iter().all(|a| a.one_way_delay() == Duration::ZERO));
+    assert!(
+        local
+            .received()
+            .iter()
+            .all(|a| a.one_way_delay() == Duration::ZERO)
+    );
     let stats = sim.stats();
     assert_eq!(stats.unroutable, 2);
     assert_eq!(stats.local, 5);
@@ -157,7 +191,8 @@ fn livelock_is_reported() {
     // Two echoing hosts with an ideal link answer each other forever at one instant.
     let mut sim = Simulator::new(config).expect("sim");
     let mut a = UdpHost::new(v4(1), sim.start()).with_echo(true);
-    a.send(sim.start(), SocketAddr::new(v4(2), 9), 9, 64).expect("send");
+    a.send(sim.start(), SocketAddr::new(v4(2), 9), 9, 64)
+        .expect("send");
     sim.add_host(Side::Left, EchoForever(a)).expect("add");
     let b = EchoForever(UdpHost::new(v4(2), sim.start()).with_echo(true));
     sim.add_host(Side::Right, b).expect("add");
@@ -195,22 +230,37 @@ impl Host for EchoForever {
 fn voip_over_hollywood_adsl_both_ways() {
     // Hollywood §5.1.2: 160-byte messages every 20 ms for a minute over ADSL 8/1 Mbit/s with
     // RTT 70 ms and 0.1 % loss each way.
-    let mut sim = Simulator::new(SimConfig::new(2024, presets::hollywood_adsl_70ms())).expect("sim");
+    let mut sim =
+        Simulator::new(SimConfig::new(2024, presets::hollywood_adsl_70ms())).expect("sim");
     let start = sim.start();
     let home = SocketAddr::new(v4(1), 4000);
     let far = SocketAddr::new(v4(200), 4000);
     let mut caller = UdpHost::new(home.ip(), start);
-    caller.add_flow(PeriodicFlow::voip(far, home.port())).expect("flow");
+    caller
+        .add_flow(PeriodicFlow::voip(far, home.port()))
+        .expect("flow");
     let mut callee = UdpHost::new(far.ip(), start);
-    callee.add_flow(PeriodicFlow::voip(home, far.port())).expect("flow");
+    callee
+        .add_flow(PeriodicFlow::voip(home, far.port()))
+        .expect("flow");
     let caller = sim.add_host(Side::Left, caller).expect("add");
     let callee = sim.add_host(Side::Right, callee).expect("add");
     sim.run_for(Duration::from_secs(61)).expect("run");
 
     let stats = sim.stats();
     for (receiver, from, serialization, link) in [
-        (callee, home, Duration::from_micros(1504), &stats.left_to_right),
-        (caller, far, Duration::from_micros(188), &stats.right_to_left),
+        (
+            callee,
+            home,
+            Duration::from_micros(1504),
+            &stats.left_to_right,
+        ),
+        (
+            caller,
+            far,
+            Duration::from_micros(188),
+            &stats.right_to_left,
+        ),
     ] {
         let host = sim.host::<UdpHost>(receiver).expect("host");
         let missing = host.missing(from, 3000);
@@ -220,10 +270,21 @@ fn voip_over_hollywood_adsl_both_ways() {
         // 0.1 % of 3000: 3 expected, 4σ = 6.9.
         assert!(missing.len() <= 9, "{missing:?}");
         // No jitter and no queueing at 64 kbit/s: every delay is propagation + serialisation.
-        assert!(host.received().iter().all(|a| a.one_way_delay() == 35 * MS + serialization));
-        assert!(host.received().iter().all(|a| a.payload_len == 160 && !a.duplicate));
+        assert!(
+            host.received()
+                .iter()
+                .all(|a| a.one_way_delay() == 35 * MS + serialization)
+        );
+        assert!(
+            host.received()
+                .iter()
+                .all(|a| a.payload_len == 160 && !a.duplicate)
+        );
     }
-    assert!(stats.left_to_right.dropped() + stats.right_to_left.dropped() > 0, "seed 2024 loses some");
+    assert!(
+        stats.left_to_right.dropped() + stats.right_to_left.dropped() > 0,
+        "seed 2024 loses some"
+    );
 }
 
 #[test]
@@ -257,7 +318,10 @@ fn competing_flows_share_the_bottleneck() {
     }
     let ids: Vec<_> = receivers
         .iter()
-        .map(|r| sim.add_host(Side::Left, UdpHost::new(r.ip(), start)).expect("add"))
+        .map(|r| {
+            sim.add_host(Side::Left, UdpHost::new(r.ip(), start))
+                .expect("add")
+        })
         .collect();
     sim.run_for(Duration::from_secs(3)).expect("run");
     let stats = sim.stats().right_to_left;
@@ -268,9 +332,16 @@ fn competing_flows_share_the_bottleneck() {
         .map(|&id| sim.host::<UdpHost>(id).expect("host").received().len())
         .collect();
     assert_eq!(got.iter().sum::<usize>() as u64, stats.delivered);
-    assert!(stats.delivered.abs_diff(2000 * 2 / 3 + 50) <= 2, "{}", stats.delivered);
+    assert!(
+        stats.delivered.abs_diff(2000 * 2 / 3 + 50) <= 2,
+        "{}",
+        stats.delivered
+    );
     assert_eq!(stats.dropped_queue_full, 4000 - stats.delivered);
-    assert!(got.iter().all(|&g| g > 500), "both flows get through: {got:?}");
+    assert!(
+        got.iter().all(|&g| g > 500),
+        "both flows get through: {got:?}"
+    );
     assert_eq!(stats.max_queue_packets, 50);
 }
 
@@ -302,7 +373,10 @@ impl Middlebox for Delay {
         out.extend(due);
     }
     fn counters(&self) -> Vec<(&'static str, u64)> {
-        vec![("delay_left_to_right", self.seen[0]), ("delay_right_to_left", self.seen[1])]
+        vec![
+            ("delay_left_to_right", self.seen[0]),
+            ("delay_right_to_left", self.seen[1]),
+        ]
     }
 }
 
@@ -322,10 +396,15 @@ fn middleboxes_on_both_sides_see_both_directions() {
     sim.add_middlebox(Side::Left, delay(2));
     sim.add_middlebox(Side::Right, delay(4));
     let mut client = UdpHost::new(v4(1), sim.start());
-    client.add_flow(flow(SocketAddr::new(v4(2), 7), 1, 20, 50 * MS)).expect("flow");
+    client
+        .add_flow(flow(SocketAddr::new(v4(2), 7), 1, 20, 50 * MS))
+        .expect("flow");
     let client = sim.add_host(Side::Left, client).expect("add");
-    sim.add_host(Side::Right, UdpHost::new(v4(2), sim.start()).with_echo(true))
-        .expect("add");
+    sim.add_host(
+        Side::Right,
+        UdpHost::new(v4(2), sim.start()).with_echo(true),
+    )
+    .expect("add");
     sim.run_for(Duration::from_secs(2)).expect("run");
     let rtts = sim.host::<UdpHost>(client).expect("client").rtts().to_vec();
     assert_eq!(rtts.len(), 20);
@@ -354,7 +433,9 @@ fn link_down_mid_run_and_host_changes_between_runs() {
     let mut client = UdpHost::new(v4(1), sim.start());
     client.add_flow(flow(to, 1, 30, 10 * MS)).expect("flow");
     let client = sim.add_host(Side::Left, client).expect("add");
-    let server = sim.add_host(Side::Right, UdpHost::new(v4(2), sim.start())).expect("add");
+    let server = sim
+        .add_host(Side::Right, UdpHost::new(v4(2), sim.start()))
+        .expect("add");
     sim.run_until(sim.start() + 95 * MS).expect("run");
     sim.link_mut(Direction::LeftToRight).set_up(false);
     sim.run_until(sim.start() + 195 * MS).expect("run");
@@ -362,8 +443,14 @@ fn link_down_mid_run_and_host_changes_between_runs() {
     sim.run_for(Duration::from_secs(1)).expect("run");
     let server_host = sim.host::<UdpHost>(server).expect("server");
     // Sends at 0..=90 ms get through, 100..=190 ms are dropped, 200..=290 ms get through.
-    assert_eq!(server_host.missing(SocketAddr::new(v4(1), 1), 30), (10..20).collect::<Vec<_>>());
-    assert_eq!(sim.stats().left_to_right.dropped_by(DropReason::LinkDown), 10);
+    assert_eq!(
+        server_host.missing(SocketAddr::new(v4(1), 1), 30),
+        (10..20).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        sim.stats().left_to_right.dropped_by(DropReason::LinkDown),
+        10
+    );
 
     // Queue a datagram from outside: picked up at the next event.
     let now = sim.now();
@@ -372,7 +459,13 @@ fn link_down_mid_run_and_host_changes_between_runs() {
         .send(now, to, 2, 100)
         .expect("send");
     sim.run_for(Duration::from_secs(1)).expect("run");
-    assert_eq!(sim.host::<UdpHost>(server).expect("server").received().len(), 21);
+    assert_eq!(
+        sim.host::<UdpHost>(server)
+            .expect("server")
+            .received()
+            .len(),
+        21
+    );
 }
 
 /// FNV-1a of every trace event (time, kind, bytes).
@@ -381,7 +474,9 @@ fn traced_run(seed: u64) -> (u64, usize) {
         left_to_right: "delay=20ms jitter=5ms,reorder rate=1mbit queue=20p loss=1% dup=1%"
             .parse()
             .expect("spec"),
-        right_to_left: "delay=20ms rate=8mbit ge=p:1%,r:20% reorder=2%,4ms".parse().expect("spec"),
+        right_to_left: "delay=20ms rate=8mbit ge=p:1%,r:20% reorder=2%,4ms"
+            .parse()
+            .expect("spec"),
     };
     let mut sim = Simulator::new(SimConfig::new(seed, bottleneck)).expect("sim");
     let state = Rc::new(RefCell::new((0xcbf2_9ce4_8422_2325u64, 0usize)));
@@ -392,11 +487,18 @@ fn traced_run(seed: u64) -> (u64, usize) {
         let kind = match event.kind {
             TraceKind::Sent { host } => host.index() as u64,
             TraceKind::Delivered { host } => 100 + host.index() as u64,
-            TraceKind::Dropped { cause: DropCause::Link { reason, .. } } => 200 + reason as u64,
+            TraceKind::Dropped {
+                cause: DropCause::Link { reason, .. },
+            } => 200 + reason as u64,
             TraceKind::Dropped { .. } => 300,
         };
         let time = (event.time - start).as_nanos() as u64;
-        for byte in time.to_le_bytes().iter().chain(&kind.to_le_bytes()).chain(event.packet) {
+        for byte in time
+            .to_le_bytes()
+            .iter()
+            .chain(&kind.to_le_bytes())
+            .chain(event.packet)
+        {
             s.0 ^= u64::from(*byte);
             s.0 = s.0.wrapping_mul(0x0000_0100_0000_01b3);
         }
@@ -405,7 +507,8 @@ fn traced_run(seed: u64) -> (u64, usize) {
     let a = SocketAddr::new(v4(1), 1);
     let b = SocketAddr::new(v4(2), 2);
     let mut left = UdpHost::new(a.ip(), start).with_echo(true);
-    left.add_flow(flow(b, a.port(), 2000, 3 * MS)).expect("flow");
+    left.add_flow(flow(b, a.port(), 2000, 3 * MS))
+        .expect("flow");
     let mut right = UdpHost::new(b.ip(), start).with_echo(true);
     right.add_flow(flow(a, b.port(), 2000, MS)).expect("flow");
     sim.add_host(Side::Left, left).expect("add");
@@ -433,15 +536,22 @@ fn pcap_of_a_run_is_read_by_tshark() {
     let (a, b) = (SocketAddr::new(v4(1), 5004), SocketAddr::new(v6(9), 5004));
     let (a6, b4) = (SocketAddr::new(v6(1), 5006), SocketAddr::new(v4(9), 5006));
     let mut left4 = UdpHost::new(a.ip(), start);
-    left4.add_flow(flow(b4, a.port(), 100, 20 * MS)).expect("flow");
+    left4
+        .add_flow(flow(b4, a.port(), 100, 20 * MS))
+        .expect("flow");
     let mut left6 = UdpHost::new(a6.ip(), start);
-    left6.add_flow(flow(b, a6.port(), 100, 20 * MS)).expect("flow");
+    left6
+        .add_flow(flow(b, a6.port(), 100, 20 * MS))
+        .expect("flow");
     sim.add_host(Side::Left, left4).expect("add");
     sim.add_host(Side::Left, left6).expect("add");
-    sim.add_host(Side::Right, UdpHost::new(b.ip(), start).with_echo(true)).expect("add");
-    sim.add_host(Side::Right, UdpHost::new(b4.ip(), start).with_echo(true)).expect("add");
+    sim.add_host(Side::Right, UdpHost::new(b.ip(), start).with_echo(true))
+        .expect("add");
+    sim.add_host(Side::Right, UdpHost::new(b4.ip(), start).with_echo(true))
+        .expect("add");
     let file = std::fs::File::create(&path).expect("create");
-    sim.capture_pcap(Tap::Delivered, std::io::BufWriter::new(file)).expect("capture");
+    sim.capture_pcap(Tap::Delivered, std::io::BufWriter::new(file))
+        .expect("capture");
     sim.run_for(Duration::from_secs(3)).expect("run");
     sim.flush_captures().expect("flush");
     let delivered = sim.stats().delivered as usize;
@@ -450,32 +560,58 @@ fn pcap_of_a_run_is_read_by_tshark() {
     let bytes = std::fs::read(&path).expect("read");
     let file = read_pcap(&bytes).expect("our reader");
     assert_eq!(file.records.len(), delivered);
-    assert!(file.records.windows(2).all(|w| w[0].timestamp <= w[1].timestamp));
+    assert!(
+        file.records
+            .windows(2)
+            .all(|w| w[0].timestamp <= w[1].timestamp)
+    );
     // The first delivery: a datagram sent at 0, 7.5 ms + 0.188/0.208 ms at 1 Mbit/s later.
     assert!(file.records[0].timestamp >= Duration::from_micros(7500 + 1504));
 
     match Command::new("tshark")
         .args(["-r"])
         .arg(&path)
-        .args(["-o", "udp.check_checksum:TRUE", "-T", "fields", "-e", "frame.protocols", "-e", "udp.checksum.status", "-e", "_ws.malformed"])
+        .args([
+            "-o",
+            "udp.check_checksum:TRUE",
+            "-T",
+            "fields",
+            "-e",
+            "frame.protocols",
+            "-e",
+            "udp.checksum.status",
+            "-e",
+            "_ws.malformed",
+        ])
         .output()
     {
-        Err(error) => eprintln!("SKIPPED tshark check: tshark is not installed ({error}); CI installs it"),
+        Err(error) => {
+            eprintln!("SKIPPED tshark check: tshark is not installed ({error}); CI installs it")
+        }
         Ok(output) => {
             let stderr = String::from_utf8_lossy(&output.stderr);
             assert!(output.status.success(), "tshark failed: {stderr}");
             // tshark warns about running as root; anything else is a complaint.
-            let complaints: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty() && !l.contains("Running as user")).collect();
+            let complaints: Vec<&str> = stderr
+                .lines()
+                .filter(|l| !l.trim().is_empty() && !l.contains("Running as user"))
+                .collect();
             assert!(complaints.is_empty(), "tshark complained: {stderr}");
             let stdout = String::from_utf8_lossy(&output.stdout);
             let lines: Vec<&str> = stdout.lines().collect();
             assert_eq!(lines.len(), delivered);
             let v4_lines = lines.iter().filter(|l| l.starts_with("raw:ip:udp")).count();
-            let v6_lines = lines.iter().filter(|l| l.starts_with("raw:ipv6:udp")).count();
+            let v6_lines = lines
+                .iter()
+                .filter(|l| l.starts_with("raw:ipv6:udp"))
+                .count();
             assert_eq!(v4_lines + v6_lines, delivered, "{stdout}");
             assert!(v4_lines > 0 && v6_lines > 0);
             // Checksum status 1 is "Good" (0 bad, 2 unverified) in Wireshark's enumeration.
-            assert!(lines.iter().all(|l| l.split('\t').nth(1) == Some("1")), "{stdout}");
+            assert!(
+                lines.iter().all(|l| l.split('\t').nth(1) == Some("1")),
+                "{stdout}"
+            );
         }
     }
     std::fs::remove_dir_all(&dir).ok();
