@@ -343,7 +343,7 @@ impl TcpView {
         payload: &[u8],
         ip_id: Option<u16>,
     ) -> Vec<u8> {
-        debug_assert!(options.len() % 4 == 0 && options.len() <= 40);
+        debug_assert!(options.len().is_multiple_of(4) && options.len() <= 40);
         let tcp_header_len = 20 + options.len();
         let total = self.tcp + tcp_header_len + payload.len();
         let mut out = Vec::with_capacity(total);

@@ -123,7 +123,7 @@ pub fn format_duration(duration: Duration) -> String {
         return "0ms".to_owned();
     }
     for (unit, per) in [("s", 1_000_000_000u128), ("ms", 1_000_000), ("us", 1_000)] {
-        if nanos % per == 0 {
+        if nanos.is_multiple_of(per) {
             return format!("{}{unit}", nanos / per);
         }
     }
@@ -161,7 +161,7 @@ pub fn format_rate(bits_per_second: u64) -> String {
         ("mbit", 1_000_000),
         ("kbit", 1_000),
     ] {
-        if bits_per_second != 0 && bits_per_second % per == 0 {
+        if bits_per_second != 0 && bits_per_second.is_multiple_of(per) {
             return format!("{}{unit}", bits_per_second / per);
         }
     }
@@ -201,7 +201,7 @@ pub fn parse_size(text: &str) -> Result<u64, ValueError> {
 /// Formats a byte count in the largest binary unit that represents it exactly (`64kb`, `1500b`).
 pub fn format_size(bytes: u64) -> String {
     for (unit, per) in [("mb", 1024 * 1024u64), ("kb", 1024)] {
-        if bytes != 0 && bytes % per == 0 {
+        if bytes != 0 && bytes.is_multiple_of(per) {
             return format!("{}{unit}", bytes / per);
         }
     }

@@ -160,9 +160,12 @@ fn valid(packet: &[u8]) -> Parsed {
     }
 }
 
+/// A packet offered to a middlebox: when, which way, the bytes.
+type Input = (Instant, Direction, Vec<u8>);
+
 /// Feeds packets through a middlebox at their times, running its timers in between and at the
 /// end, and returns everything it emitted in order.
-fn drive(middlebox: &mut dyn Middlebox, inputs: Vec<(Instant, Direction, Vec<u8>)>) -> Vec<Emit> {
+fn drive(middlebox: &mut dyn Middlebox, inputs: Vec<Input>) -> Vec<Emit> {
     let mut out = Vec::new();
     for (at, dir, packet) in inputs {
         while let Some(t) = middlebox.poll_timeout().filter(|&t| t <= at) {
@@ -226,7 +229,7 @@ fn timestamps(tsval: u32, tsecr: u32) -> Vec<u8> {
 }
 
 /// A one-way stream of `n` data segments of random sizes, 1 ms apart, ending with FIN.
-fn stream(v6: bool, n: usize, seed: u64) -> (Vec<(Instant, Direction, Vec<u8>)>, Vec<u8>, u32) {
+fn stream(v6: bool, n: usize, seed: u64) -> (Vec<Input>, Vec<u8>, u32) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let t0 = Instant::now();
     let isn = 0xFFFF_F000; // wraps during the stream

@@ -514,8 +514,8 @@ fn traced_run(seed: u64) -> (u64, usize) {
     sim.add_host(Side::Left, left).expect("add");
     sim.add_host(Side::Right, right).expect("add");
     sim.run_for(Duration::from_secs(10)).expect("run");
-    let result = *state.borrow();
-    result
+
+    *state.borrow()
 }
 
 #[test]

@@ -55,6 +55,10 @@ pub struct RetransmitCacheStats {
     pub bad_checksum: u64,
 }
 
+/// Largest cached range: contiguous data is appended to a range up to this size, so trimming
+/// the front of a range (on an acknowledgment or at the byte limit) copies little.
+const MAX_RANGE: usize = 16 * 1024;
+
 #[derive(Debug, Default)]
 struct CachedFlow {
     seq: SeqUnwrapper,
@@ -116,12 +120,10 @@ impl CachedFlow {
         for (s, e) in gaps {
             let bytes = &payload[(s - start) as usize..(e - start) as usize];
             self.bytes += bytes.len();
-            // Extend a range that ends exactly here, so an in-order stream stays one entry.
-            let previous = self
-                .ranges
-                .range_mut(..s)
-                .next_back()
-                .filter(|(ps, pb)| **ps + pb.len() as u64 == s);
+            // Extend a range that ends exactly here, so an in-order stream stays a few entries.
+            let previous = self.ranges.range_mut(..s).next_back().filter(|(ps, pb)| {
+                **ps + pb.len() as u64 == s && pb.len() + bytes.len() <= MAX_RANGE
+            });
             match previous {
                 Some((_, pb)) => pb.extend_from_slice(bytes),
                 None => {
@@ -314,5 +316,24 @@ mod tests {
         flow.restore(118, &mut tail);
         assert_eq!(&tail, b"XXuvw");
         assert_eq!(flow.bytes, 5);
+    }
+
+    #[test]
+    fn long_streams_are_kept_in_bounded_ranges() {
+        let mut flow = CachedFlow::default();
+        let data: Vec<u8> = (0..40 * 1024).map(|i| (i % 251) as u8).collect();
+        for (i, chunk) in data.chunks(1024).enumerate() {
+            flow.remember(1000 + 1024 * i as u64, chunk);
+        }
+        assert_eq!(flow.ranges.len(), 3, "16 KiB ranges");
+        assert!(flow.ranges.values().all(|r| r.len() <= MAX_RANGE));
+        // A re-sent range across a boundary between ranges.
+        let mut payload = vec![0u8; 3000];
+        let start = 1000 + MAX_RANGE as u64 - 1500;
+        assert!(flow.restore(start, &mut payload) > 0);
+        let offset = MAX_RANGE - 1500;
+        assert_eq!(payload, data[offset..offset + 3000]);
+        assert_eq!(flow.forget_below(start), offset);
+        assert_eq!(flow.bytes, data.len() - offset);
     }
 }
