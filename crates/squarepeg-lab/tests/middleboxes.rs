@@ -2,6 +2,8 @@
 //! (checked with etherparse, independently of the lab's checksum code), and byte streams are
 //! preserved where they must be.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -14,6 +16,7 @@ use squarepeg_lab::middlebox::{
     RetransmitCache, RetransmitCacheConfig, SeqRewriteConfig, SeqRewriter, StripMode,
     StripOptionsConfig, WindowMode, WindowRewriteConfig, WindowRewriter,
 };
+use squarepeg_lab::pcap::PcapWriter;
 
 const L2R: Direction = Direction::LeftToRight;
 const R2L: Direction = Direction::RightToLeft;
@@ -960,6 +963,37 @@ fn chain_of_every_transform_keeps_packets_valid_and_streams_intact() {
                     .iter()
                     .all(|p| !option_kinds(&p.options).contains(&30))
             );
+        }
+        // tshark agrees: every TCP checksum good, nothing malformed.
+        let dir = common::TempDir::new(if v6 { "chain6" } else { "chain4" });
+        let path = dir.0.join("chain.pcap");
+        let mut writer =
+            PcapWriter::new(std::fs::File::create(&path).expect("create")).expect("pcap");
+        for emit in &out {
+            writer
+                .write_packet(emit.at - t0, &emit.packet)
+                .expect("write");
+        }
+        writer.into_inner().expect("flush");
+        let fields = [
+            "-o",
+            "tcp.check_checksum:TRUE",
+            "-T",
+            "fields",
+            "-e",
+            "tcp.checksum.status",
+            "-e",
+            "_ws.malformed",
+            "-e",
+            "_ws.expert.severity",
+        ];
+        if let Some(lines) = common::tshark(&path, &fields) {
+            assert_eq!(lines.len(), out.len());
+            for line in &lines {
+                let mut columns = line.split('\t');
+                assert_eq!(columns.next(), Some("1"), "checksum status: {line}");
+                assert_eq!(columns.next(), Some(""), "malformed: {line}");
+            }
         }
         let counters: BTreeMap<&str, u64> = chain.counters().into_iter().collect();
         for key in [

@@ -1,8 +1,9 @@
 //! The simulator end to end with the UDP test hosts.
 
+mod common;
+
 use std::cell::RefCell;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::process::Command;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -528,9 +529,8 @@ fn same_seed_same_trace_different_seed_different_trace() {
 
 #[test]
 fn pcap_of_a_run_is_read_by_tshark() {
-    let dir = std::env::temp_dir().join(format!("squarepeg-lab-pcap-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join("voip.pcap");
+    let dir = common::TempDir::new("sim-pcap");
+    let path = dir.0.join("voip.pcap");
     let mut sim = Simulator::new(SimConfig::new(8, presets::hollywood_adsl_15ms())).expect("sim");
     let start = sim.start();
     let (a, b) = (SocketAddr::new(v4(1), 5004), SocketAddr::new(v6(9), 5004));
@@ -565,54 +565,59 @@ fn pcap_of_a_run_is_read_by_tshark() {
             .windows(2)
             .all(|w| w[0].timestamp <= w[1].timestamp)
     );
-    // The first delivery: a datagram sent at 0, 7.5 ms + 0.188/0.208 ms at 1 Mbit/s later.
-    assert!(file.records[0].timestamp >= Duration::from_micros(7500 + 1504));
+    // The first delivery: sent at 0, 7.5 ms of propagation plus 1.504 ms at 1 Mbit/s.
+    assert_eq!(
+        file.records[0].timestamp,
+        Duration::from_micros(7500 + 1504)
+    );
 
-    match Command::new("tshark")
-        .args(["-r"])
-        .arg(&path)
-        .args([
-            "-o",
-            "udp.check_checksum:TRUE",
-            "-T",
-            "fields",
-            "-e",
-            "frame.protocols",
-            "-e",
-            "udp.checksum.status",
-            "-e",
-            "_ws.malformed",
-        ])
-        .output()
-    {
-        Err(error) => {
-            eprintln!("SKIPPED tshark check: tshark is not installed ({error}); CI installs it")
-        }
-        Ok(output) => {
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            assert!(output.status.success(), "tshark failed: {stderr}");
-            // tshark warns about running as root; anything else is a complaint.
-            let complaints: Vec<&str> = stderr
-                .lines()
-                .filter(|l| !l.trim().is_empty() && !l.contains("Running as user"))
-                .collect();
-            assert!(complaints.is_empty(), "tshark complained: {stderr}");
-            let stdout = String::from_utf8_lossy(&output.stdout);
-            let lines: Vec<&str> = stdout.lines().collect();
-            assert_eq!(lines.len(), delivered);
-            let v4_lines = lines.iter().filter(|l| l.starts_with("raw:ip:udp")).count();
-            let v6_lines = lines
-                .iter()
-                .filter(|l| l.starts_with("raw:ipv6:udp"))
-                .count();
-            assert_eq!(v4_lines + v6_lines, delivered, "{stdout}");
-            assert!(v4_lines > 0 && v6_lines > 0);
-            // Checksum status 1 is "Good" (0 bad, 2 unverified) in Wireshark's enumeration.
-            assert!(
-                lines.iter().all(|l| l.split('\t').nth(1) == Some("1")),
-                "{stdout}"
-            );
-        }
+    let fields = [
+        "-o",
+        "udp.check_checksum:TRUE",
+        "-T",
+        "fields",
+        "-e",
+        "frame.protocols",
+        "-e",
+        "udp.checksum.status",
+    ];
+    if let Some(lines) = common::tshark(&path, &fields) {
+        assert_eq!(lines.len(), delivered);
+        let v4_lines = lines.iter().filter(|l| l.starts_with("raw:ip:udp")).count();
+        let v6_lines = lines
+            .iter()
+            .filter(|l| l.starts_with("raw:ipv6:udp"))
+            .count();
+        assert_eq!(v4_lines + v6_lines, delivered, "{lines:?}");
+        assert!(v4_lines > 0 && v6_lines > 0);
+        // Checksum status 1 is "Good" (0 bad, 2 unverified) in Wireshark's enumeration.
+        assert!(
+            lines.iter().all(|l| l.split('\t').nth(1) == Some("1")),
+            "{lines:?}"
+        );
     }
-    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn sim_config_from_json() {
+    let config = SimConfig::new(5, presets::hollywood_adsl_15ms());
+    let json = serde_json::to_string(&config).expect("write");
+    assert_eq!(
+        serde_json::from_str::<SimConfig>(&json).expect("read"),
+        config
+    );
+    let partial: SimConfig = serde_json::from_str(
+        r#"{"seed": 3, "bottleneck": {"right_to_left": {"delay": "20ms", "rate_bps": 8000000}}}"#,
+    )
+    .expect("partial");
+    assert_eq!(partial.seed, 3);
+    assert_eq!(
+        partial.bottleneck.right_to_left,
+        "delay=20ms rate=8mbit".parse().expect("spec")
+    );
+    assert_eq!(partial.bottleneck.left_to_right, LinkConfig::default());
+    assert_eq!(
+        partial.max_events_per_instant,
+        SimConfig::default().max_events_per_instant
+    );
 }

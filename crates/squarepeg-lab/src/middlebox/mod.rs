@@ -98,10 +98,82 @@ impl DirectionFilter {
     }
 }
 
+/// Any of the lab's transforms, as configuration: what a command line or a JSON scenario
+/// names, e.g. `{"kind": "window_rewrite", "mode": {"cap": 1000}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum MiddleboxConfig {
+    /// A [`Resegmenter`].
+    Resegment(ResegmentConfig),
+    /// A [`RetransmitCache`].
+    RetransmitCache(RetransmitCacheConfig),
+    /// An [`OptionStripper`].
+    StripOptions(StripOptionsConfig),
+    /// A [`SeqRewriter`].
+    SeqRewrite(SeqRewriteConfig),
+    /// A [`WindowRewriter`].
+    WindowRewrite(WindowRewriteConfig),
+}
+
+impl MiddleboxConfig {
+    /// Builds the transform.
+    pub fn build(&self) -> Box<dyn Middlebox> {
+        match self {
+            MiddleboxConfig::Resegment(c) => Box::new(Resegmenter::new(c.clone())),
+            MiddleboxConfig::RetransmitCache(c) => Box::new(RetransmitCache::new(c.clone())),
+            MiddleboxConfig::StripOptions(c) => Box::new(OptionStripper::new(c.clone())),
+            MiddleboxConfig::SeqRewrite(c) => Box::new(SeqRewriter::new(c.clone())),
+            MiddleboxConfig::WindowRewrite(c) => Box::new(WindowRewriter::new(*c)),
+        }
+    }
+}
+
 fn pass(now: Instant, dir: Direction, packet: Vec<u8>, out: &mut Vec<Emit>) {
     out.push(Emit {
         at: now,
         dir,
         packet,
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configs_from_json() {
+        let json = r#"[
+            {"kind": "resegment", "split_probability": 1.0, "coalesce": false},
+            {"kind": "retransmit_cache", "max_bytes_per_flow": 1000},
+            {"kind": "strip_options", "allowed": [2], "mode": "shrink"},
+            {"kind": "seq_rewrite", "seed": 9, "directions": "left_to_right"},
+            {"kind": "window_rewrite", "mode": {"cap": 1000}}
+        ]"#;
+        let configs: Vec<MiddleboxConfig> = serde_json::from_str(json).expect("parse");
+        let names: Vec<&str> = configs.iter().map(|c| c.build().name()).collect();
+        assert_eq!(
+            names,
+            [
+                "resegment",
+                "retransmit-cache",
+                "strip-options",
+                "seq-rewrite",
+                "window-rewrite"
+            ]
+        );
+        assert_eq!(
+            configs[3],
+            MiddleboxConfig::SeqRewrite(SeqRewriteConfig {
+                seed: 9,
+                directions: DirectionFilter::LeftToRight,
+                ..SeqRewriteConfig::default()
+            })
+        );
+        let back: Vec<MiddleboxConfig> =
+            serde_json::from_str(&serde_json::to_string(&configs).expect("write")).expect("read");
+        assert_eq!(back, configs);
+        let typo = r#"{"kind": "resegment", "split_probabilty": 1.0}"#;
+        assert!(serde_json::from_str::<MiddleboxConfig>(typo).is_err());
+        assert!(serde_json::from_str::<MiddleboxConfig>(r#"{"kind": "nat"}"#).is_err());
+    }
 }

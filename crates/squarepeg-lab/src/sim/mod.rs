@@ -26,7 +26,7 @@ use std::io::{self, Write};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 pub use udp_host::{
@@ -72,7 +72,8 @@ impl HostId {
 }
 
 /// Simulator settings.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct SimConfig {
     /// Seed of every random decision (each link direction gets a seed derived from it).
     pub seed: u64,
@@ -307,6 +308,8 @@ pub struct Simulator {
     queue: BinaryHeap<Scheduled>,
     next_order: u64,
     hosts: Vec<HostSlot>,
+    /// Hosts to poll before the next event (added, or changed through `host_mut`).
+    dirty: Vec<HostId>,
     routes: HashMap<IpAddr, HostId>,
     links: [LinkDirection; 2],
     chains: [ChainSlot; 2],
@@ -343,6 +346,7 @@ impl Simulator {
             queue: BinaryHeap::new(),
             next_order: 0,
             hosts: Vec::new(),
+            dirty: Vec::new(),
             routes: HashMap::new(),
             links,
             chains: [chain(), chain()],
@@ -391,6 +395,7 @@ impl Simulator {
             generation: 0,
             dirty: true,
         });
+        self.dirty.push(id);
         Ok(id)
     }
 
@@ -416,7 +421,10 @@ impl Simulator {
     /// it again before the next event.
     pub fn host_mut<T: Host>(&mut self, id: HostId) -> Option<&mut T> {
         let slot = self.hosts.get_mut(id.0)?;
-        slot.dirty = true;
+        if !slot.dirty {
+            slot.dirty = true;
+            self.dirty.push(id);
+        }
         let host: &mut dyn Any = &mut *slot.host;
         host.downcast_mut()
     }
@@ -575,9 +583,12 @@ impl Simulator {
     }
 
     fn service_dirty(&mut self) -> Result<(), SimError> {
-        for index in 0..self.hosts.len() {
-            if self.hosts[index].dirty {
-                self.service_host(HostId(index))?;
+        while !self.dirty.is_empty() {
+            // In the order they became dirty; servicing one never dirties another.
+            for id in std::mem::take(&mut self.dirty) {
+                if self.hosts[id.0].dirty {
+                    self.service_host(id)?;
+                }
             }
         }
         Ok(())
