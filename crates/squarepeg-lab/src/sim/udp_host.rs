@@ -125,13 +125,15 @@ struct FlowState {
 }
 
 impl FlowState {
+    /// When the next datagram is due; `None` when the flow is done (or its schedule runs
+    /// past what an `Instant` can hold).
     fn next_send(&self, epoch: Instant) -> Option<Instant> {
-        (self.sent < self.flow.count).then(|| {
-            let offset = self.flow.interval.as_nanos() * u128::from(self.sent);
-            epoch
-                + self.flow.start
-                + Duration::from_nanos(u64::try_from(offset).unwrap_or(u64::MAX))
-        })
+        if self.sent >= self.flow.count {
+            return None;
+        }
+        let offset = self.flow.interval.as_nanos() * u128::from(self.sent);
+        let offset = Duration::from_nanos(u64::try_from(offset).ok()?);
+        epoch.checked_add(self.flow.start)?.checked_add(offset)
     }
 }
 
@@ -354,7 +356,11 @@ impl Host for UdpHost {
             self.ignored += 1;
             return;
         };
-        let sent_at = self.epoch + sent_offset;
+        // The send time comes from the peer: never trust it to fit.
+        let Some(sent_at) = self.epoch.checked_add(sent_offset) else {
+            self.ignored += 1;
+            return;
+        };
         match kind {
             KIND_DATA => {
                 if self.received.len() < self.record_limit {
