@@ -756,10 +756,6 @@ impl Connection {
         self.enter_closed(CloseReason::Aborted, false);
     }
 
-    pub(crate) fn user_closed(&self) -> bool {
-        self.user_closed
-    }
-
     // ---------------------------------------------------------------- state changes
 
     fn enter_closed(&mut self, reason: CloseReason, notify: bool) {

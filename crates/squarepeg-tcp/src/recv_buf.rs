@@ -190,11 +190,6 @@ impl RecvBuffer {
             .find(|&(s, e)| s <= offset && offset < e)
     }
 
-    /// Drops all out-of-order data (reneging; only used when the connection is torn down).
-    pub fn clear(&mut self) {
-        self.ooo.clear();
-        self.ooo_bytes = 0;
-    }
 }
 
 #[cfg(test)]

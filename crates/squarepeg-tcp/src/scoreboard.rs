@@ -47,14 +47,7 @@ pub(crate) struct Scoreboard {
 }
 
 impl Scoreboard {
-    pub fn is_empty(&self) -> bool {
-        self.segs.is_empty()
-    }
-
-    pub fn sacked_bytes(&self) -> u64 {
-        self.sacked_bytes
-    }
-
+    #[cfg(test)]
     pub fn lost_bytes(&self) -> u64 {
         self.lost_bytes
     }
@@ -271,11 +264,6 @@ impl Scoreboard {
             in_hole = !seg.sacked;
         }
         holes
-    }
-
-    /// Send time of the oldest outstanding segment.
-    pub fn oldest_sent_at(&self) -> Option<Instant> {
-        self.segs.front().map(|s| s.sent_at)
     }
 
     #[cfg(test)]
