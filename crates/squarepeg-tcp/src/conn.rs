@@ -1171,6 +1171,18 @@ impl Connection {
             (false, false) => in_window(seq) || in_window(seq + seg_len - 1),
         };
         let mut ack_only = false;
+        if !acceptable
+            && self.state == State::TimeWait
+            && flags.fin()
+            && !flags.rst()
+            && seq + seg_len == rcv_nxt
+        {
+            // The peer retransmitted its FIN: our last ACK was lost. Acknowledge it again and
+            // restart the 2 MSL timeout (RFC 9293 §3.10.7.4, eighth check, TIME-WAIT).
+            self.ack_now = true;
+            self.timewait_at = Some(now + self.cfg.time_wait);
+            return Ok(());
+        }
         if !acceptable {
             if flags.rst() {
                 // RFC 5961 §3.2: out-of-window RST is silently dropped.

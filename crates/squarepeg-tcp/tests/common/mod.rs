@@ -267,8 +267,12 @@ pub fn parse(p: &[u8]) -> Pkt {
     let mut o = &tcp[20..off];
     while !o.is_empty() {
         match o[0] {
-            0 => break,
+            0 => {
+                opts.push(Opt::Eol);
+                break;
+            }
             1 => {
+                opts.push(Opt::Nop);
                 o = &o[1..];
                 continue;
             }
