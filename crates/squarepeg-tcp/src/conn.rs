@@ -1188,6 +1188,11 @@ impl Connection {
                 // RFC 5961 §3.2: out-of-window RST is silently dropped.
                 return Err(DropReason::RstIgnored);
             }
+            if flags.syn() {
+                // RFC 5961 §4.2: a SYN gets a challenge ACK whatever its sequence number.
+                self.send_challenge_ack(now);
+                return Err(DropReason::SynChallenged);
+            }
             // RFC 9293 §3.10.7.4: with a zero window, still process valid ACKs (so that a
             // sender's window probes tell us about the peer's ACKs and window).
             if wnd == 0 && seq == rcv_nxt && flags.ack() && !flags.syn() {
