@@ -1287,7 +1287,8 @@ impl Connection {
         }
         // Sixth/seventh: URG is ignored (RFC 6093 recommends against its use; data is inline).
         if ack_only {
-            return Ok(());
+            // Zero receive window: the ACK was used, the text is dropped.
+            return Err(DropReason::OutOfWindow);
         }
         let payload_start = seq + flags.syn() as i64;
         if !seg.payload.is_empty() || flags.fin() {
@@ -1441,7 +1442,10 @@ impl Connection {
             && !seg.flags.syn()
             && !seg.flags.fin()
             && (!window_changed || new_sack > 0)
+            && self.snd_wnd > 0
+            && self.zwp_seq.is_none()
         {
+            // (Answers to zero-window probes are not loss signals.)
             // Duplicate ACK (RFC 5681 §2; with SACK, RFC 6675 §2 counts ACKs with new SACK info).
             self.counters.dup_acks += 1;
             if !self.sack_ok || new_sack > 0 {
@@ -1450,6 +1454,17 @@ impl Connection {
             if self.recovery.is_some() && !self.sack_ok {
                 // RFC 6582 §3.2 step 4: inflate cwnd by one SMSS per additional dupack.
                 self.reno_inflation += mss as i64;
+            }
+        }
+        // The window reopened with our probe byte unacknowledged: the receiver dropped it, so
+        // send it again first.
+        if self.snd_wnd > 0
+            && let Some(z) = self.zwp_seq
+        {
+            self.zwp_seq = None;
+            if z == self.snd_una {
+                self.sb.mark_head_lost();
+                self.force_retransmit = true;
             }
         }
         if self.sack_ok && new_sack > 0 {
