@@ -1896,12 +1896,13 @@ impl Connection {
             Some(_) if self.sack_ok => cwnd.saturating_sub(self.sb.pipe(flight)),
             Some(_) => ((cwnd as i64 + self.reno_inflation).max(self.effective_mss() as i64) as u64)
                 .saturating_sub(flight),
+            // With SACK, limited transmit falls out of the pipe estimate (RFC 6675 §5 step 1).
+            None if self.sack_ok => cwnd.saturating_sub(self.sb.pipe(flight)),
             None => {
                 // Limited transmit (RFC 3042): one new segment for each of the first two
                 // duplicate ACKs.
                 let extra = self.dupacks.min(2) as u64 * self.effective_mss() as u64;
-                let in_net = if self.sack_ok { self.sb.pipe(flight) } else { flight };
-                (cwnd + extra).saturating_sub(in_net)
+                (cwnd + extra).saturating_sub(flight)
             }
         }
     }
