@@ -1304,7 +1304,10 @@ impl Connection {
                         }
                     }
                     if payload_start >= 0 {
-                        self.process_text(now, payload_start as u64, seg.payload, flags.fin());
+                        if self.process_text(now, payload_start as u64, seg.payload, flags.fin())
+                        {
+                            return Err(DropReason::OutOfOrderQueueFull);
+                        }
                     }
                 }
                 State::TimeWait if flags.fin() => {
@@ -1531,7 +1534,8 @@ impl Connection {
     }
 
     /// Accepts segment text and FIN (RFC 9293 §3.10.7.4 seventh and eighth checks).
-    fn process_text(&mut self, now: Instant, start: u64, payload: &[u8], fin: bool) {
+    /// Returns whether out-of-order data was dropped for lack of room.
+    fn process_text(&mut self, now: Instant, start: u64, payload: &[u8], fin: bool) -> bool {
         let mut data = payload;
         let mut fin = fin;
         // Trim to the advertised window's right edge; a FIN beyond it is dropped with the data.
@@ -1558,10 +1562,8 @@ impl Connection {
             let fin_pos = start + data.len() as u64;
             self.peer_fin_at = Some(fin_pos);
         }
-        if outcome.out_of_order {
-            if !outcome.dropped {
-                self.note_sack_block(stream_start);
-            }
+        if outcome.out_of_order && !outcome.dropped {
+            self.note_sack_block(stream_start);
         }
         let prev_rcv_nxt = self.rcv_nxt;
         self.rcv_nxt = self.recv.next() + 1;
@@ -1618,6 +1620,7 @@ impl Connection {
             // Duplicate data: ACK at once so that the sender learns what we hold.
             self.ack_now = true;
         }
+        outcome.dropped
     }
 
     /// Records the out-of-order range containing `offset` as the most recent SACK block.
