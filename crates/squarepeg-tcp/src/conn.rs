@@ -188,6 +188,14 @@ fn ts_before(a: u32, b: u32) -> bool {
     (a.wrapping_sub(b) as i32) < 0
 }
 
+/// Window for SYN and SYN-ACK: the free space, at most 65535, rounded down to a multiple of the
+/// MSS as Linux does (64240 for MSS 1460), so that the peer sees the familiar value.
+pub(crate) fn initial_window(space: usize, mss: u16) -> u16 {
+    let w = space.min(65535);
+    let mss = mss as usize;
+    (if w > mss { w - w % mss } else { w }) as u16
+}
+
 fn default_mss(addr: &SocketAddr) -> u16 {
     // RFC 9293 §3.7.1: 536 for IPv4 without an MSS option; IPv6 minimum MTU 1280 - 60.
     if addr.is_ipv4() { 536 } else { 1220 }
@@ -502,7 +510,10 @@ impl Connection {
     /// Largest payload our own MTU allows.
     fn local_mss_limit(&self) -> u16 {
         let ip_overhead = wire::ip_header_len(&self.local) as u16 + wire::TCP_HEADER as u16;
-        self.cfg.mtu.saturating_sub(ip_overhead).max(self.cfg.min_mss)
+        self.cfg
+            .mtu
+            .saturating_sub(ip_overhead)
+            .max(self.cfg.min_mss)
     }
 
     /// Payload per segment after the options every segment carries (timestamps), which is
@@ -1303,11 +1314,10 @@ impl Connection {
                             return Ok(());
                         }
                     }
-                    if payload_start >= 0 {
-                        if self.process_text(now, payload_start as u64, seg.payload, flags.fin())
-                        {
-                            return Err(DropReason::OutOfOrderQueueFull);
-                        }
+                    if payload_start >= 0
+                        && self.process_text(now, payload_start as u64, seg.payload, flags.fin())
+                    {
+                        return Err(DropReason::OutOfOrderQueueFull);
                     }
                 }
                 State::TimeWait if flags.fin() => {
@@ -1475,8 +1485,8 @@ impl Connection {
         }
         // Enter loss recovery (RFC 6675 §5 step 4 / RFC 6582 §3.2 step 2).
         if self.recovery.is_none() && self.state.is_synchronized() && self.flight() > 0 {
-            let threshold_hit = self.dupacks >= self.cfg.dupack_threshold
-                || (self.sack_ok && self.sb.head_lost());
+            let threshold_hit =
+                self.dupacks >= self.cfg.dupack_threshold || (self.sack_ok && self.sb.head_lost());
             if threshold_hit {
                 self.enter_recovery(now);
             }
@@ -1538,6 +1548,12 @@ impl Connection {
     fn process_text(&mut self, now: Instant, start: u64, payload: &[u8], fin: bool) -> bool {
         let mut data = payload;
         let mut fin = fin;
+        let mut start = start;
+        if start == 0 {
+            // Text claiming the SYN's sequence number: that octet is not data.
+            data = data.get(1..).unwrap_or(&[]);
+            start = 1;
+        }
         // Trim to the advertised window's right edge; a FIN beyond it is dropped with the data.
         let right = self.rcv_adv.max(self.rcv_nxt);
         let end = start + data.len() as u64;
@@ -1626,7 +1642,8 @@ impl Connection {
     /// Records the out-of-order range containing `offset` as the most recent SACK block.
     fn note_sack_block(&mut self, offset: u64) {
         if let Some(range) = self.recv.ooo_range_containing(offset) {
-            self.sack_recent.retain(|&(s, e)| !(s < range.1 && range.0 < e));
+            self.sack_recent
+                .retain(|&(s, e)| !(s < range.1 && range.0 < e));
             self.sack_recent.insert(0, range);
             self.sack_recent.truncate(MAX_SACK_BLOCKS * 2);
         }
@@ -1670,7 +1687,7 @@ impl Connection {
 
     /// Window for SYN and SYN-ACK segments: never scaled (RFC 7323 §2.2).
     fn syn_window(&self) -> u16 {
-        self.free_space().min(65535) as u16
+        initial_window(self.free_space(), self.offered_mss)
     }
 
     /// Chooses the window to advertise and records its right edge. Receiver-side silly window
@@ -1706,7 +1723,11 @@ impl Connection {
         let ranges = self.recv.ooo_ranges();
         let mut n = 0usize;
         let mut push = |out: &mut OutOptions, (s, e): (u64, u64)| {
-            if n >= max || out.sack_blocks[..n].iter().any(|&(l, _)| l == self.irs.wrapping_add((s + 1) as u32)) {
+            if n >= max
+                || out.sack_blocks[..n]
+                    .iter()
+                    .any(|&(l, _)| l == self.irs.wrapping_add((s + 1) as u32))
+            {
                 return;
             }
             out.sack_blocks[n] = (
@@ -1732,7 +1753,11 @@ impl Connection {
         if self.ts_ok {
             o.timestamps = Some((
                 self.ts_now(now),
-                if self.ts_recent_valid { self.ts_recent } else { 0 },
+                if self.ts_recent_valid {
+                    self.ts_recent
+                } else {
+                    0
+                },
             ));
         }
         o
@@ -1837,11 +1862,7 @@ impl Connection {
         let (ws, sack, ts) = if syn_ack {
             (self.wscale_ok, self.sack_ok, self.ts_ok)
         } else {
-            (
-                self.cfg.window_scaling,
-                self.cfg.sack,
-                self.cfg.timestamps,
-            )
+            (self.cfg.window_scaling, self.cfg.sack, self.cfg.timestamps)
         };
         if ws {
             opts.window_scale = Some(self.rcv_wscale);
@@ -1897,7 +1918,8 @@ impl Connection {
         let flight = self.flight();
         match self.recovery {
             Some(_) if self.sack_ok => cwnd.saturating_sub(self.sb.pipe(flight)),
-            Some(_) => ((cwnd as i64 + self.reno_inflation).max(self.effective_mss() as i64) as u64)
+            Some(_) => ((cwnd as i64 + self.reno_inflation).max(self.effective_mss() as i64)
+                as u64)
                 .saturating_sub(flight),
             // With SACK, limited transmit falls out of the pipe estimate (RFC 6675 §5 step 1).
             None if self.sack_ok => cwnd.saturating_sub(self.sb.pipe(flight)),
@@ -2026,7 +2048,7 @@ impl Connection {
             let write_boundary = self.cfg.consistent_segmentation
                 && self.queue.segment_len(data_next, usize::MAX, true) == len;
             let half_window = len as u64 >= self.max_snd_wnd / 2 && wnd_room < cwnd_room;
-                if !write_boundary && !half_window && !self.sws_override {
+            if !write_boundary && !half_window && !self.sws_override {
                 return None;
             }
         }

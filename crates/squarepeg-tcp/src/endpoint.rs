@@ -636,9 +636,8 @@ impl Endpoint {
             match queued {
                 Some(l) => {
                     l.accept_queue.push_back(handle);
-                    self.events.push_back(Event::Incoming(ListenerHandle(
-                        listener.map_or(0, |l| l.0),
-                    )));
+                    self.events
+                        .push_back(Event::Incoming(ListenerHandle(listener.map_or(0, |l| l.0))));
                 }
                 None => {
                     // Accept queue overflow (or listener gone): reset, like Linux with
@@ -659,7 +658,10 @@ impl Endpoint {
         }
         // Free the slot once the connection is closed, its last packet sent, and nobody holds
         // the handle. A passive connection not yet accepted is dropped from its accept queue.
-        let closed_now = slot.conn.as_ref().is_some_and(|c| c.state() == State::Closed);
+        let closed_now = slot
+            .conn
+            .as_ref()
+            .is_some_and(|c| c.state() == State::Closed);
         if closed_now && !rst_pending && !slot.owned {
             let has_rst = slot.conn.as_ref().is_some_and(|c| c.has_pending_rst());
             if !has_rst {
@@ -887,8 +889,8 @@ impl Endpoint {
         Ok(())
     }
 
-    fn cookie_config_window(config: &ConnectionConfig) -> u16 {
-        config.recv_buffer.min(65535) as u16
+    fn cookie_config_window(config: &ConnectionConfig, local_mss: u16) -> u16 {
+        crate::conn::initial_window(config.recv_buffer, local_mss)
     }
 
     /// Stateless SYN-ACK carrying a SYN cookie (RFC 4987 §3.6).
@@ -896,14 +898,7 @@ impl Endpoint {
         let since = now.saturating_duration_since(self.shared.epoch);
         let peer_mss = seg.options.mss.unwrap_or(536);
         let counter = syncookie::counter(since);
-        let iss = syncookie::make(
-            &self.secret,
-            &seg.dst,
-            &seg.src,
-            counter,
-            seg.seq,
-            peer_mss,
-        );
+        let iss = syncookie::make(&self.secret, &seg.dst, &seg.src, counter, seg.seq, peer_mss);
         let mss_idx = syncookie::mss_index(peer_mss) as usize;
         let _ = mss_idx;
         let local_mss = {
@@ -931,7 +926,7 @@ impl Endpoint {
                 opts.window_scale = Some(rcv_wscale_for(config));
             }
         }
-        let window = Self::cookie_config_window(config);
+        let window = Self::cookie_config_window(config, local_mss);
         self.queue_reply(
             seg.dst,
             seg.src,

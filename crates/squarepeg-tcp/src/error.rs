@@ -93,10 +93,7 @@ impl DropReason {
     ];
 
     pub(crate) fn index(self) -> usize {
-        DropReason::ALL
-            .iter()
-            .position(|r| *r == self)
-            .unwrap_or(0)
+        DropReason::ALL.iter().position(|r| *r == self).unwrap_or(0)
     }
 }
 

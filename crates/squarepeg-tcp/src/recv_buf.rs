@@ -189,7 +189,6 @@ impl RecvBuffer {
             .into_iter()
             .find(|&(s, e)| s <= offset && offset < e)
     }
-
 }
 
 #[cfg(test)]

@@ -56,7 +56,8 @@ impl RttEstimator {
         }
         let srtt = self.srtt.unwrap_or(r);
         // RTO = SRTT + max(G, K*RTTVAR), K = 4, then bounded (2.4, 2.5).
-        self.base_rto = (srtt + CLOCK_GRANULARITY.max(self.rttvar * 4)).clamp(self.min_rto, self.max_rto);
+        self.base_rto =
+            (srtt + CLOCK_GRANULARITY.max(self.rttvar * 4)).clamp(self.min_rto, self.max_rto);
         // A valid sample ends the back-off (Karn's algorithm, RFC 6298 §5 note after 5.7).
         self.backoff = 0;
     }

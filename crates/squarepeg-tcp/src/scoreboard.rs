@@ -109,7 +109,9 @@ impl Scoreboard {
             if front.end > upto {
                 break;
             }
-            let Some(seg) = self.segs.pop_front() else { break };
+            let Some(seg) = self.segs.pop_front() else {
+                break;
+            };
             let len = seg.len();
             if seg.sacked {
                 self.sacked_bytes -= len;

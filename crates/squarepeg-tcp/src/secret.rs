@@ -73,11 +73,6 @@ impl Secret {
         client_isn: u32,
         mss_index: u32,
     ) -> u32 {
-        self.hash(
-            b"cookie",
-            local,
-            remote,
-            &[counter, client_isn, mss_index],
-        )
+        self.hash(b"cookie", local, remote, &[counter, client_isn, mss_index])
     }
 }

@@ -197,7 +197,10 @@ impl SendQueue {
     fn write_end_after(&self, from: u64) -> u64 {
         if from < self.committed_end {
             let i = self.committed.partition_point(|r| r.end() <= from);
-            return self.committed.get(i).map_or(self.committed_end, |r| r.end());
+            return self
+                .committed
+                .get(i)
+                .map_or(self.committed_end, |r| r.end());
         }
         let mut start = self.committed_end;
         for r in &self.pending {

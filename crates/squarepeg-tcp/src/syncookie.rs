@@ -27,10 +27,7 @@ pub(crate) fn counter(since_epoch: Duration) -> u32 {
 
 /// Largest table entry not above the peer's MSS (RFC 4987 §3.6: the encoding may lower the MSS).
 pub(crate) fn mss_index(peer_mss: u16) -> u32 {
-    COOKIE_MSS
-        .iter()
-        .rposition(|&m| m <= peer_mss)
-        .unwrap_or(0) as u32
+    COOKIE_MSS.iter().rposition(|&m| m <= peer_mss).unwrap_or(0) as u32
 }
 
 pub(crate) fn make(

@@ -235,7 +235,13 @@ fn parse_ipv4(packet: &[u8], verify_checksum: bool) -> Result<Segment<'_>, DropR
     } else {
         0
     };
-    parse_tcp(IpAddr::V4(src), IpAddr::V4(dst), tcp, verify_checksum, pseudo)
+    parse_tcp(
+        IpAddr::V4(src),
+        IpAddr::V4(dst),
+        tcp,
+        verify_checksum,
+        pseudo,
+    )
 }
 
 fn parse_ipv6(packet: &[u8], verify_checksum: bool) -> Result<Segment<'_>, DropReason> {
@@ -279,7 +285,13 @@ fn parse_ipv6(packet: &[u8], verify_checksum: bool) -> Result<Segment<'_>, DropR
     } else {
         0
     };
-    parse_tcp(IpAddr::V6(src), IpAddr::V6(dst), rest, verify_checksum, pseudo)
+    parse_tcp(
+        IpAddr::V6(src),
+        IpAddr::V6(dst),
+        rest,
+        verify_checksum,
+        pseudo,
+    )
 }
 
 fn parse_tcp(
@@ -442,7 +454,11 @@ impl OutOptions {
 
 /// IP header length for the address family of `addr`.
 pub(crate) fn ip_header_len(addr: &SocketAddr) -> usize {
-    if addr.is_ipv4() { IPV4_HEADER } else { IPV6_HEADER }
+    if addr.is_ipv4() {
+        IPV4_HEADER
+    } else {
+        IPV6_HEADER
+    }
 }
 
 /// Writes a whole IP packet into `buf`: IP header, TCP header, options, then `payload_len` bytes

@@ -79,10 +79,8 @@ fn transfer(
                     Err(_) => break,
                 }
             }
-            if t.sent == t.total && !t.shut {
-                if a.shutdown(now, c).is_ok() {
-                    t.shut = true;
-                }
+            if t.sent == t.total && !t.shut && a.shutdown(now, c).is_ok() {
+                t.shut = true;
             }
             if let Some(s) = t.server {
                 loop {
@@ -101,7 +99,12 @@ fn transfer(
             t.received.len() == t.total && t.client_closed && t.server.is_none()
         },
     );
-    assert!(ok, "transfer did not finish: received {} of {}", t.received.len(), t.total);
+    assert!(
+        ok,
+        "transfer did not finish: received {} of {}",
+        t.received.len(),
+        t.total
+    );
     (pump, t)
 }
 
@@ -127,7 +130,10 @@ fn small_transfer_v4() {
     check(&t);
     let h = t.client.unwrap();
     let st = pump.a.connection(h).map(|c| c.state());
-    assert!(matches!(st, Some(State::TimeWait) | Some(State::Closed)), "{st:?}");
+    assert!(
+        matches!(st, Some(State::TimeWait) | Some(State::Closed)),
+        "{st:?}"
+    );
 }
 
 #[test]
@@ -196,9 +202,13 @@ fn bulk_mss_536_with_losses_no_sack() {
         sack: false,
         ..Default::default()
     };
-    let (pump, t) = transfer(false, 4 << 20, cfg, Duration::from_millis(5), |from_a, i, _| {
-        from_a && drops.contains(&i)
-    });
+    let (pump, t) = transfer(
+        false,
+        4 << 20,
+        cfg,
+        Duration::from_millis(5),
+        |from_a, i, _| from_a && drops.contains(&i),
+    );
     check(&t);
     let st = pump.a.stats_of(t.client.unwrap()).unwrap();
     assert_eq!(st.send_mss, 536 - 12);

@@ -42,8 +42,8 @@ fn cookies_when_backlog_full_carry_mss_wscale_and_sack() {
     assert_eq!(h.ep.connection_count(), 1);
     assert_eq!(h.ep.stats().syn_cookies_sent, 1);
     // A forged ACK (wrong cookie) is reset.
-    let forged = Pkt::new(other, h.local, ACK, 5001, synack.seq.wrapping_add(2))
-        .opt(Opt::Ts(778, tsval));
+    let forged =
+        Pkt::new(other, h.local, ACK, 5001, synack.seq.wrapping_add(2)).opt(Opt::Ts(778, tsval));
     assert_eq!(h.inject(&forged), Err(DropReason::BadSynCookie));
     assert_eq!(h.out1().flag_str(), "R");
     // The genuine ACK, with data, completes the handshake from the cookie alone.
@@ -75,8 +75,13 @@ fn cookie_without_timestamps_loses_wscale_and_sack() {
         ..Default::default()
     });
     let l = h.listen(16, ConnectionConfig::default());
-    h.inject(&h.pkt(SYN, 100, 0).opt(Opt::Mss(536)).opt(Opt::SackOk).opt(Opt::Ws(2)))
-        .unwrap();
+    h.inject(
+        &h.pkt(SYN, 100, 0)
+            .opt(Opt::Mss(536))
+            .opt(Opt::SackOk)
+            .opt(Opt::Ws(2)),
+    )
+    .unwrap();
     let synack = h.out1();
     assert_eq!(synack.opts, vec![Opt::Mss(1460)]);
     assert_eq!(h.ep.connection_count(), 0);
@@ -123,7 +128,12 @@ fn connection_limit_is_enforced() {
         Err(DropReason::TooManyConnections)
     );
     assert_eq!(
-        h.ep.connect(h.now, addr("192.0.2.1:0"), addr("203.0.113.1:80"), ConnectionConfig::default()),
+        h.ep.connect(
+            h.now,
+            addr("192.0.2.1:0"),
+            addr("203.0.113.1:80"),
+            ConnectionConfig::default()
+        ),
         Err(Error::TooManyConnections)
     );
 }
@@ -131,25 +141,43 @@ fn connection_limit_is_enforced() {
 #[test]
 fn ephemeral_ports_and_address_validation() {
     let mut h = server(EndpointConfig::default());
-    let a = h
-        .ep
-        .connect(h.now, addr("192.0.2.1:0"), addr("203.0.113.1:80"), ConnectionConfig::default())
+    let a =
+        h.ep.connect(
+            h.now,
+            addr("192.0.2.1:0"),
+            addr("203.0.113.1:80"),
+            ConnectionConfig::default(),
+        )
         .unwrap();
-    let b = h
-        .ep
-        .connect(h.now, addr("192.0.2.1:0"), addr("203.0.113.1:80"), ConnectionConfig::default())
+    let b =
+        h.ep.connect(
+            h.now,
+            addr("192.0.2.1:0"),
+            addr("203.0.113.1:80"),
+            ConnectionConfig::default(),
+        )
         .unwrap();
     let pa = h.ep.connection(a).unwrap().local_addr().port();
     let pb = h.ep.connection(b).unwrap().local_addr().port();
     assert_ne!(pa, pb);
     assert!((32768..=60999).contains(&pa));
     assert_eq!(
-        h.ep.connect(h.now, addr("192.0.2.1:1"), addr("[fd00::1]:80"), ConnectionConfig::default()),
+        h.ep.connect(
+            h.now,
+            addr("192.0.2.1:1"),
+            addr("[fd00::1]:80"),
+            ConnectionConfig::default()
+        ),
         Err(Error::InvalidAddress("address families differ"))
     );
     let la = h.ep.connection(a).unwrap().local_addr();
     assert_eq!(
-        h.ep.connect(h.now, la, addr("203.0.113.1:80"), ConnectionConfig::default()),
+        h.ep.connect(
+            h.now,
+            la,
+            addr("203.0.113.1:80"),
+            ConnectionConfig::default()
+        ),
         Err(Error::AddressInUse)
     );
 }

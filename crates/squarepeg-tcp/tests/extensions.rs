@@ -27,8 +27,16 @@ fn open_with_writes(cfg: ConnectionConfig, writes: &[&[u8]]) -> (Harness, Connec
 
 #[test]
 fn standard_mode_packs_writes_into_full_segments() {
-    let (mut h, _c, _) = open_with_writes(ConnectionConfig::default(), &[&[1; 100], &[2; 300], &[3; 1200]]);
-    let lens: Vec<usize> = h.out().iter().map(|p| p.payload.len()).filter(|&n| n > 0).collect();
+    let (mut h, _c, _) = open_with_writes(
+        ConnectionConfig::default(),
+        &[&[1; 100], &[2; 300], &[3; 1200]],
+    );
+    let lens: Vec<usize> = h
+        .out()
+        .iter()
+        .map(|p| p.payload.len())
+        .filter(|&n| n > 0)
+        .collect();
     assert_eq!(lens, vec![1000, 600]);
 }
 
@@ -39,7 +47,11 @@ fn consistent_segmentation_starts_each_write_in_a_new_segment() {
         ..Default::default()
     };
     let (mut h, _c, _) = open_with_writes(cfg, &[&[1; 100], &[2; 300], &[3; 1200]]);
-    let segs: Vec<Pkt> = h.out().into_iter().filter(|p| !p.payload.is_empty()).collect();
+    let segs: Vec<Pkt> = h
+        .out()
+        .into_iter()
+        .filter(|p| !p.payload.is_empty())
+        .collect();
     let lens: Vec<usize> = segs.iter().map(|p| p.payload.len()).collect();
     assert_eq!(lens, vec![100, 300, 1000, 200]);
     assert!(segs[1].payload.iter().all(|&b| b == 2));
@@ -69,11 +81,26 @@ fn priority_writes_overtake_unsent_writes_only_at_boundaries() {
     h.out();
     // The peer closes its window so that writes queue up.
     h.inject(&h.pkt(ACK, IRS + 1, iss + 1).win(0)).unwrap();
-    h.ep.write_tagged(c, b"low-1 ", WriteTag::default()).unwrap();
-    h.ep.write_tagged(c, b"low-2 ", WriteTag { squash_key: Some(9), ..Default::default() })
+    h.ep.write_tagged(c, b"low-1 ", WriteTag::default())
         .unwrap();
-    h.ep.write_prioritized(c, b"HIGH ", WriteTag { priority: 10, ..Default::default() })
-        .unwrap();
+    h.ep.write_tagged(
+        c,
+        b"low-2 ",
+        WriteTag {
+            squash_key: Some(9),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    h.ep.write_prioritized(
+        c,
+        b"HIGH ",
+        WriteTag {
+            priority: 10,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     // Squash the stale update (Minion §4.2).
     h.ep.send_queue(c, |q| {
         assert_eq!(q.squash(9), 6);
@@ -91,7 +118,8 @@ fn stream_offsets_are_isn_relative() {
     let conn = h.ep.connection(c).unwrap();
     assert_eq!(conn.write_offset(), 3);
     assert_eq!(conn.acked_offset(), 0);
-    h.inject(&h.pkt(ACK, IRS + 1, iss + 4).data(b"0123456789")).unwrap();
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 4).data(b"0123456789"))
+        .unwrap();
     let mut buf = [0u8; 4];
     h.ep.read(c, &mut buf).unwrap();
     let conn = h.ep.connection(c).unwrap();

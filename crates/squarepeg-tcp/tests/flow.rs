@@ -12,14 +12,22 @@ const IRS: u32 = 7_000_000;
 
 /// Client connection without timestamps (exact segment sizes = MSS); the peer's SYN-ACK
 /// carries `peer_ws` if given.
-fn open(cfg: ConnectionConfig, peer_mss: u16, peer_ws: Option<u8>, win: u16) -> (Harness, ConnectionHandle, u32) {
+fn open(
+    cfg: ConnectionConfig,
+    peer_mss: u16,
+    peer_ws: Option<u8>,
+    win: u16,
+) -> (Harness, ConnectionHandle, u32) {
     let mut h = Harness::new("192.0.2.1:40000", "198.51.100.7:80");
     let c = h.connect(ConnectionConfig {
         timestamps: false,
         ..cfg
     });
     let iss = h.out1().seq;
-    let mut p = h.pkt(SYN | ACK, IRS, iss + 1).win(win).opt(Opt::Mss(peer_mss));
+    let mut p = h
+        .pkt(SYN | ACK, IRS, iss + 1)
+        .win(win)
+        .opt(Opt::Mss(peer_mss));
     if let Some(ws) = peer_ws {
         p = p.opt(Opt::Ws(ws));
     }
@@ -61,13 +69,17 @@ fn receive_window_shrinks_with_buffered_data_and_reopens_on_read() {
     let mut seq = IRS + 1;
     let mut wins = Vec::new();
     for _ in 0..4 {
-        h.inject(&h.pkt(ACK, seq, iss + 1).data(&[1u8; 1000])).unwrap();
+        h.inject(&h.pkt(ACK, seq, iss + 1).data(&[1u8; 1000]))
+            .unwrap();
         seq += 1000;
         wins.push(h.out1().win);
     }
     assert_eq!(wins, vec![3000, 2000, 1000, 0]);
     // Beyond the window: dropped, ACK with window 0.
-    assert!(h.inject(&h.pkt(ACK, seq, iss + 1).data(&[1u8; 10])).is_err());
+    assert!(
+        h.inject(&h.pkt(ACK, seq, iss + 1).data(&[1u8; 10]))
+            .is_err()
+    );
     assert_eq!(h.out1().win, 0);
     // Reading a little does not open a silly window (RFC 9293 §3.8.6.2.2)...
     let mut buf = [0u8; 500];
@@ -105,7 +117,8 @@ fn zero_window_persist_probes_back_off() {
     assert_eq!(h.ep.stats_of(c).unwrap().zero_window_probes, 4);
     assert_eq!(h.ep.stats_of(c).unwrap().rto_timeouts, 0);
     // The window opens: the rest flows.
-    h.inject(&h.pkt(ACK, IRS + 1, iss + 2001).win(10_000)).unwrap();
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 2001).win(10_000))
+        .unwrap();
     let rest = h.out();
     // The dropped probe byte first, then the rest.
     assert_eq!((rest[0].seq, rest[0].payload.len()), (iss + 2001, 1));
@@ -116,7 +129,8 @@ fn zero_window_persist_probes_back_off() {
 fn delayed_ack_every_second_segment_and_timer() {
     let (mut h, c, iss) = open(ConnectionConfig::default(), 1000, None, 65535);
     let mss = 1460u32; // our advertised MSS; the peer sends full segments of it
-    h.inject(&h.pkt(ACK, IRS + 1, iss + 1).data(&[1u8; 1460])).unwrap();
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 1).data(&[1u8; 1460]))
+        .unwrap();
     h.none();
     h.inject(&h.pkt(ACK, IRS + 1 + mss, iss + 1).data(&[1u8; 1460]))
         .unwrap();
@@ -141,16 +155,22 @@ fn out_of_order_data_gets_immediate_ack_with_sack_blocks() {
         ..Default::default()
     });
     let iss = h.out1().seq;
-    h.inject(&h.pkt(SYN | ACK, IRS, iss + 1).opt(Opt::Mss(1000)).opt(Opt::SackOk))
-        .unwrap();
+    h.inject(
+        &h.pkt(SYN | ACK, IRS, iss + 1)
+            .opt(Opt::Mss(1000))
+            .opt(Opt::SackOk),
+    )
+    .unwrap();
     h.out();
     let base = IRS + 1;
     // Segments 1000..2000 and 3000..4000 arrive; 0..1000 and 2000..3000 are missing.
-    h.inject(&h.pkt(ACK, base + 1000, iss + 1).data(&[2u8; 1000])).unwrap();
+    h.inject(&h.pkt(ACK, base + 1000, iss + 1).data(&[2u8; 1000]))
+        .unwrap();
     let a1 = h.out1();
     assert_eq!(a1.ack, base);
     assert_eq!(a1.sack(), vec![(base + 1000, base + 2000)]);
-    h.inject(&h.pkt(ACK, base + 3000, iss + 1).data(&[4u8; 1000])).unwrap();
+    h.inject(&h.pkt(ACK, base + 3000, iss + 1).data(&[4u8; 1000]))
+        .unwrap();
     let a2 = h.out1();
     // Most recent block first (RFC 2018 §4).
     assert_eq!(
@@ -159,11 +179,13 @@ fn out_of_order_data_gets_immediate_ack_with_sack_blocks() {
     );
     assert_eq!(h.ep.stats_of(c).unwrap().ooo_bytes, 2000);
     // Filling the first hole: immediate ACK, the remaining block reported.
-    h.inject(&h.pkt(ACK, base, iss + 1).data(&[1u8; 1000])).unwrap();
+    h.inject(&h.pkt(ACK, base, iss + 1).data(&[1u8; 1000]))
+        .unwrap();
     let a3 = h.out1();
     assert_eq!(a3.ack, base + 2000);
     assert_eq!(a3.sack(), vec![(base + 3000, base + 4000)]);
-    h.inject(&h.pkt(ACK, base + 2000, iss + 1).data(&[3u8; 1000])).unwrap();
+    h.inject(&h.pkt(ACK, base + 2000, iss + 1).data(&[3u8; 1000]))
+        .unwrap();
     let a4 = h.out1();
     assert_eq!(a4.ack, base + 4000);
     assert!(a4.sack().is_empty());
@@ -242,7 +264,8 @@ fn sender_sws_avoidance_waits_for_a_useful_window() {
     assert_eq!(n, 10_000);
     // The peer acknowledges everything but offers only 300 bytes: less than an MSS and less
     // than half its largest window, so nothing is sent (RFC 9293 §3.8.6.2.1)...
-    h.inject(&h.pkt(ACK, IRS + 1, iss + 10_001).win(300)).unwrap();
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 10_001).win(300))
+        .unwrap();
     h.none();
     // ...until the override timer fires.
     h.fire_next_timer();
@@ -264,5 +287,8 @@ fn user_timeout_aborts() {
         h.out();
     }
     assert_eq!(t, Duration::from_secs(5));
-    assert_eq!(h.ep.connection(c).unwrap().close_reason(), Some(CloseReason::TimedOut));
+    assert_eq!(
+        h.ep.connection(c).unwrap().close_reason(),
+        Some(CloseReason::TimedOut)
+    );
 }

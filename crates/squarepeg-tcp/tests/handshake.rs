@@ -20,7 +20,8 @@ fn active_open_negotiates_all_options() {
     let c = h.connect(ConnectionConfig::default());
     let syn = h.out1();
     assert_eq!(syn.flag_str(), "S");
-    assert_eq!(syn.win, 65535);
+    // Linux-like initial window: 65535 rounded down to a multiple of the MSS.
+    assert_eq!(syn.win, 64240);
     // Linux option layout: MSS, SACK_PERM, TS, NOP, WS.
     assert_eq!(
         syn.options_bytes()[..8],
@@ -147,7 +148,7 @@ fn passive_open_with_options_then_accept() {
     let synack = h.out1();
     assert_eq!(synack.flag_str(), "S.");
     assert_eq!(synack.ack, IRS + 1);
-    assert_eq!(synack.win, 65535);
+    assert_eq!(synack.win, 64240);
     assert_eq!(synack.mss(), Some(1460));
     assert!(synack.sack_ok());
     assert_eq!(synack.ws(), Some(7));
@@ -192,7 +193,10 @@ fn syn_ack_retransmitted_on_duplicate_syn_and_timer() {
     // Duplicate SYN: the SYN-ACK is sent again.
     h.inject(&syn).unwrap();
     let again = h.out1();
-    assert_eq!((again.seq, again.ack, again.flag_str()), (first.seq, first.ack, "S.".into()));
+    assert_eq!(
+        (again.seq, again.ack, again.flag_str()),
+        (first.seq, first.ack, "S.".into())
+    );
     // Timer: 1 s, then 2 s.
     assert_eq!(h.fire_next_timer(), Duration::from_secs(1));
     assert_eq!(h.out1().flag_str(), "S.");
@@ -257,7 +261,10 @@ fn simultaneous_open() {
     .unwrap();
     assert_eq!(h.ep.connection(c).unwrap().state(), State::Established);
     let ack = h.out1();
-    assert_eq!((ack.flag_str().as_str(), ack.seq, ack.ack), (".", iss + 1, IRS + 1));
+    assert_eq!(
+        (ack.flag_str().as_str(), ack.seq, ack.ack),
+        (".", iss + 1, IRS + 1)
+    );
     assert!(h.events().contains(&Event::Connected(c)));
 }
 
@@ -267,8 +274,12 @@ pub fn established(cfg: ConnectionConfig) -> (Harness, squarepeg_tcp::Connection
     let mut h = client();
     let c = h.connect(cfg);
     let iss = h.out1().seq;
-    h.inject(&h.pkt(SYN | ACK, IRS, iss + 1).win(65535).opt(Opt::Mss(1000)))
-        .unwrap();
+    h.inject(
+        &h.pkt(SYN | ACK, IRS, iss + 1)
+            .win(65535)
+            .opt(Opt::Mss(1000)),
+    )
+    .unwrap();
     h.out1();
     h.events();
     (h, c, iss)
@@ -288,11 +299,15 @@ fn active_close_fin_wait_time_wait() {
     h.inject(&h.pkt(ACK, IRS + 1, iss + 2)).unwrap();
     assert_eq!(h.ep.connection(c).unwrap().state(), State::FinWait2);
     // Half-close: the peer can still send data to us.
-    h.inject(&h.pkt(ACK | PSH, IRS + 1, iss + 2).data(b"late")).unwrap();
+    h.inject(&h.pkt(ACK | PSH, IRS + 1, iss + 2).data(b"late"))
+        .unwrap();
     assert_eq!(h.read_all(c), b"late");
     h.inject(&h.pkt(FIN | ACK, IRS + 5, iss + 2)).unwrap();
     let ack = h.out1();
-    assert_eq!((ack.flag_str().as_str(), ack.seq, ack.ack), (".", iss + 2, IRS + 6));
+    assert_eq!(
+        (ack.flag_str().as_str(), ack.seq, ack.ack),
+        (".", iss + 2, IRS + 6)
+    );
     assert_eq!(h.ep.connection(c).unwrap().state(), State::TimeWait);
     assert!(h.events().contains(&Event::Closed(c, CloseReason::Normal)));
     // A retransmitted FIN in TIME-WAIT is acknowledged again and restarts the timer.
@@ -358,7 +373,8 @@ fn simultaneous_close() {
 #[test]
 fn close_with_unread_data_sends_rst() {
     let (mut h, c, iss) = established(ConnectionConfig::default());
-    h.inject(&h.pkt(ACK, IRS + 1, iss + 1).data(b"unread")).unwrap();
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 1).data(b"unread"))
+        .unwrap();
     h.out();
     h.ep.close(h.now, c).unwrap();
     let rst = h.out1();
@@ -383,6 +399,12 @@ fn abort_sends_rst() {
     let (mut h, c, iss) = established(ConnectionConfig::default());
     h.ep.abort(h.now, c).unwrap();
     let rst = h.out1();
-    assert_eq!((rst.flag_str().as_str(), rst.seq, rst.ack), ("R.", iss + 1, IRS + 1));
-    assert_eq!(h.ep.read(c, &mut [0u8; 4]), Err(squarepeg_tcp::Error::UnknownConnection));
+    assert_eq!(
+        (rst.flag_str().as_str(), rst.seq, rst.ack),
+        ("R.", iss + 1, IRS + 1)
+    );
+    assert_eq!(
+        h.ep.read(c, &mut [0u8; 4]),
+        Err(squarepeg_tcp::Error::UnknownConnection)
+    );
 }

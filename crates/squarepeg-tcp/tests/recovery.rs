@@ -124,7 +124,11 @@ fn newreno_fast_retransmit_limited_transmit_and_partial_ack() {
 
 #[test]
 fn sack_recovery_retransmits_only_the_holes() {
-    let (mut h, c, iss) = open(ConnectionConfig::default(), true, Duration::from_millis(100));
+    let (mut h, c, iss) = open(
+        ConnectionConfig::default(),
+        true,
+        Duration::from_millis(100),
+    );
     h.ep.write(c, &[0u8; 100_000]).unwrap();
     assert_eq!(h.out().len(), 10);
     h.now += Duration::from_millis(100);
@@ -150,7 +154,11 @@ fn sack_recovery_retransmits_only_the_holes() {
         .filter(|p| p.seq < b(10))
         .map(|p| (p.seq - iss - 1) / MSS)
         .collect();
-    assert_eq!(retransmitted, vec![1, 4], "only the holes are retransmitted");
+    assert_eq!(
+        retransmitted,
+        vec![1, 4],
+        "only the holes are retransmitted"
+    );
     let st = h.ep.stats_of(c).unwrap();
     assert_eq!(st.fast_retransmits, 1);
     assert_eq!(st.sack_holes, 2);
@@ -164,7 +172,11 @@ fn sack_recovery_retransmits_only_the_holes() {
 
 #[test]
 fn rto_backs_off_and_karn_ignores_retransmitted_samples() {
-    let (mut h, c, iss) = open(ConnectionConfig::default(), false, Duration::from_millis(100));
+    let (mut h, c, iss) = open(
+        ConnectionConfig::default(),
+        false,
+        Duration::from_millis(100),
+    );
     let st = h.ep.stats_of(c).unwrap();
     // SRTT 100 ms, RTTVAR 50 ms: RTO = 300 ms.
     assert_eq!(st.srtt, Some(Duration::from_millis(100)));
@@ -201,7 +213,11 @@ fn rto_backs_off_and_karn_ignores_retransmitted_samples() {
 
 #[test]
 fn rto_retransmits_everything_in_slow_start() {
-    let (mut h, c, iss) = open(ConnectionConfig::default(), true, Duration::from_millis(100));
+    let (mut h, c, iss) = open(
+        ConnectionConfig::default(),
+        true,
+        Duration::from_millis(100),
+    );
     h.ep.write(c, &[0u8; 10_000]).unwrap();
     assert_eq!(h.out().len(), 10);
     h.fire_next_timer();
@@ -211,7 +227,9 @@ fn rto_retransmits_everything_in_slow_start() {
     // Slow start: 2 more (the lost ones, in order).
     let o = h.out();
     assert_eq!(
-        o.iter().map(|p| (p.seq - iss - 1) / MSS).collect::<Vec<_>>(),
+        o.iter()
+            .map(|p| (p.seq - iss - 1) / MSS)
+            .collect::<Vec<_>>(),
         vec![1, 2]
     );
 }

@@ -55,15 +55,24 @@ fn short_tcp_header_bad_offsets_and_options() {
     // IP says 30 bytes: only 10 bytes of TCP header.
     let mut p = good[..30].to_vec();
     set_ipv4_total(&mut p);
-    assert_eq!(h.ep.handle_packet(h.now, &p), Err(DropReason::TruncatedTcpHeader));
+    assert_eq!(
+        h.ep.handle_packet(h.now, &p),
+        Err(DropReason::TruncatedTcpHeader)
+    );
     // Data offset below 5 words.
     let mut p = good.clone();
     p[32] = 0x40;
-    assert_eq!(h.ep.handle_packet(h.now, &p), Err(DropReason::BadDataOffset));
+    assert_eq!(
+        h.ep.handle_packet(h.now, &p),
+        Err(DropReason::BadDataOffset)
+    );
     // Data offset beyond the segment.
     let mut p = good.clone();
     p[32] = 0xf0;
-    assert_eq!(h.ep.handle_packet(h.now, &p), Err(DropReason::BadDataOffset));
+    assert_eq!(
+        h.ep.handle_packet(h.now, &p),
+        Err(DropReason::BadDataOffset)
+    );
     // Option length 0, 1 and overrunning the header.
     for raw in [vec![8, 0, 1, 1], vec![2, 1, 1, 1], vec![1, 1, 8, 10]] {
         let p = h.pkt(SYN, 1, 0).opt(Opt::Raw(raw.clone())).build();
@@ -74,7 +83,11 @@ fn short_tcp_header_bad_offsets_and_options() {
         );
     }
     // Unknown option with a good length: ignored, the SYN is answered.
-    let p = h.pkt(SYN, 1, 0).opt(Opt::Raw(vec![254, 4, 0, 0])).opt(Opt::Mss(1000)).build();
+    let p = h
+        .pkt(SYN, 1, 0)
+        .opt(Opt::Raw(vec![254, 4, 0, 0]))
+        .opt(Opt::Mss(1000))
+        .build();
     assert_eq!(h.ep.handle_packet(h.now, &p), Ok(()));
     assert_eq!(h.out1().flag_str(), "S.");
     assert_eq!(h.ep.stats().dropped(DropReason::BadOptionLength), 3);
@@ -86,10 +99,16 @@ fn checksums_verified_unless_offloaded() {
     let mut p = h.pkt(SYN, 1, 0).build();
     let last = p.len() - 1;
     p[last] ^= 0x01; // inside the TCP header (urgent pointer)
-    assert_eq!(h.ep.handle_packet(h.now, &p), Err(DropReason::BadTcpChecksum));
+    assert_eq!(
+        h.ep.handle_packet(h.now, &p),
+        Err(DropReason::BadTcpChecksum)
+    );
     let mut q = h.pkt(SYN, 1, 0).build();
     q[8] ^= 1; // TTL: IPv4 header checksum
-    assert_eq!(h.ep.handle_packet(h.now, &q), Err(DropReason::BadIpChecksum));
+    assert_eq!(
+        h.ep.handle_packet(h.now, &q),
+        Err(DropReason::BadIpChecksum)
+    );
     h.none();
     // Offload path: verification switched off.
     let mut h = Harness::with_config(
@@ -117,7 +136,10 @@ fn not_tcp_fragments_and_versions() {
     assert_eq!(h.ep.handle_packet(h.now, &p), Err(DropReason::Fragment));
     let mut p = h.pkt(SYN, 1, 0).build();
     p[0] = 0x55;
-    assert_eq!(h.ep.handle_packet(h.now, &p), Err(DropReason::UnsupportedIpVersion));
+    assert_eq!(
+        h.ep.handle_packet(h.now, &p),
+        Err(DropReason::UnsupportedIpVersion)
+    );
     // IPv6 with a destination-options extension header before TCP is accepted.
     let mut h6 = Harness::new("[fd00::1]:80", "[fd00::2]:5000");
     h6.listen(8, ConnectionConfig::default());
@@ -144,7 +166,8 @@ fn out_of_order_memory_is_bounded() {
         ..Default::default()
     });
     let iss = h.out1().seq;
-    h.inject(&h.pkt(SYN | ACK, 100, iss + 1).opt(Opt::SackOk)).unwrap();
+    h.inject(&h.pkt(SYN | ACK, 100, iss + 1).opt(Opt::SackOk))
+        .unwrap();
     h.out();
     h.inject(&h.pkt(ACK, 1101, iss + 1).data(&[1; 10])).unwrap();
     h.inject(&h.pkt(ACK, 2101, iss + 1).data(&[1; 10])).unwrap();
@@ -162,7 +185,12 @@ fn sample_traffic() -> Vec<Vec<u8>> {
     let l = pump.b.listen(sa, 4, ConnectionConfig::default()).unwrap();
     let c = pump
         .a
-        .connect(pump.now, addr("10.0.0.1:1000"), sa, ConnectionConfig::default())
+        .connect(
+            pump.now,
+            addr("10.0.0.1:1000"),
+            sa,
+            ConnectionConfig::default(),
+        )
         .unwrap();
     let mut packets = Vec::new();
     let mut wrote = false;
@@ -246,7 +274,8 @@ fn mutated_traffic_never_panics() {
     };
     for round in 0..300 {
         let (mut ep, mut now) = established_server();
-        ep.listen(addr("10.0.0.2:443"), 4, ConnectionConfig::default()).unwrap();
+        ep.listen(addr("10.0.0.2:443"), 4, ConnectionConfig::default())
+            .unwrap();
         let mut client = Endpoint::new(
             EndpointConfig {
                 verify_checksums: false,
@@ -254,7 +283,12 @@ fn mutated_traffic_never_panics() {
             },
             now,
         );
-        let _ = client.connect(now, addr("10.0.0.1:1000"), addr("10.0.0.2:443"), ConnectionConfig::default());
+        let _ = client.connect(
+            now,
+            addr("10.0.0.1:1000"),
+            addr("10.0.0.2:443"),
+            ConnectionConfig::default(),
+        );
         for p in &packets {
             let mut q = p.clone();
             let flips = (next() % 4) as usize;

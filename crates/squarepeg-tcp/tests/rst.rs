@@ -40,8 +40,11 @@ fn established() -> (Harness, squarepeg_tcp::ConnectionHandle, u32) {
         ..Default::default()
     });
     let iss = h.out1().seq;
-    h.inject(&h.pkt(SYN | ACK, IRS, iss.wrapping_add(1)).opt(Opt::Mss(1460)))
-        .unwrap();
+    h.inject(
+        &h.pkt(SYN | ACK, IRS, iss.wrapping_add(1))
+            .opt(Opt::Mss(1460)),
+    )
+    .unwrap();
     h.out1();
     h.events();
     (h, c, iss)
@@ -119,16 +122,19 @@ fn syn_sent_unacceptable_ack_gets_rst() {
         Err(DropReason::BadAck)
     );
     let rst = h.out1();
-    assert_eq!((rst.flag_str().as_str(), rst.seq), ("R", iss.wrapping_add(5)));
+    assert_eq!(
+        (rst.flag_str().as_str(), rst.seq),
+        ("R", iss.wrapping_add(5))
+    );
     assert_eq!(h.ep.connection(c).unwrap().state(), State::SynSent);
     // The same with RST set: silently dropped.
-    assert!(h.inject(&h.pkt(RST | ACK, IRS, iss.wrapping_add(5))).is_err());
+    assert!(
+        h.inject(&h.pkt(RST | ACK, IRS, iss.wrapping_add(5)))
+            .is_err()
+    );
     h.none();
     // RST without ACK: ignored.
-    assert_eq!(
-        h.inject(&h.pkt(RST, IRS, 0)),
-        Err(DropReason::RstIgnored)
-    );
+    assert_eq!(h.inject(&h.pkt(RST, IRS, 0)), Err(DropReason::RstIgnored));
     assert_eq!(h.ep.connection(c).unwrap().state(), State::SynSent);
     // RST with an acceptable ACK: connection refused.
     h.inject(&h.pkt(RST | ACK, 0, iss.wrapping_add(1))).unwrap();
@@ -148,7 +154,10 @@ fn syn_received_unacceptable_ack_gets_rst_and_rst_returns_to_listen() {
         Err(DropReason::BadAck)
     );
     let rst = h.out1();
-    assert_eq!((rst.flag_str().as_str(), rst.seq), ("R", iss.wrapping_add(9)));
+    assert_eq!(
+        (rst.flag_str().as_str(), rst.seq),
+        ("R", iss.wrapping_add(9))
+    );
     assert_eq!(h.ep.connection_count(), 1);
     // An acceptable RST removes the half-open connection silently (back to LISTEN).
     h.inject(&h.pkt(RST, IRS.wrapping_add(1), 0)).unwrap();
@@ -197,13 +206,19 @@ fn syn_in_established_gets_challenge_ack() {
     let (mut h, c, iss) = established();
     // Any sequence number, even the exact one (RFC 5961 §4.2).
     for seq in [IRS.wrapping_add(1), IRS.wrapping_add(1000), 12345] {
-        assert_eq!(h.inject(&h.pkt(SYN, seq, 0)), Err(DropReason::SynChallenged));
+        assert_eq!(
+            h.inject(&h.pkt(SYN, seq, 0)),
+            Err(DropReason::SynChallenged)
+        );
         let ack = h.out1();
         assert_eq!(ack.ack, IRS.wrapping_add(1));
     }
     let acks = h.out();
     assert!(acks.is_empty());
-    assert!(acks.iter().all(|a| a.flag_str() == "." && a.seq == iss.wrapping_add(1)));
+    assert!(
+        acks.iter()
+            .all(|a| a.flag_str() == "." && a.seq == iss.wrapping_add(1))
+    );
     assert_eq!(h.ep.connection(c).unwrap().state(), State::Established);
 }
 
@@ -216,7 +231,8 @@ fn challenge_acks_are_rate_limited() {
         ..Default::default()
     });
     let iss = h.out1().seq;
-    h.inject(&h.pkt(SYN | ACK, IRS, iss.wrapping_add(1))).unwrap();
+    h.inject(&h.pkt(SYN | ACK, IRS, iss.wrapping_add(1)))
+        .unwrap();
     h.out1();
     let mut sent = 0;
     for i in 0..5 {
@@ -234,7 +250,10 @@ fn challenge_acks_are_rate_limited() {
 fn ack_of_unsent_data_is_answered_and_dropped() {
     let (mut h, c, iss) = established();
     assert_eq!(
-        h.inject(&h.pkt(ACK, IRS.wrapping_add(1), iss.wrapping_add(1000)).data(b"abc")),
+        h.inject(
+            &h.pkt(ACK, IRS.wrapping_add(1), iss.wrapping_add(1000))
+                .data(b"abc")
+        ),
         Err(DropReason::BadAck)
     );
     let ack = h.out1();
@@ -248,7 +267,10 @@ fn blind_data_injection_with_old_ack_is_challenged() {
     // RFC 5961 §5.2: SEG.ACK below SND.UNA - MAX.SND.WND.
     let (mut h, c, iss) = established();
     assert_eq!(
-        h.inject(&h.pkt(ACK, IRS.wrapping_add(1), iss.wrapping_sub(200_000)).data(b"evil")),
+        h.inject(
+            &h.pkt(ACK, IRS.wrapping_add(1), iss.wrapping_sub(200_000))
+                .data(b"evil")
+        ),
         Err(DropReason::BadAck)
     );
     assert_eq!(h.out1().flag_str(), ".");
@@ -259,13 +281,22 @@ fn blind_data_injection_with_old_ack_is_challenged() {
 fn out_of_window_data_gets_duplicate_ack() {
     let (mut h, _c, iss) = established();
     assert_eq!(
-        h.inject(&h.pkt(ACK, IRS.wrapping_sub(5000), iss.wrapping_add(1)).data(b"old")),
+        h.inject(
+            &h.pkt(ACK, IRS.wrapping_sub(5000), iss.wrapping_add(1))
+                .data(b"old")
+        ),
         Err(DropReason::OutOfWindow)
     );
     let ack = h.out1();
-    assert_eq!((ack.seq, ack.ack), (iss.wrapping_add(1), IRS.wrapping_add(1)));
+    assert_eq!(
+        (ack.seq, ack.ack),
+        (iss.wrapping_add(1), IRS.wrapping_add(1))
+    );
     // Rate limited: a second one within 500 ms gets no ACK.
-    let _ = h.inject(&h.pkt(ACK, IRS.wrapping_sub(5000), iss.wrapping_add(1)).data(b"old"));
+    let _ = h.inject(
+        &h.pkt(ACK, IRS.wrapping_sub(5000), iss.wrapping_add(1))
+            .data(b"old"),
+    );
     h.none();
 }
 
@@ -305,7 +336,10 @@ fn paws_rejects_old_timestamps() {
 fn missing_timestamp_is_dropped_when_negotiated() {
     let (mut h, c, iss, _) = established_ts();
     assert_eq!(
-        h.inject(&h.pkt(ACK, IRS.wrapping_add(1), iss.wrapping_add(1)).data(b"x")),
+        h.inject(
+            &h.pkt(ACK, IRS.wrapping_add(1), iss.wrapping_add(1))
+                .data(b"x")
+        ),
         Err(DropReason::MissingTimestamp)
     );
     assert_eq!(h.ep.read(c, &mut [0; 8]), Err(Error::WouldBlock));
@@ -314,10 +348,13 @@ fn missing_timestamp_is_dropped_when_negotiated() {
 #[test]
 fn time_wait_syn_with_newer_timestamp_reopens() {
     let mut h = server();
-    let l = h.listen(4, ConnectionConfig {
-        time_wait: Duration::from_secs(60),
-        ..Default::default()
-    });
+    let l = h.listen(
+        4,
+        ConnectionConfig {
+            time_wait: Duration::from_secs(60),
+            ..Default::default()
+        },
+    );
     h.inject(&h.pkt(SYN, IRS, 0).opt(Opt::Ts(100, 0))).unwrap();
     let synack = h.out1();
     let iss = synack.seq;

@@ -228,7 +228,11 @@ pub fn parse(p: &[u8]) -> Pkt {
             let ihl = (p[0] & 15) as usize * 4;
             let total = u16::from_be_bytes([p[2], p[3]]) as usize;
             assert_eq!(total, p.len(), "IPv4 total length");
-            assert_eq!(csum_finish(csum_add(0, &p[..ihl])), 0, "IPv4 header checksum");
+            assert_eq!(
+                csum_finish(csum_add(0, &p[..ihl])),
+                0,
+                "IPv4 header checksum"
+            );
             assert_eq!(p[9], 6);
             assert_eq!(p[6] & 0x40, 0x40, "DF set");
             let s: [u8; 4] = p[12..16].try_into().unwrap();
