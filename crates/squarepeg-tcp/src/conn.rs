@@ -255,6 +255,8 @@ pub struct Connection {
     snd_mss: u16,
     /// Receiver-side SACK blocks, most recent first (RFC 2018 §4).
     sack_recent: Vec<(u64, u64)>,
+    /// Duplicate range to report as a D-SACK in the next ACK (RFC 2883 §4), positions.
+    dsack: Option<(u64, u64)>,
 
     // Loss recovery and congestion control.
     sb: Scoreboard,
@@ -387,6 +389,7 @@ impl Connection {
             offered_mss,
             snd_mss,
             sack_recent: Vec::new(),
+            dsack: None,
             sb: Scoreboard::default(),
             dupacks: 0,
             recovery: None,
@@ -1210,7 +1213,19 @@ impl Connection {
                 ack_only = true;
                 self.ack_now = true;
             } else {
-                self.send_invalid_ack(now);
+                let end = seq + seg_len;
+                if !seg.payload.is_empty() && end <= rcv_nxt && seq >= 0 {
+                    // A duplicate of data we hold: ACK at once with a D-SACK block (RFC 2883
+                    // §4), not rate-limited since data segments do not form ACK loops.
+                    let data_end = end - flags.fin() as i64;
+                    let data_start = data_end - seg.payload.len() as i64;
+                    self.dsack = Some((data_start.max(1) as u64, data_end as u64));
+                    self.ack_now = true;
+                } else if !seg.payload.is_empty() {
+                    self.ack_now = true;
+                } else {
+                    self.send_invalid_ack(now);
+                }
                 return Err(DropReason::OutOfWindow);
             }
         }
@@ -1716,15 +1731,27 @@ impl Connection {
 
     /// SACK blocks to send (RFC 2018 §4): most recent first, only ranges still held.
     fn sack_blocks(&self, out: &mut OutOptions) {
-        if !self.sack_ok || self.recv.ooo_bytes() == 0 {
+        if !self.sack_ok {
             return;
         }
         let max = if self.ts_ok { 3 } else { 4 };
-        let ranges = self.recv.ooo_ranges();
         let mut n = 0usize;
+        if let Some((s, e)) = self.dsack {
+            out.sack_blocks[0] = (
+                self.irs.wrapping_add(s as u32),
+                self.irs.wrapping_add(e as u32),
+            );
+            n = 1;
+            out.sack_block_count = 1;
+        }
+        if self.recv.ooo_bytes() == 0 {
+            return;
+        }
+        let ranges = self.recv.ooo_ranges();
+        let first_regular = n;
         let mut push = |out: &mut OutOptions, (s, e): (u64, u64)| {
             if n >= max
-                || out.sack_blocks[..n]
+                || out.sack_blocks[first_regular..n]
                     .iter()
                     .any(|&(l, _)| l == self.irs.wrapping_add((s + 1) as u32))
             {
@@ -1789,6 +1816,7 @@ impl Connection {
     /// Bookkeeping for every segment that carries an ACK.
     fn on_ack_sent(&mut self) {
         self.ack_now = false;
+        self.dsack = None;
         self.delack_at = None;
         self.last_ack_sent = self.rcv_nxt;
         self.rcv_acked = self.rcv_nxt;

@@ -292,3 +292,33 @@ fn user_timeout_aborts() {
         Some(CloseReason::TimedOut)
     );
 }
+
+#[test]
+fn duplicate_data_gets_dsack() {
+    let mut h = Harness::new("192.0.2.1:40000", "198.51.100.7:80");
+    let c = h.connect(ConnectionConfig {
+        timestamps: false,
+        delayed_ack: None,
+        ..Default::default()
+    });
+    let iss = h.out1().seq;
+    h.inject(&h.pkt(SYN | ACK, IRS, iss + 1).opt(Opt::SackOk))
+        .unwrap();
+    h.out();
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 1).data(&[1u8; 500]))
+        .unwrap();
+    assert_eq!(h.out1().ack, IRS + 501);
+    // The same segment again (a spurious retransmission): immediate ACK with a D-SACK block
+    // for it (RFC 2883 §4), every time (data segments are not rate-limited).
+    for _ in 0..2 {
+        let _ = h.inject(&h.pkt(ACK, IRS + 1, iss + 1).data(&[1u8; 500]));
+        let a = h.out1();
+        assert_eq!(a.ack, IRS + 501);
+        assert_eq!(a.sack(), vec![(IRS + 1, IRS + 501)]);
+    }
+    // The next ACK carries no D-SACK.
+    h.inject(&h.pkt(ACK, IRS + 501, iss + 1).data(&[1u8; 10]))
+        .unwrap();
+    assert!(h.out1().sack().is_empty());
+    assert_eq!(h.read_all(c).len(), 510);
+}

@@ -482,6 +482,21 @@ impl Pump {
         &mut self,
         limit: Duration,
         mut drop: impl FnMut(bool, u64, &Pkt) -> bool,
+        app: impl FnMut(&mut Endpoint, &mut Endpoint, Instant) -> bool,
+    ) -> bool {
+        self.run_with(
+            limit,
+            move |from_a, i, p| (!drop(from_a, i, p)).then_some(Duration::ZERO),
+            app,
+        )
+    }
+
+    /// Like `run`, but `action` returns `None` to drop a packet or `Some(extra)` to deliver it
+    /// with `extra` delay on top of the link delay (reordering).
+    pub fn run_with(
+        &mut self,
+        limit: Duration,
+        mut action: impl FnMut(bool, u64, &Pkt) -> Option<Duration>,
         mut app: impl FnMut(&mut Endpoint, &mut Endpoint, Instant) -> bool,
     ) -> bool {
         let mut buf = vec![0u8; 65535];
@@ -507,7 +522,8 @@ impl Pump {
                         self.sent_b += 1;
                         self.sent_b - 1
                     };
-                    let dropped = drop(from_a, idx, &p);
+                    let act = action(from_a, idx, &p);
+                    let dropped = act.is_none();
                     if self.log {
                         eprintln!(
                             "{:>8.3} {} {} seq={} ack={} len={} win={} {:?}{}",
@@ -522,9 +538,9 @@ impl Pump {
                             if dropped { " DROPPED" } else { "" }
                         );
                     }
-                    if !dropped {
+                    if let Some(extra) = act {
                         self.wire
-                            .push((self.now + self.delay, !from_a, buf[..n].to_vec()));
+                            .push((self.now + self.delay + extra, !from_a, buf[..n].to_vec()));
                     }
                 }
             }
@@ -546,7 +562,14 @@ impl Pump {
             self.now = self.now.max(next);
             // Deliver the first packet due now (in order of sending), then let both sides
             // respond before the next one, as a host does between packets.
-            if let Some(i) = self.wire.iter().position(|w| w.0 <= self.now) {
+            let due = self
+                .wire
+                .iter()
+                .enumerate()
+                .filter(|(_, w)| w.0 <= self.now)
+                .min_by_key(|(i, w)| (w.0, *i))
+                .map(|(i, _)| i);
+            if let Some(i) = due {
                 let (_, to_a, pkt) = self.wire.remove(i);
                 let ep = if to_a { &mut self.a } else { &mut self.b };
                 let _ = ep.handle_packet(self.now, &pkt);

@@ -1,0 +1,209 @@
+//! Harder two-endpoint scenarios: both directions at once, reordering, ACK loss, burst loss,
+//! slow readers with small buffers. Every byte must arrive intact and both sides close cleanly.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use sha2::{Digest, Sha256};
+use squarepeg_tcp::{CloseReason, ConnectionConfig, ConnectionHandle, Endpoint, Event};
+
+fn pattern(seed: u8, i: usize) -> u8 {
+    ((i.wrapping_mul(2654435761) >> 11) as u8) ^ seed
+}
+
+struct Side {
+    h: Option<ConnectionHandle>,
+    to_send: Vec<u8>,
+    sent: usize,
+    shut: bool,
+    got: Vec<u8>,
+    eof: bool,
+    closed: Option<CloseReason>,
+    read_budget: usize,
+}
+
+impl Side {
+    fn new(seed: u8, n: usize, read_budget: usize) -> Side {
+        Side {
+            h: None,
+            to_send: (0..n).map(|i| pattern(seed, i)).collect(),
+            sent: 0,
+            shut: false,
+            got: Vec::new(),
+            eof: false,
+            closed: None,
+            read_budget,
+        }
+    }
+
+    fn step(
+        &mut self,
+        ep: &mut Endpoint,
+        now: std::time::Instant,
+        listener: Option<squarepeg_tcp::ListenerHandle>,
+    ) {
+        while let Some(ev) = ep.poll_event() {
+            match ev {
+                Event::Incoming(l) => self.h = ep.accept(l),
+                Event::Closed(_, r) => self.closed = Some(r),
+                _ => {}
+            }
+        }
+        let _ = listener;
+        let Some(h) = self.h else { return };
+        while self.sent < self.to_send.len() {
+            let end = (self.sent + 100_000).min(self.to_send.len());
+            match ep.write(h, &self.to_send[self.sent..end]) {
+                Ok(n) => self.sent += n,
+                Err(_) => break,
+            }
+        }
+        if self.sent == self.to_send.len() && !self.shut && ep.shutdown(now, h).is_ok() {
+            self.shut = true;
+        }
+        let mut buf = vec![0u8; self.read_budget];
+        if !self.eof {
+            match ep.read(h, &mut buf) {
+                Ok(0) => self.eof = true,
+                Ok(n) => self.got.extend_from_slice(&buf[..n]),
+                Err(_) => {}
+            }
+        }
+    }
+}
+
+struct Outcome {
+    a: Side,
+    b: Side,
+    pump: Pump,
+}
+
+fn exchange(
+    a_bytes: usize,
+    b_bytes: usize,
+    cfg: ConnectionConfig,
+    read_budget: usize,
+    action: impl FnMut(bool, u64, &Pkt) -> Option<Duration>,
+) -> Outcome {
+    let mut pump = Pump::new(Duration::from_millis(10));
+    pump.log = std::env::var("PUMP_LOG").is_ok();
+    let sa = addr("10.1.0.2:443");
+    let l = pump.b.listen(sa, 4, cfg.clone()).unwrap();
+    let mut a = Side::new(1, a_bytes, read_budget);
+    let mut b = Side::new(2, b_bytes, read_budget);
+    a.h = Some(
+        pump.a
+            .connect(pump.now, addr("10.1.0.1:1234"), sa, cfg)
+            .unwrap(),
+    );
+    let ok = pump.run_with(Duration::from_secs(900), action, |ea, eb, now| {
+        a.step(ea, now, None);
+        b.step(eb, now, Some(l));
+        a.eof && b.eof && a.closed.is_some() && b.closed.is_some()
+    });
+    assert!(
+        ok,
+        "did not finish: a got {}/{} eof {} closed {:?}; b got {}/{} eof {} closed {:?}",
+        a.got.len(),
+        b_bytes,
+        a.eof,
+        a.closed,
+        b.got.len(),
+        a_bytes,
+        b.eof,
+        b.closed
+    );
+    Outcome { a, b, pump }
+}
+
+fn check(o: &Outcome) {
+    let sha = |v: &[u8]| -> [u8; 32] { Sha256::digest(v).into() };
+    assert_eq!(o.b.got.len(), o.a.to_send.len());
+    assert_eq!(sha(&o.b.got), sha(&o.a.to_send), "A->B stream differs");
+    assert_eq!(o.a.got.len(), o.b.to_send.len());
+    assert_eq!(sha(&o.a.got), sha(&o.b.to_send), "B->A stream differs");
+    assert_eq!(o.a.closed, Some(CloseReason::Normal));
+    assert_eq!(o.b.closed, Some(CloseReason::Normal));
+}
+
+#[test]
+fn both_directions_with_periodic_loss() {
+    let o = exchange(
+        3 << 20,
+        2 << 20,
+        ConnectionConfig::default(),
+        65536,
+        |_, i, _| (i % 53 != 17).then_some(Duration::ZERO),
+    );
+    check(&o);
+    let st = o.pump.a.stats_of(o.a.h.unwrap()).unwrap();
+    assert!(st.packets_retransmitted > 0);
+}
+
+#[test]
+fn reordering_is_survived() {
+    // Every 7th packet A sends is overtaken by the next ones (4 ms extra on a 10 ms link).
+    let o = exchange(
+        2 << 20,
+        0,
+        ConnectionConfig::default(),
+        65536,
+        |from_a, i, _| {
+            Some(if from_a && i % 7 == 3 {
+                Duration::from_millis(4)
+            } else {
+                Duration::ZERO
+            })
+        },
+    );
+    check(&o);
+}
+
+#[test]
+fn ack_loss_and_burst_loss() {
+    let o = exchange(
+        2 << 20,
+        0,
+        ConnectionConfig::default(),
+        65536,
+        |from_a, i, _| {
+            let lost = if from_a {
+                (500..530).contains(&i)
+            } else {
+                i % 3 == 1
+            };
+            (!lost).then_some(Duration::ZERO)
+        },
+    );
+    check(&o);
+}
+
+#[test]
+fn slow_reader_small_buffer_newreno_no_sack_no_timestamps() {
+    let cfg = ConnectionConfig {
+        recv_buffer: 20_000,
+        send_buffer: 50_000,
+        sack: false,
+        timestamps: false,
+        congestion: squarepeg_tcp::CongestionAlgorithm::NewReno,
+        ..Default::default()
+    };
+    let o = exchange(1 << 20, 300_000, cfg, 3000, |_, i, _| {
+        (i % 101 != 50).then_some(Duration::ZERO)
+    });
+    check(&o);
+}
+
+#[test]
+fn mss_536_ipv4_with_losses_both_ways() {
+    let cfg = ConnectionConfig {
+        mss: Some(536),
+        ..Default::default()
+    };
+    let o = exchange(1 << 20, 1 << 20, cfg, 65536, |_, i, _| {
+        (i % 37 != 5 && i % 41 != 7).then_some(Duration::ZERO)
+    });
+    check(&o);
+}
