@@ -292,12 +292,21 @@ fn out_of_window_data_gets_duplicate_ack() {
         (ack.seq, ack.ack),
         (iss.wrapping_add(1), IRS.wrapping_add(1))
     );
-    // Rate limited: a second one within 500 ms gets no ACK.
+    // Data segments are always answered (they cannot form an ACK loop)...
     let _ = h.inject(
         &h.pkt(ACK, IRS.wrapping_sub(5000), iss.wrapping_add(1))
             .data(b"old"),
     );
+    h.out1();
+    // ...out-of-window pure ACKs are rate-limited: one answer per 500 ms (as Linux does).
+    let beyond = IRS.wrapping_add(10_000_000);
+    let _ = h.inject(&h.pkt(ACK, beyond, iss.wrapping_add(1)));
+    h.out1();
+    let _ = h.inject(&h.pkt(ACK, beyond, iss.wrapping_add(1)));
     h.none();
+    h.now += Duration::from_millis(500);
+    let _ = h.inject(&h.pkt(ACK, beyond, iss.wrapping_add(1)));
+    h.out1();
 }
 
 #[test]
