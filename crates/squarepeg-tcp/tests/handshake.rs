@@ -408,3 +408,39 @@ fn abort_sends_rst() {
         Err(squarepeg_tcp::Error::UnknownConnection)
     );
 }
+
+#[test]
+fn lost_handshake_ack_retransmitted_syn_ack_is_acknowledged_again() {
+    let mut h = client();
+    let c = h.connect(ConnectionConfig {
+        timestamps: false,
+        ..Default::default()
+    });
+    let iss = h.out1().seq;
+    let synack = h.pkt(SYN | ACK, IRS, iss + 1).opt(Opt::Mss(1460));
+    h.inject(&synack).unwrap();
+    h.out1(); // this ACK is lost
+    // The server retransmits its SYN-ACK; we are ESTABLISHED and answer with an ACK.
+    let _ = h.inject(&synack);
+    let ack = h.out1();
+    assert_eq!(
+        (ack.flag_str().as_str(), ack.seq, ack.ack),
+        (".", iss + 1, IRS + 1)
+    );
+    assert_eq!(h.ep.connection(c).unwrap().state(), State::Established);
+}
+
+#[test]
+fn data_completes_passive_handshake_when_ack_was_lost() {
+    let mut h = server();
+    let l = h.listen(8, ConnectionConfig::default());
+    h.inject(&h.pkt(SYN, IRS, 0)).unwrap();
+    let iss = h.out1().seq;
+    // The client's pure ACK is lost; its first data segment carries the same ACK.
+    h.inject(&h.pkt(ACK | PSH, IRS + 1, iss + 1).data(b"GET /"))
+        .unwrap();
+    let c = h.ep.accept(l).unwrap();
+    assert_eq!(h.ep.connection(c).unwrap().state(), State::Established);
+    assert_eq!(h.read_all(c), b"GET /");
+    assert!(h.events().contains(&Event::Readable(c)));
+}
