@@ -632,6 +632,13 @@ impl Connection {
         self.rst_pending
     }
 
+    /// Right edge of the peer's offered window. The window is relative to the ACK that carried
+    /// it (SND.WL2), not to SND.UNA: an old segment may advance SND.UNA without being allowed to
+    /// update the window (RFC 9293 §3.10.7.4), and SND.UNA + SND.WND would then overshoot.
+    fn send_right_edge(&self) -> u64 {
+        self.snd_wl2 + self.snd_wnd
+    }
+
     fn flight(&self) -> u64 {
         self.snd_nxt - self.snd_una
     }
@@ -956,7 +963,7 @@ impl Connection {
         if !self.state.is_synchronized() {
             return;
         }
-        let usable = (self.snd_una + self.snd_wnd).saturating_sub(self.snd_nxt);
+        let usable = self.send_right_edge().saturating_sub(self.snd_nxt);
         let only_probe_out = self.flight() == 0 || self.zwp_seq == Some(self.snd_una);
         let has_unsent = self.queue.end() + 1 > self.snd_nxt || self.zwp_seq.is_some();
         // A zero window, or a window too small for sender SWS avoidance with nothing in flight
@@ -1180,7 +1187,9 @@ impl Connection {
         let in_window = |s: i64| rcv_nxt <= s && s < rcv_nxt + wnd;
         let acceptable = match (seg_len == 0, wnd == 0) {
             (true, true) => seq == rcv_nxt,
-            (true, false) => in_window(seq),
+            // A pure ACK exactly at the right edge comes from a sender that filled our window;
+            // accepting it (as Linux does) keeps its acknowledgments of our data flowing.
+            (true, false) => in_window(seq) || seq == rcv_nxt + wnd,
             (false, true) => false,
             (false, false) => in_window(seq) || in_window(seq + seg_len - 1),
         };
@@ -2056,7 +2065,7 @@ impl Connection {
         {
             self.cc.on_idle_restart(now);
         }
-        let wnd_room = (self.snd_una + self.snd_wnd).saturating_sub(self.snd_nxt);
+        let wnd_room = self.send_right_edge().saturating_sub(self.snd_nxt);
         let cwnd_room = self.cwnd_allowance();
         let room = wnd_room.min(cwnd_room).min(limit as u64) as usize;
         let len = self
@@ -2107,7 +2116,7 @@ impl Connection {
     /// Zero-window probe: one byte of new data beyond the window, or the outstanding probe byte
     /// again (RFC 9293 §3.8.6.1).
     fn send_zero_window_probe(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
-        let usable = (self.snd_una + self.snd_wnd).saturating_sub(self.snd_nxt);
+        let usable = self.send_right_edge().saturating_sub(self.snd_nxt);
         if usable > 0 && self.zwp_seq.is_none() {
             // Override timeout of sender SWS avoidance (RFC 9293 §3.8.6.2.1): send what fits.
             self.sws_override = true;

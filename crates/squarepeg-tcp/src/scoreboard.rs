@@ -104,6 +104,7 @@ impl Scoreboard {
     /// Removes everything below `upto`.
     pub fn ack(&mut self, upto: u64) -> AckResult {
         let mut res = AckResult::default();
+        let mut retransmitted_acked = false;
         self.split_at(upto);
         while let Some(front) = self.segs.front() {
             if front.end > upto {
@@ -117,7 +118,8 @@ impl Scoreboard {
                 self.sacked_bytes -= len;
             } else {
                 res.newly_acked += len;
-                res.rtt_sent_at = (seg.retransmits == 0).then_some(seg.sent_at);
+                retransmitted_acked |= seg.retransmits > 0;
+                res.rtt_sent_at = Some(seg.sent_at);
                 if seg.lost {
                     self.lost_bytes -= len;
                 }
@@ -125,6 +127,11 @@ impl Scoreboard {
                     self.retrans_out_bytes -= len;
                 }
             }
+        }
+        // Karn's rule (RFC 6298 §3): when the ACK covers any retransmitted segment, its timing
+        // is ambiguous for every segment it acknowledges (later ones waited for the hole).
+        if retransmitted_acked {
+            res.rtt_sent_at = None;
         }
         res
     }

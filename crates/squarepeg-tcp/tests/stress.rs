@@ -87,7 +87,21 @@ fn exchange(
     read_budget: usize,
     action: impl FnMut(bool, u64, &Pkt) -> Option<Duration>,
 ) -> Outcome {
-    let mut pump = Pump::new(Duration::from_millis(10));
+    exchange_with(Duration::from_millis(10), 0, a_bytes, b_bytes, cfg, read_budget, action)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn exchange_with(
+    delay: Duration,
+    duplicate_every: u64,
+    a_bytes: usize,
+    b_bytes: usize,
+    cfg: ConnectionConfig,
+    read_budget: usize,
+    action: impl FnMut(bool, u64, &Pkt) -> Option<Duration>,
+) -> Outcome {
+    let mut pump = Pump::new(delay);
+    pump.duplicate_every = duplicate_every;
     pump.log = std::env::var("PUMP_LOG").is_ok();
     let sa = addr("10.1.0.2:443");
     let l = pump.b.listen(sa, 4, cfg.clone()).unwrap();
@@ -98,11 +112,26 @@ fn exchange(
             .connect(pump.now, addr("10.1.0.1:1234"), sa, cfg)
             .unwrap(),
     );
-    let ok = pump.run_with(Duration::from_secs(900), action, |ea, eb, now| {
+    let limit = std::env::var("LIMIT").ok().and_then(|s| s.parse().ok()).unwrap_or(900);
+    let ok = pump.run_with(Duration::from_secs(limit), action, |ea, eb, now| {
         a.step(ea, now, None);
         b.step(eb, now, Some(l));
         a.eof && b.eof && a.closed.is_some() && b.closed.is_some()
     });
+    if !ok {
+        for (name, ep, side) in [("a", &pump.a, &a), ("b", &pump.b, &b)] {
+            if let Some(h) = side.h {
+                eprintln!("{name}: {:#?}", ep.connection(h).map(|c| c.stats()));
+            }
+        }
+        eprintln!(
+            "now {:?} timers {:?} {:?} wire {}",
+            pump.now - pump.t0,
+            pump.a.poll_timeout().map(|t| t - pump.t0),
+            pump.b.poll_timeout().map(|t| t - pump.t0),
+            pump.wire.len()
+        );
+    }
     assert!(
         ok,
         "did not finish: a got {}/{} eof {} closed {:?}; b got {}/{} eof {} closed {:?}",
@@ -206,4 +235,64 @@ fn mss_536_ipv4_with_losses_both_ways() {
         (i % 37 != 5 && i % 41 != 7).then_some(Duration::ZERO)
     });
     check(&o);
+}
+
+/// Deterministic xorshift for scripted pseudo-random impairments (not a link model: each
+/// decision is a fixed function of the seed).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+#[test]
+fn seeded_impairment_scenarios() {
+    let seeds: u64 = std::env::var("SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(40);
+    let first: u64 = std::env::var("FIRST").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+    for seed in first..=seeds {
+        if std::env::var("SEED_LOG").is_ok() {
+            eprintln!("seed {seed}");
+        }
+        let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let cfg = ConnectionConfig {
+            sack: r.below(4) != 0,
+            timestamps: r.below(3) != 0,
+            window_scaling: r.below(4) != 0,
+            congestion: if r.below(2) == 0 {
+                squarepeg_tcp::CongestionAlgorithm::Cubic
+            } else {
+                squarepeg_tcp::CongestionAlgorithm::NewReno
+            },
+            mss: if r.below(3) == 0 { Some(536) } else { None },
+            recv_buffer: [16_384, 65_536, 1 << 20][r.below(3) as usize],
+            ..Default::default()
+        };
+        let loss_per_mille = r.below(std::env::var("MAXLOSS").ok().and_then(|s| s.parse().ok()).unwrap_or(60));
+        let reorder_per_mille = r.below(100);
+        let delay = Duration::from_millis(1 + r.below(40));
+        let dup = [0, 0, 13, 29][r.below(4) as usize];
+        let a_bytes = 10_000 + r.below(300_000) as usize;
+        let b_bytes = r.below(200_000) as usize;
+        let read_budget = [1000, 8192, 65536][r.below(3) as usize];
+        let mut lr = Rng(seed ^ 0xdead_beef);
+        let o = exchange_with(delay, dup, a_bytes, b_bytes, cfg.clone(), read_budget, move |_, _, _| {
+            if lr.below(1000) < loss_per_mille {
+                None
+            } else if lr.below(1000) < reorder_per_mille {
+                Some(Duration::from_micros(lr.below(8000)))
+            } else {
+                Some(Duration::ZERO)
+            }
+        });
+        check(&o);
+        let _ = (seed, cfg);
+    }
 }

@@ -449,6 +449,8 @@ pub struct Pump {
     pub sent_a: u64,
     pub sent_b: u64,
     pub log: bool,
+    /// Deliver every n-th packet (by sender index) twice; 0 = never.
+    pub duplicate_every: u64,
 }
 
 impl Pump {
@@ -472,6 +474,7 @@ impl Pump {
             sent_a: 0,
             sent_b: 0,
             log: false,
+            duplicate_every: 0,
         }
     }
 
@@ -541,6 +544,13 @@ impl Pump {
                     if let Some(extra) = act {
                         self.wire
                             .push((self.now + self.delay + extra, !from_a, buf[..n].to_vec()));
+                        if self.duplicate_every > 0 && idx % self.duplicate_every == 0 {
+                            self.wire.push((
+                                self.now + self.delay + extra + Duration::from_micros(300),
+                                !from_a,
+                                buf[..n].to_vec(),
+                            ));
+                        }
                     }
                 }
             }
@@ -554,7 +564,40 @@ impl Pump {
                 .flatten()
                 .min();
             let Some(next) = [next_arrival, next_timer].into_iter().flatten().min() else {
-                return app(&mut self.a, &mut self.b, self.now);
+                // Network idle: let a slow application drain its buffers (which may open
+                // windows and restart the network).
+                let mut finished = false;
+                for _ in 0..100_000 {
+                    if app(&mut self.a, &mut self.b, self.now) {
+                        finished = true;
+                        break;
+                    }
+                    let busy = [self.a.poll_timeout(), self.b.poll_timeout()]
+                        .iter()
+                        .any(|t| t.is_some());
+                    let mut probe = vec![0u8; 65535];
+                    let pa = self.a.poll_transmit(self.now, &mut probe);
+                    if let Some(n) = pa {
+                        self.wire.push((self.now + self.delay, false, probe[..n].to_vec()));
+                    }
+                    let pb = self.b.poll_transmit(self.now, &mut probe);
+                    if let Some(n) = pb {
+                        self.wire.push((self.now + self.delay, true, probe[..n].to_vec()));
+                    }
+                    if busy || pa.is_some() || pb.is_some() {
+                        break;
+                    }
+                }
+                if finished {
+                    return true;
+                }
+                if self.wire.is_empty()
+                    && self.a.poll_timeout().is_none()
+                    && self.b.poll_timeout().is_none()
+                {
+                    return false;
+                }
+                continue;
             };
             if next > deadline {
                 return false;
