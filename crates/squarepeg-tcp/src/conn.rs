@@ -1402,10 +1402,14 @@ impl Connection {
             // the echoed timestamp, which identifies the transmission (RFC 7323 §4.2).
             let sample = match res.rtt_sent_at {
                 Some(sent) => Some(now.saturating_duration_since(sent)),
-                None => match seg.options.timestamps {
-                    Some((_, tsecr)) if self.ts_ok && tsecr != 0 => {
+                // The echo must refer to a transmission this ACK covers: an echo older than all
+                // of them (the receiver did not update TS.Recent, e.g. for a duplicate) would
+                // measure the time the data spent waiting, not a round trip.
+                None => match (seg.options.timestamps, res.earliest_sent_at) {
+                    (Some((_, tsecr)), Some(earliest)) if self.ts_ok && tsecr != 0 => {
                         let ms = self.ts_now(now).wrapping_sub(tsecr);
-                        ((ms as i32) >= 0).then(|| Duration::from_millis(ms as u64))
+                        let echo_fresh = (tsecr.wrapping_sub(self.ts_now(earliest)) as i32) >= 0;
+                        ((ms as i32) >= 0 && echo_fresh).then(|| Duration::from_millis(ms as u64))
                     }
                     _ => None,
                 },
@@ -1962,9 +1966,10 @@ impl Connection {
             None if self.sack_ok => cwnd.saturating_sub(self.sb.pipe(flight)),
             None => {
                 // Limited transmit (RFC 3042): one new segment for each of the first two
-                // duplicate ACKs.
+                // duplicate ACKs. After an RTO everything outstanding is presumed lost, so what
+                // is in the network is the pipe estimate (retransmissions), not FlightSize.
                 let extra = self.dupacks.min(2) as u64 * self.effective_mss() as u64;
-                (cwnd + extra).saturating_sub(flight)
+                (cwnd + extra).saturating_sub(self.sb.pipe(flight))
             }
         }
     }

@@ -36,6 +36,8 @@ pub(crate) struct AckResult {
     pub rtt_sent_at: Option<Instant>,
     /// Bytes acknowledged that had not been SACKed before (for byte counting).
     pub newly_acked: u64,
+    /// Earliest (latest-transmission) send time among the segments newly acknowledged.
+    pub earliest_sent_at: Option<Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -104,7 +106,8 @@ impl Scoreboard {
     /// Removes everything below `upto`.
     pub fn ack(&mut self, upto: u64) -> AckResult {
         let mut res = AckResult::default();
-        let mut retransmitted_acked = false;
+        let mut newest: Option<(Instant, bool)> = None;
+        let mut latest_retransmission: Option<Instant> = None;
         self.split_at(upto);
         while let Some(front) = self.segs.front() {
             if front.end > upto {
@@ -118,8 +121,12 @@ impl Scoreboard {
                 self.sacked_bytes -= len;
             } else {
                 res.newly_acked += len;
-                retransmitted_acked |= seg.retransmits > 0;
-                res.rtt_sent_at = Some(seg.sent_at);
+                if seg.retransmits > 0 {
+                    latest_retransmission = latest_retransmission.max(Some(seg.sent_at));
+                }
+                newest = Some((seg.sent_at, seg.retransmits > 0));
+                res.earliest_sent_at =
+                    Some(res.earliest_sent_at.map_or(seg.sent_at, |t| t.min(seg.sent_at)));
                 if seg.lost {
                     self.lost_bytes -= len;
                 }
@@ -128,11 +135,14 @@ impl Scoreboard {
                 }
             }
         }
-        // Karn's rule (RFC 6298 §3): when the ACK covers any retransmitted segment, its timing
-        // is ambiguous for every segment it acknowledges (later ones waited for the hole).
-        if retransmitted_acked {
-            res.rtt_sent_at = None;
-        }
+        // Karn's rule (RFC 6298 §3): sample only from the newest segment this ACK covers, if it
+        // was never retransmitted and was sent after every retransmission the ACK also covers
+        // (otherwise it may have waited at the receiver for the hole to be filled, and the
+        // sample would measure that wait).
+        res.rtt_sent_at = match newest {
+            Some((sent, false)) if latest_retransmission.is_none_or(|r| sent >= r) => Some(sent),
+            _ => None,
+        };
         res
     }
 
