@@ -264,6 +264,8 @@ pub struct Connection {
     recovery: Option<Recovery>,
     /// RFC 6582 `recover`: no new recovery until SND.UNA passes it.
     recover: u64,
+    /// Bytes by which the last cumulative ACK advanced SND.UNA (RFC 6582 §4.1 heuristic).
+    last_ack_advance: u64,
     /// NewReno window inflation in bytes (RFC 6582 §3.2), used without SACK.
     reno_inflation: i64,
     /// One retransmission allowed regardless of cwnd (fast retransmit, RTO).
@@ -394,6 +396,7 @@ impl Connection {
             dupacks: 0,
             recovery: None,
             recover: 0,
+            last_ack_advance: 0,
             reno_inflation: 0,
             force_retransmit: false,
             rtt,
@@ -1394,6 +1397,7 @@ impl Connection {
                 _ => ack - 1,
             };
             self.queue.ack(data_upto);
+            self.last_ack_advance = ack - self.snd_una;
             self.snd_una = ack;
             if self.zwp_seq.is_some_and(|z| z < ack) {
                 self.zwp_seq = None;
@@ -1523,9 +1527,16 @@ impl Connection {
     }
 
     fn enter_recovery(&mut self, now: Instant) {
-        // Only when SND.UNA is beyond the previous recovery's point (RFC 6582 §3.2 step 2).
+        // Only when SND.UNA is beyond the previous recovery's point (RFC 6582 §3.2 step 2),
+        // unless the ACK heuristic (RFC 6582 §4.1) says the duplicate ACKs show a new loss
+        // rather than unnecessary retransmissions: cwnd above one SMSS and the last advance of
+        // the cumulative ACK at most 4 SMSS.
         if self.snd_una <= self.recover {
-            return;
+            let mss = self.effective_mss() as u64;
+            let heuristic = self.cc.cwnd() > mss && self.last_ack_advance <= 4 * mss;
+            if !heuristic {
+                return;
+            }
         }
         let flight = self.flight();
         self.recovery = Some(Recovery {
@@ -2132,7 +2143,11 @@ impl Connection {
         }
         let opts = self.base_options(now);
         let start = match self.zwp_seq {
-            Some(s) if s >= self.snd_una => s,
+            Some(s) if s >= self.snd_una => {
+                // The same probe byte again: a retransmission for Karn's rule.
+                self.sb.on_resend_at(s, now);
+                s
+            }
             _ => {
                 let data_next = self.snd_nxt - 1;
                 if self.queue.end() <= data_next || self.fin_seq.is_some() {

@@ -122,16 +122,46 @@ impl RecvBuffer {
         if pieces.is_empty() {
             return true;
         }
-        if self.ooo.len() + pieces.len() > self.max_ranges {
+        // Entries are kept coalesced, so the bound counts discontiguous ranges: a piece
+        // touching an existing range extends it instead of adding one.
+        let new_ranges = pieces
+            .iter()
+            .filter(|&&(s, e)| !self.touches_left(s) && !self.ooo.contains_key(&e))
+            .count();
+        if self.ooo.len() + new_ranges > self.max_ranges {
             return false;
         }
         for (s, e) in pieces {
             let a = (s - start) as usize;
             let b = (e - start) as usize;
-            self.ooo.insert(s, data[a..b].to_vec());
             self.ooo_bytes += b - a;
+            // Extend the range ending at `s`, or start a new one.
+            let key = match self.ooo.range_mut(..s).next_back() {
+                Some((&ls, lv)) if ls + lv.len() as u64 == s => {
+                    lv.extend_from_slice(&data[a..b]);
+                    ls
+                }
+                _ => {
+                    self.ooo.insert(s, data[a..b].to_vec());
+                    s
+                }
+            };
+            // Absorb the range starting at `e`.
+            if let Some(next) = self.ooo.remove(&e)
+                && let Some(v) = self.ooo.get_mut(&key)
+            {
+                v.extend_from_slice(&next);
+            }
         }
         true
+    }
+
+    /// Whether an out-of-order range ends exactly at `s`.
+    fn touches_left(&self, s: u64) -> bool {
+        self.ooo
+            .range(..s)
+            .next_back()
+            .is_some_and(|(&ls, v)| ls + v.len() as u64 == s)
     }
 
     /// Moves out-of-order data that now continues the in-order stream into `ready`.
@@ -222,6 +252,28 @@ mod tests {
         let mut buf = [0u8; 32];
         let n = r.read(&mut buf);
         assert_eq!(&buf[..n], b"01234567xxKLMNzz");
+    }
+
+    #[test]
+    fn adjacent_segments_coalesce_into_one_range() {
+        let mut r = RecvBuffer::new(1);
+        for i in 1..100u64 {
+            assert!(!r.insert(i * 10, &[i as u8; 10]).dropped, "segment {i}");
+        }
+        assert_eq!(r.ooo_ranges(), vec![(10, 1000)]);
+        // Filling the gap between two ranges joins them.
+        let mut r = RecvBuffer::new(2);
+        r.insert(30, b"cc");
+        r.insert(10, b"aa");
+        assert_eq!(r.ooo_ranges(), vec![(10, 12), (30, 32)]);
+        r.insert(12, &[b'b'; 18]);
+        assert_eq!(r.ooo_ranges(), vec![(10, 32)]);
+        r.insert(0, &[b'0'; 10]);
+        let mut buf = [0u8; 64];
+        let n = r.read(&mut buf);
+        assert_eq!(n, 32);
+        assert_eq!(&buf[10..12], b"aa");
+        assert_eq!(&buf[30..32], b"cc");
     }
 
     #[test]

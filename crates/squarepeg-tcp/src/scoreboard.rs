@@ -73,6 +73,13 @@ impl Scoreboard {
         });
     }
 
+    /// Records that the segment containing `pos` went out again (a repeated probe).
+    pub fn on_resend_at(&mut self, pos: u64, now: Instant) {
+        if let Some(i) = self.index_of(pos) {
+            self.on_retransmit(i, now);
+        }
+    }
+
     fn index_of(&self, pos: u64) -> Option<usize> {
         let i = self.segs.partition_point(|s| s.end <= pos);
         (i < self.segs.len() && self.segs[i].start <= pos).then_some(i)
