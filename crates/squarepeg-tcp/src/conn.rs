@@ -1849,7 +1849,6 @@ impl Connection {
     /// Writes the next segment this connection wants to send into `buf`.
     pub(crate) fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
         if self.rst_pending {
-            self.rst_pending = false;
             // RFC 9293 §3.10.5 ABORT: <SEQ=SND.NXT><CTL=RST>; Linux adds the ACK.
             let flags = if self.rcv_nxt > 0 {
                 TcpFlags::RST | TcpFlags::ACK
@@ -1858,14 +1857,16 @@ impl Connection {
             };
             let hdr = self.header(self.snd_nxt, flags, 0);
             let n = wire::write_packet(buf, &hdr, &OutOptions::default(), 0, |_| {})?;
+            self.rst_pending = false;
             self.counters.packets_sent += 1;
             return Some(n);
         }
-        if let Some(ack) = self.rst_reply_pending.take() {
+        if let Some(ack) = self.rst_reply_pending {
             // <SEQ=SEG.ACK><CTL=RST> for an unacceptable ACK (RFC 9293 §3.10.7.3/4).
             let mut hdr = self.header(0, TcpFlags::RST, 0);
             hdr.seq = ack;
             let n = wire::write_packet(buf, &hdr, &OutOptions::default(), 0, |_| {})?;
+            self.rst_reply_pending = None;
             self.counters.packets_sent += 1;
             return Some(n);
         }

@@ -121,6 +121,10 @@ pub struct Endpoint {
 
 const EPHEMERAL: std::ops::RangeInclusive<u16> = 32768..=60999;
 
+/// Smallest buffer `poll_transmit` can always write into: an IPv6 header plus a TCP header
+/// with 40 bytes of options.
+pub const MIN_TRANSMIT_BUFFER: usize = 40 + 60;
+
 impl Endpoint {
     /// Creates an endpoint; `now` becomes the epoch of its clocks (ISN timer, timestamps).
     pub fn new(config: EndpointConfig, now: Instant) -> Endpoint {
@@ -517,7 +521,9 @@ impl Endpoint {
     // ------------------------------------------------------------ output
 
     /// Writes the next packet to send into `buf` and returns its length. `buf` should hold the
-    /// largest packet (MTU); data segments shrink to fit a smaller buffer.
+    /// largest packet (the MTU); data segments shrink to fit a smaller buffer, but it must hold
+    /// at least [`MIN_TRANSMIT_BUFFER`] bytes (headers with the largest options) for control
+    /// segments to go out.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
         while let Some(p) = self.replies.pop_front() {
             if p.len() <= buf.len() {

@@ -78,7 +78,9 @@ pub use config::{
     CongestionAlgorithm, ConnectionConfig, EndpointConfig, KeepaliveConfig, SynCookies,
 };
 pub use conn::{CloseReason, Connection, ConnectionStats, Negotiated, State};
-pub use endpoint::{ConnectionHandle, Endpoint, EndpointStats, Event, ListenerHandle};
+pub use endpoint::{
+    ConnectionHandle, Endpoint, EndpointStats, Event, ListenerHandle, MIN_TRANSMIT_BUFFER,
+};
 pub use error::{DropReason, Error};
 pub use rtt::RttEstimator;
 pub use send_queue::{CommittedWrite, SendQueue, WriteTag};

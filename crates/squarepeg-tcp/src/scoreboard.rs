@@ -132,8 +132,10 @@ impl Scoreboard {
                     latest_retransmission = latest_retransmission.max(Some(seg.sent_at));
                 }
                 newest = Some((seg.sent_at, seg.retransmits > 0));
-                res.earliest_sent_at =
-                    Some(res.earliest_sent_at.map_or(seg.sent_at, |t| t.min(seg.sent_at)));
+                res.earliest_sent_at = Some(
+                    res.earliest_sent_at
+                        .map_or(seg.sent_at, |t| t.min(seg.sent_at)),
+                );
                 if seg.lost {
                     self.lost_bytes -= len;
                 }

@@ -87,7 +87,15 @@ fn exchange(
     read_budget: usize,
     action: impl FnMut(bool, u64, &Pkt) -> Option<Duration>,
 ) -> Outcome {
-    exchange_with(Duration::from_millis(10), 0, a_bytes, b_bytes, cfg, read_budget, action)
+    exchange_with(
+        Duration::from_millis(10),
+        0,
+        a_bytes,
+        b_bytes,
+        cfg,
+        read_budget,
+        action,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -112,7 +120,10 @@ fn exchange_with(
             .connect(pump.now, addr("10.1.0.1:1234"), sa, cfg)
             .unwrap(),
     );
-    let limit = std::env::var("LIMIT").ok().and_then(|s| s.parse().ok()).unwrap_or(900);
+    let limit = std::env::var("LIMIT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(900);
     let ok = pump.run_with(Duration::from_secs(limit), action, |ea, eb, now| {
         a.step(ea, now, None);
         b.step(eb, now, Some(l));
@@ -255,8 +266,14 @@ impl Rng {
 
 #[test]
 fn seeded_impairment_scenarios() {
-    let seeds: u64 = std::env::var("SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(40);
-    let first: u64 = std::env::var("FIRST").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+    let seeds: u64 = std::env::var("SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100);
+    let first: u64 = std::env::var("FIRST")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
     for seed in first..=seeds {
         if std::env::var("SEED_LOG").is_ok() {
             eprintln!("seed {seed}");
@@ -275,7 +292,12 @@ fn seeded_impairment_scenarios() {
             recv_buffer: [16_384, 65_536, 1 << 20][r.below(3) as usize],
             ..Default::default()
         };
-        let loss_per_mille = r.below(std::env::var("MAXLOSS").ok().and_then(|s| s.parse().ok()).unwrap_or(60));
+        let loss_per_mille = r.below(
+            std::env::var("MAXLOSS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(60),
+        );
         let reorder_per_mille = r.below(100);
         let delay = Duration::from_millis(1 + r.below(40));
         let dup = [0, 0, 13, 29][r.below(4) as usize];
@@ -283,15 +305,23 @@ fn seeded_impairment_scenarios() {
         let b_bytes = r.below(200_000) as usize;
         let read_budget = [1000, 8192, 65536][r.below(3) as usize];
         let mut lr = Rng(seed ^ 0xdead_beef);
-        let o = exchange_with(delay, dup, a_bytes, b_bytes, cfg.clone(), read_budget, move |_, _, _| {
-            if lr.below(1000) < loss_per_mille {
-                None
-            } else if lr.below(1000) < reorder_per_mille {
-                Some(Duration::from_micros(lr.below(8000)))
-            } else {
-                Some(Duration::ZERO)
-            }
-        });
+        let o = exchange_with(
+            delay,
+            dup,
+            a_bytes,
+            b_bytes,
+            cfg.clone(),
+            read_budget,
+            move |_, _, _| {
+                if lr.below(1000) < loss_per_mille {
+                    None
+                } else if lr.below(1000) < reorder_per_mille {
+                    Some(Duration::from_micros(lr.below(8000)))
+                } else {
+                    Some(Duration::ZERO)
+                }
+            },
+        );
         check(&o);
         let _ = (seed, cfg);
     }

@@ -578,11 +578,13 @@ impl Pump {
                     let mut probe = vec![0u8; 65535];
                     let pa = self.a.poll_transmit(self.now, &mut probe);
                     if let Some(n) = pa {
-                        self.wire.push((self.now + self.delay, false, probe[..n].to_vec()));
+                        self.wire
+                            .push((self.now + self.delay, false, probe[..n].to_vec()));
                     }
                     let pb = self.b.poll_transmit(self.now, &mut probe);
                     if let Some(n) = pb {
-                        self.wire.push((self.now + self.delay, true, probe[..n].to_vec()));
+                        self.wire
+                            .push((self.now + self.delay, true, probe[..n].to_vec()));
                     }
                     if busy || pa.is_some() || pb.is_some() {
                         break;
