@@ -183,6 +183,13 @@ pub(crate) fn unwrap(base: u32, reference: u64, wire: u32) -> i64 {
     reference as i64 + diff as i64
 }
 
+/// `now + d`, saturating far in the future instead of panicking on absurd configured durations.
+fn later(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d)
+        .or_else(|| now.checked_add(Duration::from_secs(u32::MAX as u64)))
+        .unwrap_or(now)
+}
+
 /// Wrapping "a < b" for 32-bit timestamps (RFC 7323 §5.2).
 fn ts_before(a: u32, b: u32) -> bool {
     (a.wrapping_sub(b) as i32) < 0
@@ -765,7 +772,7 @@ impl Connection {
         }
         let _ = self.shutdown(now);
         if self.state == State::FinWait2 {
-            self.finwait2_at = Some(now + self.cfg.fin_wait2_timeout);
+            self.finwait2_at = Some(later(now, self.cfg.fin_wait2_timeout));
         }
     }
 
@@ -812,7 +819,7 @@ impl Connection {
             self.close_reason = Some(CloseReason::Normal);
             self.events.push(ConnEvent::Closed(CloseReason::Normal));
         }
-        self.timewait_at = Some(now + self.cfg.time_wait);
+        self.timewait_at = Some(later(now, self.cfg.time_wait));
     }
 
     fn established(&mut self, now: Instant) {
@@ -834,7 +841,7 @@ impl Connection {
         self.keepalive_sent = 0;
         self.keepalive_at = match self.cfg.keepalive {
             Some(k) if matches!(self.state, State::Established | State::CloseWait) => {
-                Some(now + k.idle)
+                Some(later(now, k.idle))
             }
             _ => None,
         };
@@ -947,7 +954,7 @@ impl Connection {
         }
         if self.flight() > 0 || !self.queue.is_empty() {
             // Not idle: retransmission handles liveness.
-            self.keepalive_at = Some(now + k.idle);
+            self.keepalive_at = Some(later(now, k.idle));
             return;
         }
         if self.keepalive_sent >= k.probes {
@@ -958,7 +965,7 @@ impl Connection {
         }
         self.keepalive_sent += 1;
         self.keepalive_pending = true;
-        self.keepalive_at = Some(now + k.interval);
+        self.keepalive_at = Some(later(now, k.interval));
     }
 
     /// Arms or disarms the retransmission and persist timers after sending or ACK processing.
@@ -982,7 +989,7 @@ impl Connection {
                     .current_rto()
                     .saturating_mul(1 << shift)
                     .min(self.cfg.max_rto);
-                self.persist_at = Some(now + d);
+                self.persist_at = Some(later(now, d));
             }
             return;
         }
@@ -996,11 +1003,11 @@ impl Connection {
     }
 
     fn arm_rto(&mut self, now: Instant) {
-        let mut at = now + self.rtt.current_rto();
+        let mut at = later(now, self.rtt.current_rto());
         if let (Some(limit), Some(since)) = (self.cfg.user_timeout, self.unacked_since)
             && self.state.is_synchronized()
         {
-            at = at.min((since + limit).max(now));
+            at = at.min(later(since, limit).max(now));
         }
         self.rto_at = Some(at);
     }
@@ -1206,7 +1213,7 @@ impl Connection {
             // The peer retransmitted its FIN: our last ACK was lost. Acknowledge it again and
             // restart the 2 MSL timeout (RFC 9293 §3.10.7.4, eighth check, TIME-WAIT).
             self.ack_now = true;
-            self.timewait_at = Some(now + self.cfg.time_wait);
+            self.timewait_at = Some(later(now, self.cfg.time_wait));
             return Ok(());
         }
         if !acceptable {
@@ -1350,7 +1357,7 @@ impl Connection {
                 State::TimeWait if flags.fin() => {
                     // Retransmitted FIN: acknowledge it and restart the 2MSL timeout.
                     self.ack_now = true;
-                    self.timewait_at = Some(now + self.cfg.time_wait);
+                    self.timewait_at = Some(later(now, self.cfg.time_wait));
                 }
                 _ => {
                     // CLOSE-WAIT, CLOSING, LAST-ACK: the peer already sent FIN; ignore text,
@@ -1473,7 +1480,7 @@ impl Connection {
                     State::FinWait1 => {
                         self.state = State::FinWait2;
                         if self.user_closed {
-                            self.finwait2_at = Some(now + self.cfg.fin_wait2_timeout);
+                            self.finwait2_at = Some(later(now, self.cfg.fin_wait2_timeout));
                         }
                     }
                     State::Closing => self.enter_time_wait(now),
@@ -1594,7 +1601,11 @@ impl Connection {
             start = 1;
         }
         // Trim to the advertised window's right edge; a FIN beyond it is dropped with the data.
-        let right = self.rcv_adv.max(self.rcv_nxt);
+        // Nothing is accepted beyond a FIN already seen.
+        let mut right = self.rcv_adv.max(self.rcv_nxt);
+        if let Some(f) = self.peer_fin_at {
+            right = right.min(f);
+        }
         let end = start + data.len() as u64;
         if end > right {
             let keep = right.saturating_sub(start) as usize;
@@ -1644,7 +1655,7 @@ impl Connection {
                 _ => {}
             }
             if self.state == State::CloseWait {
-                self.keepalive_at = self.cfg.keepalive.map(|k| now + k.idle);
+                self.keepalive_at = self.cfg.keepalive.map(|k| later(now, k.idle));
             }
         }
         if self.rcv_nxt > prev_rcv_nxt && outcome.delivered > 0 {
@@ -1667,7 +1678,7 @@ impl Connection {
                     if self.rcv_nxt - self.rcv_acked >= 2 * self.rcv_mss as u64 {
                         self.ack_now = true;
                     } else if self.delack_at.is_none() {
-                        self.delack_at = Some(now + delay);
+                        self.delack_at = Some(later(now, delay));
                     }
                 }
             }
@@ -1952,7 +1963,7 @@ impl Connection {
             self.on_ack_sent();
         }
         self.counters.packets_sent += 1;
-        self.rto_at = Some(now + self.rtt.current_rto());
+        self.rto_at = Some(later(now, self.rtt.current_rto()));
         Some(n)
     }
 
