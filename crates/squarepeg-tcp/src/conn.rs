@@ -790,6 +790,7 @@ impl Connection {
     // ---------------------------------------------------------------- state changes
 
     fn enter_closed(&mut self, reason: CloseReason, notify: bool) {
+        tracing::debug!(local = %self.local, remote = %self.remote, from = ?self.state, ?reason, "closed");
         if self.close_reason.is_none() {
             self.close_reason = Some(reason);
             if notify {
@@ -810,6 +811,7 @@ impl Connection {
     }
 
     fn enter_time_wait(&mut self, now: Instant) {
+        tracing::debug!(local = %self.local, remote = %self.remote, from = ?self.state, "TIME-WAIT");
         self.state = State::TimeWait;
         self.rto_at = None;
         self.persist_at = None;
@@ -823,6 +825,12 @@ impl Connection {
     }
 
     fn established(&mut self, now: Instant) {
+        tracing::debug!(
+            local = %self.local,
+            remote = %self.remote,
+            negotiated = ?self.negotiated(),
+            "established"
+        );
         self.state = if self.fin_queued {
             State::FinWait1
         } else {
@@ -924,6 +932,14 @@ impl Connection {
                     self.enter_closed(CloseReason::TimedOut, true);
                     return;
                 }
+                tracing::debug!(
+                    local = %self.local,
+                    remote = %self.remote,
+                    count = self.rto_count + 1,
+                    rto = ?self.rtt.current_rto(),
+                    flight = self.flight(),
+                    "retransmission timeout"
+                );
                 // RFC 5681 §3.1: ssthresh is reduced only on the first timeout of a series.
                 if self.rto_count == 0 {
                     self.cc.on_rto(now, self.flight());
@@ -1459,6 +1475,13 @@ impl Connection {
                     }
                 }
                 None => {
+                    tracing::trace!(
+                        local = %self.local,
+                        acked = acked_total,
+                        cwnd = self.cc.cwnd(),
+                        ssthresh = self.cc.ssthresh(),
+                        "ack"
+                    );
                     self.cc.on_ack(&AckEvent {
                         now,
                         acked: acked_total,
@@ -1552,6 +1575,16 @@ impl Connection {
         self.recover = self.snd_nxt;
         self.cc.on_congestion_event(now, flight);
         self.counters.fast_retransmits += 1;
+        tracing::debug!(
+            local = %self.local,
+            remote = %self.remote,
+            snd_una = self.snd_una,
+            flight,
+            cwnd = self.cc.cwnd(),
+            ssthresh = self.cc.ssthresh(),
+            sack = self.sack_ok,
+            "fast retransmit, entering recovery"
+        );
         self.sb.mark_head_lost();
         if !self.sack_ok {
             // RFC 6582 §3.2 step 2: cwnd = ssthresh + 3*SMSS.

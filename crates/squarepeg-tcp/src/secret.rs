@@ -76,3 +76,25 @@ impl Secret {
         self.hash(b"cookie", local, remote, &[counter, client_isn, mss_index])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn isn_is_keyed_per_tuple_and_ticks_every_4us() {
+        let s = Secret::new([9; 32]);
+        let l: SocketAddr = "10.0.0.1:1000".parse().unwrap();
+        let r: SocketAddr = "10.0.0.2:80".parse().unwrap();
+        let r2: SocketAddr = "10.0.0.2:81".parse().unwrap();
+        let t = Duration::from_secs(5);
+        let a = s.isn(&l, &r, t);
+        assert_ne!(a, s.isn(&l, &r2, t));
+        assert_ne!(a, Secret::new([8; 32]).isn(&l, &r, t));
+        // M advances by one every 4 microseconds (RFC 6528 §3).
+        assert_eq!(
+            s.isn(&l, &r, t + Duration::from_micros(4000)),
+            a.wrapping_add(1000)
+        );
+    }
+}

@@ -444,3 +444,26 @@ fn data_completes_passive_handshake_when_ack_was_lost() {
     assert_eq!(h.read_all(c), b"GET /");
     assert!(h.events().contains(&Event::Readable(c)));
 }
+
+#[test]
+fn ipv6_handshake_and_mss() {
+    let mut h = Harness::new("[2001:db8::1]:40000", "[2001:db8::2]:443");
+    let c = h.connect(ConnectionConfig::default());
+    let syn = h.out1();
+    // 1500 - 40 (IPv6) - 20 (TCP).
+    assert_eq!(syn.mss(), Some(1440));
+    h.inject(
+        &h.pkt(SYN | ACK, IRS, syn.seq + 1)
+            .opt(Opt::Mss(1440))
+            .opt(Opt::SackOk)
+            .opt(Opt::Ts(1, syn.ts().unwrap().0))
+            .opt(Opt::Nop)
+            .opt(Opt::Ws(7)),
+    )
+    .unwrap();
+    h.out1();
+    h.ep.write(c, &[3u8; 5000]).unwrap();
+    let segs = h.out();
+    assert_eq!(segs[0].payload.len(), 1440 - 12);
+    assert!(segs.iter().all(|p| p.src == h.local && p.dst == h.remote));
+}
