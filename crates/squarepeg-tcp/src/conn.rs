@@ -724,6 +724,12 @@ impl Connection {
         r
     }
 
+    /// Replaces the congestion controller (any [`CongestionControl`] implementation).
+    pub(crate) fn set_congestion_control(&mut self, mut cc: Box<dyn CongestionControl>) {
+        cc.set_mss(self.effective_mss() as u64);
+        self.cc = cc;
+    }
+
     pub(crate) fn queue_mut(&mut self) -> &mut SendQueue {
         &mut self.queue
     }

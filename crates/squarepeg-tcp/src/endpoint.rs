@@ -457,6 +457,16 @@ impl Endpoint {
         self.with_conn(h, |c| f(c.queue_mut()))
     }
 
+    /// Plugs in a congestion controller of the caller's own (the configured algorithms are
+    /// [`crate::cc::Cubic`] and [`crate::cc::NewReno`]).
+    pub fn set_congestion_control(
+        &mut self,
+        h: ConnectionHandle,
+        cc: Box<dyn crate::cc::CongestionControl>,
+    ) -> Result<(), Error> {
+        self.with_conn(h, |c| c.set_congestion_control(cc))
+    }
+
     /// Half-close: send FIN after the queued data.
     pub fn shutdown(&mut self, now: Instant, h: ConnectionHandle) -> Result<(), Error> {
         self.with_conn(h, |c| c.shutdown(now))?

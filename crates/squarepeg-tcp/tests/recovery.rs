@@ -263,3 +263,33 @@ fn cubic_and_newreno_reduce_differently() {
     assert_eq!(got[0], (7000, 7000));
     assert_eq!(got[1], (6000, 6000));
 }
+
+#[test]
+fn custom_congestion_controller_can_be_plugged_in() {
+    use squarepeg_tcp::cc::{AckEvent, CongestionControl};
+    #[derive(Debug)]
+    struct Fixed(u64);
+    impl CongestionControl for Fixed {
+        fn name(&self) -> &'static str {
+            "fixed"
+        }
+        fn cwnd(&self) -> u64 {
+            self.0
+        }
+        fn ssthresh(&self) -> u64 {
+            u64::MAX
+        }
+        fn on_ack(&mut self, _: &AckEvent) {}
+        fn on_congestion_event(&mut self, _: std::time::Instant, _: u64) {}
+        fn on_recovery_exit(&mut self, _: std::time::Instant) {}
+        fn on_rto(&mut self, _: std::time::Instant, _: u64) {}
+        fn on_idle_restart(&mut self, _: std::time::Instant) {}
+        fn set_mss(&mut self, _: u64) {}
+    }
+    let (mut h, c, _) = open(ConnectionConfig::default(), true, Duration::from_millis(10));
+    h.ep.set_congestion_control(c, Box::new(Fixed(3 * MSS as u64)))
+        .unwrap();
+    h.ep.write(c, &[0u8; 50_000]).unwrap();
+    assert_eq!(h.out().len(), 3);
+    assert_eq!(h.ep.stats_of(c).unwrap().congestion, "fixed");
+}
