@@ -168,6 +168,10 @@ pub struct EndpointConfig {
     pub ttl: u8,
     /// Bound of the queue of replies (RSTs) not tied to a connection.
     pub max_pending_replies: usize,
+    /// The endpoint's own addresses. Packets to any other destination are dropped as
+    /// [`NotLocal`](crate::DropReason::NotLocal) without a reply. Empty: every destination is
+    /// ours (a TUN device routed only to us).
+    pub local_addresses: Vec<std::net::IpAddr>,
 }
 
 impl Default for EndpointConfig {
@@ -180,6 +184,7 @@ impl Default for EndpointConfig {
             verify_checksums: true,
             ttl: 64,
             max_pending_replies: 256,
+            local_addresses: Vec::new(),
         }
     }
 }

@@ -721,6 +721,11 @@ impl Endpoint {
             // RFC 9293 §3.9.1 (MUST-57 and friends): never answer non-unicast addresses.
             return Err(DropReason::BadAddress);
         }
+        if !self.config.local_addresses.is_empty()
+            && !self.config.local_addresses.contains(&seg.dst.ip())
+        {
+            return Err(DropReason::NotLocal);
+        }
         let tuple = (seg.dst, seg.src);
         if let Some(&idx) = self.table.get(&tuple) {
             if self.time_wait_reuse(now, idx, &seg) {

@@ -59,11 +59,13 @@ pub enum DropReason {
     NoAck,
     #[error("out-of-order queue full")]
     OutOfOrderQueueFull,
+    #[error("destination is not one of the endpoint's addresses")]
+    NotLocal,
 }
 
 impl DropReason {
     /// All reasons, in counter order.
-    pub const ALL: [DropReason; 26] = [
+    pub const ALL: [DropReason; 27] = [
         DropReason::Truncated,
         DropReason::UnsupportedIpVersion,
         DropReason::BadIpHeader,
@@ -90,6 +92,7 @@ impl DropReason {
         DropReason::MissingTimestamp,
         DropReason::NoAck,
         DropReason::OutOfOrderQueueFull,
+        DropReason::NotLocal,
     ];
 
     pub(crate) fn index(self) -> usize {

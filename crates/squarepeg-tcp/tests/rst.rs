@@ -395,3 +395,18 @@ fn time_wait_syn_with_newer_timestamp_reopens() {
     assert_eq!(synack2.flag_str(), "S.");
     assert_eq!(synack2.ack, IRS.wrapping_add(50_001));
 }
+
+#[test]
+fn packets_for_other_addresses_are_dropped_silently() {
+    let mut h = Harness::with_config(
+        "192.0.2.99:80",
+        "198.51.100.7:50000",
+        squarepeg_tcp::EndpointConfig {
+            local_addresses: vec!["192.0.2.1".parse().unwrap()],
+            ..Default::default()
+        },
+    );
+    assert_eq!(h.inject(&h.pkt(SYN, 1, 0)), Err(DropReason::NotLocal));
+    h.none();
+    assert_eq!(h.ep.stats().dropped(DropReason::NotLocal), 1);
+}

@@ -326,3 +326,36 @@ fn seeded_impairment_scenarios() {
         let _ = (seed, cfg);
     }
 }
+
+#[test]
+fn lost_syn_syn_ack_and_fins_are_retransmitted() {
+    let mut dropped_syn = false;
+    let mut dropped_synack = false;
+    let mut fins_dropped = 0;
+    let o = exchange(
+        50_000,
+        20_000,
+        ConnectionConfig::default(),
+        65536,
+        move |from_a, _, p| {
+            if p.has(SYN) && !p.has(ACK) && !dropped_syn {
+                dropped_syn = true;
+                return None;
+            }
+            if p.has(SYN) && p.has(ACK) && !dropped_synack {
+                dropped_synack = true;
+                return None;
+            }
+            // The first FIN of each side is lost.
+            if p.has(FIN) && fins_dropped < 2 {
+                let _ = from_a;
+                fins_dropped += 1;
+                return None;
+            }
+            Some(Duration::ZERO)
+        },
+    );
+    check(&o);
+    let st = o.pump.a.stats_of(o.a.h.unwrap()).unwrap();
+    assert!(st.rto_timeouts >= 1, "{st:#?}");
+}
