@@ -62,7 +62,9 @@ pub struct CommittedWrite {
     pub tag: WriteTag,
 }
 
-/// The send queue of one connection.
+/// The send queue of one connection. The upper layer reaches it through
+/// [`Endpoint::send_queue`](crate::Endpoint::send_queue) to inspect writes, squash pending ones
+/// and replace committed bytes; appends and transmission bookkeeping stay with the connection.
 #[derive(Debug)]
 pub struct SendQueue {
     committed: VecDeque<Record>,
@@ -77,7 +79,7 @@ pub struct SendQueue {
 }
 
 impl SendQueue {
-    pub fn new(limit: usize, merge_plain: bool) -> Self {
+    pub(crate) fn new(limit: usize, merge_plain: bool) -> Self {
         SendQueue {
             committed: VecDeque::new(),
             pending: VecDeque::new(),
@@ -119,7 +121,7 @@ impl SendQueue {
     }
 
     /// Appends as much of `data` as fits (standard TCP `send`). Returns the bytes accepted.
-    pub fn push(&mut self, data: &[u8], tag: WriteTag) -> usize {
+    pub(crate) fn push(&mut self, data: &[u8], tag: WriteTag) -> usize {
         let n = data.len().min(self.free());
         if n == 0 {
             return 0;
@@ -145,7 +147,7 @@ impl SendQueue {
 
     /// Inserts a whole write ahead of every pending write of lower priority, never ahead of or
     /// inside a committed write (Minion §4.2). All or nothing: fails if it does not fit.
-    pub fn insert_by_priority(&mut self, data: &[u8], tag: WriteTag) -> Result<(), Error> {
+    pub(crate) fn insert_by_priority(&mut self, data: &[u8], tag: WriteTag) -> Result<(), Error> {
         if data.len() > self.free() {
             return Err(Error::WouldBlock);
         }
@@ -181,7 +183,7 @@ impl SendQueue {
     /// Length of the next segment starting at `from` (which must lie in
     /// `[una, end)`), at most `max` bytes. With `consistent`, a segment never crosses a write
     /// boundary, so each write starts a new segment (Hollywood §4.2).
-    pub fn segment_len(&self, from: u64, max: usize, consistent: bool) -> usize {
+    pub(crate) fn segment_len(&self, from: u64, max: usize, consistent: bool) -> usize {
         if from < self.una || from >= self.end() {
             return 0;
         }
@@ -215,7 +217,7 @@ impl SendQueue {
 
     /// Copies bytes starting at `from` into `out`, committing the pending writes this reaches
     /// (their first byte is being transmitted, so their offsets become fixed).
-    pub fn copy_out(&mut self, from: u64, out: &mut [u8]) {
+    pub(crate) fn copy_out(&mut self, from: u64, out: &mut [u8]) {
         let to = from + out.len() as u64;
         while self.committed_end < to {
             let Some(mut r) = self.pending.pop_front() else {
@@ -243,7 +245,7 @@ impl SendQueue {
     }
 
     /// Drops everything below `upto` (cumulative acknowledgment).
-    pub fn ack(&mut self, upto: u64) {
+    pub(crate) fn ack(&mut self, upto: u64) {
         let upto = upto.min(self.committed_end);
         if upto <= self.una {
             return;
