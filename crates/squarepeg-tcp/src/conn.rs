@@ -745,7 +745,7 @@ impl Connection {
     }
 
     /// Half-close: FIN after the queued data (RFC 9293 §3.10.4).
-    pub(crate) fn shutdown(&mut self, now: Instant) -> Result<(), Error> {
+    pub(crate) fn shutdown(&mut self, _now: Instant) -> Result<(), Error> {
         if let Some(r) = self.close_reason {
             return Err(r.error());
         }
@@ -754,14 +754,14 @@ impl Connection {
         }
         self.fin_queued = true;
         match self.state {
-            // RFC 9293 §3.10.4: in SYN-SENT delete the TCB ... we keep it simple: the FIN is sent
-            // once established. In SYN-RECEIVED likewise after the handshake.
+            // Before ESTABLISHED the FIN is queued and sent after the handshake with the data
+            // before it (RFC 9293 §3.10.4 allows queuing until then; FIN-WAIT-1 is entered when
+            // the handshake completes).
             State::SynSent | State::SynReceived => {}
             State::Established => self.state = State::FinWait1,
             State::CloseWait => self.state = State::LastAck,
             _ => {}
         }
-        let _ = now;
         Ok(())
     }
 

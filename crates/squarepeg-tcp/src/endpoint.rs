@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::config::{ConnectionConfig, EndpointConfig, SynCookies};
 use crate::conn::{
@@ -902,10 +902,9 @@ impl Endpoint {
             window: seg.window,
         };
         let params = self.new_conn_params(now, seg.dst, seg.src, config);
-        let mut conn = Connection::new_passive(params, &syn);
-        // Data on the SYN is not accepted before the handshake completes (no TFO); the peer
-        // retransmits it. FIN on a SYN likewise waits.
-        let _ = &mut conn;
+        // Data on the SYN is not accepted before the handshake completes (no TFO): the SYN-ACK
+        // acknowledges only the SYN, so the peer retransmits it.
+        let conn = Connection::new_passive(params, &syn);
         self.insert(conn, false, Some(lh), true);
         Ok(())
     }
@@ -920,8 +919,6 @@ impl Endpoint {
         let peer_mss = seg.options.mss.unwrap_or(536);
         let counter = syncookie::counter(since);
         let iss = syncookie::make(&self.secret, &seg.dst, &seg.src, counter, seg.seq, peer_mss);
-        let mss_idx = syncookie::mss_index(peer_mss) as usize;
-        let _ = mss_idx;
         let local_mss = {
             let overhead = wire::ip_header_len(&seg.dst) as u16 + wire::TCP_HEADER as u16;
             config
@@ -1049,6 +1046,3 @@ pub(crate) fn rcv_wscale_for(config: &ConnectionConfig) -> u8 {
         })
         .min(14)
 }
-
-#[allow(dead_code)]
-const _UNUSED: Duration = Duration::ZERO;
