@@ -1244,6 +1244,11 @@ impl Connection {
                 return Err(DropReason::RstIgnored);
             }
             if flags.syn() {
+                if self.state == State::SynReceived && self.passive {
+                    // RFC 9293 §3.10.7.4 fourth check: passive SYN-RECEIVED returns to LISTEN.
+                    self.enter_closed(CloseReason::Reset, false);
+                    return Err(DropReason::InvalidForState);
+                }
                 // RFC 5961 §4.2: a SYN gets a challenge ACK whatever its sequence number.
                 self.send_challenge_ack(now);
                 return Err(DropReason::SynChallenged);

@@ -410,3 +410,24 @@ fn packets_for_other_addresses_are_dropped_silently() {
     h.none();
     assert_eq!(h.ep.stats().dropped(DropReason::NotLocal), 1);
 }
+
+#[test]
+fn new_syn_in_passive_syn_received_returns_to_listen() {
+    let mut h = server();
+    let l = h.listen(4, ConnectionConfig::default());
+    h.inject(&h.pkt(SYN, IRS, 0)).unwrap();
+    h.out1();
+    assert_eq!(h.ep.connection_count(), 1);
+    // The client restarted with a new ISN: the half-open connection is dropped silently.
+    assert!(
+        h.inject(&h.pkt(SYN, IRS.wrapping_add(1_000_000), 0))
+            .is_err()
+    );
+    assert_eq!(h.ep.connection_count(), 0);
+    h.none();
+    // Its next SYN is served afresh.
+    h.inject(&h.pkt(SYN, IRS.wrapping_add(1_000_000), 0))
+        .unwrap();
+    assert_eq!(h.out1().ack, IRS.wrapping_add(1_000_001));
+    let _ = l;
+}
