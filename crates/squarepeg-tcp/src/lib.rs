@@ -23,6 +23,11 @@
 //! one receive-buffer insertion with its stream offset, where an "every segment at once" mode
 //! can hook in; stream offsets, SRTT and RTTVAR are exposed on [`Connection`].
 //!
+//! Not implemented (yet): the uTCP "every segment at once" receive mode itself, RACK-TLP,
+//! PRR, HyStart++, spurious-retransmission undo (Eifel/D-SACK), ECN, TCP Fast Open, urgent data
+//! (URG is ignored and data delivered inline, RFC 6093), path MTU discovery / ICMP, receive
+//! buffer auto-tuning, pacing and segmentation offloads.
+//!
 //! ```
 //! use std::time::Instant;
 //! use squarepeg_tcp::{ConnectionConfig, Endpoint, EndpointConfig, Event};

@@ -359,3 +359,74 @@ fn lost_syn_syn_ack_and_fins_are_retransmitted() {
     let st = o.pump.a.stats_of(o.a.h.unwrap()).unwrap();
     assert!(st.rto_timeouts >= 1, "{st:#?}");
 }
+
+#[test]
+fn many_short_connections_are_served_and_freed() {
+    let mut pump = Pump::new(Duration::from_millis(2));
+    let cfg = ConnectionConfig {
+        time_wait: Duration::from_secs(2),
+        ..Default::default()
+    };
+    let sa = addr("10.2.0.2:8080");
+    let l = pump.b.listen(sa, 64, cfg.clone()).unwrap();
+    let n = 300;
+    let mut clients = Vec::new();
+    for _ in 0..n {
+        let c = pump
+            .a
+            .connect(pump.now, addr("10.2.0.1:0"), sa, cfg.clone())
+            .unwrap();
+        pump.a.write(c, &[7u8; 1000]).unwrap();
+        pump.a.shutdown(pump.now, c).unwrap();
+        clients.push(c);
+    }
+    let mut served = 0;
+    let mut bytes = 0;
+    let mut open: Vec<ConnectionHandle> = Vec::new();
+    let mut closed_clients = 0;
+    let ok = pump.run(
+        Duration::from_secs(60),
+        |_, _, _| false,
+        |a, b, now| {
+            while let Some(ev) = a.poll_event() {
+                if let Event::Closed(h, r) = ev {
+                    assert_eq!(r, CloseReason::Normal);
+                    a.close(now, h).unwrap();
+                    closed_clients += 1;
+                }
+            }
+            while let Some(ev) = b.poll_event() {
+                if let Event::Incoming(_) = ev {
+                    while let Some(h) = b.accept(l) {
+                        open.push(h);
+                    }
+                }
+            }
+            let mut buf = [0u8; 4096];
+            open.retain(|&h| {
+                loop {
+                    match b.read(h, &mut buf) {
+                        Ok(0) => {
+                            b.close(now, h).unwrap();
+                            served += 1;
+                            break false;
+                        }
+                        Ok(k) => bytes += k,
+                        Err(_) => break true,
+                    }
+                }
+            });
+            served == n
+                && closed_clients == n
+                && a.connection_count() == 0
+                && b.connection_count() == 0
+        },
+    );
+    assert!(
+        ok,
+        "served {served}, client closes {closed_clients}, a {} b {}",
+        pump.a.connection_count(),
+        pump.b.connection_count()
+    );
+    assert_eq!(bytes, n * 1000);
+}
