@@ -1,1 +1,91 @@
-//! A sans-IO TCP endpoint (RFC 9293 and companions) with the uTCP and Hollywood extensions
+//! A sans-IO TCP endpoint (RFC 9293 and companions) with the uTCP and Hollywood extensions.
+//!
+//! [`Endpoint`] is fed whole IPv4/IPv6 packets (as a TUN device carries them) and the current
+//! time, and is polled for packets to send, its next timer and application events. It does no
+//! I/O and reads no clock; randomness comes from the secret key in [`EndpointConfig`].
+//!
+//! Standards implemented, each cited where its rules live:
+//! RFC 9293 (state machine, RST rules, TIME-WAIT, silly window avoidance, delayed ACKs,
+//! keepalive), RFC 7323 (window scale, timestamps, PAWS), RFC 2018/2883 (SACK, D-SACK
+//! tolerance), RFC 6298 (RTO), RFC 6675 (SACK loss recovery) with RFC 6582 (NewReno) when SACK
+//! is off, RFC 3042 (limited transmit), RFC 5681 / RFC 9438 (NewReno and CUBIC congestion
+//! control), RFC 3465 (byte counting), RFC 6928 (IW10), RFC 6528 (ISNs), RFC 5961 (challenge
+//! ACKs), RFC 4987 (SYN cookies), RFC 6191 (TIME-WAIT reuse), RFC 896 (Nagle, off by default).
+//!
+//! Loss recovery is RFC 6675 (SACK scoreboard, `pipe`) rather than RACK-TLP (RFC 8985): it is
+//! deterministic per ACK (no reordering-window timers), so scripted tests can assert exact
+//! retransmissions, and it keeps one record per transmitted segment, which RACK can later
+//! reuse.
+//!
+//! Extension points for the uTCP / Hollywood layers: the [`SendQueue`] keeps writes as tagged
+//! records split into committed (sequence numbers fixed) and pending parts, with priority
+//! insertion, squash and same-length replacement; every accepted data segment passes through
+//! one receive-buffer insertion with its stream offset, where an "every segment at once" mode
+//! can hook in; stream offsets, SRTT and RTTVAR are exposed on [`Connection`].
+//!
+//! Not implemented (yet): the uTCP "every segment at once" receive mode itself, RACK-TLP,
+//! PRR, HyStart++, spurious-retransmission undo (Eifel/D-SACK), ECN, TCP Fast Open, urgent data
+//! (URG is ignored and data delivered inline, RFC 6093), path MTU discovery / ICMP, receive
+//! buffer auto-tuning, pacing and segmentation offloads.
+//!
+//! ```
+//! use std::time::Instant;
+//! use squarepeg_tcp::{ConnectionConfig, Endpoint, EndpointConfig, Event};
+//!
+//! let now = Instant::now();
+//! let mut client = Endpoint::new(EndpointConfig { secret: [1; 32], ..Default::default() }, now);
+//! let mut server = Endpoint::new(EndpointConfig { secret: [2; 32], ..Default::default() }, now);
+//! let addr = "10.0.0.2:80".parse().unwrap();
+//! let listener = server.listen(addr, 16, ConnectionConfig::default()).unwrap();
+//! let conn = client
+//!     .connect(now, "10.0.0.1:0".parse().unwrap(), addr, ConnectionConfig::default())
+//!     .unwrap();
+//! client.write(conn, b"hello").unwrap();
+//! let mut buf = [0u8; 1500];
+//! let mut accepted = None;
+//! let mut got = Vec::new();
+//! // Move packets both ways until the server has the message (a driver would use TUN here).
+//! for _ in 0..10 {
+//!     while let Some(n) = client.poll_transmit(now, &mut buf) {
+//!         let _ = server.handle_packet(now, &buf[..n]);
+//!     }
+//!     while let Some(n) = server.poll_transmit(now, &mut buf) {
+//!         let _ = client.handle_packet(now, &buf[..n]);
+//!     }
+//!     while let Some(ev) = server.poll_event() {
+//!         if let Event::Incoming(l) = ev {
+//!             accepted = server.accept(l);
+//!         }
+//!     }
+//!     if let Some(c) = accepted {
+//!         if let Ok(n) = server.read(c, &mut buf) {
+//!             got.extend_from_slice(&buf[..n]);
+//!         }
+//!     }
+//! }
+//! assert_eq!(got, b"hello");
+//! ```
+
+pub mod cc;
+mod config;
+mod conn;
+mod endpoint;
+mod error;
+mod recv_buf;
+mod rtt;
+mod scoreboard;
+mod secret;
+mod send_queue;
+mod syncookie;
+pub mod wire;
+
+pub use config::{
+    CongestionAlgorithm, ConnectionConfig, EndpointConfig, KeepaliveConfig, SynCookies,
+};
+pub use conn::{CloseReason, Connection, ConnectionStats, Negotiated, State};
+pub use endpoint::{
+    ConnectionHandle, Endpoint, EndpointStats, Event, ListenerHandle, MIN_TRANSMIT_BUFFER,
+};
+pub use error::{DropReason, Error};
+pub use rtt::RttEstimator;
+pub use send_queue::{CommittedWrite, SendQueue, WriteTag};

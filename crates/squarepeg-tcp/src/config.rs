@@ -1,0 +1,190 @@
+//! Configuration of the endpoint and of each connection.
+
+use std::time::Duration;
+
+/// Congestion control algorithm for a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CongestionAlgorithm {
+    /// CUBIC (RFC 9438), the Linux default.
+    #[default]
+    Cubic,
+    /// NewReno (RFC 5681, RFC 6582).
+    NewReno,
+}
+
+/// Keepalive settings (RFC 9293 §3.8.4). Linux defaults: 2 h idle, 75 s interval, 9 probes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeepaliveConfig {
+    pub idle: Duration,
+    pub interval: Duration,
+    pub probes: u32,
+}
+
+impl Default for KeepaliveConfig {
+    fn default() -> Self {
+        KeepaliveConfig {
+            idle: Duration::from_secs(7200),
+            interval: Duration::from_secs(75),
+            probes: 9,
+        }
+    }
+}
+
+/// Per-connection configuration. Defaults follow Linux where the RFCs leave a choice, so that
+/// the peer sees a familiar TCP; each option can be switched off for interop and middlebox tests.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConnectionConfig {
+    /// Path MTU used to derive the advertised MSS (RFC 9293 §3.7.1).
+    pub mtu: u16,
+    /// Advertised MSS override; `None` derives it from `mtu`.
+    pub mss: Option<u16>,
+    /// Smallest peer MSS accepted; smaller values are clamped up (Linux `tcp_min_snd_mss`,
+    /// against the tiny-MSS resource attack, CVE-2019-11479).
+    pub min_mss: u16,
+    /// Send buffer limit in bytes (queued, unsent plus unacknowledged).
+    pub send_buffer: usize,
+    /// Receive buffer limit in bytes: in-order unread plus out-of-order data. The advertised
+    /// window never exceeds it.
+    pub recv_buffer: usize,
+    /// Most out-of-order ranges held; beyond it new out-of-order segments are dropped.
+    pub max_ooo_ranges: usize,
+    /// Offer/accept window scaling (RFC 7323 §2).
+    pub window_scaling: bool,
+    /// Our receive window shift; `None` picks the smallest that covers `recv_buffer`.
+    pub window_scale: Option<u8>,
+    /// Offer/accept timestamps (RFC 7323 §3).
+    pub timestamps: bool,
+    /// Offer/accept SACK (RFC 2018).
+    pub sack: bool,
+    /// With timestamps negotiated, drop non-RST segments that carry none (RFC 7323 §3.2 SHOULD).
+    pub drop_segments_without_timestamps: bool,
+    /// Nagle's algorithm (RFC 896, RFC 9293 §3.7.4); off by default (TCP_NODELAY) since
+    /// squarepeg sends messages.
+    pub nagle: bool,
+    /// Delayed-ACK timeout (RFC 9293 §3.8.6.3, RFC 5681 §4.2: < 500 ms; Linux uses 40 ms).
+    /// `None` acknowledges every segment at once.
+    pub delayed_ack: Option<Duration>,
+    /// Initial RTO (RFC 6298 §2.1).
+    pub initial_rto: Duration,
+    /// Lower bound of the RTO. RFC 6298 §2.4 says 1 s; Linux uses 200 ms, which is the default
+    /// here so that the peer sees Linux timing.
+    pub min_rto: Duration,
+    /// Upper bound of the RTO (RFC 6298 §2.5: at least 60 s; Linux 120 s).
+    pub max_rto: Duration,
+    /// SYN retransmissions before giving up (Linux `tcp_syn_retries`).
+    pub syn_retries: u32,
+    /// SYN-ACK retransmissions before dropping a half-open connection (Linux `tcp_synack_retries`).
+    pub synack_retries: u32,
+    /// Data retransmissions before the connection is declared dead (RFC 9293 §3.8.3 R2,
+    /// Linux `tcp_retries2`).
+    pub max_retransmissions: u32,
+    /// Abort when data stays unacknowledged this long (RFC 9293 §3.8.3 user timeout, RFC 5482).
+    pub user_timeout: Option<Duration>,
+    /// Keepalive (RFC 9293 §3.8.4); off by default.
+    pub keepalive: Option<KeepaliveConfig>,
+    /// TIME-WAIT duration (2×MSL; RFC 9293 §3.4.2 suggests MSL = 2 min, Linux uses 60 s in
+    /// total). Zero skips TIME-WAIT.
+    pub time_wait: Duration,
+    /// How long a connection closed by the application waits in FIN-WAIT-2 for the peer's FIN
+    /// (Linux `tcp_fin_timeout`).
+    pub fin_wait2_timeout: Duration,
+    /// Congestion control algorithm.
+    pub congestion: CongestionAlgorithm,
+    /// Initial window in segments (RFC 6928).
+    pub initial_window: u32,
+    /// Duplicate-ACK threshold for fast retransmit (RFC 5681 §3.2, RFC 6675 DupThresh).
+    pub dupack_threshold: u32,
+    /// Most challenge ACKs per second (RFC 5961 §7). Counted per connection, which avoids the
+    /// global-counter side channel of CVE-2016-5696.
+    pub challenge_ack_limit: u32,
+    /// Consistent segmentation (Hollywood §4.2): never pack bytes of two writes into one
+    /// segment, so that each small write starts a new segment. Off: MSS-packing across writes.
+    pub consistent_segmentation: bool,
+}
+
+impl Default for ConnectionConfig {
+    fn default() -> Self {
+        ConnectionConfig {
+            mtu: 1500,
+            mss: None,
+            min_mss: 64,
+            send_buffer: 4 << 20,
+            recv_buffer: 4 << 20,
+            max_ooo_ranges: 512,
+            window_scaling: true,
+            window_scale: None,
+            timestamps: true,
+            sack: true,
+            drop_segments_without_timestamps: true,
+            nagle: false,
+            delayed_ack: Some(Duration::from_millis(40)),
+            initial_rto: Duration::from_secs(1),
+            min_rto: Duration::from_millis(200),
+            max_rto: Duration::from_secs(120),
+            syn_retries: 6,
+            synack_retries: 5,
+            max_retransmissions: 15,
+            user_timeout: None,
+            keepalive: None,
+            time_wait: Duration::from_secs(60),
+            fin_wait2_timeout: Duration::from_secs(60),
+            congestion: CongestionAlgorithm::Cubic,
+            initial_window: 10,
+            dupack_threshold: 3,
+            challenge_ack_limit: 1000,
+            consistent_segmentation: false,
+        }
+    }
+}
+
+/// When the endpoint answers SYNs with SYN cookies (RFC 4987 §3.6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SynCookies {
+    /// Never; SYNs beyond the backlog are dropped.
+    Never,
+    /// When a listener's SYN backlog is full (Linux `tcp_syncookies = 1`).
+    #[default]
+    WhenBacklogFull,
+    /// For every SYN (Linux `tcp_syncookies = 2`), useful for tests.
+    Always,
+}
+
+/// Endpoint-wide configuration.
+#[derive(Clone, Debug)]
+pub struct EndpointConfig {
+    /// Secret key for ISNs (RFC 6528), timestamp offsets and SYN cookies. Give every endpoint
+    /// a fresh random key; the core takes it from the caller because it reads no randomness.
+    pub secret: [u8; 32],
+    /// Most connections (any state) held at once.
+    pub max_connections: usize,
+    /// Most half-open (SYN-RECEIVED) connections over all listeners.
+    pub max_half_open: usize,
+    /// SYN cookie policy.
+    pub syn_cookies: SynCookies,
+    /// Verify IP and TCP checksums of incoming packets; switch off when a driver has already
+    /// verified them (checksum offload).
+    pub verify_checksums: bool,
+    /// TTL / hop limit of outgoing packets.
+    pub ttl: u8,
+    /// Bound of the queue of replies (RSTs) not tied to a connection.
+    pub max_pending_replies: usize,
+    /// The endpoint's own addresses. Packets to any other destination are dropped as
+    /// [`NotLocal`](crate::DropReason::NotLocal) without a reply. Empty: every destination is
+    /// ours (a TUN device routed only to us).
+    pub local_addresses: Vec<std::net::IpAddr>,
+}
+
+impl Default for EndpointConfig {
+    fn default() -> Self {
+        EndpointConfig {
+            secret: [0x5a; 32],
+            max_connections: 65536,
+            max_half_open: 4096,
+            syn_cookies: SynCookies::WhenBacklogFull,
+            verify_checksums: true,
+            ttl: 64,
+            max_pending_replies: 256,
+            local_addresses: Vec::new(),
+        }
+    }
+}

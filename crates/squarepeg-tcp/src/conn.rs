@@ -1,0 +1,2236 @@
+//! One TCP connection: the transmission control block and the RFC 9293 state machine.
+//!
+//! Sequence numbers are kept unwrapped as `u64` positions relative to the initial sequence
+//! numbers (send side: 0 = ISS, which the SYN occupies; data byte `d` is at `d + 1`; receive
+//! side likewise relative to IRS). The wire's 32-bit modular arithmetic is confined to
+//! [`unwrap`] and [`Connection::wire_seq`], so comparisons below are plain integer comparisons.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use crate::cc::{AckEvent, CongestionControl, new_controller};
+use crate::config::ConnectionConfig;
+use crate::error::{DropReason, Error};
+use crate::recv_buf::RecvBuffer;
+use crate::rtt::RttEstimator;
+use crate::scoreboard::Scoreboard;
+use crate::send_queue::{SendQueue, WriteTag};
+use crate::wire::{self, MAX_SACK_BLOCKS, OutHeader, OutOptions, Segment, TcpFlags};
+
+/// Connection states (RFC 9293 §3.3.2). LISTEN belongs to listeners, not connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum State {
+    SynSent,
+    SynReceived,
+    Established,
+    FinWait1,
+    FinWait2,
+    CloseWait,
+    Closing,
+    LastAck,
+    TimeWait,
+    Closed,
+}
+
+impl State {
+    /// Synchronized states (RFC 9293 §3.5.2 group 3).
+    pub fn is_synchronized(self) -> bool {
+        !matches!(self, State::SynSent | State::SynReceived | State::Closed)
+    }
+}
+
+/// Why a connection closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloseReason {
+    /// Both directions finished with FINs.
+    Normal,
+    /// The peer sent an acceptable RST in a synchronized state.
+    Reset,
+    /// The peer refused the connection (RST in SYN-SENT, RFC 9293 §3.10.7.3).
+    Refused,
+    /// Retransmissions, SYN retries, keepalive or the user timeout gave up.
+    TimedOut,
+    /// Aborted locally (RST sent).
+    Aborted,
+}
+
+impl CloseReason {
+    pub(crate) fn error(self) -> Error {
+        match self {
+            CloseReason::Normal => Error::Closed,
+            CloseReason::Reset => Error::ConnectionReset,
+            CloseReason::Refused => Error::ConnectionRefused,
+            CloseReason::TimedOut => Error::TimedOut,
+            CloseReason::Aborted => Error::Aborted,
+        }
+    }
+}
+
+/// Options in force on a connection after the handshake.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Negotiated {
+    /// Largest payload we send per segment, before per-segment options.
+    pub send_mss: u16,
+    /// Peer's window shift (applied to windows it sends), if window scaling is on.
+    pub send_window_scale: Option<u8>,
+    /// Our window shift (applied to windows we send), if window scaling is on.
+    pub recv_window_scale: Option<u8>,
+    pub timestamps: bool,
+    pub sack: bool,
+}
+
+/// Per-connection statistics.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConnectionStats {
+    pub state: State,
+    pub srtt: Option<Duration>,
+    pub rttvar: Duration,
+    pub rto: Duration,
+    pub min_rtt: Option<Duration>,
+    pub congestion: &'static str,
+    pub cwnd: u64,
+    pub ssthresh: u64,
+    pub bytes_in_flight: u64,
+    pub pipe: u64,
+    pub in_recovery: bool,
+    pub send_mss: u16,
+    pub packets_sent: u64,
+    pub bytes_sent: u64,
+    pub packets_retransmitted: u64,
+    pub bytes_retransmitted: u64,
+    pub fast_retransmits: u64,
+    pub rto_timeouts: u64,
+    pub sack_holes: usize,
+    pub dup_acks_received: u64,
+    pub dsacks_received: u64,
+    pub packets_received: u64,
+    pub bytes_received: u64,
+    pub ooo_bytes: usize,
+    pub recv_window: u64,
+    pub send_window: u64,
+    pub zero_window_probes: u64,
+    pub keepalive_probes: u64,
+    pub challenge_acks: u64,
+    pub paws_rejected: u64,
+    pub send_buffered: usize,
+    pub recv_buffered: usize,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Counters {
+    packets_sent: u64,
+    bytes_sent: u64,
+    packets_retransmitted: u64,
+    bytes_retransmitted: u64,
+    fast_retransmits: u64,
+    rto_timeouts: u64,
+    dup_acks: u64,
+    dsacks: u64,
+    packets_received: u64,
+    bytes_received: u64,
+    zero_window_probes: u64,
+    keepalive_probes: u64,
+    challenge_acks: u64,
+    paws_rejected: u64,
+}
+
+/// Events a connection reports to its endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ConnEvent {
+    Established,
+    Readable,
+    Writable,
+    PeerFin,
+    Closed(CloseReason),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Recovery {
+    /// RecoveryPoint (RFC 6675) / `recover` (RFC 6582): HighData at entry.
+    point: u64,
+}
+
+/// What the handshake learned from the peer's SYN.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PeerSyn {
+    pub irs: u32,
+    pub mss: Option<u16>,
+    pub window_scale: Option<u8>,
+    pub sack_permitted: bool,
+    pub timestamps: Option<(u32, u32)>,
+    pub window: u16,
+}
+
+/// Endpoint-wide context a connection needs for output.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shared {
+    pub epoch: Instant,
+    pub ttl: u8,
+}
+
+/// 24 days, after which TS.Recent is considered stale (RFC 7323 §5.5).
+const PAWS_IDLE: Duration = Duration::from_secs(24 * 24 * 3600);
+/// Rate limit for ACKs answering out-of-window segments (Linux `tcp_invalid_ratelimit`),
+/// which stops ACK storms between desynchronized peers.
+const INVALID_ACK_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Unwraps a 32-bit wire sequence number to the `u64` position closest to `reference`, in a
+/// space whose position 0 is the wire value `base`. Negative results (before the ISN) are
+/// returned as is.
+pub(crate) fn unwrap(base: u32, reference: u64, wire: u32) -> i64 {
+    let rel = wire.wrapping_sub(base);
+    let diff = rel.wrapping_sub(reference as u32) as i32;
+    reference as i64 + diff as i64
+}
+
+/// `now + d`, saturating far in the future instead of panicking on absurd configured durations.
+fn later(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d)
+        .or_else(|| now.checked_add(Duration::from_secs(u32::MAX as u64)))
+        .unwrap_or(now)
+}
+
+/// Wrapping "a < b" for 32-bit timestamps (RFC 7323 §5.2).
+fn ts_before(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) < 0
+}
+
+/// Window for SYN and SYN-ACK: the free space, at most 65535, rounded down to a multiple of the
+/// MSS as Linux does (64240 for MSS 1460), so that the peer sees the familiar value.
+pub(crate) fn initial_window(space: usize, mss: u16) -> u16 {
+    let w = space.min(65535);
+    let mss = mss as usize;
+    (if w > mss { w - w % mss } else { w }) as u16
+}
+
+fn default_mss(addr: &SocketAddr) -> u16 {
+    // RFC 9293 §3.7.1: 536 for IPv4 without an MSS option; IPv6 minimum MTU 1280 - 60.
+    if addr.is_ipv4() { 536 } else { 1220 }
+}
+
+pub struct Connection {
+    local: SocketAddr,
+    remote: SocketAddr,
+    cfg: ConnectionConfig,
+    shared: Shared,
+    state: State,
+    passive: bool,
+
+    // Send sequence space (RFC 9293 §3.3.1), unwrapped.
+    iss: u32,
+    snd_una: u64,
+    snd_nxt: u64,
+    snd_wnd: u64,
+    snd_wl1: u64,
+    snd_wl2: u64,
+    max_snd_wnd: u64,
+    queue: SendQueue,
+    /// The application asked to send a FIN after the queued data.
+    fin_queued: bool,
+    /// Position of our FIN once sent.
+    fin_seq: Option<u64>,
+
+    // Receive sequence space, unwrapped.
+    irs: u32,
+    rcv_nxt: u64,
+    /// Right edge of the window last advertised (RCV.NXT + RCV.WND when it was sent).
+    rcv_adv: u64,
+    recv: RecvBuffer,
+    /// Position of the peer's FIN when it arrived out of order or in order.
+    peer_fin_at: Option<u64>,
+    peer_fin_processed: bool,
+    /// Estimate of the peer's segment size, for delayed ACKs (largest payload seen).
+    rcv_mss: usize,
+    /// RCV.NXT when we last sent an ACK (for "every second full-sized segment").
+    rcv_acked: u64,
+
+    // Options.
+    snd_wscale: u8,
+    rcv_wscale: u8,
+    wscale_ok: bool,
+    sack_ok: bool,
+    ts_ok: bool,
+    ts_offset: u32,
+    ts_recent: u32,
+    ts_recent_valid: bool,
+    ts_recent_age: Instant,
+    /// RCV.NXT carried by the last ACK we sent (Last.ACK.sent of RFC 7323 §4.3).
+    last_ack_sent: u64,
+    /// Our SYN options as offered (to answer a simultaneous open identically).
+    offered_mss: u16,
+    /// Largest payload per segment before options (effective send MSS, RFC 9293 §3.7.1).
+    snd_mss: u16,
+    /// Receiver-side SACK blocks, most recent first (RFC 2018 §4).
+    sack_recent: Vec<(u64, u64)>,
+    /// Duplicate range to report as a D-SACK in the next ACK (RFC 2883 §4), positions.
+    dsack: Option<(u64, u64)>,
+
+    // Loss recovery and congestion control.
+    sb: Scoreboard,
+    dupacks: u32,
+    recovery: Option<Recovery>,
+    /// RFC 6582 `recover`: no new recovery until SND.UNA passes it.
+    recover: u64,
+    /// Bytes by which the last cumulative ACK advanced SND.UNA (RFC 6582 §4.1 heuristic).
+    last_ack_advance: u64,
+    /// NewReno window inflation in bytes (RFC 6582 §3.2), used without SACK.
+    reno_inflation: i64,
+    /// One retransmission allowed regardless of cwnd (fast retransmit, RTO).
+    force_retransmit: bool,
+    rtt: RttEstimator,
+    cc: Box<dyn CongestionControl>,
+    /// Largest flight since the last ACK (decides whether cwnd limited the sender).
+    max_flight_recent: u64,
+
+    // Timers.
+    rto_at: Option<Instant>,
+    persist_at: Option<Instant>,
+    persist_backoff: u32,
+    /// Position of an outstanding zero-window probe byte.
+    zwp_seq: Option<u64>,
+    delack_at: Option<Instant>,
+    keepalive_at: Option<Instant>,
+    keepalive_sent: u32,
+    timewait_at: Option<Instant>,
+    finwait2_at: Option<Instant>,
+    /// Consecutive retransmission timeouts (also SYN / SYN-ACK retries).
+    rto_count: u32,
+    /// When the oldest unacknowledged data was first outstanding (user timeout).
+    unacked_since: Option<Instant>,
+    last_send: Option<Instant>,
+
+    // Output requests.
+    ack_now: bool,
+    syn_pending: bool,
+    rst_pending: bool,
+    zwp_pending: bool,
+    keepalive_pending: bool,
+    last_invalid_ack: Option<Instant>,
+    /// RST answering an unacceptable ACK: <SEQ=SEG.ACK><CTL=RST> (wire value).
+    rst_reply_pending: Option<u32>,
+    /// When the (first, not retransmitted) SYN or SYN-ACK went out, for the first RTT sample.
+    syn_sent_at: Option<Instant>,
+    /// Send what the window allows despite sender SWS avoidance (override timer fired).
+    sws_override: bool,
+    challenge_window_start: Option<Instant>,
+    challenge_count: u32,
+
+    // Application side.
+    user_closed: bool,
+    close_reason: Option<CloseReason>,
+    readable_armed: bool,
+    writable_armed: bool,
+    events: Vec<ConnEvent>,
+    ip_id: u32,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("local", &self.local)
+            .field("remote", &self.remote)
+            .field("state", &self.state)
+            .field("snd_una", &self.snd_una)
+            .field("snd_nxt", &self.snd_nxt)
+            .field("rcv_nxt", &self.rcv_nxt)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct NewConnection {
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    pub cfg: ConnectionConfig,
+    pub shared: Shared,
+    pub iss: u32,
+    pub ts_offset: u32,
+    pub ip_id: u32,
+    pub now: Instant,
+}
+
+impl Connection {
+    fn new(n: NewConnection, state: State, passive: bool) -> Connection {
+        let cfg = n.cfg;
+        let ip_overhead = wire::ip_header_len(&n.local) as u16 + wire::TCP_HEADER as u16;
+        let offered_mss = cfg
+            .mss
+            .unwrap_or_else(|| cfg.mtu.saturating_sub(ip_overhead))
+            .max(cfg.min_mss);
+        let rcv_wscale = crate::endpoint::rcv_wscale_for(&cfg);
+        let snd_mss = default_mss(&n.remote).min(offered_mss);
+        let rtt = RttEstimator::new(cfg.initial_rto, cfg.min_rto, cfg.max_rto);
+        let cc = new_controller(cfg.congestion, snd_mss as u64, cfg.initial_window);
+        Connection {
+            local: n.local,
+            remote: n.remote,
+            shared: n.shared,
+            state,
+            passive,
+            iss: n.iss,
+            snd_una: 0,
+            snd_nxt: 0,
+            snd_wnd: 0,
+            snd_wl1: 0,
+            snd_wl2: 0,
+            max_snd_wnd: 0,
+            queue: SendQueue::new(cfg.send_buffer, !cfg.consistent_segmentation),
+            fin_queued: false,
+            fin_seq: None,
+            irs: 0,
+            rcv_nxt: 0,
+            rcv_adv: 0,
+            recv: RecvBuffer::new(cfg.max_ooo_ranges),
+            peer_fin_at: None,
+            peer_fin_processed: false,
+            rcv_mss: 536.min(offered_mss as usize),
+            rcv_acked: 0,
+            snd_wscale: 0,
+            rcv_wscale,
+            wscale_ok: false,
+            sack_ok: false,
+            ts_ok: false,
+            ts_offset: n.ts_offset,
+            ts_recent: 0,
+            ts_recent_valid: false,
+            ts_recent_age: n.now,
+            last_ack_sent: 0,
+            offered_mss,
+            snd_mss,
+            sack_recent: Vec::new(),
+            dsack: None,
+            sb: Scoreboard::default(),
+            dupacks: 0,
+            recovery: None,
+            recover: 0,
+            last_ack_advance: 0,
+            reno_inflation: 0,
+            force_retransmit: false,
+            rtt,
+            cc,
+            max_flight_recent: 0,
+            rto_at: None,
+            persist_at: None,
+            persist_backoff: 0,
+            zwp_seq: None,
+            delack_at: None,
+            keepalive_at: None,
+            keepalive_sent: 0,
+            timewait_at: None,
+            finwait2_at: None,
+            rto_count: 0,
+            unacked_since: None,
+            last_send: None,
+            ack_now: false,
+            syn_pending: true,
+            rst_pending: false,
+            zwp_pending: false,
+            keepalive_pending: false,
+            last_invalid_ack: None,
+            rst_reply_pending: None,
+            syn_sent_at: None,
+            sws_override: false,
+            challenge_window_start: None,
+            challenge_count: 0,
+            user_closed: false,
+            close_reason: None,
+            readable_armed: true,
+            writable_armed: false,
+            events: Vec::new(),
+            ip_id: n.ip_id,
+            counters: Counters::default(),
+            cfg,
+        }
+    }
+
+    /// Active open (RFC 9293 §3.10.1): SYN-SENT with a SYN to send.
+    pub(crate) fn new_active(n: NewConnection) -> Connection {
+        let mut c = Connection::new(n, State::SynSent, false);
+        c.snd_nxt = 0;
+        c
+    }
+
+    /// Passive open after a SYN to a listener (RFC 9293 §3.10.7.2): SYN-RECEIVED with a SYN-ACK
+    /// to send.
+    pub(crate) fn new_passive(n: NewConnection, syn: &PeerSyn) -> Connection {
+        let now = n.now;
+        let mut c = Connection::new(n, State::SynReceived, true);
+        c.accept_peer_syn(now, syn);
+        c
+    }
+
+    /// A connection re-created from a valid SYN cookie (RFC 4987 §3.6): ESTABLISHED at once.
+    pub(crate) fn new_from_cookie(
+        n: NewConnection,
+        syn: &PeerSyn,
+        our_tsval: Option<u32>,
+    ) -> Connection {
+        let now = n.now;
+        let mut c = Connection::new(n, State::SynReceived, true);
+        c.accept_peer_syn(now, syn);
+        c.syn_pending = false;
+        // Our SYN-ACK was sent statelessly with an unscaled window of this size.
+        c.rcv_adv = c.rcv_nxt + c.syn_window() as u64;
+        c.snd_nxt = 1;
+        c.snd_una = 1;
+        c.last_ack_sent = c.rcv_nxt;
+        c.rcv_acked = c.rcv_nxt;
+        if our_tsval.is_none() {
+            c.ts_ok = false;
+        }
+        c.state = State::Established;
+        c.update_keepalive(now);
+        c
+    }
+
+    fn accept_peer_syn(&mut self, now: Instant, syn: &PeerSyn) {
+        self.irs = syn.irs;
+        self.rcv_nxt = 1;
+        self.rcv_acked = 1;
+        // RFC 7323 §2.2: the window in a SYN is never scaled.
+        self.snd_wnd = syn.window as u64;
+        self.max_snd_wnd = self.snd_wnd;
+        self.snd_wl1 = 0;
+        self.snd_wl2 = 0;
+        // Window scaling only if both sides sent the option (RFC 7323 §2.2); shift > 14 is
+        // treated as 14 (§2.3).
+        match (self.cfg.window_scaling, syn.window_scale) {
+            (true, Some(ws)) => {
+                self.wscale_ok = true;
+                self.snd_wscale = ws.min(14);
+            }
+            _ => {
+                self.wscale_ok = false;
+                self.snd_wscale = 0;
+                self.rcv_wscale = 0;
+            }
+        }
+        self.sack_ok = self.cfg.sack && syn.sack_permitted;
+        if let (true, Some((tsval, _))) = (self.cfg.timestamps, syn.timestamps) {
+            self.ts_ok = true;
+            self.ts_recent = tsval;
+            self.ts_recent_valid = true;
+            self.ts_recent_age = now;
+        } else {
+            self.ts_ok = false;
+        }
+        // Effective send MSS (RFC 9293 §3.7.1): the peer's MSS option, or the default.
+        let peer_mss = syn.mss.unwrap_or_else(|| default_mss(&self.remote));
+        self.snd_mss = peer_mss.max(self.cfg.min_mss).min(self.local_mss_limit());
+        self.cc.set_mss(self.effective_mss() as u64);
+    }
+
+    /// Largest payload our own MTU allows.
+    fn local_mss_limit(&self) -> u16 {
+        let ip_overhead = wire::ip_header_len(&self.local) as u16 + wire::TCP_HEADER as u16;
+        self.cfg
+            .mtu
+            .saturating_sub(ip_overhead)
+            .max(self.cfg.min_mss)
+    }
+
+    /// Payload per segment after the options every segment carries (timestamps), which is
+    /// what congestion control counts as SMSS (Linux `mss_cache`).
+    fn effective_mss(&self) -> usize {
+        let ts = if self.ts_ok { 12 } else { 0 };
+        (self.snd_mss as usize).saturating_sub(ts).max(1)
+    }
+
+    // ---------------------------------------------------------------- accessors
+
+    pub fn state(&self) -> State {
+        self.state
+    }
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+    pub fn remote_addr(&self) -> SocketAddr {
+        self.remote
+    }
+    /// Why the connection closed, once it has.
+    pub fn close_reason(&self) -> Option<CloseReason> {
+        self.close_reason
+    }
+    /// Stream offset (ISN-relative, 0 = first data byte) of the next byte `read` returns.
+    pub fn read_offset(&self) -> u64 {
+        self.recv.read_offset()
+    }
+    /// Stream offset the next written byte will get, if no later write overtakes it.
+    pub fn write_offset(&self) -> u64 {
+        self.queue.end()
+    }
+    /// Stream offset of the first unacknowledged byte.
+    pub fn acked_offset(&self) -> u64 {
+        self.queue.una()
+    }
+    pub fn srtt(&self) -> Option<Duration> {
+        self.rtt.srtt()
+    }
+    pub fn rttvar(&self) -> Duration {
+        self.rtt.rttvar()
+    }
+    /// Bytes readable now.
+    pub fn readable(&self) -> usize {
+        self.recv.readable()
+    }
+    /// Free space in the send buffer.
+    pub fn writable(&self) -> usize {
+        self.queue.free()
+    }
+    /// Whether the peer's FIN has been received.
+    pub fn peer_fin(&self) -> bool {
+        self.peer_fin_processed
+    }
+
+    pub fn negotiated(&self) -> Negotiated {
+        Negotiated {
+            send_mss: self.effective_mss() as u16,
+            send_window_scale: self.wscale_ok.then_some(self.snd_wscale),
+            recv_window_scale: self.wscale_ok.then_some(self.rcv_wscale),
+            timestamps: self.ts_ok,
+            sack: self.sack_ok,
+        }
+    }
+
+    pub fn stats(&self) -> ConnectionStats {
+        let flight = self.flight();
+        ConnectionStats {
+            state: self.state,
+            srtt: self.rtt.srtt(),
+            rttvar: self.rtt.rttvar(),
+            rto: self.rtt.current_rto(),
+            min_rtt: self.rtt.min_rtt(),
+            congestion: self.cc.name(),
+            cwnd: self.cc.cwnd(),
+            ssthresh: self.cc.ssthresh(),
+            bytes_in_flight: flight,
+            pipe: self.sb.pipe(flight),
+            in_recovery: self.recovery.is_some(),
+            send_mss: self.effective_mss() as u16,
+            packets_sent: self.counters.packets_sent,
+            bytes_sent: self.counters.bytes_sent,
+            packets_retransmitted: self.counters.packets_retransmitted,
+            bytes_retransmitted: self.counters.bytes_retransmitted,
+            fast_retransmits: self.counters.fast_retransmits,
+            rto_timeouts: self.counters.rto_timeouts,
+            sack_holes: self.sb.holes(),
+            dup_acks_received: self.counters.dup_acks,
+            dsacks_received: self.counters.dsacks,
+            packets_received: self.counters.packets_received,
+            bytes_received: self.counters.bytes_received,
+            ooo_bytes: self.recv.ooo_bytes(),
+            recv_window: self.rcv_adv.saturating_sub(self.rcv_nxt),
+            send_window: self.snd_wnd,
+            zero_window_probes: self.counters.zero_window_probes,
+            keepalive_probes: self.counters.keepalive_probes,
+            challenge_acks: self.counters.challenge_acks,
+            paws_rejected: self.counters.paws_rejected,
+            send_buffered: self.queue.len(),
+            recv_buffered: self.recv.used(),
+        }
+    }
+
+    pub(crate) fn take_events(&mut self) -> std::vec::Drain<'_, ConnEvent> {
+        self.events.drain(..)
+    }
+
+    pub(crate) fn is_passive(&self) -> bool {
+        self.passive
+    }
+
+    pub(crate) fn has_pending_rst(&self) -> bool {
+        self.rst_pending
+    }
+
+    /// Right edge of the peer's offered window. The window is relative to the ACK that carried
+    /// it (SND.WL2), not to SND.UNA: an old segment may advance SND.UNA without being allowed to
+    /// update the window (RFC 9293 §3.10.7.4), and SND.UNA + SND.WND would then overshoot.
+    fn send_right_edge(&self) -> u64 {
+        self.snd_wl2 + self.snd_wnd
+    }
+
+    fn flight(&self) -> u64 {
+        self.snd_nxt - self.snd_una
+    }
+
+    fn wire_seq(&self, pos: u64) -> u32 {
+        self.iss.wrapping_add(pos as u32)
+    }
+
+    fn wire_ack(&self) -> u32 {
+        self.irs.wrapping_add(self.rcv_nxt as u32)
+    }
+
+    fn ts_now(&self, now: Instant) -> u32 {
+        let ms = now.saturating_duration_since(self.shared.epoch).as_millis() as u32;
+        ms.wrapping_add(self.ts_offset)
+    }
+
+    // ---------------------------------------------------------------- application side
+
+    pub(crate) fn read(&mut self, buf: &mut [u8]) -> Result<usize, Error> {
+        if self.recv.readable() == 0 {
+            if self.peer_fin_processed {
+                return Ok(0);
+            }
+            if let Some(reason) = self.close_reason {
+                return match reason {
+                    CloseReason::Normal => Ok(0),
+                    r => Err(r.error()),
+                };
+            }
+            self.readable_armed = true;
+            return Err(Error::WouldBlock);
+        }
+        let before_window = self.rcv_adv.saturating_sub(self.rcv_nxt);
+        let n = self.recv.read(buf);
+        if self.recv.readable() == 0 {
+            self.readable_armed = true;
+        }
+        // Window update after the application consumed data (RFC 9293 §3.8.6.2.2): send one
+        // when the window we could offer has at least doubled and is worth a segment, as Linux
+        // does in tcp_cleanup_rbuf, so that a sender blocked on a small window resumes.
+        if self.state.is_synchronized() && !self.peer_fin_processed {
+            let now_offer = self.free_space() as u64;
+            if before_window * 2 <= self.cfg.recv_buffer as u64
+                && now_offer >= 2 * before_window.max(1)
+                && now_offer >= self.rcv_mss as u64
+            {
+                self.ack_now = true;
+            }
+        }
+        Ok(n)
+    }
+
+    pub(crate) fn write(&mut self, data: &[u8], tag: WriteTag) -> Result<usize, Error> {
+        self.check_writable()?;
+        let n = self.queue.push(data, tag);
+        if n == 0 && !data.is_empty() {
+            self.writable_armed = true;
+            return Err(Error::WouldBlock);
+        }
+        if n < data.len() {
+            self.writable_armed = true;
+        }
+        Ok(n)
+    }
+
+    pub(crate) fn write_by_priority(&mut self, data: &[u8], tag: WriteTag) -> Result<(), Error> {
+        self.check_writable()?;
+        let r = self.queue.insert_by_priority(data, tag);
+        if r.is_err() {
+            self.writable_armed = true;
+        }
+        r
+    }
+
+    /// Replaces the congestion controller (any [`CongestionControl`] implementation).
+    pub(crate) fn set_congestion_control(&mut self, mut cc: Box<dyn CongestionControl>) {
+        cc.set_mss(self.effective_mss() as u64);
+        self.cc = cc;
+    }
+
+    pub(crate) fn queue_mut(&mut self) -> &mut SendQueue {
+        &mut self.queue
+    }
+
+    fn check_writable(&self) -> Result<(), Error> {
+        if let Some(r) = self.close_reason {
+            return Err(r.error());
+        }
+        if self.fin_queued {
+            return Err(Error::SendShutdown);
+        }
+        Ok(())
+    }
+
+    /// Half-close: FIN after the queued data (RFC 9293 §3.10.4).
+    pub(crate) fn shutdown(&mut self, _now: Instant) -> Result<(), Error> {
+        if let Some(r) = self.close_reason {
+            return Err(r.error());
+        }
+        if self.fin_queued {
+            return Ok(());
+        }
+        self.fin_queued = true;
+        match self.state {
+            // Before ESTABLISHED the FIN is queued and sent after the handshake with the data
+            // before it (RFC 9293 §3.10.4 allows queuing until then; FIN-WAIT-1 is entered when
+            // the handshake completes).
+            State::SynSent | State::SynReceived => {}
+            State::Established => self.state = State::FinWait1,
+            State::CloseWait => self.state = State::LastAck,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Full close by the application: FIN, and the handle is released. Unread data or data
+    /// arriving later makes it an abort with RST (RFC 9293 §3.6.1, RFC 2525 §2.17).
+    pub(crate) fn close(&mut self, now: Instant) {
+        self.user_closed = true;
+        if self.close_reason.is_some() {
+            return;
+        }
+        if self.recv.readable() > 0 || self.state == State::SynSent {
+            self.abort(now);
+            return;
+        }
+        let _ = self.shutdown(now);
+        if self.state == State::FinWait2 {
+            self.finwait2_at = Some(later(now, self.cfg.fin_wait2_timeout));
+        }
+    }
+
+    /// Abort: RST to the peer (unless not yet synchronized with it) and CLOSED
+    /// (RFC 9293 §3.10.5).
+    pub(crate) fn abort(&mut self, _now: Instant) {
+        if self.close_reason.is_some() {
+            return;
+        }
+        // RFC 9293 §3.10.5: in SYN-SENT no RST is sent; otherwise send one.
+        self.rst_pending = self.state != State::SynSent && self.state != State::TimeWait;
+        self.enter_closed(CloseReason::Aborted, false);
+    }
+
+    // ---------------------------------------------------------------- state changes
+
+    fn enter_closed(&mut self, reason: CloseReason, notify: bool) {
+        tracing::debug!(local = %self.local, remote = %self.remote, from = ?self.state, ?reason, "closed");
+        if self.close_reason.is_none() {
+            self.close_reason = Some(reason);
+            if notify {
+                self.events.push(ConnEvent::Closed(reason));
+            }
+        }
+        self.state = State::Closed;
+        self.rto_at = None;
+        self.persist_at = None;
+        self.delack_at = None;
+        self.keepalive_at = None;
+        self.timewait_at = None;
+        self.finwait2_at = None;
+        self.ack_now = false;
+        self.syn_pending = false;
+        self.zwp_pending = false;
+        self.keepalive_pending = false;
+    }
+
+    fn enter_time_wait(&mut self, now: Instant) {
+        tracing::debug!(local = %self.local, remote = %self.remote, from = ?self.state, "TIME-WAIT");
+        self.state = State::TimeWait;
+        self.rto_at = None;
+        self.persist_at = None;
+        self.keepalive_at = None;
+        self.finwait2_at = None;
+        if self.close_reason.is_none() {
+            self.close_reason = Some(CloseReason::Normal);
+            self.events.push(ConnEvent::Closed(CloseReason::Normal));
+        }
+        self.timewait_at = Some(later(now, self.cfg.time_wait));
+    }
+
+    fn established(&mut self, now: Instant) {
+        tracing::debug!(
+            local = %self.local,
+            remote = %self.remote,
+            negotiated = ?self.negotiated(),
+            "established"
+        );
+        self.state = if self.fin_queued {
+            State::FinWait1
+        } else {
+            State::Established
+        };
+        self.syn_pending = false;
+        self.rto_count = 0;
+        self.update_keepalive(now);
+        self.events.push(ConnEvent::Established);
+        if self.queue.free() > 0 {
+            self.events.push(ConnEvent::Writable);
+        }
+    }
+
+    fn update_keepalive(&mut self, now: Instant) {
+        self.keepalive_sent = 0;
+        self.keepalive_at = match self.cfg.keepalive {
+            Some(k) if matches!(self.state, State::Established | State::CloseWait) => {
+                Some(later(now, k.idle))
+            }
+            _ => None,
+        };
+    }
+
+    // ---------------------------------------------------------------- timers
+
+    pub(crate) fn next_timeout(&self) -> Option<Instant> {
+        [
+            self.rto_at,
+            self.persist_at,
+            self.delack_at,
+            self.keepalive_at,
+            self.timewait_at,
+            self.finwait2_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        if self.timewait_at.is_some_and(|t| t <= now) {
+            self.timewait_at = None;
+            self.enter_closed(CloseReason::Normal, false);
+            return;
+        }
+        if self.finwait2_at.is_some_and(|t| t <= now) {
+            self.finwait2_at = None;
+            if self.state == State::FinWait2 {
+                self.enter_closed(CloseReason::Normal, true);
+                return;
+            }
+        }
+        if self.delack_at.is_some_and(|t| t <= now) {
+            self.delack_at = None;
+            self.ack_now = true;
+        }
+        if self.rto_at.is_some_and(|t| t <= now) {
+            self.rto_at = None;
+            self.on_rto(now);
+        }
+        if self.persist_at.is_some_and(|t| t <= now) {
+            self.persist_at = None;
+            self.zwp_pending = true;
+        }
+        if self.keepalive_at.is_some_and(|t| t <= now) {
+            self.keepalive_at = None;
+            self.on_keepalive(now);
+        }
+    }
+
+    fn on_rto(&mut self, now: Instant) {
+        match self.state {
+            State::SynSent | State::SynReceived => {
+                let limit = if self.state == State::SynSent {
+                    self.cfg.syn_retries
+                } else {
+                    self.cfg.synack_retries
+                };
+                if self.rto_count >= limit {
+                    self.enter_closed(CloseReason::TimedOut, true);
+                    return;
+                }
+                self.rto_count += 1;
+                self.counters.rto_timeouts += 1;
+                self.rtt.back_off();
+                self.syn_pending = true;
+            }
+            State::Closed | State::TimeWait => {}
+            _ => {
+                if self.flight() == 0 {
+                    return;
+                }
+                let user_timeout_hit = match (self.cfg.user_timeout, self.unacked_since) {
+                    (Some(limit), Some(since)) => now.saturating_duration_since(since) >= limit,
+                    _ => false,
+                };
+                if self.rto_count >= self.cfg.max_retransmissions || user_timeout_hit {
+                    self.enter_closed(CloseReason::TimedOut, true);
+                    return;
+                }
+                tracing::debug!(
+                    local = %self.local,
+                    remote = %self.remote,
+                    count = self.rto_count + 1,
+                    rto = ?self.rtt.current_rto(),
+                    flight = self.flight(),
+                    "retransmission timeout"
+                );
+                // RFC 5681 §3.1: ssthresh is reduced only on the first timeout of a series.
+                if self.rto_count == 0 {
+                    self.cc.on_rto(now, self.flight());
+                }
+                self.rto_count += 1;
+                self.counters.rto_timeouts += 1;
+                // RFC 6298 §5.5: back off the timer.
+                self.rtt.back_off();
+                self.sb.mark_all_lost();
+                self.recovery = None;
+                self.reno_inflation = 0;
+                self.dupacks = 0;
+                // RFC 6582 §4 / RFC 6675 §5.1: no fast recovery for data sent before the RTO.
+                self.recover = self.snd_nxt;
+                self.force_retransmit = true;
+                // A zero-window probe byte is now plain retransmittable data.
+                self.zwp_seq = None;
+            }
+        }
+        // RFC 6298 §5.6: restart the timer with the backed-off RTO on (re)transmission; armed
+        // when the segment goes out.
+    }
+
+    fn on_keepalive(&mut self, now: Instant) {
+        let Some(k) = self.cfg.keepalive else { return };
+        if !matches!(self.state, State::Established | State::CloseWait) {
+            return;
+        }
+        if self.flight() > 0 || !self.queue.is_empty() {
+            // Not idle: retransmission handles liveness.
+            self.keepalive_at = Some(later(now, k.idle));
+            return;
+        }
+        if self.keepalive_sent >= k.probes {
+            // RFC 9293 §3.8.4: connection dead; Linux sends a RST on giving up.
+            self.rst_pending = true;
+            self.enter_closed(CloseReason::TimedOut, true);
+            return;
+        }
+        self.keepalive_sent += 1;
+        self.keepalive_pending = true;
+        self.keepalive_at = Some(later(now, k.interval));
+    }
+
+    /// Arms or disarms the retransmission and persist timers after sending or ACK processing.
+    fn update_send_timers(&mut self, now: Instant) {
+        if !self.state.is_synchronized() {
+            return;
+        }
+        let usable = self.send_right_edge().saturating_sub(self.snd_nxt);
+        let only_probe_out = self.flight() == 0 || self.zwp_seq == Some(self.snd_una);
+        let has_unsent = self.queue.end() + 1 > self.snd_nxt || self.zwp_seq.is_some();
+        // A zero window, or a window too small for sender SWS avoidance with nothing in flight
+        // (no ACK will come to reopen it), is served by the persist / override timer.
+        let blocked = self.snd_wnd == 0 || usable < self.effective_mss() as u64;
+        if blocked && only_probe_out && has_unsent && self.fin_seq.is_none() {
+            // Persist timer (RFC 9293 §3.8.6.1): first probe after one RTO, then exponential.
+            self.rto_at = None;
+            if self.persist_at.is_none() && !self.zwp_pending {
+                let shift = self.persist_backoff.min(16);
+                let d = self
+                    .rtt
+                    .current_rto()
+                    .saturating_mul(1 << shift)
+                    .min(self.cfg.max_rto);
+                self.persist_at = Some(later(now, d));
+            }
+            return;
+        }
+        self.persist_at = None;
+        self.zwp_pending = false;
+        if self.flight() == 0 {
+            self.rto_at = None;
+        } else if self.rto_at.is_none() {
+            self.arm_rto(now);
+        }
+    }
+
+    fn arm_rto(&mut self, now: Instant) {
+        let mut at = later(now, self.rtt.current_rto());
+        if let (Some(limit), Some(since)) = (self.cfg.user_timeout, self.unacked_since)
+            && self.state.is_synchronized()
+        {
+            at = at.min(later(since, limit).max(now));
+        }
+        self.rto_at = Some(at);
+    }
+
+    // ---------------------------------------------------------------- input
+
+    /// Processes a segment in SYN-SENT (RFC 9293 §3.10.7.3).
+    fn on_segment_syn_sent(&mut self, now: Instant, seg: &Segment<'_>) -> Result<(), DropReason> {
+        let flags = seg.flags;
+        // First: the ACK bit.
+        let mut ack_ok = false;
+        if flags.ack() {
+            let ack = unwrap(self.iss, self.snd_una, seg.ack);
+            // SEG.ACK =< ISS or SEG.ACK > SND.NXT: unacceptable.
+            if ack <= 0 || ack > self.snd_nxt as i64 {
+                if !flags.rst() {
+                    self.rst_reply_pending = Some(seg.ack);
+                }
+                return Err(DropReason::BadAck);
+            }
+            ack_ok = true;
+        }
+        // Second: the RST bit (acceptable only with an acceptable ACK; RFC 5961 §3.2 applies
+        // the same rule).
+        if flags.rst() {
+            if ack_ok {
+                self.enter_closed(CloseReason::Refused, true);
+                return Ok(());
+            }
+            return Err(DropReason::RstIgnored);
+        }
+        // Fourth: the SYN bit.
+        if !flags.syn() {
+            return Err(DropReason::InvalidForState);
+        }
+        let syn = PeerSyn {
+            irs: seg.seq,
+            mss: seg.options.mss,
+            window_scale: seg.options.window_scale,
+            sack_permitted: seg.options.sack_permitted,
+            timestamps: seg.options.timestamps,
+            window: seg.window,
+        };
+        // Options we did not offer cannot be used even if the peer sends them.
+        self.accept_peer_syn(now, &syn);
+        // The window in our SYN applies from RCV.NXT on.
+        self.rcv_adv = self.rcv_nxt + self.syn_window() as u64;
+        if ack_ok {
+            // Our SYN is acknowledged: ESTABLISHED (RFC 9293 §3.10.7.3).
+            self.snd_una = 1;
+            self.sb.ack(1);
+            if let Some((_, tsecr)) = seg.options.timestamps.filter(|_| self.ts_ok) {
+                let ms = self.ts_now(now).wrapping_sub(tsecr);
+                if (ms as i32) >= 0 && self.rto_count == 0 {
+                    self.rtt.on_sample(Duration::from_millis(ms as u64));
+                }
+            }
+            if self.rto_count == 0
+                && let Some(sent) = self.syn_sent_at
+            {
+                self.rtt.on_sample(now.saturating_duration_since(sent));
+            } else if self.rto_count > 0 && self.rtt.srtt().is_none() {
+                // RFC 6298 §5.7: after a SYN timeout, start data transfer with RTO = 3 s.
+                self.rtt = RttEstimator::new(
+                    Duration::from_secs(3).max(self.cfg.initial_rto),
+                    self.cfg.min_rto,
+                    self.cfg.max_rto,
+                );
+            }
+            self.rto_at = None;
+            self.snd_wl1 = 0;
+            self.snd_wl2 = 1;
+            self.established(now);
+            self.ack_now = true;
+            // Data in the SYN-ACK (rare) continues at "sixth, check the URG bit".
+            if !seg.payload.is_empty() || flags.fin() {
+                self.process_text(now, 1, seg.payload, flags.fin());
+            }
+            Ok(())
+        } else {
+            // Simultaneous open (RFC 9293 §3.10.7.3, figure 8): SYN-RECEIVED, send SYN,ACK
+            // with our original ISS.
+            self.state = State::SynReceived;
+            self.syn_pending = true;
+            self.rto_at = None;
+            Ok(())
+        }
+    }
+
+    /// RFC 6191: in TIME-WAIT, a new SYN may reopen the 4-tuple if its timestamp is newer
+    /// than TS.Recent, or (without timestamps) its sequence number is beyond RCV.NXT.
+    pub(crate) fn time_wait_accepts_syn(&self, seg: &Segment<'_>) -> bool {
+        match (self.ts_ok && self.ts_recent_valid, seg.options.timestamps) {
+            (true, Some((tsval, _))) => ts_before(self.ts_recent, tsval),
+            (true, None) => false,
+            (false, _) => unwrap(self.irs, self.rcv_nxt, seg.seq) > self.rcv_nxt as i64,
+        }
+    }
+
+    /// Drops a TIME-WAIT connection whose 4-tuple a new SYN reuses.
+    pub(crate) fn force_closed(&mut self) {
+        self.enter_closed(CloseReason::Normal, false);
+    }
+
+    /// Sets the send window from the ACK that completed a SYN-cookie handshake.
+    pub(crate) fn set_window_from_ack(&mut self, seg: &Segment<'_>) {
+        self.snd_wnd = (seg.window as u64) << self.snd_wscale;
+        self.max_snd_wnd = self.snd_wnd;
+        self.snd_wl1 = 1;
+        self.snd_wl2 = 1;
+    }
+
+    /// Processes an incoming segment for this connection.
+    pub(crate) fn handle_segment(
+        &mut self,
+        now: Instant,
+        seg: &Segment<'_>,
+    ) -> Result<(), DropReason> {
+        self.counters.packets_received += 1;
+        match self.state {
+            State::Closed => return Err(DropReason::InvalidForState),
+            State::SynSent => return self.on_segment_syn_sent(now, seg),
+            _ => {}
+        }
+        let flags = seg.flags;
+        // A retransmitted SYN in SYN-RECEIVED: our SYN-ACK was lost, send it again.
+        if self.state == State::SynReceived
+            && flags.syn()
+            && !flags.ack()
+            && !flags.rst()
+            && seg.seq == self.irs
+        {
+            self.syn_pending = true;
+            return Ok(());
+        }
+        // Simultaneous open (RFC 9293 §3.10.7.3 figure 8): the peer's SYN-ACK arrives in
+        // SYN-RECEIVED. Its SYN is already counted in RCV.NXT, so the sequence check would
+        // reject it; accept it as the ACK of our SYN, as Linux does.
+        if self.state == State::SynReceived
+            && !self.passive
+            && flags.syn()
+            && flags.ack()
+            && !flags.rst()
+            && seg.seq == self.irs
+            && unwrap(self.iss, self.snd_una, seg.ack) == self.snd_nxt as i64
+        {
+            self.snd_una = 1;
+            self.sb.ack(1);
+            self.rto_at = None;
+            self.snd_wnd = (seg.window as u64) << self.snd_wscale;
+            self.max_snd_wnd = self.max_snd_wnd.max(self.snd_wnd);
+            self.snd_wl1 = 0;
+            self.snd_wl2 = 1;
+            self.established(now);
+            self.ack_now = true;
+            return Ok(());
+        }
+        // RFC 7323 §3.2: with timestamps negotiated, non-RST segments must carry one.
+        if self.ts_ok
+            && seg.options.timestamps.is_none()
+            && !flags.rst()
+            && self.cfg.drop_segments_without_timestamps
+        {
+            return Err(DropReason::MissingTimestamp);
+        }
+        let seq = unwrap(self.irs, self.rcv_nxt, seg.seq);
+        let seg_len = seg.seg_len() as i64;
+        // PAWS (RFC 7323 §5.3 R1), before the sequence check.
+        if self.ts_ok
+            && !flags.rst()
+            && let Some((tsval, _)) = seg.options.timestamps
+            && self.ts_recent_valid
+            && ts_before(tsval, self.ts_recent)
+        {
+            if now.saturating_duration_since(self.ts_recent_age) > PAWS_IDLE {
+                // R1 exception (RFC 7323 §5.5): TS.Recent is stale, forget it.
+                self.ts_recent_valid = false;
+            } else {
+                self.counters.paws_rejected += 1;
+                self.send_invalid_ack(now);
+                return Err(DropReason::Paws);
+            }
+        }
+        // First check: sequence number acceptability (RFC 9293 §3.10.7.4 table).
+        let rcv_nxt = self.rcv_nxt as i64;
+        let wnd = self.rcv_adv.saturating_sub(self.rcv_nxt) as i64;
+        let in_window = |s: i64| rcv_nxt <= s && s < rcv_nxt + wnd;
+        let acceptable = match (seg_len == 0, wnd == 0) {
+            (true, true) => seq == rcv_nxt,
+            // A pure ACK exactly at the right edge comes from a sender that filled our window;
+            // accepting it (as Linux does) keeps its acknowledgments of our data flowing.
+            (true, false) => in_window(seq) || seq == rcv_nxt + wnd,
+            (false, true) => false,
+            (false, false) => in_window(seq) || in_window(seq + seg_len - 1),
+        };
+        let mut ack_only = false;
+        if !acceptable
+            && self.state == State::TimeWait
+            && flags.fin()
+            && !flags.rst()
+            && seq + seg_len == rcv_nxt
+        {
+            // The peer retransmitted its FIN: our last ACK was lost. Acknowledge it again and
+            // restart the 2 MSL timeout (RFC 9293 §3.10.7.4, eighth check, TIME-WAIT).
+            self.ack_now = true;
+            self.timewait_at = Some(later(now, self.cfg.time_wait));
+            return Ok(());
+        }
+        if !acceptable {
+            if flags.rst() {
+                // RFC 5961 §3.2: out-of-window RST is silently dropped.
+                return Err(DropReason::RstIgnored);
+            }
+            if flags.syn() {
+                if self.state == State::SynReceived && self.passive {
+                    // RFC 9293 §3.10.7.4 fourth check: passive SYN-RECEIVED returns to LISTEN.
+                    self.enter_closed(CloseReason::Reset, false);
+                    return Err(DropReason::InvalidForState);
+                }
+                // RFC 5961 §4.2: a SYN gets a challenge ACK whatever its sequence number.
+                self.send_challenge_ack(now);
+                return Err(DropReason::SynChallenged);
+            }
+            // RFC 9293 §3.10.7.4: with a zero window, still process valid ACKs (so that a
+            // sender's window probes tell us about the peer's ACKs and window).
+            if wnd == 0 && seq == rcv_nxt && flags.ack() && !flags.syn() {
+                ack_only = true;
+                self.ack_now = true;
+            } else {
+                let end = seq + seg_len;
+                if !seg.payload.is_empty() && end <= rcv_nxt && seq >= 0 {
+                    // A duplicate of data we hold: ACK at once with a D-SACK block (RFC 2883
+                    // §4), not rate-limited since data segments do not form ACK loops.
+                    let data_end = end - flags.fin() as i64;
+                    let data_start = data_end - seg.payload.len() as i64;
+                    self.dsack = Some((data_start.max(1) as u64, data_end as u64));
+                    self.ack_now = true;
+                } else if !seg.payload.is_empty() {
+                    self.ack_now = true;
+                } else {
+                    self.send_invalid_ack(now);
+                }
+                return Err(DropReason::OutOfWindow);
+            }
+        }
+        // Any acceptable segment proves the peer alive (keepalive, RFC 9293 §3.8.4).
+        self.update_keepalive(now);
+        // Second check: RST (RFC 5961 §3.2 on top of RFC 9293).
+        if flags.rst() {
+            if seq == rcv_nxt {
+                match self.state {
+                    State::SynReceived if self.passive => {
+                        // RFC 9293: return to LISTEN; the endpoint forgets the half-open TCB.
+                        self.enter_closed(CloseReason::Reset, false);
+                    }
+                    State::SynReceived => self.enter_closed(CloseReason::Refused, true),
+                    State::Closing | State::LastAck | State::TimeWait => {
+                        self.enter_closed(CloseReason::Normal, self.close_reason.is_none())
+                    }
+                    _ => self.enter_closed(CloseReason::Reset, true),
+                }
+                return Ok(());
+            }
+            self.send_challenge_ack(now);
+            return Err(DropReason::RstChallenged);
+        }
+        // Fourth check: SYN in a synchronized state (RFC 5961 §4.2): challenge ACK.
+        if flags.syn() {
+            if self.state == State::SynReceived && self.passive {
+                // RFC 9293 §3.10.7.4: passive SYN-RECEIVED returns to LISTEN.
+                self.enter_closed(CloseReason::Reset, false);
+                return Ok(());
+            }
+            self.send_challenge_ack(now);
+            return Err(DropReason::SynChallenged);
+        }
+        // Fifth check: the ACK field.
+        if !flags.ack() {
+            return Err(DropReason::NoAck);
+        }
+        // TS.Recent update (RFC 7323 §4.3): SEG.TSval >= TS.Recent and SEG.SEQ =< Last.ACK.sent.
+        if self.ts_ok
+            && let Some((tsval, _)) = seg.options.timestamps
+            && seq <= self.last_ack_sent as i64
+            && (!self.ts_recent_valid || !ts_before(tsval, self.ts_recent))
+        {
+            self.ts_recent = tsval;
+            self.ts_recent_valid = true;
+            self.ts_recent_age = now;
+        }
+        let ack = unwrap(self.iss, self.snd_una, seg.ack);
+        if self.state == State::SynReceived {
+            if ack > self.snd_una as i64 && ack <= self.snd_nxt as i64 {
+                self.snd_una = 1;
+                self.sb.ack(1);
+                if self.rto_count == 0
+                    && let Some(sent) = self.syn_sent_at
+                {
+                    self.rtt.on_sample(now.saturating_duration_since(sent));
+                }
+                self.rto_at = None;
+                self.snd_wnd = (seg.window as u64) << self.snd_wscale;
+                self.max_snd_wnd = self.max_snd_wnd.max(self.snd_wnd);
+                self.snd_wl1 = seq as u64;
+                self.snd_wl2 = ack as u64;
+                self.established(now);
+            } else {
+                // <SEQ=SEG.ACK><CTL=RST>
+                self.rst_reply_pending = Some(seg.ack);
+                return Err(DropReason::BadAck);
+            }
+        }
+        // RFC 5961 §5.2: acceptable ACKs lie in [SND.UNA - MAX.SND.WND, SND.NXT].
+        if ack > self.snd_nxt as i64 {
+            // RFC 9293 §3.10.7.4: ACK for data not yet sent: send an ACK, drop the segment.
+            self.send_invalid_ack(now);
+            return Err(DropReason::BadAck);
+        }
+        if ack < self.snd_una as i64 - self.max_snd_wnd.max(1) as i64 {
+            self.send_challenge_ack(now);
+            return Err(DropReason::BadAck);
+        }
+        let ack = ack.max(0) as u64;
+        self.process_ack(now, seg, seq.max(0) as u64, ack);
+        if self.state == State::Closed {
+            return Ok(());
+        }
+        // Sixth/seventh: URG is ignored (RFC 6093 recommends against its use; data is inline).
+        if ack_only {
+            // Zero receive window: the ACK was used, the text is dropped.
+            return Err(DropReason::OutOfWindow);
+        }
+        let payload_start = seq + flags.syn() as i64;
+        if !seg.payload.is_empty() || flags.fin() {
+            match self.state {
+                State::Established | State::FinWait1 | State::FinWait2 => {
+                    if self.user_closed && !seg.payload.is_empty() {
+                        let end = payload_start + seg.payload.len() as i64;
+                        if end > self.rcv_nxt as i64 {
+                            // Data after close(): nobody will read it (RFC 9293 §3.6.1).
+                            self.rst_pending = true;
+                            self.enter_closed(CloseReason::Aborted, false);
+                            return Ok(());
+                        }
+                    }
+                    if payload_start >= 0
+                        && self.process_text(now, payload_start as u64, seg.payload, flags.fin())
+                    {
+                        return Err(DropReason::OutOfOrderQueueFull);
+                    }
+                }
+                State::TimeWait if flags.fin() => {
+                    // Retransmitted FIN: acknowledge it and restart the 2MSL timeout.
+                    self.ack_now = true;
+                    self.timewait_at = Some(later(now, self.cfg.time_wait));
+                }
+                _ => {
+                    // CLOSE-WAIT, CLOSING, LAST-ACK: the peer already sent FIN; ignore text,
+                    // but acknowledge retransmitted FINs.
+                    if flags.fin() {
+                        self.ack_now = true;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Processes the ACK field and window of a segment (RFC 9293 §3.10.7.4 fifth check) with
+    /// SACK (RFC 2018, RFC 2883), RTT (RFC 6298, RFC 7323 §4), and loss recovery (RFC 6675,
+    /// RFC 6582).
+    fn process_ack(&mut self, now: Instant, seg: &Segment<'_>, seq: u64, ack: u64) {
+        let flight_before = self.flight();
+        let window = (seg.window as u64) << self.snd_wscale;
+        let mut window_changed = false;
+        // Window update (SND.WL1 < SEG.SEQ or (SND.WL1 = SEG.SEQ and SND.WL2 =< SEG.ACK)).
+        if self.snd_wl1 < seq || (self.snd_wl1 == seq && self.snd_wl2 <= ack) {
+            window_changed = window != self.snd_wnd;
+            if window > self.snd_wnd && self.snd_wnd == 0 {
+                self.persist_backoff = 0;
+            }
+            self.snd_wnd = window;
+            self.snd_wl1 = seq;
+            self.snd_wl2 = ack;
+            self.max_snd_wnd = self.max_snd_wnd.max(window);
+        }
+        // SACK blocks.
+        let mut new_sack = 0u64;
+        if self.sack_ok && seg.options.sack_block_count > 0 {
+            new_sack = self.process_sack(seg, ack);
+        }
+        let mss = self.effective_mss() as u64;
+        if ack > self.snd_una {
+            let acked_total = ack - self.snd_una;
+            let res = self.sb.ack(ack);
+            // Stream bytes acknowledged (the FIN is not a stream byte).
+            let data_upto = match self.fin_seq {
+                Some(f) if ack > f => f - 1,
+                _ => ack - 1,
+            };
+            self.queue.ack(data_upto);
+            self.last_ack_advance = ack - self.snd_una;
+            self.snd_una = ack;
+            if self.zwp_seq.is_some_and(|z| z < ack) {
+                self.zwp_seq = None;
+            }
+            // RTT sample: from an unambiguous segment send time (Karn's rule), otherwise from
+            // the echoed timestamp, which identifies the transmission (RFC 7323 §4.2).
+            let sample = match res.rtt_sent_at {
+                Some(sent) => Some(now.saturating_duration_since(sent)),
+                // The echo must refer to a transmission this ACK covers: an echo older than all
+                // of them (the receiver did not update TS.Recent, e.g. for a duplicate) would
+                // measure the time the data spent waiting, not a round trip.
+                None => match (seg.options.timestamps, res.earliest_sent_at) {
+                    (Some((_, tsecr)), Some(earliest)) if self.ts_ok && tsecr != 0 => {
+                        let ms = self.ts_now(now).wrapping_sub(tsecr);
+                        let echo_fresh = (tsecr.wrapping_sub(self.ts_now(earliest)) as i32) >= 0;
+                        ((ms as i32) >= 0 && echo_fresh).then(|| Duration::from_millis(ms as u64))
+                    }
+                    _ => None,
+                },
+            };
+            if let Some(r) = sample {
+                self.rtt.on_sample(r);
+            }
+            self.dupacks = 0;
+            self.rto_count = 0;
+            self.unacked_since = (self.snd_nxt > self.snd_una).then_some(now);
+            // RFC 6298 §5.2/5.3: stop the timer when all is acknowledged, else restart it.
+            self.rto_at = None;
+            let cwnd_limited = {
+                let f = self.max_flight_recent.max(flight_before);
+                let cwnd = self.cc.cwnd();
+                f + mss >= cwnd || (self.cc.cwnd() < self.cc.ssthresh() && 2 * f >= cwnd)
+            };
+            self.max_flight_recent = self.flight();
+            match self.recovery {
+                Some(rec) if ack >= rec.point => {
+                    // Full acknowledgment: recovery is over (RFC 6582 §3.2 step 3, RFC 6675 §5).
+                    self.recovery = None;
+                    self.reno_inflation = 0;
+                    self.cc.on_recovery_exit(now);
+                }
+                Some(_) => {
+                    if !self.sack_ok {
+                        // Partial ACK (RFC 6582 §3.2 step 5): retransmit the next unacknowledged
+                        // segment, deflate by the amount acknowledged, add back one SMSS.
+                        self.sb.mark_head_lost();
+                        self.force_retransmit = true;
+                        self.reno_inflation -= acked_total as i64;
+                        if acked_total >= mss {
+                            self.reno_inflation += mss as i64;
+                        }
+                    }
+                }
+                None => {
+                    tracing::trace!(
+                        local = %self.local,
+                        acked = acked_total,
+                        cwnd = self.cc.cwnd(),
+                        ssthresh = self.cc.ssthresh(),
+                        "ack"
+                    );
+                    self.cc.on_ack(&AckEvent {
+                        now,
+                        acked: acked_total,
+                        cwnd_limited,
+                        srtt: self.rtt.srtt(),
+                        min_rtt: self.rtt.min_rtt(),
+                    });
+                }
+            }
+            if self.writable_armed && self.queue.free() > 0 && self.fin_seq.is_none() {
+                self.writable_armed = false;
+                self.events.push(ConnEvent::Writable);
+            }
+            // Our FIN acknowledged?
+            if let Some(f) = self.fin_seq
+                && ack > f
+            {
+                match self.state {
+                    State::FinWait1 => {
+                        self.state = State::FinWait2;
+                        if self.user_closed {
+                            self.finwait2_at = Some(later(now, self.cfg.fin_wait2_timeout));
+                        }
+                    }
+                    State::Closing => self.enter_time_wait(now),
+                    State::LastAck => self.enter_closed(CloseReason::Normal, true),
+                    _ => {}
+                }
+            }
+        } else if ack == self.snd_una
+            && flight_before > 0
+            && seg.payload.is_empty()
+            && !seg.flags.syn()
+            && !seg.flags.fin()
+            && (!window_changed || new_sack > 0)
+            && self.snd_wnd > 0
+            && self.zwp_seq.is_none()
+        {
+            // (Answers to zero-window probes are not loss signals.)
+            // Duplicate ACK (RFC 5681 §2; with SACK, RFC 6675 §2 counts ACKs with new SACK info).
+            self.counters.dup_acks += 1;
+            if !self.sack_ok || new_sack > 0 {
+                self.dupacks += 1;
+            }
+            if self.recovery.is_some() && !self.sack_ok {
+                // RFC 6582 §3.2 step 4: inflate cwnd by one SMSS per additional dupack.
+                self.reno_inflation += mss as i64;
+            }
+        }
+        // The window reopened with our probe byte unacknowledged: the receiver dropped it, so
+        // send it again first.
+        if self.snd_wnd > 0
+            && let Some(z) = self.zwp_seq
+        {
+            self.zwp_seq = None;
+            if z == self.snd_una {
+                self.sb.mark_head_lost();
+                self.force_retransmit = true;
+            }
+        }
+        if self.sack_ok && new_sack > 0 {
+            self.sb.mark_lost(self.cfg.dupack_threshold, mss);
+        }
+        // Enter loss recovery (RFC 6675 §5 step 4 / RFC 6582 §3.2 step 2).
+        if self.recovery.is_none() && self.state.is_synchronized() && self.flight() > 0 {
+            let threshold_hit =
+                self.dupacks >= self.cfg.dupack_threshold || (self.sack_ok && self.sb.head_lost());
+            if threshold_hit {
+                self.enter_recovery(now);
+            }
+        }
+        self.update_send_timers(now);
+    }
+
+    fn enter_recovery(&mut self, now: Instant) {
+        // Only when SND.UNA is beyond the previous recovery's point (RFC 6582 §3.2 step 2),
+        // unless the ACK heuristic (RFC 6582 §4.1) says the duplicate ACKs show a new loss
+        // rather than unnecessary retransmissions: cwnd above one SMSS and the last advance of
+        // the cumulative ACK at most 4 SMSS.
+        if self.snd_una <= self.recover {
+            let mss = self.effective_mss() as u64;
+            let heuristic = self.cc.cwnd() > mss && self.last_ack_advance <= 4 * mss;
+            if !heuristic {
+                return;
+            }
+        }
+        let flight = self.flight();
+        self.recovery = Some(Recovery {
+            point: self.snd_nxt,
+        });
+        self.recover = self.snd_nxt;
+        self.cc.on_congestion_event(now, flight);
+        self.counters.fast_retransmits += 1;
+        tracing::debug!(
+            local = %self.local,
+            remote = %self.remote,
+            snd_una = self.snd_una,
+            flight,
+            cwnd = self.cc.cwnd(),
+            ssthresh = self.cc.ssthresh(),
+            sack = self.sack_ok,
+            "fast retransmit, entering recovery"
+        );
+        self.sb.mark_head_lost();
+        if !self.sack_ok {
+            // RFC 6582 §3.2 step 2: cwnd = ssthresh + 3*SMSS.
+            self.reno_inflation = 3 * self.effective_mss() as i64;
+        }
+        self.force_retransmit = true;
+    }
+
+    /// Applies SACK blocks to the scoreboard; returns bytes newly SACKed.
+    fn process_sack(&mut self, seg: &Segment<'_>, ack_wire_unwrapped: u64) -> u64 {
+        let mut newly = 0;
+        for (i, &(l, r)) in seg.options.sack().iter().enumerate() {
+            let left = unwrap(self.iss, self.snd_una, l);
+            let right = unwrap(self.iss, self.snd_una, r);
+            // D-SACK (RFC 2883 §4): the first block reports a duplicate if it lies below the
+            // cumulative ACK or inside the second block. Tolerated and counted, not applied.
+            if i == 0 {
+                let below_ack = right <= ack_wire_unwrapped as i64;
+                let inside_second = seg.options.sack().get(1).is_some_and(|&(l2, r2)| {
+                    let l2 = unwrap(self.iss, self.snd_una, l2);
+                    let r2 = unwrap(self.iss, self.snd_una, r2);
+                    left >= l2 && right <= r2
+                });
+                if below_ack || inside_second {
+                    self.counters.dsacks += 1;
+                    continue;
+                }
+            }
+            // Ignore blocks that are empty or outside what is outstanding.
+            if left >= right || left < self.snd_una as i64 || right > self.snd_nxt as i64 {
+                continue;
+            }
+            newly += self.sb.sack(left as u64, right as u64);
+        }
+        newly
+    }
+
+    /// Accepts segment text and FIN (RFC 9293 §3.10.7.4 seventh and eighth checks).
+    /// Returns whether out-of-order data was dropped for lack of room.
+    fn process_text(&mut self, now: Instant, start: u64, payload: &[u8], fin: bool) -> bool {
+        let mut data = payload;
+        let mut fin = fin;
+        let mut start = start;
+        if start == 0 {
+            // Text claiming the SYN's sequence number: that octet is not data.
+            data = data.get(1..).unwrap_or(&[]);
+            start = 1;
+        }
+        // Trim to the advertised window's right edge; a FIN beyond it is dropped with the data.
+        // Nothing is accepted beyond a FIN already seen.
+        let mut right = self.rcv_adv.max(self.rcv_nxt);
+        if let Some(f) = self.peer_fin_at {
+            right = right.min(f);
+        }
+        let end = start + data.len() as u64;
+        if end > right {
+            let keep = right.saturating_sub(start) as usize;
+            data = &data[..keep.min(data.len())];
+            fin = false;
+        }
+        if !data.is_empty() {
+            self.counters.bytes_received += data.len() as u64;
+            self.rcv_mss = self.rcv_mss.max(data.len().min(self.offered_mss as usize));
+        }
+        let had_ooo = self.recv.ooo_bytes() > 0;
+        // Stream offset of the segment: position 1 is stream offset 0.
+        let stream_start = start.saturating_sub(1);
+        let outcome = if data.is_empty() || self.peer_fin_processed {
+            Default::default()
+        } else {
+            self.recv.insert(stream_start, data)
+        };
+        if fin {
+            let fin_pos = start + data.len() as u64;
+            self.peer_fin_at = Some(fin_pos);
+        }
+        if outcome.out_of_order && !outcome.dropped {
+            self.note_sack_block(stream_start);
+        }
+        let prev_rcv_nxt = self.rcv_nxt;
+        self.rcv_nxt = self.recv.next() + 1;
+        // FIN in order?
+        if let Some(f) = self.peer_fin_at
+            && !self.peer_fin_processed
+            && f == self.rcv_nxt
+        {
+            self.peer_fin_processed = true;
+            self.rcv_nxt += 1;
+            self.ack_now = true;
+            self.events.push(ConnEvent::PeerFin);
+            match self.state {
+                State::SynReceived | State::Established => self.state = State::CloseWait,
+                State::FinWait1 => {
+                    if self.fin_seq.is_some_and(|f| self.snd_una > f) {
+                        self.enter_time_wait(now);
+                    } else {
+                        self.state = State::Closing;
+                    }
+                }
+                State::FinWait2 => self.enter_time_wait(now),
+                _ => {}
+            }
+            if self.state == State::CloseWait {
+                self.keepalive_at = self.cfg.keepalive.map(|k| later(now, k.idle));
+            }
+        }
+        if self.rcv_nxt > prev_rcv_nxt && outcome.delivered > 0 {
+            if self.readable_armed {
+                self.readable_armed = false;
+                self.events.push(ConnEvent::Readable);
+            }
+            let next = self.recv.next();
+            self.sack_recent.retain(|&(_, e)| e > next);
+        }
+        // ACK policy (RFC 5681 §4.2, RFC 9293 §3.8.6.3): out-of-order data and data that fills
+        // a gap are acknowledged at once; otherwise every second full-sized segment, or when
+        // the delayed-ACK timer fires.
+        if outcome.out_of_order || outcome.filled_gap || (had_ooo && outcome.delivered > 0) {
+            self.ack_now = true;
+        } else if outcome.delivered > 0 {
+            match self.cfg.delayed_ack {
+                None => self.ack_now = true,
+                Some(delay) => {
+                    if self.rcv_nxt - self.rcv_acked >= 2 * self.rcv_mss as u64 {
+                        self.ack_now = true;
+                    } else if self.delack_at.is_none() {
+                        self.delack_at = Some(later(now, delay));
+                    }
+                }
+            }
+        } else if !payload.is_empty() {
+            // Duplicate data: ACK at once so that the sender learns what we hold.
+            self.ack_now = true;
+        }
+        outcome.dropped
+    }
+
+    /// Records the out-of-order range containing `offset` as the most recent SACK block.
+    fn note_sack_block(&mut self, offset: u64) {
+        if let Some(range) = self.recv.ooo_range_containing(offset) {
+            self.sack_recent
+                .retain(|&(s, e)| !(s < range.1 && range.0 < e));
+            self.sack_recent.insert(0, range);
+            self.sack_recent.truncate(MAX_SACK_BLOCKS * 2);
+        }
+    }
+
+    /// ACK answering an unacceptable segment, rate-limited.
+    fn send_invalid_ack(&mut self, now: Instant) {
+        if self
+            .last_invalid_ack
+            .is_some_and(|t| now.saturating_duration_since(t) < INVALID_ACK_INTERVAL)
+        {
+            return;
+        }
+        self.last_invalid_ack = Some(now);
+        self.ack_now = true;
+    }
+
+    /// Challenge ACK (RFC 5961 §3.2, §4.2, §5.2) within the rate limit of §7.
+    fn send_challenge_ack(&mut self, now: Instant) {
+        let window_over = self
+            .challenge_window_start
+            .is_none_or(|t| now.saturating_duration_since(t) >= Duration::from_secs(1));
+        if window_over {
+            self.challenge_window_start = Some(now);
+            self.challenge_count = 0;
+        }
+        if self.challenge_count >= self.cfg.challenge_ack_limit {
+            return;
+        }
+        self.challenge_count += 1;
+        self.counters.challenge_acks += 1;
+        self.ack_now = true;
+    }
+
+    // ---------------------------------------------------------------- output
+
+    /// Free receive buffer space.
+    fn free_space(&self) -> usize {
+        self.cfg.recv_buffer.saturating_sub(self.recv.used())
+    }
+
+    /// Window for SYN and SYN-ACK segments: never scaled (RFC 7323 §2.2).
+    fn syn_window(&self) -> u16 {
+        initial_window(self.free_space(), self.offered_mss)
+    }
+
+    /// Chooses the window to advertise and records its right edge. Receiver-side silly window
+    /// avoidance (RFC 9293 §3.8.6.2.2): the right edge only moves when it can move by at least
+    /// min(RCV.BUFF / 2, MSS); it never moves left (no window shrinking, RFC 9293 §3.8.6.2.2
+    /// and RFC 7323 §2.4).
+    fn window_to_advertise(&mut self) -> u16 {
+        let cur = self.rcv_adv.saturating_sub(self.rcv_nxt);
+        let free = self.free_space() as u64;
+        let threshold = ((self.cfg.recv_buffer / 2) as u64)
+            .min(self.rcv_mss as u64)
+            .max(1);
+        let mut win = if free >= cur + threshold { free } else { cur };
+        // Largest value the 16-bit field can express with our shift.
+        let max = 65535u64 << self.rcv_wscale;
+        win = win.min(max);
+        let mut field = win >> self.rcv_wscale;
+        // Rounding down must not move the right edge left.
+        if (field << self.rcv_wscale) < cur {
+            field = cur.div_ceil(1 << self.rcv_wscale).min(65535);
+        }
+        let actual = field << self.rcv_wscale;
+        self.rcv_adv = self.rcv_adv.max(self.rcv_nxt + actual);
+        field as u16
+    }
+
+    /// SACK blocks to send (RFC 2018 §4): most recent first, only ranges still held.
+    fn sack_blocks(&self, out: &mut OutOptions) {
+        if !self.sack_ok {
+            return;
+        }
+        let max = if self.ts_ok { 3 } else { 4 };
+        let mut n = 0usize;
+        if let Some((s, e)) = self.dsack {
+            out.sack_blocks[0] = (
+                self.irs.wrapping_add(s as u32),
+                self.irs.wrapping_add(e as u32),
+            );
+            n = 1;
+            out.sack_block_count = 1;
+        }
+        if self.recv.ooo_bytes() == 0 {
+            return;
+        }
+        let ranges = self.recv.ooo_ranges();
+        let first_regular = n;
+        let mut push = |out: &mut OutOptions, (s, e): (u64, u64)| {
+            if n >= max
+                || out.sack_blocks[first_regular..n]
+                    .iter()
+                    .any(|&(l, _)| l == self.irs.wrapping_add((s + 1) as u32))
+            {
+                return;
+            }
+            out.sack_blocks[n] = (
+                self.irs.wrapping_add((s + 1) as u32),
+                self.irs.wrapping_add((e + 1) as u32),
+            );
+            n += 1;
+            out.sack_block_count = n as u8;
+        };
+        for &(s, _) in &self.sack_recent {
+            if let Some(&r) = ranges.iter().find(|&&(rs, re)| rs <= s && s < re) {
+                push(out, r);
+            }
+        }
+        // Then any other held ranges, highest first.
+        for &r in ranges.iter().rev() {
+            push(out, r);
+        }
+    }
+
+    fn base_options(&self, now: Instant) -> OutOptions {
+        let mut o = OutOptions::default();
+        if self.ts_ok {
+            o.timestamps = Some((
+                self.ts_now(now),
+                if self.ts_recent_valid {
+                    self.ts_recent
+                } else {
+                    0
+                },
+            ));
+        }
+        o
+    }
+
+    fn header(&mut self, seq: u64, flags: TcpFlags, window: u16) -> OutHeader {
+        self.ip_id = self.ip_id.wrapping_add(1);
+        OutHeader {
+            src: self.local,
+            dst: self.remote,
+            seq: self.wire_seq(seq),
+            ack: if flags.ack() { self.wire_ack() } else { 0 },
+            flags,
+            window,
+            ttl: self.shared.ttl,
+            ip_id: if self.local.is_ipv4() {
+                self.ip_id
+            } else {
+                self.ip_id_base_v6()
+            },
+        }
+    }
+
+    fn ip_id_base_v6(&self) -> u32 {
+        // Constant flow label per connection (RFC 6437).
+        self.ts_offset.rotate_left(7)
+    }
+
+    /// Bookkeeping for every segment that carries an ACK.
+    fn on_ack_sent(&mut self) {
+        self.ack_now = false;
+        self.dsack = None;
+        self.delack_at = None;
+        self.last_ack_sent = self.rcv_nxt;
+        self.rcv_acked = self.rcv_nxt;
+    }
+
+    /// Writes the next segment this connection wants to send into `buf`.
+    pub(crate) fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        if self.rst_pending {
+            // RFC 9293 §3.10.5 ABORT: <SEQ=SND.NXT><CTL=RST>; Linux adds the ACK.
+            let flags = if self.rcv_nxt > 0 {
+                TcpFlags::RST | TcpFlags::ACK
+            } else {
+                TcpFlags::RST
+            };
+            let hdr = self.header(self.snd_nxt, flags, 0);
+            let n = wire::write_packet(buf, &hdr, &OutOptions::default(), 0, |_| {})?;
+            self.rst_pending = false;
+            self.counters.packets_sent += 1;
+            return Some(n);
+        }
+        if let Some(ack) = self.rst_reply_pending {
+            // <SEQ=SEG.ACK><CTL=RST> for an unacceptable ACK (RFC 9293 §3.10.7.3/4).
+            let mut hdr = self.header(0, TcpFlags::RST, 0);
+            hdr.seq = ack;
+            let n = wire::write_packet(buf, &hdr, &OutOptions::default(), 0, |_| {})?;
+            self.rst_reply_pending = None;
+            self.counters.packets_sent += 1;
+            return Some(n);
+        }
+        match self.state {
+            State::Closed => return None,
+            State::SynSent | State::SynReceived if self.syn_pending => {
+                return self.send_syn(now, buf);
+            }
+            _ => {}
+        }
+        if self.state.is_synchronized() {
+            if let Some(n) = self.send_retransmission(now, buf) {
+                return Some(n);
+            }
+            if let Some(n) = self.send_new_data(now, buf) {
+                return Some(n);
+            }
+            if self.zwp_pending {
+                self.zwp_pending = false;
+                if let Some(n) = self.send_zero_window_probe(now, buf) {
+                    return Some(n);
+                }
+            }
+            if self.keepalive_pending {
+                self.keepalive_pending = false;
+                // RFC 9293 §3.8.4: a segment with SEG.SEQ = SND.NXT - 1 and no data.
+                self.counters.keepalive_probes += 1;
+                return self.send_ack(now, buf, self.snd_nxt.saturating_sub(1));
+            }
+        }
+        if self.ack_now && self.state != State::SynSent {
+            return self.send_ack(now, buf, self.snd_nxt);
+        }
+        self.update_send_timers(now);
+        None
+    }
+
+    fn send_syn(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        let syn_ack = self.state == State::SynReceived;
+        let mut opts = OutOptions {
+            mss: Some(self.offered_mss),
+            ..Default::default()
+        };
+        // Offer (SYN) or confirm (SYN-ACK) each option only as configured and, in a SYN-ACK,
+        // only if the peer offered it (RFC 7323 §2.2, §3.2; RFC 2018 §2).
+        let (ws, sack, ts) = if syn_ack {
+            (self.wscale_ok, self.sack_ok, self.ts_ok)
+        } else {
+            (self.cfg.window_scaling, self.cfg.sack, self.cfg.timestamps)
+        };
+        if ws {
+            opts.window_scale = Some(self.rcv_wscale);
+        }
+        opts.sack_permitted = sack;
+        if ts {
+            let ecr = if syn_ack && self.ts_recent_valid {
+                self.ts_recent
+            } else {
+                0
+            };
+            opts.timestamps = Some((self.ts_now(now), ecr));
+        }
+        let flags = if syn_ack {
+            TcpFlags::SYN | TcpFlags::ACK
+        } else {
+            TcpFlags::SYN
+        };
+        let window = self.syn_window();
+        let hdr = self.header(0, flags, window);
+        let n = wire::write_packet(buf, &hdr, &opts, 0, |_| {})?;
+        self.syn_pending = false;
+        if self.snd_nxt == 0 {
+            self.snd_nxt = 1;
+        }
+        if self.rto_count == 0 {
+            self.syn_sent_at = Some(now);
+        } else {
+            self.syn_sent_at = None;
+            self.counters.packets_retransmitted += 1;
+        }
+        if syn_ack {
+            self.rcv_adv = self.rcv_adv.max(self.rcv_nxt + window as u64);
+            self.on_ack_sent();
+        }
+        self.counters.packets_sent += 1;
+        self.rto_at = Some(later(now, self.rtt.current_rto()));
+        Some(n)
+    }
+
+    /// Largest payload for a data segment carrying these options.
+    fn payload_limit(&self, opts: &OutOptions, buf_len: usize) -> usize {
+        let base = self.snd_mss as usize;
+        let opt_len = opts.len();
+        let by_mss = base.saturating_sub(opt_len);
+        let headers = wire::ip_header_len(&self.local) + wire::TCP_HEADER + opt_len;
+        by_mss.min(buf_len.saturating_sub(headers))
+    }
+
+    /// Usable congestion window (bytes we may still put in flight).
+    fn cwnd_allowance(&self) -> u64 {
+        let cwnd = self.cc.cwnd();
+        let flight = self.flight();
+        match self.recovery {
+            Some(_) if self.sack_ok => cwnd.saturating_sub(self.sb.pipe(flight)),
+            Some(_) => ((cwnd as i64 + self.reno_inflation).max(self.effective_mss() as i64)
+                as u64)
+                .saturating_sub(flight),
+            // With SACK, limited transmit falls out of the pipe estimate (RFC 6675 §5 step 1).
+            None if self.sack_ok => cwnd.saturating_sub(self.sb.pipe(flight)),
+            None => {
+                // Limited transmit (RFC 3042): one new segment for each of the first two
+                // duplicate ACKs. After an RTO everything outstanding is presumed lost, so what
+                // is in the network is the pipe estimate (retransmissions), not FlightSize.
+                let extra = self.dupacks.min(2) as u64 * self.effective_mss() as u64;
+                (cwnd + extra).saturating_sub(self.sb.pipe(flight))
+            }
+        }
+    }
+
+    fn send_retransmission(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        let index = self.sb.next_lost()?;
+        let mut opts = self.base_options(now);
+        self.sack_blocks(&mut opts);
+        let limit = self.payload_limit(&opts, buf.len());
+        if limit == 0 {
+            return None;
+        }
+        let (start, end, fin) = self.sb.limit_segment(index, limit as u64)?;
+        let seg_len = end - start;
+        if !self.force_retransmit {
+            let allowance = self.cwnd_allowance();
+            if allowance < seg_len.min(self.effective_mss() as u64) {
+                return None;
+            }
+        }
+        self.force_retransmit = false;
+        let payload_len = (seg_len - fin as u64) as usize;
+        let n = self.emit_data(now, buf, start, payload_len, fin, &opts)?;
+        self.sb.on_retransmit(index, now);
+        self.counters.packets_retransmitted += 1;
+        self.counters.bytes_retransmitted += payload_len as u64;
+        if self.rto_at.is_none() {
+            self.arm_rto(now);
+        }
+        Some(n)
+    }
+
+    /// Writes a data/FIN segment covering `[start, start + payload_len)` (+FIN).
+    fn emit_data(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        start: u64,
+        payload_len: usize,
+        fin: bool,
+        opts: &OutOptions,
+    ) -> Option<usize> {
+        let stream_start = start - 1;
+        let mut flags = TcpFlags::ACK;
+        if fin {
+            flags |= TcpFlags::FIN;
+        }
+        // PSH when the segment empties the send queue (RFC 9293 §3.9.1.2 leaves it to us).
+        if payload_len > 0 && stream_start + payload_len as u64 >= self.queue.end() {
+            flags |= TcpFlags::PSH;
+        }
+        let window = self.window_to_advertise();
+        let hdr = self.header(start, flags, window);
+        let queue = &mut self.queue;
+        let n = wire::write_packet(buf, &hdr, opts, payload_len, |out| {
+            queue.copy_out(stream_start, out)
+        })?;
+        self.on_ack_sent();
+        self.counters.packets_sent += 1;
+        self.counters.bytes_sent += payload_len as u64;
+        self.last_send = Some(now);
+        Some(n)
+    }
+
+    fn can_send_data_state(&self) -> bool {
+        matches!(
+            self.state,
+            State::Established
+                | State::CloseWait
+                | State::FinWait1
+                | State::LastAck
+                | State::Closing
+        ) && self.fin_seq.is_none()
+    }
+
+    fn send_new_data(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        if !self.can_send_data_state() {
+            return None;
+        }
+        let data_next = self.snd_nxt - 1;
+        let unsent = self.queue.end().saturating_sub(data_next);
+        let fin_wanted = self.fin_queued
+            && matches!(
+                self.state,
+                State::FinWait1 | State::LastAck | State::Closing
+            );
+        if unsent == 0 && !fin_wanted {
+            return None;
+        }
+        let mut opts = self.base_options(now);
+        self.sack_blocks(&mut opts);
+        let limit = self.payload_limit(&opts, buf.len());
+        let full = self.effective_mss().min(limit).max(1);
+        // Congestion-window validation after idle (RFC 5681 §4.1).
+        if self.flight() == 0
+            && let Some(last) = self.last_send
+            && now.saturating_duration_since(last) > self.rtt.current_rto()
+        {
+            self.cc.on_idle_restart(now);
+        }
+        let wnd_room = self.send_right_edge().saturating_sub(self.snd_nxt);
+        let cwnd_room = self.cwnd_allowance();
+        let room = wnd_room.min(cwnd_room).min(limit as u64) as usize;
+        let len = self
+            .queue
+            .segment_len(data_next, room, self.cfg.consistent_segmentation);
+        let all_fits = len as u64 == unsent;
+        if len == 0 && !(unsent == 0 && fin_wanted) {
+            if cwnd_room < full as u64 && wnd_room > 0 {
+                self.max_flight_recent = self.max_flight_recent.max(self.flight());
+            }
+            return None;
+        }
+        if len > 0 && len < full && !all_fits {
+            // Sender silly window avoidance (RFC 9293 §3.8.6.2.1): send a partial segment only
+            // if it is at least half the largest window the peer offered, or the whole queue
+            // fits (which consistent segmentation counts per write).
+            let write_boundary = self.cfg.consistent_segmentation
+                && self.queue.segment_len(data_next, usize::MAX, true) == len;
+            let half_window = len as u64 >= self.max_snd_wnd / 2 && wnd_room < cwnd_room;
+            if !write_boundary && !half_window && !self.sws_override {
+                return None;
+            }
+        }
+        // Nagle (RFC 896, RFC 9293 §3.7.4): with data in flight, hold back a partial segment.
+        if self.cfg.nagle && len < full && self.flight() > 0 && len > 0 {
+            return None;
+        }
+        let fin = fin_wanted && all_fits;
+        let start = self.snd_nxt;
+        let n = self.emit_data(now, buf, start, len, fin, &opts)?;
+        let end = start + len as u64 + fin as u64;
+        self.sb.on_send(start, end, fin, now);
+        if self.flight() == 0 {
+            self.unacked_since = Some(now);
+        }
+        self.snd_nxt = end;
+        if fin {
+            self.fin_seq = Some(end - 1);
+        }
+        self.max_flight_recent = self.max_flight_recent.max(self.flight());
+        if self.rto_at.is_none() {
+            self.arm_rto(now);
+        }
+        self.persist_at = None;
+        Some(n)
+    }
+
+    /// Zero-window probe: one byte of new data beyond the window, or the outstanding probe byte
+    /// again (RFC 9293 §3.8.6.1).
+    fn send_zero_window_probe(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        let usable = self.send_right_edge().saturating_sub(self.snd_nxt);
+        if usable > 0 && self.zwp_seq.is_none() {
+            // Override timeout of sender SWS avoidance (RFC 9293 §3.8.6.2.1): send what fits.
+            self.sws_override = true;
+            let r = self.send_new_data(now, buf);
+            self.sws_override = false;
+            self.persist_backoff += 1;
+            return r;
+        }
+        let opts = self.base_options(now);
+        let start = match self.zwp_seq {
+            Some(s) if s >= self.snd_una => {
+                // The same probe byte again: a retransmission for Karn's rule.
+                self.sb.on_resend_at(s, now);
+                s
+            }
+            _ => {
+                let data_next = self.snd_nxt - 1;
+                if self.queue.end() <= data_next || self.fin_seq.is_some() {
+                    return None;
+                }
+                let s = self.snd_nxt;
+                self.sb.on_send(s, s + 1, false, now);
+                self.snd_nxt += 1;
+                self.zwp_seq = Some(s);
+                s
+            }
+        };
+        let n = self.emit_data(now, buf, start, 1, false, &opts)?;
+        self.counters.zero_window_probes += 1;
+        self.persist_backoff += 1;
+        self.update_send_timers(now);
+        Some(n)
+    }
+
+    fn send_ack(&mut self, now: Instant, buf: &mut [u8], seq: u64) -> Option<usize> {
+        let mut opts = self.base_options(now);
+        self.sack_blocks(&mut opts);
+        let window = self.window_to_advertise();
+        let hdr = self.header(seq, TcpFlags::ACK, window);
+        let n = wire::write_packet(buf, &hdr, &opts, 0, |_| {})?;
+        self.on_ack_sent();
+        self.counters.packets_sent += 1;
+        Some(n)
+    }
+}

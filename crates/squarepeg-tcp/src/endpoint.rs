@@ -1,0 +1,1048 @@
+//! The endpoint: demultiplexes packets to connections and listeners, answers packets that
+//! belong to no connection (RFC 9293 §3.10.7.1), runs SYN cookies, and collects output, timers
+//! and events.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use crate::config::{ConnectionConfig, EndpointConfig, SynCookies};
+use crate::conn::{
+    CloseReason, ConnEvent, Connection, ConnectionStats, NewConnection, PeerSyn, Shared, State,
+};
+use crate::error::{DropReason, Error};
+use crate::secret::Secret;
+use crate::send_queue::{SendQueue, WriteTag};
+use crate::syncookie;
+use crate::wire::{self, OutHeader, OutOptions, Segment, TcpFlags, is_non_unicast};
+
+/// Handle of a connection. Stays valid until the application closes or aborts it (and, for a
+/// connection that closed by itself, until then too, so that its stats and errors can be read).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnectionHandle {
+    index: u32,
+    generation: u32,
+}
+
+/// Handle of a listener.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ListenerHandle(u32);
+
+/// What the endpoint tells the application.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// An active open completed (ESTABLISHED).
+    Connected(ConnectionHandle),
+    /// A passive open completed; `accept` on the listener returns it.
+    Incoming(ListenerHandle),
+    /// New in-order data can be read (edge-triggered: sent again only after `read` drained the
+    /// buffer or returned `WouldBlock`).
+    Readable(ConnectionHandle),
+    /// Send-buffer space freed after a short or refused write.
+    Writable(ConnectionHandle),
+    /// The peer sent FIN: after the buffered data, `read` returns 0.
+    PeerFin(ConnectionHandle),
+    /// The connection closed (includes resets, refusals and time-outs).
+    Closed(ConnectionHandle, CloseReason),
+}
+
+/// Endpoint-wide counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EndpointStats {
+    drops: [u64; DropReason::ALL.len()],
+    pub packets_received: u64,
+    pub packets_sent: u64,
+    pub resets_sent: u64,
+    pub syn_cookies_sent: u64,
+    pub syn_cookies_accepted: u64,
+    pub connections_opened: u64,
+    pub connections_closed: u64,
+    pub replies_dropped: u64,
+}
+
+impl EndpointStats {
+    /// Packets dropped for `reason`.
+    pub fn dropped(&self, reason: DropReason) -> u64 {
+        self.drops[reason.index()]
+    }
+    /// Packets dropped for any reason.
+    pub fn dropped_total(&self) -> u64 {
+        self.drops.iter().sum()
+    }
+}
+
+#[derive(Debug)]
+struct Listener {
+    addr: SocketAddr,
+    backlog: usize,
+    config: ConnectionConfig,
+    accept_queue: VecDeque<ConnectionHandle>,
+    half_open: usize,
+}
+
+#[derive(Debug)]
+struct Slot {
+    generation: u32,
+    conn: Option<Box<Connection>>,
+    /// The application holds the handle (active opens, accepted passive opens).
+    owned: bool,
+    /// Listener a passive open belongs to until accepted.
+    listener: Option<ListenerHandle>,
+    /// Counted in the listener's and endpoint's half-open totals.
+    half_open: bool,
+    in_ready: bool,
+    timer: Option<Instant>,
+    in_table: bool,
+}
+
+type Tuple = (SocketAddr, SocketAddr);
+
+/// A sans-IO TCP endpoint: fed whole IP packets and the time, polled for packets, timers and
+/// events.
+#[derive(Debug)]
+pub struct Endpoint {
+    config: EndpointConfig,
+    secret: Secret,
+    shared: Shared,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    live: usize,
+    half_open: usize,
+    table: HashMap<Tuple, u32>,
+    listeners: Vec<Option<Listener>>,
+    listener_by_addr: HashMap<SocketAddr, ListenerHandle>,
+    events: VecDeque<Event>,
+    ready: VecDeque<u32>,
+    timers: BTreeSet<(Instant, u32)>,
+    replies: VecDeque<Vec<u8>>,
+    stats: EndpointStats,
+    ephemeral_next: u16,
+}
+
+const EPHEMERAL: std::ops::RangeInclusive<u16> = 32768..=60999;
+
+/// Smallest buffer `poll_transmit` can always write into: an IPv6 header plus a TCP header
+/// with 40 bytes of options.
+pub const MIN_TRANSMIT_BUFFER: usize = 40 + 60;
+
+impl Endpoint {
+    /// Creates an endpoint; `now` becomes the epoch of its clocks (ISN timer, timestamps).
+    pub fn new(config: EndpointConfig, now: Instant) -> Endpoint {
+        Endpoint {
+            secret: Secret::new(config.secret),
+            shared: Shared {
+                epoch: now,
+                ttl: config.ttl,
+            },
+            config,
+            slots: Vec::new(),
+            free: Vec::new(),
+            live: 0,
+            half_open: 0,
+            table: HashMap::new(),
+            listeners: Vec::new(),
+            listener_by_addr: HashMap::new(),
+            events: VecDeque::new(),
+            ready: VecDeque::new(),
+            timers: BTreeSet::new(),
+            replies: VecDeque::new(),
+            stats: EndpointStats::default(),
+            ephemeral_next: 0,
+        }
+    }
+
+    pub fn stats(&self) -> &EndpointStats {
+        &self.stats
+    }
+
+    /// Number of connections held (any state, including TIME-WAIT and half-open).
+    pub fn connection_count(&self) -> usize {
+        self.live
+    }
+
+    // ------------------------------------------------------------ opening
+
+    /// Active open (RFC 9293 §3.10.1). A local port of 0 picks an ephemeral port.
+    pub fn connect(
+        &mut self,
+        now: Instant,
+        local: SocketAddr,
+        remote: SocketAddr,
+        config: ConnectionConfig,
+    ) -> Result<ConnectionHandle, Error> {
+        if local.is_ipv4() != remote.is_ipv4() {
+            return Err(Error::InvalidAddress("address families differ"));
+        }
+        if is_non_unicast(&local.ip()) || is_non_unicast(&remote.ip()) {
+            return Err(Error::InvalidAddress("not a unicast address"));
+        }
+        if remote.port() == 0 {
+            return Err(Error::InvalidAddress("remote port 0"));
+        }
+        if self.live >= self.config.max_connections {
+            return Err(Error::TooManyConnections);
+        }
+        let local = if local.port() == 0 {
+            self.pick_ephemeral(local, remote)?
+        } else {
+            local
+        };
+        if self.table.contains_key(&(local, remote)) {
+            return Err(Error::AddressInUse);
+        }
+        let conn = Connection::new_active(self.new_conn_params(now, local, remote, config));
+        let handle = self.insert(conn, true, None, false);
+        Ok(handle)
+    }
+
+    fn pick_ephemeral(
+        &mut self,
+        local: SocketAddr,
+        remote: SocketAddr,
+    ) -> Result<SocketAddr, Error> {
+        // RFC 6056 §3.3.3 (algorithm 3): offset from a keyed hash, then probe sequentially.
+        let span = (*EPHEMERAL.end() - *EPHEMERAL.start()) as u32 + 1;
+        let offset = self.secret.ip_id(&local, &remote) % span;
+        for i in 0..span {
+            let port =
+                *EPHEMERAL.start() + ((offset + self.ephemeral_next as u32 + i) % span) as u16;
+            let candidate = SocketAddr::new(local.ip(), port);
+            if !self.table.contains_key(&(candidate, remote)) {
+                self.ephemeral_next = self.ephemeral_next.wrapping_add(i as u16 + 1);
+                return Ok(candidate);
+            }
+        }
+        Err(Error::AddressInUse)
+    }
+
+    /// Passive open: accept connections to `addr` (an unspecified IP listens on all addresses).
+    /// `backlog` bounds both half-open connections and connections waiting in `accept`.
+    pub fn listen(
+        &mut self,
+        addr: SocketAddr,
+        backlog: usize,
+        config: ConnectionConfig,
+    ) -> Result<ListenerHandle, Error> {
+        if addr.port() == 0 {
+            return Err(Error::InvalidAddress("listen port 0"));
+        }
+        if self.listener_by_addr.contains_key(&addr) {
+            return Err(Error::AddressInUse);
+        }
+        let listener = Listener {
+            addr,
+            backlog: backlog.max(1),
+            config,
+            accept_queue: VecDeque::new(),
+            half_open: 0,
+        };
+        let idx = match self.listeners.iter().position(|l| l.is_none()) {
+            Some(i) => {
+                self.listeners[i] = Some(listener);
+                i
+            }
+            None => {
+                self.listeners.push(Some(listener));
+                self.listeners.len() - 1
+            }
+        };
+        let handle = ListenerHandle(idx as u32);
+        self.listener_by_addr.insert(addr, handle);
+        Ok(handle)
+    }
+
+    /// Stops listening; connections not yet accepted are reset.
+    pub fn unlisten(&mut self, now: Instant, listener: ListenerHandle) -> Result<(), Error> {
+        let l = self
+            .listeners
+            .get_mut(listener.0 as usize)
+            .and_then(|l| l.take())
+            .ok_or(Error::UnknownListener)?;
+        self.listener_by_addr.remove(&l.addr);
+        for (idx, slot) in self.slots.iter_mut().enumerate() {
+            if slot.listener == Some(listener) && !slot.owned {
+                if let Some(c) = slot.conn.as_mut() {
+                    c.abort(now);
+                }
+                slot.listener = None;
+                if !self.ready.contains(&(idx as u32)) {
+                    slot.in_ready = true;
+                    self.ready.push_back(idx as u32);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the next established connection from a listener's accept queue.
+    pub fn accept(&mut self, listener: ListenerHandle) -> Option<ConnectionHandle> {
+        let l = self.listeners.get_mut(listener.0 as usize)?.as_mut()?;
+        while let Some(h) = l.accept_queue.pop_front() {
+            let Some(slot) = self.slots.get_mut(h.index as usize) else {
+                continue;
+            };
+            if slot.generation != h.generation || slot.conn.is_none() {
+                continue;
+            }
+            slot.owned = true;
+            slot.listener = None;
+            // Report what happened before the application could see the connection.
+            if let Some(c) = slot.conn.as_ref() {
+                if c.readable() > 0 {
+                    self.events.push_back(Event::Readable(h));
+                }
+                if c.peer_fin() {
+                    self.events.push_back(Event::PeerFin(h));
+                }
+                if let Some(r) = c.close_reason() {
+                    self.events.push_back(Event::Closed(h, r));
+                }
+            }
+            return Some(h);
+        }
+        None
+    }
+
+    fn new_conn_params(
+        &self,
+        now: Instant,
+        local: SocketAddr,
+        remote: SocketAddr,
+        cfg: ConnectionConfig,
+    ) -> NewConnection {
+        let since = now.saturating_duration_since(self.shared.epoch);
+        NewConnection {
+            local,
+            remote,
+            cfg,
+            shared: self.shared,
+            iss: self.secret.isn(&local, &remote, since),
+            ts_offset: self.secret.ts_offset(&local, &remote),
+            ip_id: self.secret.ip_id(&local, &remote),
+            now,
+        }
+    }
+
+    fn insert(
+        &mut self,
+        conn: Connection,
+        owned: bool,
+        listener: Option<ListenerHandle>,
+        half_open: bool,
+    ) -> ConnectionHandle {
+        let tuple = (conn.local_addr(), conn.remote_addr());
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push(Slot {
+                    generation: 0,
+                    conn: None,
+                    owned: false,
+                    listener: None,
+                    half_open: false,
+                    in_ready: false,
+                    timer: None,
+                    in_table: false,
+                });
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let slot = &mut self.slots[index as usize];
+        slot.conn = Some(Box::new(conn));
+        slot.owned = owned;
+        slot.listener = listener;
+        slot.half_open = half_open;
+        slot.in_ready = false;
+        slot.timer = None;
+        slot.in_table = true;
+        let handle = ConnectionHandle {
+            index,
+            generation: slot.generation,
+        };
+        self.table.insert(tuple, index);
+        self.live += 1;
+        self.stats.connections_opened += 1;
+        if half_open {
+            self.half_open += 1;
+            if let Some(l) = listener.and_then(|l| self.listener_mut(l)) {
+                l.half_open += 1;
+            }
+        }
+        self.mark_ready(index);
+        self.after_op(index);
+        handle
+    }
+
+    fn listener_mut(&mut self, l: ListenerHandle) -> Option<&mut Listener> {
+        self.listeners.get_mut(l.0 as usize)?.as_mut()
+    }
+
+    // ------------------------------------------------------------ application side
+
+    fn slot_index(&self, h: ConnectionHandle) -> Result<usize, Error> {
+        match self.slots.get(h.index as usize) {
+            Some(s) if s.generation == h.generation && s.conn.is_some() && s.owned => {
+                Ok(h.index as usize)
+            }
+            _ => Err(Error::UnknownConnection),
+        }
+    }
+
+    fn with_conn<T>(
+        &mut self,
+        h: ConnectionHandle,
+        f: impl FnOnce(&mut Connection) -> T,
+    ) -> Result<T, Error> {
+        let idx = self.slot_index(h)?;
+        let conn = self.slots[idx]
+            .conn
+            .as_mut()
+            .ok_or(Error::UnknownConnection)?;
+        let r = f(conn);
+        self.mark_ready(idx as u32);
+        self.after_op(idx as u32);
+        Ok(r)
+    }
+
+    /// The connection behind a handle, for inspection (state, stats, offsets, options).
+    pub fn connection(&self, h: ConnectionHandle) -> Option<&Connection> {
+        let idx = self.slot_index(h).ok()?;
+        self.slots[idx].conn.as_deref()
+    }
+
+    /// Per-connection statistics.
+    pub fn stats_of(&self, h: ConnectionHandle) -> Result<ConnectionStats, Error> {
+        self.connection(h)
+            .map(|c| c.stats())
+            .ok_or(Error::UnknownConnection)
+    }
+
+    /// Reads in-order data. `Ok(0)` means end of stream (peer FIN); `Err(WouldBlock)` means no
+    /// data yet.
+    pub fn read(&mut self, h: ConnectionHandle, buf: &mut [u8]) -> Result<usize, Error> {
+        self.with_conn(h, |c| c.read(buf))?
+    }
+
+    /// Queues data for sending; returns how much fit in the send buffer (`WouldBlock` if none).
+    pub fn write(&mut self, h: ConnectionHandle, data: &[u8]) -> Result<usize, Error> {
+        self.with_conn(h, |c| c.write(data, WriteTag::default()))?
+    }
+
+    /// Queues a tagged write at the tail (standard order); the tag is kept with the write.
+    pub fn write_tagged(
+        &mut self,
+        h: ConnectionHandle,
+        data: &[u8],
+        tag: WriteTag,
+    ) -> Result<usize, Error> {
+        self.with_conn(h, |c| c.write(data, tag))?
+    }
+
+    /// Queues a whole write ahead of pending lower-priority writes (Minion §4.2).
+    pub fn write_prioritized(
+        &mut self,
+        h: ConnectionHandle,
+        data: &[u8],
+        tag: WriteTag,
+    ) -> Result<(), Error> {
+        self.with_conn(h, |c| c.write_by_priority(data, tag))?
+    }
+
+    /// Direct access to the send queue (squash, replace, inspect writes) for upper layers.
+    pub fn send_queue(
+        &mut self,
+        h: ConnectionHandle,
+        f: impl FnOnce(&mut SendQueue),
+    ) -> Result<(), Error> {
+        self.with_conn(h, |c| f(c.queue_mut()))
+    }
+
+    /// Plugs in a congestion controller of the caller's own (the configured algorithms are
+    /// [`crate::cc::Cubic`] and [`crate::cc::NewReno`]).
+    pub fn set_congestion_control(
+        &mut self,
+        h: ConnectionHandle,
+        cc: Box<dyn crate::cc::CongestionControl>,
+    ) -> Result<(), Error> {
+        self.with_conn(h, |c| c.set_congestion_control(cc))
+    }
+
+    /// Half-close: send FIN after the queued data.
+    pub fn shutdown(&mut self, now: Instant, h: ConnectionHandle) -> Result<(), Error> {
+        self.with_conn(h, |c| c.shutdown(now))?
+    }
+
+    /// Closes the connection and releases the handle. The connection finishes in the
+    /// background (FIN exchange, TIME-WAIT); with unread data it is reset instead.
+    pub fn close(&mut self, now: Instant, h: ConnectionHandle) -> Result<(), Error> {
+        let idx = self.slot_index(h)?;
+        if let Some(c) = self.slots[idx].conn.as_mut() {
+            c.close(now);
+        }
+        self.slots[idx].owned = false;
+        self.mark_ready(idx as u32);
+        self.after_op(idx as u32);
+        Ok(())
+    }
+
+    /// Aborts the connection with a RST and releases the handle.
+    pub fn abort(&mut self, now: Instant, h: ConnectionHandle) -> Result<(), Error> {
+        let idx = self.slot_index(h)?;
+        if let Some(c) = self.slots[idx].conn.as_mut() {
+            c.close(now);
+            c.abort(now);
+        }
+        self.slots[idx].owned = false;
+        self.mark_ready(idx as u32);
+        self.after_op(idx as u32);
+        Ok(())
+    }
+
+    /// Next event, if any.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    // ------------------------------------------------------------ time
+
+    /// Earliest time `handle_timeout` must be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.first().map(|&(t, _)| t)
+    }
+
+    /// Runs every timer due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(&(t, idx)) = self.timers.first() {
+            if t > now {
+                break;
+            }
+            self.timers.pop_first();
+            if let Some(slot) = self.slots.get_mut(idx as usize) {
+                slot.timer = None;
+                if let Some(c) = slot.conn.as_mut() {
+                    c.handle_timeout(now);
+                }
+            }
+            self.mark_ready(idx);
+            self.after_op(idx);
+        }
+    }
+
+    // ------------------------------------------------------------ output
+
+    /// Writes the next packet to send into `buf` and returns its length. `buf` should hold the
+    /// largest packet (the MTU); data segments shrink to fit a smaller buffer, but it must hold
+    /// at least [`MIN_TRANSMIT_BUFFER`] bytes (headers with the largest options) for control
+    /// segments to go out.
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        while let Some(p) = self.replies.pop_front() {
+            if p.len() <= buf.len() {
+                buf[..p.len()].copy_from_slice(&p);
+                self.stats.packets_sent += 1;
+                return Some(p.len());
+            }
+            self.stats.replies_dropped += 1;
+        }
+        while let Some(idx) = self.ready.pop_front() {
+            let Some(slot) = self.slots.get_mut(idx as usize) else {
+                continue;
+            };
+            let Some(conn) = slot.conn.as_mut() else {
+                slot.in_ready = false;
+                continue;
+            };
+            let was_rst = conn.has_pending_rst();
+            match conn.poll_transmit(now, buf) {
+                Some(n) => {
+                    // Round robin: the connection goes to the back of the queue.
+                    self.ready.push_back(idx);
+                    self.stats.packets_sent += 1;
+                    if was_rst {
+                        self.stats.resets_sent += 1;
+                    }
+                    self.after_op(idx);
+                    return Some(n);
+                }
+                None => {
+                    slot.in_ready = false;
+                    self.after_op(idx);
+                }
+            }
+        }
+        None
+    }
+
+    /// Convenience for tests and simple drivers: the next packet in a new vector.
+    pub fn poll_transmit_vec(&mut self, now: Instant) -> Option<Vec<u8>> {
+        let mut buf = vec![0u8; 65535];
+        let n = self.poll_transmit(now, &mut buf)?;
+        buf.truncate(n);
+        Some(buf)
+    }
+
+    fn mark_ready(&mut self, idx: u32) {
+        if let Some(slot) = self.slots.get_mut(idx as usize)
+            && !slot.in_ready
+            && slot.conn.is_some()
+        {
+            slot.in_ready = true;
+            self.ready.push_back(idx);
+        }
+    }
+
+    /// Housekeeping after anything touched a connection: events, accept queue, timers, release.
+    fn after_op(&mut self, idx: u32) {
+        let Some(slot) = self.slots.get_mut(idx as usize) else {
+            return;
+        };
+        let Some(conn) = slot.conn.as_mut() else {
+            return;
+        };
+        let handle = ConnectionHandle {
+            index: idx,
+            generation: slot.generation,
+        };
+        let mut established_passive = false;
+        let visible = slot.owned;
+        let passive = conn.is_passive();
+        for ev in conn.take_events() {
+            match ev {
+                ConnEvent::Established if !passive => {
+                    self.events.push_back(Event::Connected(handle))
+                }
+                ConnEvent::Established => established_passive = true,
+                _ if !visible => {}
+                ConnEvent::Readable => self.events.push_back(Event::Readable(handle)),
+                ConnEvent::Writable => self.events.push_back(Event::Writable(handle)),
+                ConnEvent::PeerFin => self.events.push_back(Event::PeerFin(handle)),
+                ConnEvent::Closed(r) => self.events.push_back(Event::Closed(handle, r)),
+            }
+        }
+        let state = conn.state();
+        let closed = state == State::Closed;
+        let rst_pending = conn.has_pending_rst();
+        let timeout = if closed { None } else { conn.next_timeout() };
+        let remove_tuple = closed && slot.in_table;
+        let tuple = (conn.local_addr(), conn.remote_addr());
+        if slot.timer != timeout {
+            if let Some(t) = slot.timer {
+                self.timers.remove(&(t, idx));
+            }
+            if let Some(t) = timeout {
+                self.timers.insert((t, idx));
+            }
+            slot.timer = timeout;
+        }
+        // Half-open accounting ends at ESTABLISHED or CLOSED.
+        if slot.half_open && (established_passive || closed || state != State::SynReceived) {
+            slot.half_open = false;
+            self.half_open -= 1;
+            if let Some(l) = slot.listener
+                && let Some(Some(listener)) = self.listeners.get_mut(l.0 as usize)
+            {
+                listener.half_open = listener.half_open.saturating_sub(1);
+            }
+        }
+        if established_passive {
+            let listener = slot.listener;
+            let queued = listener
+                .and_then(|l| self.listeners.get_mut(l.0 as usize))
+                .and_then(|l| l.as_mut())
+                .filter(|l| l.accept_queue.len() < l.backlog);
+            match queued {
+                Some(l) => {
+                    l.accept_queue.push_back(handle);
+                    self.events
+                        .push_back(Event::Incoming(ListenerHandle(listener.map_or(0, |l| l.0))));
+                }
+                None => {
+                    // Accept queue overflow (or listener gone): reset, like Linux with
+                    // tcp_abort_on_overflow.
+                    if let Some(c) = self.slots[idx as usize].conn.as_mut() {
+                        c.abort(self.shared.epoch);
+                    }
+                    self.mark_ready(idx);
+                }
+            }
+        }
+        let slot = &mut self.slots[idx as usize];
+        if remove_tuple {
+            slot.in_table = false;
+            if self.table.get(&tuple) == Some(&idx) {
+                self.table.remove(&tuple);
+            }
+        }
+        // Free the slot once the connection is closed, its last packet sent, and nobody holds
+        // the handle. A passive connection not yet accepted is dropped from its accept queue.
+        let closed_now = slot
+            .conn
+            .as_ref()
+            .is_some_and(|c| c.state() == State::Closed);
+        if closed_now && !rst_pending && !slot.owned {
+            let has_rst = slot.conn.as_ref().is_some_and(|c| c.has_pending_rst());
+            if !has_rst {
+                if let Some(l) = slot.listener.take()
+                    && let Some(Some(listener)) = self.listeners.get_mut(l.0 as usize)
+                {
+                    listener.accept_queue.retain(|h| h.index != idx);
+                }
+                if let Some(t) = slot.timer.take() {
+                    self.timers.remove(&(t, idx));
+                }
+                slot.conn = None;
+                slot.generation = slot.generation.wrapping_add(1);
+                slot.in_ready = false;
+                self.free.push(idx);
+                self.live -= 1;
+                self.stats.connections_closed += 1;
+            }
+        }
+    }
+
+    // ------------------------------------------------------------ input
+
+    /// Processes one incoming IP packet.
+    pub fn handle_packet(&mut self, now: Instant, packet: &[u8]) -> Result<(), DropReason> {
+        self.stats.packets_received += 1;
+        let r = self.handle_packet_inner(now, packet);
+        if let Err(reason) = r {
+            self.stats.drops[reason.index()] += 1;
+        }
+        r
+    }
+
+    fn handle_packet_inner(&mut self, now: Instant, packet: &[u8]) -> Result<(), DropReason> {
+        let seg = wire::parse_packet(packet, self.config.verify_checksums)?;
+        if seg.src.port() == 0
+            || seg.dst.port() == 0
+            || is_non_unicast(&seg.src.ip())
+            || is_non_unicast(&seg.dst.ip())
+        {
+            // RFC 9293 §3.9.1 (MUST-57 and friends): never answer non-unicast addresses.
+            return Err(DropReason::BadAddress);
+        }
+        if !self.config.local_addresses.is_empty()
+            && !self.config.local_addresses.contains(&seg.dst.ip())
+        {
+            return Err(DropReason::NotLocal);
+        }
+        let tuple = (seg.dst, seg.src);
+        if let Some(&idx) = self.table.get(&tuple) {
+            if self.time_wait_reuse(now, idx, &seg) {
+                // Fall through to the listener as a new connection.
+            } else {
+                let slot = &mut self.slots[idx as usize];
+                let Some(conn) = slot.conn.as_mut() else {
+                    return Err(DropReason::NoConnection);
+                };
+                let r = conn.handle_segment(now, &seg);
+                self.mark_ready(idx);
+                self.after_op(idx);
+                return r;
+            }
+        }
+        let listener = self
+            .listener_by_addr
+            .get(&seg.dst)
+            .or_else(|| {
+                let any = SocketAddr::new(
+                    if seg.dst.is_ipv4() {
+                        std::net::Ipv4Addr::UNSPECIFIED.into()
+                    } else {
+                        std::net::Ipv6Addr::UNSPECIFIED.into()
+                    },
+                    seg.dst.port(),
+                );
+                self.listener_by_addr.get(&any)
+            })
+            .copied();
+        match listener {
+            Some(l) => self.listener_segment(now, l, &seg),
+            None => {
+                self.reply_rst_closed(&seg);
+                Err(DropReason::NoConnection)
+            }
+        }
+    }
+
+    /// A SYN for a 4-tuple in TIME-WAIT may start a new incarnation when its timestamp (or,
+    /// without timestamps, its sequence number) is beyond the old connection's (RFC 6191,
+    /// RFC 9293 §3.6.1). Returns whether the TIME-WAIT connection was dropped for it.
+    fn time_wait_reuse(&mut self, _now: Instant, idx: u32, seg: &Segment<'_>) -> bool {
+        if !seg.flags.syn() || seg.flags.ack() || seg.flags.rst() {
+            return false;
+        }
+        let Some(slot) = self.slots.get_mut(idx as usize) else {
+            return false;
+        };
+        let Some(conn) = slot.conn.as_mut() else {
+            return false;
+        };
+        if conn.state() != State::TimeWait || !conn.time_wait_accepts_syn(seg) {
+            return false;
+        }
+        conn.force_closed();
+        self.after_op(idx);
+        true
+    }
+
+    /// RST for a segment that matches no connection (RFC 9293 §3.10.7.1): never for a RST; if
+    /// the segment has ACK, <SEQ=SEG.ACK><CTL=RST>, else <SEQ=0><ACK=SEG.SEQ+SEG.LEN><CTL=RST,ACK>.
+    fn reply_rst_closed(&mut self, seg: &Segment<'_>) {
+        if seg.flags.rst() {
+            return;
+        }
+        let (seq, ack, flags) = if seg.flags.ack() {
+            (seg.ack, 0, TcpFlags::RST)
+        } else {
+            (
+                0,
+                seg.seq.wrapping_add(seg.seg_len()),
+                TcpFlags::RST | TcpFlags::ACK,
+            )
+        };
+        self.queue_reply(seg.dst, seg.src, seq, ack, flags, 0, &OutOptions::default());
+        self.stats.resets_sent += 1;
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn queue_reply(
+        &mut self,
+        src: SocketAddr,
+        dst: SocketAddr,
+        seq: u32,
+        ack: u32,
+        flags: TcpFlags,
+        window: u16,
+        opts: &OutOptions,
+    ) {
+        if self.replies.len() >= self.config.max_pending_replies {
+            self.stats.replies_dropped += 1;
+            return;
+        }
+        let hdr = OutHeader {
+            src,
+            dst,
+            seq,
+            ack,
+            flags,
+            window,
+            ttl: self.config.ttl,
+            ip_id: 0,
+        };
+        let mut buf = vec![0u8; 128];
+        if let Some(n) = wire::write_packet(&mut buf, &hdr, opts, 0, |_| {}) {
+            buf.truncate(n);
+            self.replies.push_back(buf);
+        }
+    }
+
+    /// A segment for a listener (RFC 9293 §3.10.7.2 LISTEN state).
+    fn listener_segment(
+        &mut self,
+        now: Instant,
+        lh: ListenerHandle,
+        seg: &Segment<'_>,
+    ) -> Result<(), DropReason> {
+        let flags = seg.flags;
+        // First: an incoming RST is ignored.
+        if flags.rst() {
+            return Err(DropReason::ListenerRejected);
+        }
+        // Second: an ACK is either a SYN-cookie completion or unacceptable: RST.
+        if flags.ack() {
+            if !flags.syn() && self.config.syn_cookies != SynCookies::Never {
+                match self.accept_cookie(now, lh, seg) {
+                    Ok(()) => return Ok(()),
+                    Err(DropReason::BadSynCookie) => {
+                        self.reply_rst_closed(seg);
+                        return Err(DropReason::BadSynCookie);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            self.reply_rst_closed(seg);
+            return Err(DropReason::ListenerRejected);
+        }
+        // Third: SYN.
+        if !flags.syn() {
+            return Err(DropReason::ListenerRejected);
+        }
+        let Some(listener) = self.listener_mut(lh) else {
+            return Err(DropReason::NoConnection);
+        };
+        // Linux drops SYNs while the accept queue is full (no cookie can help there).
+        if listener.accept_queue.len() >= listener.backlog {
+            return Err(DropReason::BacklogFull);
+        }
+        let syn_queue_full = listener.half_open >= listener.backlog;
+        let config = listener.config.clone();
+        let global_full = self.half_open >= self.config.max_half_open;
+        let use_cookie = match self.config.syn_cookies {
+            SynCookies::Never => false,
+            SynCookies::Always => true,
+            SynCookies::WhenBacklogFull => syn_queue_full || global_full,
+        };
+        if use_cookie {
+            self.send_cookie_syn_ack(now, seg, &config);
+            return Ok(());
+        }
+        if syn_queue_full || global_full {
+            return Err(DropReason::BacklogFull);
+        }
+        if self.live >= self.config.max_connections {
+            return Err(DropReason::TooManyConnections);
+        }
+        let syn = PeerSyn {
+            irs: seg.seq,
+            mss: seg.options.mss,
+            window_scale: seg.options.window_scale,
+            sack_permitted: seg.options.sack_permitted,
+            timestamps: seg.options.timestamps,
+            window: seg.window,
+        };
+        let params = self.new_conn_params(now, seg.dst, seg.src, config);
+        // Data on the SYN is not accepted before the handshake completes (no TFO): the SYN-ACK
+        // acknowledges only the SYN, so the peer retransmits it.
+        let conn = Connection::new_passive(params, &syn);
+        self.insert(conn, false, Some(lh), true);
+        Ok(())
+    }
+
+    fn cookie_config_window(config: &ConnectionConfig, local_mss: u16) -> u16 {
+        crate::conn::initial_window(config.recv_buffer, local_mss)
+    }
+
+    /// Stateless SYN-ACK carrying a SYN cookie (RFC 4987 §3.6).
+    fn send_cookie_syn_ack(&mut self, now: Instant, seg: &Segment<'_>, config: &ConnectionConfig) {
+        let since = now.saturating_duration_since(self.shared.epoch);
+        let peer_mss = seg.options.mss.unwrap_or(536);
+        let counter = syncookie::counter(since);
+        let iss = syncookie::make(&self.secret, &seg.dst, &seg.src, counter, seg.seq, peer_mss);
+        let local_mss = {
+            let overhead = wire::ip_header_len(&seg.dst) as u16 + wire::TCP_HEADER as u16;
+            config
+                .mss
+                .unwrap_or_else(|| config.mtu.saturating_sub(overhead))
+                .max(config.min_mss)
+        };
+        let mut opts = OutOptions {
+            mss: Some(local_mss),
+            ..Default::default()
+        };
+        // Without timestamps the cookie cannot carry window scale or SACK (as in Linux).
+        if config.timestamps
+            && let Some((tsval, _)) = seg.options.timestamps
+        {
+            let ts_offset = self.secret.ts_offset(&seg.dst, &seg.src);
+            let ts_now = (since.as_millis() as u32).wrapping_add(ts_offset);
+            let wscale = seg.options.window_scale.filter(|_| config.window_scaling);
+            let sack = seg.options.sack_permitted && config.sack;
+            opts.timestamps = Some((syncookie::encode_ts(ts_now, wscale, sack), tsval));
+            opts.sack_permitted = sack;
+            if wscale.is_some() {
+                opts.window_scale = Some(rcv_wscale_for(config));
+            }
+        }
+        let window = Self::cookie_config_window(config, local_mss);
+        self.queue_reply(
+            seg.dst,
+            seg.src,
+            iss,
+            seg.seq.wrapping_add(1),
+            TcpFlags::SYN | TcpFlags::ACK,
+            window,
+            &opts,
+        );
+        self.stats.syn_cookies_sent += 1;
+    }
+
+    /// Completes a handshake from a SYN cookie in the ACK (RFC 4987 §3.6).
+    fn accept_cookie(
+        &mut self,
+        now: Instant,
+        lh: ListenerHandle,
+        seg: &Segment<'_>,
+    ) -> Result<(), DropReason> {
+        let since = now.saturating_duration_since(self.shared.epoch);
+        let cookie = seg.ack.wrapping_sub(1);
+        let client_isn = seg.seq.wrapping_sub(1);
+        let mss = syncookie::check(
+            &self.secret,
+            &seg.dst,
+            &seg.src,
+            syncookie::counter(since),
+            client_isn,
+            cookie,
+        )
+        .ok_or(DropReason::BadSynCookie)?;
+        let Some(listener) = self.listener_mut(lh) else {
+            return Err(DropReason::NoConnection);
+        };
+        if listener.accept_queue.len() >= listener.backlog {
+            return Err(DropReason::BacklogFull);
+        }
+        let config = listener.config.clone();
+        if self.live >= self.config.max_connections {
+            return Err(DropReason::TooManyConnections);
+        }
+        let (wscale, sack, ts) = match seg.options.timestamps {
+            Some((tsval, tsecr)) if config.timestamps => {
+                let (w, s) = syncookie::decode_ts(tsecr);
+                (w, s, Some((tsval, tsecr)))
+            }
+            _ => (None, false, None),
+        };
+        let syn = PeerSyn {
+            irs: client_isn,
+            mss: Some(mss),
+            window_scale: wscale,
+            sack_permitted: sack,
+            timestamps: ts,
+            window: seg.window,
+        };
+        let mut params = self.new_conn_params(now, seg.dst, seg.src, config.clone());
+        params.iss = cookie;
+        let mut cfg = config;
+        if wscale.is_none() {
+            cfg.window_scaling = false;
+        }
+        params.cfg = cfg;
+        let mut conn = Connection::new_from_cookie(params, &syn, ts.map(|t| t.1));
+        // The ACK's window is scaled by the peer's shift now that the handshake is done.
+        conn.set_window_from_ack(seg);
+        self.stats.syn_cookies_accepted += 1;
+        // Queue it for accept, then let the connection process any data on the ACK.
+        let handle = self.insert(conn, false, Some(lh), false);
+        if let Some(l) = self.listener_mut(lh) {
+            l.accept_queue.push_back(handle);
+        }
+        self.events.push_back(Event::Incoming(lh));
+        let idx = handle.index;
+        if !seg.payload.is_empty() || seg.flags.fin() {
+            if let Some(c) = self.slots[idx as usize].conn.as_mut() {
+                let _ = c.handle_segment(now, seg);
+            }
+            self.mark_ready(idx);
+            self.after_op(idx);
+        }
+        Ok(())
+    }
+}
+
+/// Our window shift for a configuration (also used for cookie SYN-ACKs).
+pub(crate) fn rcv_wscale_for(config: &ConnectionConfig) -> u8 {
+    if !config.window_scaling {
+        return 0;
+    }
+    config
+        .window_scale
+        .unwrap_or_else(|| {
+            let mut s = 0u8;
+            while s < 14 && (config.recv_buffer >> s) > 65535 {
+                s += 1;
+            }
+            s
+        })
+        .min(14)
+}

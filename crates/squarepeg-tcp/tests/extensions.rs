@@ -1,0 +1,129 @@
+//! The hooks later uTCP/Hollywood tasks build on: consistent segmentation, priority insertion
+//! at write boundaries, squash, same-length replacement of bytes being retransmitted, stream
+//! offsets.
+
+mod common;
+
+use common::*;
+use squarepeg_tcp::{ConnectionConfig, ConnectionHandle, WriteTag};
+
+const IRS: u32 = 500;
+
+/// Client with writes queued before the handshake completes, so that they are sent together.
+fn open_with_writes(cfg: ConnectionConfig, writes: &[&[u8]]) -> (Harness, ConnectionHandle, u32) {
+    let mut h = Harness::new("192.0.2.1:40000", "198.51.100.7:80");
+    let c = h.connect(ConnectionConfig {
+        timestamps: false,
+        ..cfg
+    });
+    let iss = h.out1().seq;
+    for w in writes {
+        assert_eq!(h.ep.write(c, w).unwrap(), w.len());
+    }
+    h.inject(&h.pkt(SYN | ACK, IRS, iss + 1).opt(Opt::Mss(1000)))
+        .unwrap();
+    (h, c, iss)
+}
+
+#[test]
+fn standard_mode_packs_writes_into_full_segments() {
+    let (mut h, _c, _) = open_with_writes(
+        ConnectionConfig::default(),
+        &[&[1; 100], &[2; 300], &[3; 1200]],
+    );
+    let lens: Vec<usize> = h
+        .out()
+        .iter()
+        .map(|p| p.payload.len())
+        .filter(|&n| n > 0)
+        .collect();
+    assert_eq!(lens, vec![1000, 600]);
+}
+
+#[test]
+fn consistent_segmentation_starts_each_write_in_a_new_segment() {
+    let cfg = ConnectionConfig {
+        consistent_segmentation: true,
+        ..Default::default()
+    };
+    let (mut h, _c, _) = open_with_writes(cfg, &[&[1; 100], &[2; 300], &[3; 1200]]);
+    let segs: Vec<Pkt> = h
+        .out()
+        .into_iter()
+        .filter(|p| !p.payload.is_empty())
+        .collect();
+    let lens: Vec<usize> = segs.iter().map(|p| p.payload.len()).collect();
+    assert_eq!(lens, vec![100, 300, 1000, 200]);
+    assert!(segs[1].payload.iter().all(|&b| b == 2));
+}
+
+#[test]
+fn retransmission_carries_replaced_bytes_of_the_same_length() {
+    let (mut h, c, iss) = open_with_writes(ConnectionConfig::default(), &[b"original message"]);
+    let first = h.out().into_iter().find(|p| !p.payload.is_empty()).unwrap();
+    assert_eq!(first.payload, b"original message");
+    // Hollywood §4.2: the upper layer swaps in a different message of the same length.
+    h.ep.send_queue(c, |q| {
+        assert_eq!(q.una(), 0);
+        q.replace(0, b"replacement msg!").unwrap();
+        assert!(q.replace(0, b"longer than the original").is_err());
+    })
+    .unwrap();
+    h.fire_next_timer();
+    let rtx = h.out1();
+    assert_eq!(rtx.seq, iss + 1);
+    assert_eq!(rtx.payload, b"replacement msg!");
+}
+
+#[test]
+fn priority_writes_overtake_unsent_writes_only_at_boundaries() {
+    let (mut h, c, iss) = open_with_writes(ConnectionConfig::default(), &[]);
+    h.out();
+    // The peer closes its window so that writes queue up.
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 1).win(0)).unwrap();
+    h.ep.write_tagged(c, b"low-1 ", WriteTag::default())
+        .unwrap();
+    h.ep.write_tagged(
+        c,
+        b"low-2 ",
+        WriteTag {
+            squash_key: Some(9),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    h.ep.write_prioritized(
+        c,
+        b"HIGH ",
+        WriteTag {
+            priority: 10,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // Squash the stale update (Minion §4.2).
+    h.ep.send_queue(c, |q| {
+        assert_eq!(q.squash(9), 6);
+    })
+    .unwrap();
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 1).win(1000)).unwrap();
+    let data: Vec<u8> = h.out().into_iter().flat_map(|p| p.payload).collect();
+    assert_eq!(data, b"HIGH low-1 ");
+}
+
+#[test]
+fn stream_offsets_are_isn_relative() {
+    let (mut h, c, iss) = open_with_writes(ConnectionConfig::default(), &[b"abc"]);
+    h.out();
+    let conn = h.ep.connection(c).unwrap();
+    assert_eq!(conn.write_offset(), 3);
+    assert_eq!(conn.acked_offset(), 0);
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 4).data(b"0123456789"))
+        .unwrap();
+    let mut buf = [0u8; 4];
+    h.ep.read(c, &mut buf).unwrap();
+    let conn = h.ep.connection(c).unwrap();
+    assert_eq!(conn.read_offset(), 4);
+    assert_eq!(conn.acked_offset(), 3);
+    assert!(conn.srtt().is_some());
+}

@@ -1,0 +1,324 @@
+//! Flow control, window scaling, persist timer, delayed ACKs, SACK generation, Nagle and
+//! keepalive, as packet scripts.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use squarepeg_tcp::{CloseReason, ConnectionConfig, ConnectionHandle, Event, KeepaliveConfig};
+
+const IRS: u32 = 7_000_000;
+
+/// Client connection without timestamps (exact segment sizes = MSS); the peer's SYN-ACK
+/// carries `peer_ws` if given.
+fn open(
+    cfg: ConnectionConfig,
+    peer_mss: u16,
+    peer_ws: Option<u8>,
+    win: u16,
+) -> (Harness, ConnectionHandle, u32) {
+    let mut h = Harness::new("192.0.2.1:40000", "198.51.100.7:80");
+    let c = h.connect(ConnectionConfig {
+        timestamps: false,
+        ..cfg
+    });
+    let iss = h.out1().seq;
+    let mut p = h
+        .pkt(SYN | ACK, IRS, iss + 1)
+        .win(win)
+        .opt(Opt::Mss(peer_mss));
+    if let Some(ws) = peer_ws {
+        p = p.opt(Opt::Ws(ws));
+    }
+    h.inject(&p).unwrap();
+    h.out();
+    h.events();
+    (h, c, iss)
+}
+
+#[test]
+fn window_scaling_arithmetic() {
+    // The peer's shift is 3: a window field of 1000 means 8000 bytes.
+    let (mut h, c, iss) = open(ConnectionConfig::default(), 1000, Some(3), 65535);
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 1).win(1000)).unwrap();
+    assert_eq!(h.ep.stats_of(c).unwrap().send_window, 8000);
+    h.ep.write(c, &[0u8; 20_000]).unwrap();
+    let segs = h.out();
+    let total: usize = segs.iter().map(|p| p.payload.len()).sum();
+    assert_eq!(total, 8000);
+    assert_eq!(segs.len(), 8);
+    // Our own shift: 4 MiB buffer needs 7; the field is the free space >> 7.
+    assert_eq!(segs[0].win, ((4u32 << 20) >> 7) as u16 - 1 + 1);
+    // Max shift 14 (RFC 7323 §2.3): a larger offered shift is treated as 14.
+    let (h2, c2, _) = open(ConnectionConfig::default(), 1000, Some(20), 65535);
+    assert_eq!(
+        h2.ep.connection(c2).unwrap().negotiated().send_window_scale,
+        Some(14)
+    );
+}
+
+#[test]
+fn receive_window_shrinks_with_buffered_data_and_reopens_on_read() {
+    let cfg = ConnectionConfig {
+        recv_buffer: 4000,
+        delayed_ack: None,
+        ..Default::default()
+    };
+    let (mut h, c, iss) = open(cfg, 1000, None, 65535);
+    let mut seq = IRS + 1;
+    let mut wins = Vec::new();
+    for _ in 0..4 {
+        h.inject(&h.pkt(ACK, seq, iss + 1).data(&[1u8; 1000]))
+            .unwrap();
+        seq += 1000;
+        wins.push(h.out1().win);
+    }
+    assert_eq!(wins, vec![3000, 2000, 1000, 0]);
+    // Beyond the window: dropped, ACK with window 0.
+    assert!(
+        h.inject(&h.pkt(ACK, seq, iss + 1).data(&[1u8; 10]))
+            .is_err()
+    );
+    assert_eq!(h.out1().win, 0);
+    // Reading a little does not open a silly window (RFC 9293 §3.8.6.2.2)...
+    let mut buf = [0u8; 500];
+    assert_eq!(h.ep.read(c, &mut buf).unwrap(), 500);
+    h.none();
+    // ...reading it all sends a window update.
+    assert_eq!(h.read_all(c).len(), 3500);
+    let upd = h.out1();
+    assert_eq!((upd.ack, upd.win), (seq, 4000));
+}
+
+#[test]
+fn zero_window_persist_probes_back_off() {
+    let (mut h, c, iss) = open(ConnectionConfig::default(), 1000, None, 2000);
+    h.ep.write(c, &[9u8; 5000]).unwrap();
+    let segs = h.out();
+    assert_eq!(segs.len(), 2);
+    // The peer acknowledges both with a zero window.
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 2001).win(0)).unwrap();
+    h.none();
+    // Probes: one byte of new data beyond the window (RFC 9293 §3.8.6.1), at RTO then doubling.
+    let mut gaps = Vec::new();
+    for i in 0..4 {
+        gaps.push(h.fire_next_timer().as_millis());
+        let probe = h.out1();
+        assert_eq!(probe.seq, iss + 2001, "probe {i}");
+        assert_eq!(probe.payload.len(), 1);
+        // The receiver drops the byte and answers with a zero window.
+        h.inject(&h.pkt(ACK, IRS + 1, iss + 2001).win(0)).unwrap();
+        h.none();
+    }
+    // First probe after one RTO (the minimum, 200 ms, as the handshake RTT was 0), then
+    // exponential back-off.
+    assert_eq!(gaps, vec![200, 400, 800, 1600]);
+    assert_eq!(h.ep.stats_of(c).unwrap().zero_window_probes, 4);
+    assert_eq!(h.ep.stats_of(c).unwrap().rto_timeouts, 0);
+    // The window opens: the rest flows.
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 2001).win(10_000))
+        .unwrap();
+    let rest = h.out();
+    // The dropped probe byte first, then the rest.
+    assert_eq!((rest[0].seq, rest[0].payload.len()), (iss + 2001, 1));
+    assert_eq!(rest.iter().map(|p| p.payload.len()).sum::<usize>(), 3000);
+}
+
+#[test]
+fn delayed_ack_every_second_segment_and_timer() {
+    let (mut h, c, iss) = open(ConnectionConfig::default(), 1000, None, 65535);
+    let mss = 1460u32; // our advertised MSS; the peer sends full segments of it
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 1).data(&[1u8; 1460]))
+        .unwrap();
+    h.none();
+    h.inject(&h.pkt(ACK, IRS + 1 + mss, iss + 1).data(&[1u8; 1460]))
+        .unwrap();
+    assert_eq!(h.out1().ack, IRS + 1 + 2 * mss);
+    // A single segment is acknowledged by the 40 ms timer.
+    h.inject(&h.pkt(ACK, IRS + 1 + 2 * mss, iss + 1).data(&[1u8; 100]))
+        .unwrap();
+    h.none();
+    assert_eq!(h.fire_next_timer(), Duration::from_millis(40));
+    assert_eq!(h.out1().ack, IRS + 1 + 2 * mss + 100);
+    assert_eq!(h.read_all(c).len(), 3020);
+}
+
+#[test]
+fn out_of_order_data_gets_immediate_ack_with_sack_blocks() {
+    let (h, c, iss) = open(ConnectionConfig::default(), 1000, None, 65535);
+    // Peer SYN-ACK had no SACK-permitted: no SACK blocks; reopen with SACK.
+    let _ = (h.ep.connection(c).unwrap().negotiated().sack, iss);
+    let mut h = Harness::new("192.0.2.1:40000", "198.51.100.7:80");
+    let c = h.connect(ConnectionConfig {
+        timestamps: false,
+        ..Default::default()
+    });
+    let iss = h.out1().seq;
+    h.inject(
+        &h.pkt(SYN | ACK, IRS, iss + 1)
+            .opt(Opt::Mss(1000))
+            .opt(Opt::SackOk),
+    )
+    .unwrap();
+    h.out();
+    let base = IRS + 1;
+    // Segments 1000..2000 and 3000..4000 arrive; 0..1000 and 2000..3000 are missing.
+    h.inject(&h.pkt(ACK, base + 1000, iss + 1).data(&[2u8; 1000]))
+        .unwrap();
+    let a1 = h.out1();
+    assert_eq!(a1.ack, base);
+    assert_eq!(a1.sack(), vec![(base + 1000, base + 2000)]);
+    h.inject(&h.pkt(ACK, base + 3000, iss + 1).data(&[4u8; 1000]))
+        .unwrap();
+    let a2 = h.out1();
+    // Most recent block first (RFC 2018 §4).
+    assert_eq!(
+        a2.sack(),
+        vec![(base + 3000, base + 4000), (base + 1000, base + 2000)]
+    );
+    assert_eq!(h.ep.stats_of(c).unwrap().ooo_bytes, 2000);
+    // Filling the first hole: immediate ACK, the remaining block reported.
+    h.inject(&h.pkt(ACK, base, iss + 1).data(&[1u8; 1000]))
+        .unwrap();
+    let a3 = h.out1();
+    assert_eq!(a3.ack, base + 2000);
+    assert_eq!(a3.sack(), vec![(base + 3000, base + 4000)]);
+    h.inject(&h.pkt(ACK, base + 2000, iss + 1).data(&[3u8; 1000]))
+        .unwrap();
+    let a4 = h.out1();
+    assert_eq!(a4.ack, base + 4000);
+    assert!(a4.sack().is_empty());
+    let data = h.read_all(c);
+    assert_eq!(data.len(), 4000);
+    assert!(data[..1000].iter().all(|&b| b == 1) && data[3000..].iter().all(|&b| b == 4));
+}
+
+#[test]
+fn nagle_holds_small_segments_while_data_is_unacknowledged() {
+    let (mut h, c, iss) = open(
+        ConnectionConfig {
+            nagle: true,
+            ..Default::default()
+        },
+        1000,
+        None,
+        65535,
+    );
+    h.ep.write(c, b"a").unwrap();
+    assert_eq!(h.out1().payload, b"a");
+    h.ep.write(c, b"b").unwrap();
+    h.ep.write(c, b"c").unwrap();
+    h.none();
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 2)).unwrap();
+    assert_eq!(h.out1().payload, b"bc");
+    // Without Nagle (the default), small writes go at once.
+    let (mut h, c, _) = open(ConnectionConfig::default(), 1000, None, 65535);
+    h.ep.write(c, b"a").unwrap();
+    h.out1();
+    h.ep.write(c, b"b").unwrap();
+    assert_eq!(h.out1().payload, b"b");
+}
+
+#[test]
+fn keepalive_probes_then_reset() {
+    let cfg = ConnectionConfig {
+        keepalive: Some(KeepaliveConfig {
+            idle: Duration::from_secs(10),
+            interval: Duration::from_secs(1),
+            probes: 3,
+        }),
+        ..Default::default()
+    };
+    let (mut h, c, iss) = open(cfg, 1000, None, 65535);
+    assert_eq!(h.fire_next_timer(), Duration::from_secs(10));
+    let probe = h.out1();
+    // RFC 9293 §3.8.4: SEG.SEQ = SND.NXT - 1, no data.
+    assert_eq!((probe.seq, probe.payload.len()), (iss, 0));
+    // The peer answers: the idle period starts again.
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 1)).unwrap();
+    assert_eq!(h.fire_next_timer(), Duration::from_secs(10));
+    h.out1();
+    for _ in 0..2 {
+        assert_eq!(h.fire_next_timer(), Duration::from_secs(1));
+        h.out1();
+    }
+    assert_eq!(h.fire_next_timer(), Duration::from_secs(1));
+    assert_eq!(h.out1().flag_str(), "R.");
+    assert_eq!(h.events(), vec![Event::Closed(c, CloseReason::TimedOut)]);
+    // One answered probe, then three unanswered ones.
+    assert_eq!(h.ep.stats_of(c).unwrap().keepalive_probes, 4);
+}
+
+#[test]
+fn keepalive_is_off_by_default() {
+    let (h, _c, _) = open(ConnectionConfig::default(), 1000, None, 65535);
+    assert_eq!(h.ep.poll_timeout(), None);
+}
+
+#[test]
+fn sender_sws_avoidance_waits_for_a_useful_window() {
+    let (mut h, c, iss) = open(ConnectionConfig::default(), 1000, None, 10_000);
+    h.ep.write(c, &[5u8; 12_000]).unwrap();
+    let n: usize = h.out().iter().map(|p| p.payload.len()).sum();
+    assert_eq!(n, 10_000);
+    // The peer acknowledges everything but offers only 300 bytes: less than an MSS and less
+    // than half its largest window, so nothing is sent (RFC 9293 §3.8.6.2.1)...
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 10_001).win(300))
+        .unwrap();
+    h.none();
+    // ...until the override timer fires.
+    h.fire_next_timer();
+    assert_eq!(h.out1().payload.len(), 300);
+}
+
+#[test]
+fn user_timeout_aborts() {
+    let cfg = ConnectionConfig {
+        user_timeout: Some(Duration::from_secs(5)),
+        ..Default::default()
+    };
+    let (mut h, c, _) = open(cfg, 1000, None, 65535);
+    h.ep.write(c, b"hello").unwrap();
+    h.out1();
+    let mut t = Duration::ZERO;
+    while h.events().is_empty() && t < Duration::from_secs(60) {
+        t += h.fire_next_timer();
+        h.out();
+    }
+    assert_eq!(t, Duration::from_secs(5));
+    assert_eq!(
+        h.ep.connection(c).unwrap().close_reason(),
+        Some(CloseReason::TimedOut)
+    );
+}
+
+#[test]
+fn duplicate_data_gets_dsack() {
+    let mut h = Harness::new("192.0.2.1:40000", "198.51.100.7:80");
+    let c = h.connect(ConnectionConfig {
+        timestamps: false,
+        delayed_ack: None,
+        ..Default::default()
+    });
+    let iss = h.out1().seq;
+    h.inject(&h.pkt(SYN | ACK, IRS, iss + 1).opt(Opt::SackOk))
+        .unwrap();
+    h.out();
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 1).data(&[1u8; 500]))
+        .unwrap();
+    assert_eq!(h.out1().ack, IRS + 501);
+    // The same segment again (a spurious retransmission): immediate ACK with a D-SACK block
+    // for it (RFC 2883 §4), every time (data segments are not rate-limited).
+    for _ in 0..2 {
+        let _ = h.inject(&h.pkt(ACK, IRS + 1, iss + 1).data(&[1u8; 500]));
+        let a = h.out1();
+        assert_eq!(a.ack, IRS + 501);
+        assert_eq!(a.sack(), vec![(IRS + 1, IRS + 501)]);
+    }
+    // The next ACK carries no D-SACK.
+    h.inject(&h.pkt(ACK, IRS + 501, iss + 1).data(&[1u8; 10]))
+        .unwrap();
+    assert!(h.out1().sack().is_empty());
+    assert_eq!(h.read_all(c).len(), 510);
+}

@@ -1,0 +1,295 @@
+//! Loss recovery and congestion control scripts: slow start from IW10, fast retransmit
+//! (RFC 5681, RFC 6582), SACK recovery (RFC 6675), RTO back-off with Karn's rule (RFC 6298),
+//! CUBIC and NewReno reactions.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use squarepeg_tcp::{CongestionAlgorithm, ConnectionConfig, ConnectionHandle};
+
+const IRS: u32 = 3_000_000;
+const MSS: u32 = 1000;
+
+/// Client connection, no timestamps, peer MSS 1000, handshake RTT `rtt`.
+fn open(cfg: ConnectionConfig, sack: bool, rtt: Duration) -> (Harness, ConnectionHandle, u32) {
+    let mut h = Harness::new("192.0.2.1:40000", "198.51.100.7:80");
+    let c = h.connect(ConnectionConfig {
+        timestamps: false,
+        ..cfg
+    });
+    let iss = h.out1().seq;
+    h.now += rtt;
+    let mut p = h
+        .pkt(SYN | ACK, IRS, iss + 1)
+        .win(65535)
+        .opt(Opt::Mss(MSS as u16))
+        .opt(Opt::Ws(4));
+    if sack {
+        p = p.opt(Opt::SackOk);
+    }
+    h.inject(&p).unwrap();
+    h.out();
+    h.events();
+    (h, c, iss)
+}
+
+/// Data sequence number of segment `i` (0-based, MSS-sized).
+fn seg(iss: u32, i: u32) -> u32 {
+    iss + 1 + i * MSS
+}
+
+fn ack(h: &Harness, iss: u32, upto_seg: u32) -> Pkt {
+    h.pkt(ACK, IRS + 1, seg(iss, upto_seg)).win(4096)
+}
+
+#[test]
+fn slow_start_doubles_cwnd_in_one_rtt_from_iw10() {
+    for cc in [CongestionAlgorithm::Cubic, CongestionAlgorithm::NewReno] {
+        let (mut h, c, iss) = open(
+            ConnectionConfig {
+                congestion: cc,
+                ..Default::default()
+            },
+            true,
+            Duration::from_millis(100),
+        );
+        h.ep.write(c, &[0u8; 200_000]).unwrap();
+        let first = h.out();
+        assert_eq!(first.len(), 10, "IW10 (RFC 6928)");
+        assert_eq!(h.ep.stats_of(c).unwrap().cwnd, 10 * MSS as u64);
+        h.now += Duration::from_millis(100);
+        // The receiver acknowledges every second segment: five ACKs.
+        let mut second = Vec::new();
+        for k in 1..=5 {
+            h.inject(&ack(&h, iss, 2 * k)).unwrap();
+            second.extend(h.out());
+        }
+        // Each ACK of 2 segments grows cwnd by 2 segments (byte counting, L = 2 SMSS).
+        assert_eq!(h.ep.stats_of(c).unwrap().cwnd, 20 * MSS as u64, "{cc:?}");
+        assert_eq!(second.len(), 20, "{cc:?}");
+        assert_eq!(second[0].seq, seg(iss, 10));
+        assert_eq!(h.ep.stats_of(c).unwrap().bytes_in_flight, 20 * MSS as u64);
+    }
+}
+
+#[test]
+fn newreno_fast_retransmit_limited_transmit_and_partial_ack() {
+    let (mut h, c, iss) = open(
+        ConnectionConfig {
+            congestion: CongestionAlgorithm::NewReno,
+            ..Default::default()
+        },
+        false,
+        Duration::from_millis(100),
+    );
+    h.ep.write(c, &[0u8; 100_000]).unwrap();
+    assert_eq!(h.out().len(), 10);
+    h.now += Duration::from_millis(100);
+    // Segment 1 is lost; segment 0 acknowledged, then duplicate ACKs.
+    h.inject(&ack(&h, iss, 1)).unwrap();
+    let after_ack = h.out();
+    assert_eq!(after_ack.len(), 2, "slow start: 1 acked, cwnd +1");
+    // Dupacks 1 and 2: limited transmit, one new segment each (RFC 3042).
+    for i in 0..2 {
+        h.inject(&ack(&h, iss, 1)).unwrap();
+        let o = h.out1();
+        assert_eq!(o.seq, seg(iss, 12 + i), "limited transmit {i}");
+    }
+    // Dupack 3: fast retransmit of segment 1.
+    h.inject(&ack(&h, iss, 1)).unwrap();
+    let rtx = h.out1();
+    assert_eq!(rtx.seq, seg(iss, 1));
+    let st = h.ep.stats_of(c).unwrap();
+    assert_eq!(st.fast_retransmits, 1);
+    assert!(st.in_recovery);
+    // FlightSize was 13 segments: ssthresh = 6.5 segments (RFC 5681 eq. 4).
+    assert_eq!(st.ssthresh, 6500);
+    assert_eq!(st.cwnd, 6500);
+    // Partial ACK up to segment 5 (segment 5 also lost): retransmit it at once (RFC 6582).
+    h.inject(&ack(&h, iss, 5)).unwrap();
+    let o = h.out();
+    assert_eq!(o[0].seq, seg(iss, 5), "{o:?}");
+    assert!(h.ep.stats_of(c).unwrap().in_recovery);
+    // Full ACK (everything sent before recovery): recovery ends, cwnd = ssthresh.
+    let high = h.ep.stats_of(c).unwrap().bytes_in_flight as u32 / MSS + 5;
+    h.inject(&ack(&h, iss, high)).unwrap();
+    let st = h.ep.stats_of(c).unwrap();
+    assert!(!st.in_recovery);
+    assert_eq!(st.cwnd, 6500);
+    assert_eq!(st.packets_retransmitted, 2);
+    assert_eq!(st.rto_timeouts, 0);
+}
+
+#[test]
+fn sack_recovery_retransmits_only_the_holes() {
+    let (mut h, c, iss) = open(
+        ConnectionConfig::default(),
+        true,
+        Duration::from_millis(100),
+    );
+    h.ep.write(c, &[0u8; 100_000]).unwrap();
+    assert_eq!(h.out().len(), 10);
+    h.now += Duration::from_millis(100);
+    let b = |i: u32| seg(iss, i);
+    // Segments 1 and 4 are lost. Arrival of 0, then 2, 3, 5, 6, 7, 8, 9 with SACKs.
+    h.inject(&ack(&h, iss, 1)).unwrap();
+    let mut sent = h.out();
+    let sack_acks: Vec<Vec<(u32, u32)>> = vec![
+        vec![(b(2), b(3))],
+        vec![(b(2), b(4))],
+        vec![(b(5), b(6)), (b(2), b(4))],
+        vec![(b(5), b(7)), (b(2), b(4))],
+        vec![(b(5), b(8)), (b(2), b(4))],
+        vec![(b(5), b(9)), (b(2), b(4))],
+        vec![(b(5), b(10)), (b(2), b(4))],
+    ];
+    for blocks in sack_acks {
+        h.inject(&ack(&h, iss, 1).opt(Opt::Sack(blocks))).unwrap();
+        sent.extend(h.out());
+    }
+    let retransmitted: Vec<u32> = sent
+        .iter()
+        .filter(|p| p.seq < b(10))
+        .map(|p| (p.seq - iss - 1) / MSS)
+        .collect();
+    assert_eq!(
+        retransmitted,
+        vec![1, 4],
+        "only the holes are retransmitted"
+    );
+    let st = h.ep.stats_of(c).unwrap();
+    assert_eq!(st.fast_retransmits, 1);
+    assert_eq!(st.sack_holes, 2);
+    // New data was sent during recovery as the pipe allowed (RFC 6675 NextSeg rule 2).
+    assert!(sent.iter().any(|p| p.seq >= b(12)));
+    // A D-SACK (RFC 2883) is tolerated and counted.
+    h.inject(&ack(&h, iss, 1).opt(Opt::Sack(vec![(b(2), b(3)), (b(2), b(4))])))
+        .unwrap();
+    assert_eq!(h.ep.stats_of(c).unwrap().dsacks_received, 1);
+}
+
+#[test]
+fn rto_backs_off_and_karn_ignores_retransmitted_samples() {
+    let (mut h, c, iss) = open(
+        ConnectionConfig::default(),
+        false,
+        Duration::from_millis(100),
+    );
+    let st = h.ep.stats_of(c).unwrap();
+    // SRTT 100 ms, RTTVAR 50 ms: RTO = 300 ms.
+    assert_eq!(st.srtt, Some(Duration::from_millis(100)));
+    assert_eq!(st.rto, Duration::from_millis(300));
+    h.ep.write(c, &[1u8; 500]).unwrap();
+    h.out1();
+    let mut gaps = Vec::new();
+    for _ in 0..3 {
+        gaps.push(h.fire_next_timer().as_millis());
+        let r = h.out1();
+        assert_eq!((r.seq, r.payload.len()), (iss + 1, 500));
+    }
+    assert_eq!(gaps, vec![300, 600, 1200]);
+    let st = h.ep.stats_of(c).unwrap();
+    assert_eq!(st.rto_timeouts, 3);
+    assert_eq!(st.cwnd, MSS as u64, "loss window after RTO");
+    // The ACK of the retransmitted segment gives no RTT sample (Karn): SRTT unchanged, RTO
+    // stays backed off.
+    h.now += Duration::from_millis(50);
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 501)).unwrap();
+    let st = h.ep.stats_of(c).unwrap();
+    assert_eq!(st.srtt, Some(Duration::from_millis(100)));
+    assert_eq!(st.rto, Duration::from_millis(2400));
+    // A fresh segment acknowledged after 100 ms is a valid sample: back-off cleared.
+    h.ep.write(c, &[1u8; 500]).unwrap();
+    h.out1();
+    h.now += Duration::from_millis(100);
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 1001)).unwrap();
+    let st = h.ep.stats_of(c).unwrap();
+    assert_eq!(st.srtt, Some(Duration::from_millis(100)));
+    // RTTVAR = 3/4 * 50 = 37.5 ms -> RTO 250 ms.
+    assert_eq!(st.rto, Duration::from_millis(250));
+}
+
+#[test]
+fn rto_retransmits_everything_in_slow_start() {
+    let (mut h, c, iss) = open(
+        ConnectionConfig::default(),
+        true,
+        Duration::from_millis(100),
+    );
+    h.ep.write(c, &[0u8; 10_000]).unwrap();
+    assert_eq!(h.out().len(), 10);
+    h.fire_next_timer();
+    // cwnd = 1 SMSS: one segment.
+    assert_eq!(h.out1().seq, seg(iss, 0));
+    h.inject(&ack(&h, iss, 1)).unwrap();
+    // Slow start: 2 more (the lost ones, in order).
+    let o = h.out();
+    assert_eq!(
+        o.iter()
+            .map(|p| (p.seq - iss - 1) / MSS)
+            .collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+}
+
+#[test]
+fn cubic_and_newreno_reduce_differently() {
+    let mut got = Vec::new();
+    for cc in [CongestionAlgorithm::Cubic, CongestionAlgorithm::NewReno] {
+        let (mut h, c, iss) = open(
+            ConnectionConfig {
+                congestion: cc,
+                ..Default::default()
+            },
+            true,
+            Duration::from_millis(100),
+        );
+        h.ep.write(c, &[0u8; 100_000]).unwrap();
+        h.out();
+        // 3 SACKed segments above the lost segment 0.
+        for k in 1..=3 {
+            h.inject(&ack(&h, iss, 0).opt(Opt::Sack(vec![(seg(iss, 1), seg(iss, 1 + k))])))
+                .unwrap();
+            h.out();
+        }
+        let st = h.ep.stats_of(c).unwrap();
+        assert!(st.in_recovery);
+        got.push((st.cwnd, st.ssthresh));
+    }
+    // CUBIC: beta 0.7 of cwnd (10 segments). NewReno: half of FlightSize (12 segments, with
+    // two limited-transmit segments).
+    assert_eq!(got[0], (7000, 7000));
+    assert_eq!(got[1], (6000, 6000));
+}
+
+#[test]
+fn custom_congestion_controller_can_be_plugged_in() {
+    use squarepeg_tcp::cc::{AckEvent, CongestionControl};
+    #[derive(Debug)]
+    struct Fixed(u64);
+    impl CongestionControl for Fixed {
+        fn name(&self) -> &'static str {
+            "fixed"
+        }
+        fn cwnd(&self) -> u64 {
+            self.0
+        }
+        fn ssthresh(&self) -> u64 {
+            u64::MAX
+        }
+        fn on_ack(&mut self, _: &AckEvent) {}
+        fn on_congestion_event(&mut self, _: std::time::Instant, _: u64) {}
+        fn on_recovery_exit(&mut self, _: std::time::Instant) {}
+        fn on_rto(&mut self, _: std::time::Instant, _: u64) {}
+        fn on_idle_restart(&mut self, _: std::time::Instant) {}
+        fn set_mss(&mut self, _: u64) {}
+    }
+    let (mut h, c, _) = open(ConnectionConfig::default(), true, Duration::from_millis(10));
+    h.ep.set_congestion_control(c, Box::new(Fixed(3 * MSS as u64)))
+        .unwrap();
+    h.ep.write(c, &[0u8; 50_000]).unwrap();
+    assert_eq!(h.out().len(), 3);
+    assert_eq!(h.ep.stats_of(c).unwrap().congestion, "fixed");
+}
