@@ -17,9 +17,17 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// Userspace TCP on a TUN device: servers and clients to use with nc, socat or curl.
+    Tcp(Box<cmd::tcp::TcpArgs>),
+    /// Run benchmarks.
+    Bench(cmd::bench::BenchArgs),
+}
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.command {}
+    match cli.command {
+        Command::Tcp(a) => cmd::tcp::run(*a),
+        Command::Bench(a) => cmd::bench::run(a),
+    }
 }

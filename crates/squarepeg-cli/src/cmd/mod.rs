@@ -1,1 +1,5 @@
 //! One module per `peg` verb.
+
+pub mod bench;
+mod bench_tcp;
+pub mod tcp;
