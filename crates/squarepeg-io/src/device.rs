@@ -93,8 +93,14 @@ impl TunDevice {
         if let Some(mtu) = config.mtu {
             validate_mtu(u32::from(mtu))?;
         }
-        if !std::path::Path::new("/dev/net/tun").exists() {
-            return Err(Error::NoTunSupport);
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/net/tun")
+        {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Error::NoTunSupport),
+            Err(e) => return Err(Error::TunNodeAccess(e)),
         }
         // Leave the up/down state, MTU and queue length alone while attaching: an unprivileged
         // user may attach to a persistent device they own but not change its settings.

@@ -19,6 +19,12 @@ pub enum Error {
         /// The device name asked for (or `tun%d`).
         device: String,
     },
+    /// `/dev/net/tun` itself may not be opened by this user.
+    #[error(
+        "cannot open /dev/net/tun: {0}; it must be readable and writable by your user (most \
+         distributions make it mode 0666: `sudo chmod 0666 /dev/net/tun`), or run as root"
+    )]
+    TunNodeAccess(io::Error),
     /// A non-multiqueue TUN device is already attached to another file descriptor.
     #[error("TUN device `{device}` is busy: another process has it open")]
     DeviceBusy {

@@ -22,6 +22,7 @@ use squarepeg_tcp::{
     CloseReason, ConnectionConfig, ConnectionHandle, Endpoint, EndpointConfig, EndpointStats,
     Event, ListenerHandle,
 };
+use tokio::io::Interest;
 use tokio::sync::Notify;
 
 use crate::device::TunDevice;
@@ -778,9 +779,11 @@ impl Driver {
             }
             let blocked = !self.io.unsent.is_empty();
             // The next turn reads until the device has nothing, so clearing the readiness
-            // when it is reported loses nothing; a packet arriving later sets it again.
+            // when it is reported loses nothing; a packet arriving later sets it again. A
+            // device deleted under the driver reports only an error condition (EPOLLERR),
+            // which the next read turns into the error that stops the driver.
             tokio::select! {
-                r = self.io.fd.readable() => r?.clear_ready(),
+                r = self.io.fd.ready(Interest::READABLE | Interest::ERROR) => r?.clear_ready(),
                 _ = self.shared.wake_driver.notified() => {}
                 _ = &mut sleep, if deadline.is_some() => {}
                 r = self.io.fd.writable(), if blocked => r?.clear_ready(),

@@ -216,11 +216,18 @@ impl StackArgs {
     /// Opens (or creates, with --setup) the device and starts the stack.
     pub fn start(&self) -> anyhow::Result<RunningStack> {
         let setup = self.host_setup()?;
+        let impairment = self.impairment()?;
         let ns = self.netns.as_deref().map(NetNs::existing).transpose()?;
         let in_ns = |f: &(dyn Fn() -> anyhow::Result<TunDevice> + Sync)| match &ns {
             Some(ns) => ns.run(f)?,
             None => f(),
         };
+        squarepeg_io::validate_device_name(&self.dev)?;
+        let exists = std::process::Command::new("ip")
+            .args(setup.netns.iter().flat_map(|n| ["-n", n.as_str()]))
+            .args(["link", "show", "dev", &self.dev])
+            .output()
+            .is_ok_and(|o| o.status.success());
         if self.setup {
             // SAFETY: geteuid has no preconditions.
             ensure!(
@@ -228,15 +235,17 @@ impl StackArgs {
                 "--setup creates a TUN device and configures addresses: run as root, or have \
                  root create a device for you once (`sudo peg tcp setup --user $USER`)"
             );
-            let exists = std::process::Command::new("ip")
-                .args(setup.netns.iter().flat_map(|n| ["-n", n.as_str()]))
-                .args(["link", "show", "dev", &self.dev])
-                .output()
-                .is_ok_and(|o| o.status.success());
             ensure!(
                 !exists,
                 "device `{}` exists already: run without --setup to use it, or choose another \
                  --dev",
+                self.dev
+            );
+        } else {
+            ensure!(
+                exists,
+                "no device `{}`: create one with `sudo peg tcp setup [--user $USER]`, or pass \
+                 --setup to make one for this run (root)",
                 self.dev
             );
         }
@@ -263,23 +272,21 @@ impl StackArgs {
         }
         let mut config = StackConfig::new(setup.stack_addresses());
         config.connection.mss = self.mss;
-        config.impairment = self.impairment()?;
+        config.impairment = impairment;
         if let Some(path) = &self.pcap {
             config.capture = Some(Capture::to_file(path, self.snaplen)?);
         }
         let stack = Stack::new(device, config)?;
         Ok(RunningStack {
             stack: Some(stack),
-            setup,
             _ns: ns,
         })
     }
 }
 
-/// A stack with what it was set up with.
+/// A running stack (and the namespace handle it was opened in).
 pub struct RunningStack {
     pub stack: Option<Stack>,
-    pub setup: HostSetup,
     _ns: Option<NetNs>,
 }
 
@@ -635,46 +642,63 @@ struct RecvArgs {
     connect_timeout: u64,
 }
 
-async fn connect(
-    running: &RunningStack,
-    to: SocketAddr,
-    timeout: u64,
-) -> anyhow::Result<TcpStream> {
+/// Checks a client's target before any device is touched.
+fn check_target(stack: &StackArgs, to: SocketAddr) -> anyhow::Result<()> {
     squarepeg_io::check_unicast(to.ip())?;
+    let setup = stack.host_setup()?;
     ensure!(
-        !running.setup.stack_addresses().contains(&to.ip()),
-        "bad address {to}: that is the stack's own address; connect to the kernel side \
-         (e.g. {})",
-        running
-            .setup
+        !setup.stack_addresses().contains(&to.ip()),
+        "bad address {to}: that is the stack's own address; connect to the kernel side (e.g. {})",
+        setup
             .pairs
             .iter()
             .find(|p| p.kernel.is_ipv4() == to.is_ipv4())
             .map(|p| p.kernel.to_string())
             .unwrap_or_default()
     );
+    ensure!(
+        setup
+            .pairs
+            .iter()
+            .any(|p| p.stack.is_ipv4() == to.is_ipv4()),
+        "bad address {to}: the stack has no {} address (--addr)",
+        if to.is_ipv4() { "IPv4" } else { "IPv6" }
+    );
+    Ok(())
+}
+
+async fn connect(
+    running: &RunningStack,
+    to: SocketAddr,
+    timeout: u64,
+) -> anyhow::Result<TcpStream> {
     let conn = tokio::time::timeout(Duration::from_secs(timeout), running.stack().connect(to))
         .await
-        .with_context(|| format!("connecting to {to}: no answer in {timeout} s (is the route through the device right?)"))?
+        .with_context(|| {
+            format!(
+                "connecting to {to}: no answer in {timeout} s (is the route through the \
+                 device right? is the peer's firewall open?)"
+            )
+        })?
         .with_context(|| format!("connecting to {to}"))?;
     Ok(conn)
 }
 
 fn send(a: SendArgs) -> anyhow::Result<()> {
+    check_target(&a.stack, a.to)?;
     let rt = runtime()?;
+    let (mut input, len): (Box<dyn AsyncRead + Unpin + Send>, Option<u64>) =
+        if a.file.as_os_str() == "-" {
+            (Box::new(tokio::io::stdin()), None)
+        } else {
+            let f = std::fs::File::open(&a.file)
+                .with_context(|| format!("opening {}", a.file.display()))?;
+            let len = f.metadata().ok().map(|m| m.len());
+            (Box::new(tokio::fs::File::from_std(f)), len)
+        };
     let mut running = a.stack.start()?;
     let quiet = a.stack.quiet;
     let result = rt.block_on(async {
-        let (mut input, len): (Box<dyn AsyncRead + Unpin + Send>, Option<u64>) =
-            if a.file.as_os_str() == "-" {
-                (Box::new(tokio::io::stdin()), None)
-            } else {
-                let f = tokio::fs::File::open(&a.file)
-                    .await
-                    .with_context(|| format!("opening {}", a.file.display()))?;
-                let len = f.metadata().await.ok().map(|m| m.len());
-                (Box::new(f), len)
-            };
         let conn = connect(&running, a.to, a.connect_timeout).await?;
         let bar = progress_bar(quiet, len, "sending");
         let started = Instant::now();
@@ -723,19 +747,19 @@ fn send(a: SendArgs) -> anyhow::Result<()> {
 }
 
 fn recv(a: RecvArgs) -> anyhow::Result<()> {
+    check_target(&a.stack, a.from)?;
     let rt = runtime()?;
+    let mut output: Box<dyn AsyncWrite + Unpin + Send> = if a.file.as_os_str() == "-" {
+        Box::new(tokio::io::stdout())
+    } else {
+        Box::new(tokio::fs::File::from_std(
+            std::fs::File::create(&a.file)
+                .with_context(|| format!("creating {}", a.file.display()))?,
+        ))
+    };
     let mut running = a.stack.start()?;
     let quiet = a.stack.quiet;
     let result = rt.block_on(async {
-        let mut output: Box<dyn AsyncWrite + Unpin + Send> = if a.file.as_os_str() == "-" {
-            Box::new(tokio::io::stdout())
-        } else {
-            Box::new(
-                tokio::fs::File::create(&a.file)
-                    .await
-                    .with_context(|| format!("creating {}", a.file.display()))?,
-            )
-        };
         let mut conn = connect(&running, a.from, a.connect_timeout).await?;
         let bar = progress_bar(quiet, None, "receiving");
         let started = Instant::now();

@@ -227,6 +227,21 @@ impl Pattern {
     pub fn fill(&mut self, buf: &mut [u8]) {
         self.0.fill_bytes(buf);
     }
+
+    /// SHA-256 of the first `bytes` of the seed's pattern.
+    pub fn digest_of(bytes: u64, seed: u64) -> [u8; 32] {
+        let mut p = Pattern::new(seed);
+        let mut hash = Sha256::new();
+        let mut buf = vec![0u8; CHUNK];
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(CHUNK as u64) as usize;
+            p.fill(&mut buf[..n]);
+            hash.update(&buf[..n]);
+            left -= n as u64;
+        }
+        hash.finalize().into()
+    }
 }
 
 /// What one end of a bidirectional transfer saw.
