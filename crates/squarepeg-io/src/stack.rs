@@ -129,10 +129,29 @@ pub struct DeviceStats {
     pub bytes_written: u64,
     /// Writes the device refused (other than "try again"), e.g. while it is down.
     pub write_errors: u64,
+    /// Packets read that were longer than the MTU the driver started with (dropped).
+    pub truncated: u64,
     /// Driver turns (one read batch, one send batch).
     pub turns: u64,
     /// Packets captured to pcap.
     pub captured: u64,
+    /// CPU time of the driver thread so far (user and system), sampled every 256 turns and
+    /// when it stops.
+    pub driver_cpu: Duration,
+}
+
+/// CPU time of the calling thread.
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// Everything the stack counts.
@@ -348,7 +367,19 @@ impl Stack {
         let thread = std::thread::Builder::new()
             .name(format!("squarepeg-io {device_name}"))
             .spawn(move || {
-                let outcome = run_driver(driver_shared.clone(), device, shim, capture, batch);
+                let run = std::panic::AssertUnwindSafe(|| {
+                    run_driver(driver_shared.clone(), device, shim, capture, batch)
+                });
+                // Nothing here should panic; if something does, the handles must still learn
+                // that the driver is gone rather than wait for it forever.
+                let outcome = std::panic::catch_unwind(run).unwrap_or_else(|panic| {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    Err(format!("the driver panicked: {what}"))
+                });
                 let why = match outcome {
                     Ok(()) => "shut down".to_string(),
                     Err(e) => {
@@ -578,6 +609,17 @@ impl Batch {
 /// The device's file descriptor, non-blocking, registered with the driver's runtime.
 type DeviceFd = tokio::io::unix::AsyncFd<tun_rs::SyncDevice>;
 
+/// The length an IP packet's header claims (0 if it is not IPv4 or IPv6).
+fn ip_length(packet: &[u8]) -> usize {
+    match packet.first().map(|b| b >> 4) {
+        Some(4) if packet.len() >= 4 => usize::from(u16::from_be_bytes([packet[2], packet[3]])),
+        Some(6) if packet.len() >= 6 => {
+            40 + usize::from(u16::from_be_bytes([packet[4], packet[5]]))
+        }
+        _ => 0,
+    }
+}
+
 /// Reads one packet; `Ok(None)` when none is waiting.
 fn read_packet(fd: &DeviceFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
     use std::os::fd::AsRawFd;
@@ -795,14 +837,23 @@ impl Driver {
     fn turn(&mut self) -> io::Result<Turn> {
         let io_ready = self.io.flush_unsent()?;
         let mut received = 0;
-        while received < self.batch {
-            match read_packet(&self.io.fd, &mut self.rx.bufs[received])? {
+        let mut reads = 0;
+        while reads < self.batch {
+            let buf = &mut self.rx.bufs[received];
+            match read_packet(&self.io.fd, buf)? {
+                // A packet longer than the buffer (the MTU was raised under the driver) is cut
+                // to the buffer by the read: drop it, counted, rather than hand the endpoint a
+                // packet whose length field lies.
+                Some(n) if n > buf.len() || (n == buf.len() && ip_length(buf) > n) => {
+                    self.io.stats.truncated += 1
+                }
                 Some(n) => {
                     self.rx.lens[received] = n;
                     received += 1;
                 }
                 None => break,
             }
+            reads += 1;
         }
         for i in 0..received {
             let n = self.rx.lens[i];
@@ -858,6 +909,9 @@ impl Driver {
         st.dispatch(&mut self.wake);
         let timer = st.endpoint.poll_timeout();
         self.io.stats.turns += 1;
+        if self.io.stats.turns.is_multiple_of(256) {
+            self.io.stats.driver_cpu = thread_cpu_time();
+        }
         st.stats.device = self.io.stats.clone();
         if let Some(shim) = &self.shim {
             st.stats.inbound = Some(shim.inbound.stats());
@@ -883,7 +937,7 @@ impl Driver {
                 (a, b) => a.or(b),
             };
         }
-        if received == self.batch || polled == self.batch {
+        if reads == self.batch || polled == self.batch {
             Ok(Turn::Busy)
         } else {
             Ok(Turn::Idle(next))
@@ -891,6 +945,7 @@ impl Driver {
     }
 
     fn publish_stats(&mut self) {
+        self.io.stats.driver_cpu = thread_cpu_time();
         let mut st = self.shared.lock();
         st.stats.device = self.io.stats.clone();
         st.stats.capture_error = self.io.capture_error.clone();

@@ -324,3 +324,37 @@ fn driver_stops_with_an_error_when_the_device_is_deleted() {
     );
     drop(ns);
 }
+
+#[test]
+fn packets_longer_than_the_mtu_are_dropped_and_counted() {
+    if !can_run() {
+        return;
+    }
+    let lab = Lab::start("big", LabOptions::default());
+    // Raise the MTU under the driver, then have the kernel send one 5000-byte packet.
+    lab.ns
+        .ip(&["link", "set", "dev", DEVICE, "mtu", "9000"])
+        .unwrap();
+    let ping = lab
+        .ns
+        .command("ping")
+        .args(["-c", "1", "-W", "1", "-s", "5000", "10.77.0.2"])
+        .output()
+        .expect("ping (iputils-ping, installed by .ci/run)");
+    assert!(!ping.status.success(), "nobody answers ICMP behind the TUN");
+    // The stack still works.
+    let listener = lab.kernel_listen(false, 7500);
+    let to = SocketAddr::new(lab.kernel_addr(false), 7500);
+    let rt = runtime();
+    std::thread::scope(|s| {
+        let k = s.spawn(|| kernel_exchange(listener.accept().unwrap().0, 100_000, 5));
+        let (ex, reason, _) = rt.block_on(async {
+            let c = lab.stack.connect(to).await.unwrap();
+            stack_exchange(c, 100_000, 6).await
+        });
+        assert_eq!(ex.received_digest, k.join().unwrap().sent_digest);
+        assert_eq!(reason, squarepeg_io::CloseReason::Normal);
+    });
+    let stats = lab.finish();
+    assert_eq!(stats.device.truncated, 1, "{:?}", stats.device);
+}

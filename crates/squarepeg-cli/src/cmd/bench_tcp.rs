@@ -159,6 +159,12 @@ struct Row {
     /// Packets the kernel dropped at the TUN queue, squarepeg's retransmissions.
     tun_queue_drops: Option<u64>,
     retransmitted_packets: Option<u64>,
+    /// Receiver's transfer time.
+    seconds: f64,
+    /// CPU seconds of squarepeg's driver thread (part of squarepeg's side), and that over the
+    /// transfer time: near 1 means the driver thread is the bottleneck.
+    driver_cpu: Option<f64>,
+    driver_busy: Option<f64>,
 }
 
 fn per_gib(cpu: Cpu, bytes: u64) -> f64 {
@@ -368,6 +374,9 @@ fn kernel_over_veth(mtu: u16, bytes: u64, quiet: bool) -> anyhow::Result<Row> {
         ratio_to_kernel: None,
         tun_queue_drops: None,
         retransmitted_packets: None,
+        seconds: got.seconds,
+        driver_cpu: None,
+        driver_busy: None,
     })
 }
 
@@ -467,8 +476,9 @@ fn squarepeg_over_tun(
         .run(|| InterfaceCounters::read("sp0"))?
         .map(|c| c.tx_dropped)
         .ok();
-    rt.block_on(stack.shutdown())?;
+    let final_stats = rt.block_on(stack.shutdown())?;
     let (seconds, sender_cpu, receiver_cpu, retransmitted) = outcome?;
+    let driver_cpu = final_stats.device.driver_cpu.as_secs_f64();
     if !quiet {
         eprintln!("{label}: {}", rate(bytes, seconds));
     }
@@ -487,6 +497,9 @@ fn squarepeg_over_tun(
         ratio_to_kernel: None,
         tun_queue_drops: drops,
         retransmitted_packets: Some(retransmitted),
+        seconds,
+        driver_cpu: Some(driver_cpu),
+        driver_busy: Some(driver_cpu / seconds),
     })
 }
 
@@ -526,19 +539,20 @@ impl Report {
 
     fn print(&self) {
         println!(
-            "{:<28} {:>6} {:>10} {:>7} {:>14} {:>14} {:>9} {:>8}",
+            "{:<28} {:>6} {:>8} {:>6} {:>14} {:>14} {:>7} {:>9} {:>8}",
             "contender",
             "MTU",
             "Gbit/s",
             "ratio",
             "send CPU s/GiB",
             "recv CPU s/GiB",
+            "driver",
             "TUN drops",
             "retrans"
         );
         for r in &self.rows {
             println!(
-                "{:<28} {:>6} {:>10.2} {:>7} {:>14.2} {:>14.2} {:>9} {:>8}",
+                "{:<28} {:>6} {:>8.2} {:>6} {:>14.2} {:>14.2} {:>7} {:>9} {:>8}",
                 r.contender,
                 r.mtu,
                 r.bytes_per_second * 8.0 / 1e9,
@@ -547,6 +561,9 @@ impl Report {
                     .unwrap_or_else(|| "1".into()),
                 r.sender_cpu_per_gib,
                 r.receiver_cpu_per_gib,
+                r.driver_busy
+                    .map(|b| format!("{:.0}%", b * 100.0))
+                    .unwrap_or_else(|| "-".into()),
                 r.tun_queue_drops
                     .map(|d| d.to_string())
                     .unwrap_or_else(|| "-".into()),
@@ -556,8 +573,9 @@ impl Report {
             );
         }
         println!(
-            "{} per transfer, {} CPUs; squarepeg's CPU includes the kernel's processing of the \
-             packets it writes to the TUN device",
+            "{} bytes per transfer, {} CPUs. squarepeg's CPU includes the kernel's processing \
+             of the packets it writes to the TUN device; `driver` is its driver thread's CPU \
+             time over the transfer time.",
             self.bytes, self.cpus
         );
     }
