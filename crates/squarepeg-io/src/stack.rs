@@ -913,6 +913,9 @@ impl Driver {
             self.io.stats.driver_cpu = thread_cpu_time();
         }
         st.stats.device = self.io.stats.clone();
+        if self.io.capture_error.is_some() && st.stats.capture_error.is_none() {
+            st.stats.capture_error = self.io.capture_error.clone();
+        }
         if let Some(shim) = &self.shim {
             st.stats.inbound = Some(shim.inbound.stats());
             st.stats.outbound = Some(shim.outbound.stats());
