@@ -24,10 +24,10 @@ impl NetNs {
     /// value is dropped, even on a panic.
     pub fn create(name: &str) -> Result<NetNs, Error> {
         if name.is_empty() || name.len() > 200 || name.contains('/') || name.starts_with('.') {
-            return Err(Error::bad_address(
-                name,
-                "a namespace name is 1 to 200 bytes, without `/` or a leading `.`",
-            ));
+            return Err(Error::Namespace {
+                name: name.to_string(),
+                reason: "a name is 1 to 200 bytes, without `/` or a leading `.`".into(),
+            });
         }
         run_command(Command::new("ip").args(["netns", "add", name]))?;
         let ns = NetNs {
@@ -44,11 +44,14 @@ impl NetNs {
             name: name.to_string(),
             owned: false,
         };
-        if !ns.path().exists() {
-            return Err(Error::bad_address(
-                name,
-                format!("no network namespace (no {})", ns.path().display()),
-            ));
+        if name.is_empty() || name.contains('/') || !ns.path().exists() {
+            return Err(Error::Namespace {
+                name: name.to_string(),
+                reason: format!(
+                    "does not exist (no {}); create it with `ip netns add {name}`",
+                    ns.path().display()
+                ),
+            });
         }
         Ok(ns)
     }

@@ -376,3 +376,116 @@ fn zero_windows_both_ways() {
     let stats = lab.finish();
     assert_eq!(stats.endpoint.resets_sent, 0);
 }
+
+/// The same exchange with squarepeg offering no TCP options beyond MSS (no window scaling, no
+/// SACK, no timestamps), through the impaired path: the kernel falls back to the RFC 9293
+/// basics and squarepeg recovers losses with NewReno (RFC 6582), both roles, IPv4.
+#[test]
+fn impaired_without_options_both_roles() {
+    if !can_run() {
+        return;
+    }
+    const BYTES: u64 = 1 << 20;
+    let plain = squarepeg_io::ConnectionConfig {
+        window_scaling: false,
+        sack: false,
+        timestamps: false,
+        ..Default::default()
+    };
+    let lab = Lab::start(
+        "plain",
+        LabOptions {
+            impairment: Some(impaired_path(99)),
+            ..Default::default()
+        },
+    );
+    let rt = runtime();
+    // Kernel client → squarepeg server.
+    let addr = SocketAddr::new(lab.stack_addr(false), 7700);
+    let listener = lab.stack.listen_with(&[addr], plain.clone()).unwrap();
+    std::thread::scope(|s| {
+        let kernel = s.spawn(|| kernel_exchange(lab.kernel_connect(addr), BYTES, 1));
+        let (stack, reason, stats) = rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(120), async {
+                let (c, _) = listener.accept().await.unwrap();
+                let n = c.negotiated().unwrap();
+                assert!(!n.sack && !n.timestamps && n.send_window_scale.is_none());
+                stack_exchange(c, BYTES, 2).await
+            })
+            .await
+            .expect("in time")
+        });
+        let kernel = kernel.join().unwrap();
+        assert_eq!(stack.received_digest, kernel.sent_digest);
+        assert_eq!(kernel.received_digest, stack.sent_digest);
+        assert_eq!(reason, CloseReason::Normal);
+        assert!(stats.packets_retransmitted > 0);
+    });
+    // Squarepeg client → kernel server.
+    let klistener = lab.kernel_listen(false, 7701);
+    let to = SocketAddr::new(lab.kernel_addr(false), 7701);
+    std::thread::scope(|s| {
+        let kernel = s.spawn(|| kernel_exchange(klistener.accept().unwrap().0, BYTES, 3));
+        let (stack, reason, _) = rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(120), async {
+                let c = lab.stack.connect_with(to, plain.clone()).await.unwrap();
+                stack_exchange(c, BYTES, 4).await
+            })
+            .await
+            .expect("in time")
+        });
+        let kernel = kernel.join().unwrap();
+        assert_eq!(stack.received_digest, kernel.sent_digest);
+        assert_eq!(kernel.received_digest, stack.sent_digest);
+        assert_eq!(reason, CloseReason::Normal);
+    });
+    let stats = lab.finish();
+    assert_eq!(stats.endpoint.resets_sent, 0);
+}
+
+/// A kernel client against a squarepeg listener that answers every SYN with a SYN cookie
+/// (RFC 4987 §3.6): the options the cookie carries in the timestamp (window scale, SACK) must
+/// come back to life, and the exchange is the same as without cookies.
+#[test]
+fn kernel_client_against_syn_cookies() {
+    if !can_run() {
+        return;
+    }
+    const BYTES: u64 = 4 << 20;
+    for v6 in [false, true] {
+        let lab = Lab::start(
+            "cookie",
+            LabOptions {
+                syn_cookies_always: true,
+                ..Default::default()
+            },
+        );
+        let listener = lab.stack.listen_port(7800).unwrap();
+        let to = SocketAddr::new(lab.stack_addr(v6), 7800);
+        let rt = runtime();
+        std::thread::scope(|s| {
+            let kernel = s.spawn(|| kernel_exchange(lab.kernel_connect(to), BYTES, 1));
+            let (stack, reason, _) = rt.block_on(async {
+                tokio::time::timeout(Duration::from_secs(60), async {
+                    let (c, _) = listener.accept().await.unwrap();
+                    let n = c.negotiated().unwrap();
+                    assert!(
+                        n.sack && n.timestamps && n.send_window_scale.is_some(),
+                        "{n:?}"
+                    );
+                    stack_exchange(c, BYTES, 2).await
+                })
+                .await
+                .expect("in time")
+            });
+            let kernel = kernel.join().unwrap();
+            assert_eq!(stack.received_digest, kernel.sent_digest);
+            assert_eq!(kernel.received_digest, stack.sent_digest);
+            assert_eq!(reason, CloseReason::Normal);
+        });
+        let stats = lab.finish();
+        assert_eq!(stats.endpoint.syn_cookies_sent, 1);
+        assert_eq!(stats.endpoint.syn_cookies_accepted, 1);
+        assert_eq!(stats.endpoint.resets_sent, 0);
+    }
+}

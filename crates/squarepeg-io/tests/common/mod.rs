@@ -83,6 +83,8 @@ pub struct LabOptions {
     pub capture: Option<(PathBuf, u32)>,
     /// The device's transmit queue (kernel to squarepeg), in packets.
     pub tx_queue_len: Option<u32>,
+    /// Answer every SYN with a SYN cookie (RFC 4987 §3.6).
+    pub syn_cookies_always: bool,
 }
 
 impl Default for LabOptions {
@@ -93,6 +95,7 @@ impl Default for LabOptions {
             impairment: None,
             capture: None,
             tx_queue_len: std::env::var("SPIO_TXQ").ok().and_then(|v| v.parse().ok()),
+            syn_cookies_always: false,
         }
     }
 }
@@ -123,6 +126,9 @@ impl Lab {
         setup.apply().expect("configure addresses");
         let mut config = StackConfig::new(setup.stack_addresses());
         config.connection.mss = options.mss;
+        if options.syn_cookies_always {
+            config.endpoint.syn_cookies = squarepeg_tcp::SynCookies::Always;
+        }
         config.impairment = options.impairment.clone();
         if let Some((path, snaplen)) = &options.capture {
             config.capture = Some(Capture::to_file(path, *snaplen).expect("capture file"));
