@@ -361,6 +361,17 @@ impl Session {
         self.queued_message_bytes
     }
 
+    /// Whether a message of `len` bytes fits the send queue now. If not,
+    /// [`Event::SendQueueAvailable`] follows once room is freed.
+    pub fn message_queue_has_room(&mut self, len: usize) -> bool {
+        let room = self.queued_message_bytes == 0
+            || self.queued_message_bytes + len <= self.config.message_send_queue;
+        if !room {
+            self.queue_full_reported = true;
+        }
+        room
+    }
+
     /// Queues a message; returns its number. Fails with `QueueFull` when the
     /// queue holds `Config::message_send_queue` bytes (the driver may wait
     /// for `Event::SendQueueAvailable` and retry).
@@ -381,10 +392,7 @@ impl Session {
                 max: MAX_MESSAGE_SIZE,
             });
         }
-        if self.queued_message_bytes > 0
-            && self.queued_message_bytes + payload.len() > self.config.message_send_queue
-        {
-            self.queue_full_reported = true;
+        if !self.message_queue_has_room(payload.len()) {
             return Err(SendError::QueueFull {
                 queued: self.queued_message_bytes,
                 limit: self.config.message_send_queue,
@@ -526,7 +534,7 @@ impl Session {
         }
         self.queued_message_bytes -= msg.payload.len();
         if self.queue_full_reported
-            && self.queued_message_bytes + MAX_MESSAGE_SIZE / 2 <= self.config.message_send_queue
+            && self.queued_message_bytes <= self.config.message_send_queue / 2
         {
             self.queue_full_reported = false;
             self.events.push_back(Event::SendQueueAvailable);
@@ -722,8 +730,16 @@ impl Session {
     }
 
     /// Reads in-order bytes of stream `id`.
+    /// Bytes that arrived before the connection closed stay readable; then
+    /// the read fails with the connection's error.
     pub fn stream_read(&mut self, id: StreamId, out: &mut [u8]) -> Result<ReadOutcome, StreamError> {
-        let s = self.stream_mut(id)?;
+        let closed = self.error().cloned();
+        let Some(s) = self.streams.get_mut(&id) else {
+            return Err(match closed {
+                Some(e) => StreamError::Connection(e),
+                None => StreamError::UnknownStream(id),
+            });
+        };
         if let Some(code) = s.recv.reset {
             s.recv.done = true;
             self.maybe_remove_stream(id);
@@ -741,6 +757,9 @@ impl Session {
                 self.update_stream_window(id);
             }
             ReadOutcome::Blocked => {
+                if let Some(e) = closed {
+                    return Err(StreamError::Connection(e));
+                }
                 if let Some(s) = self.streams.get_mut(&id) {
                     s.read_blocked = true;
                 }
