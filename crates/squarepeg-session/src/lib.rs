@@ -40,6 +40,7 @@
 mod config;
 pub mod control;
 mod error;
+mod hash;
 mod scheduler;
 mod session;
 mod stream;

@@ -7,7 +7,9 @@
 //! late as the transport allows (Minion §4.2): nothing is committed to the
 //! transport before it asks for the next frame.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::hash::IntMap;
 
 use crate::Priority;
 
@@ -23,7 +25,7 @@ pub(crate) struct Scheduler {
     rings: [VecDeque<Flow>; Priority::LEVELS],
     /// Deficit of each flow in a ring, in bytes. Present iff the flow is in
     /// its ring.
-    deficits: HashMap<(u8, Flow), i64>,
+    deficits: IntMap<(u8, Flow), i64>,
     quantum: i64,
 }
 
@@ -33,7 +35,7 @@ impl Scheduler {
     pub(crate) fn new(quantum: usize) -> Self {
         Self {
             rings: Default::default(),
-            deficits: HashMap::new(),
+            deficits: IntMap::default(),
             quantum: quantum.max(1) as i64,
         }
     }

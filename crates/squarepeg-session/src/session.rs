@@ -1,6 +1,6 @@
 //! The session state machine.
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use squarepeg_framing::{Frame, FrameError, FrameHeader, encode_frame};
@@ -10,6 +10,7 @@ use crate::config::{
     DEFAULT_INITIAL_MAX_STREAMS, MAX_MESSAGE_SIZE,
 };
 use crate::control::{ControlFrame, Params};
+use crate::hash::{IntMap, IntSet};
 use crate::error::{ConnectionError, ProtocolError, SendError, StreamError};
 use crate::scheduler::{Flow, Scheduler};
 use crate::stream::{ReadOutcome, RecvHalf, SendHalf, initiated_by_client};
@@ -157,6 +158,46 @@ impl QueuedMessage {
     }
 }
 
+/// The queued message numbers of one flow, oldest first.
+#[derive(Debug, Default)]
+struct FlowQueue {
+    numbers: VecDeque<MessageNumber>,
+    /// How many of `numbers` are still queued.
+    live: usize,
+}
+
+impl FlowQueue {
+    fn push(&mut self, n: MessageNumber) {
+        self.numbers.push_back(n);
+        self.live += 1;
+    }
+
+    /// Forgets `n` (already gone from the message map, like every number
+    /// `alive` rejects). Its entry is skipped when it reaches the front;
+    /// the queue is compacted when dead entries outnumber live ones, so
+    /// squashing while the transport is blocked cannot grow it without
+    /// bound.
+    fn remove(&mut self, n: MessageNumber, alive: impl Fn(MessageNumber) -> bool) {
+        self.live = self.live.saturating_sub(1);
+        if self.numbers.front() == Some(&n) {
+            self.numbers.pop_front();
+        } else if self.numbers.len() > 2 * self.live + 64 {
+            self.numbers.retain(|&k| alive(k));
+        }
+    }
+
+    /// The oldest number still queued.
+    fn front(&mut self, alive: impl Fn(MessageNumber) -> bool) -> Option<MessageNumber> {
+        while let Some(&n) = self.numbers.front() {
+            if alive(n) {
+                return Some(n);
+            }
+            self.numbers.pop_front();
+        }
+        None
+    }
+}
+
 #[derive(Debug)]
 struct StreamState {
     send: SendHalf,
@@ -207,10 +248,13 @@ pub struct Session {
 
     // Messages, send side.
     next_message: MessageNumber,
-    messages: HashMap<MessageNumber, QueuedMessage>,
-    message_flows: HashMap<(Priority, u64), BTreeSet<MessageNumber>>,
+    messages: IntMap<MessageNumber, QueuedMessage>,
+    /// Queued message numbers per (class, sub-stream), in number order.
+    /// Entries of messages removed out of turn (squash, expiry) stay until
+    /// they reach the front or the queue is compacted.
+    message_flows: IntMap<(Priority, u64), FlowQueue>,
     deadlines: BTreeSet<(Instant, MessageNumber)>,
-    squash: HashMap<u64, MessageNumber>,
+    squash: IntMap<u64, MessageNumber>,
     /// Recently dropped (expired, squashed) numbers, for `depends_on`.
     dropped: NumberWindow,
     queued_message_bytes: usize,
@@ -222,7 +266,7 @@ pub struct Session {
     seen: NumberWindow,
 
     // Streams.
-    streams: HashMap<StreamId, StreamState>,
+    streams: IntMap<StreamId, StreamState>,
     incoming: VecDeque<StreamId>,
     /// Streams this side opened so far.
     local_opened: u64,
@@ -234,7 +278,7 @@ pub struct Session {
     local_max_streams: u64,
     peer_initial_max_stream_data: u64,
     /// Streams with data waiting for connection credit.
-    conn_blocked: HashSet<StreamId>,
+    conn_blocked: IntSet<StreamId>,
 
     // Connection flow control.
     conn_send_max: u64,
@@ -262,24 +306,24 @@ impl Session {
             control_queue: VecDeque::new(),
             control_body: Vec::with_capacity(64),
             next_message: 0,
-            messages: HashMap::new(),
-            message_flows: HashMap::new(),
+            messages: IntMap::default(),
+            message_flows: IntMap::default(),
             deadlines: BTreeSet::new(),
-            squash: HashMap::new(),
+            squash: IntMap::default(),
             dropped: NumberWindow::new(config.dedup_window),
             queued_message_bytes: 0,
             queue_full_reported: false,
             received: VecDeque::new(),
             received_bytes: 0,
             seen: NumberWindow::new(config.dedup_window),
-            streams: HashMap::new(),
+            streams: IntMap::default(),
             incoming: VecDeque::new(),
             local_opened: 0,
             peer_max_streams: DEFAULT_INITIAL_MAX_STREAMS,
             peer_opened: 0,
             local_max_streams: config.max_concurrent_peer_streams,
             peer_initial_max_stream_data: DEFAULT_INITIAL_MAX_STREAM_DATA,
-            conn_blocked: HashSet::new(),
+            conn_blocked: IntSet::default(),
             conn_send_max: DEFAULT_INITIAL_MAX_DATA,
             conn_sent: 0,
             conn_recv_max: config.connection_receive_window,
@@ -436,7 +480,7 @@ impl Session {
         self.message_flows
             .entry((props.priority, props.substream))
             .or_default()
-            .insert(number);
+            .push(number);
         self.scheduler.activate(
             props.priority,
             Flow::Messages {
@@ -518,9 +562,10 @@ impl Session {
     fn take_message(&mut self, number: MessageNumber, status: MessageStatus) -> Option<QueuedMessage> {
         let msg = self.messages.remove(&number)?;
         let key = (msg.priority, msg.substream);
-        if let Some(set) = self.message_flows.get_mut(&key) {
-            set.remove(&number);
-            if set.is_empty() {
+        let messages = &self.messages;
+        if let Some(q) = self.message_flows.get_mut(&key) {
+            q.remove(number, |k| messages.contains_key(&k));
+            if q.live == 0 {
                 self.message_flows.remove(&key);
             }
         }
@@ -564,6 +609,16 @@ impl Session {
                 self.remove_message(n, MessageStatus::Expired);
             }
         }
+    }
+
+    /// Whether credit updates or other control frames wait to be sent (the
+    /// application's reads can create them; the driver need only be woken
+    /// then).
+    pub fn has_pending_control(&self) -> bool {
+        self.max_data_pending
+            || self.max_streams_pending
+            || !self.max_stream_data_pending.is_empty()
+            || !self.control_queue.is_empty()
     }
 
     /// The next received message.
@@ -1293,7 +1348,11 @@ impl Session {
         substream: u64,
         buf: &mut Vec<u8>,
     ) -> Option<Transmit> {
-        let number = *self.message_flows.get(&(priority, substream))?.first()?;
+        let messages = &self.messages;
+        let number = self
+            .message_flows
+            .get_mut(&(priority, substream))?
+            .front(|n| messages.contains_key(&n))?;
         let msg = self.remove_message(number, MessageStatus::Sent)?;
         let header = FrameHeader::Message { substream, number };
         // Message numbers and sub-streams below 2^62 always encode.

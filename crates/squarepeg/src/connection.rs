@@ -209,6 +209,10 @@ impl Connection {
         payload: impl Into<Vec<u8>>,
         props: MessageProps,
     ) -> Result<MessageNumber, SendError> {
+        // An application that sends in a tight loop never waits, so without
+        // this the driver it wakes (in the worker's unstealable LIFO slot)
+        // would not run until the loop ends.
+        tokio::task::coop::consume_budget().await;
         let mut payload = Some(payload.into());
         let sh = self.shared();
         let result = sh
@@ -248,30 +252,38 @@ impl Connection {
     /// The next received message. After the connection closes, messages
     /// already received are still returned, then the error.
     pub async fn recv_message(&self) -> Result<Message, ConnectionError> {
+        tokio::task::coop::consume_budget().await;
         let sh = self.shared();
         let r = sh
             .wait(
                 |s| &s.messages,
                 |st| {
+                    let was_blocked = st.session.receive_blocked();
                     if let Some(m) = st.session.poll_message() {
-                        return Some(Ok(m));
+                        return Some(Ok((m, was_blocked)));
                     }
                     st.session.error().map(|e| Err(e.clone()))
                 },
             )
             .await;
-        // Room in the receive queue may let the driver read again.
-        sh.driver.notify_one();
-        r
+        let (m, was_blocked) = r?;
+        if was_blocked {
+            // Room in the receive queue lets the driver read again.
+            sh.driver.notify_one();
+        }
+        Ok(m)
     }
 
     /// A received message if one is waiting.
     pub fn try_recv_message(&self) -> Result<Option<Message>, ConnectionError> {
         let sh = self.shared();
         let mut st = sh.lock();
+        let was_blocked = st.session.receive_blocked();
         if let Some(m) = st.session.poll_message() {
             drop(st);
-            sh.driver.notify_one();
+            if was_blocked {
+                sh.driver.notify_one();
+            }
             return Ok(Some(m));
         }
         match st.session.error() {

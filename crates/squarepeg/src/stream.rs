@@ -93,15 +93,23 @@ impl AsyncRead for Stream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        // Take part in tokio's cooperative budget (see send_message).
+        let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
         let sh = self.conn.shared();
         let mut st = sh.lock();
         let r = st.session.stream_read(self.id, buf.initialize_unfilled());
+        if !matches!(r, Ok(ReadOutcome::Blocked)) {
+            coop.made_progress();
+        }
         match r {
             Ok(ReadOutcome::Data(n)) => {
                 buf.advance(n);
+                // Reading may have freed credit the peer is waiting for.
+                let wake_driver = st.session.has_pending_control();
                 drop(st);
-                // Reading may free credit the peer is waiting for.
-                sh.driver.notify_one();
+                if wake_driver {
+                    sh.driver.notify_one();
+                }
                 Poll::Ready(Ok(()))
             }
             Ok(ReadOutcome::Finished) => Poll::Ready(Ok(())),
@@ -123,9 +131,14 @@ impl AsyncWrite for Stream {
         if buf.is_empty() {
             return Poll::Ready(Ok(0));
         }
+        let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
         let sh = self.conn.shared();
         let mut st = sh.lock();
-        match st.session.stream_write(self.id, buf) {
+        let r = st.session.stream_write(self.id, buf);
+        if !matches!(r, Ok(0)) {
+            coop.made_progress();
+        }
+        match r {
             Ok(0) => {
                 st.write_wakers.insert(self.id, cx.waker().clone());
                 Poll::Pending
