@@ -54,7 +54,9 @@ fn run(addr: &str) {
     let recv = dir.0.join("recv");
     std::fs::create_dir_all(&recv).unwrap();
     let file = dir.0.join("payload.bin");
-    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let data: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
     std::fs::write(&file, &data).unwrap();
     let digest = hex::encode(Sha256::digest(&data));
 
@@ -80,7 +82,16 @@ fn run(addr: &str) {
 
     let mut client = Reaper(Some(
         Command::new(peg)
-            .args(["connect", &bound, "--quiet", "--substream", "3", "--priority", "1", "--send-file"])
+            .args([
+                "connect",
+                &bound,
+                "--quiet",
+                "--substream",
+                "3",
+                "--priority",
+                "1",
+                "--send-file",
+            ])
             .arg(&file)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -89,10 +100,18 @@ fn run(addr: &str) {
             .unwrap(),
     ));
     let c = client.0.as_mut().unwrap();
-    c.stdin.take().unwrap().write_all(b"hello\nsecond line\n").unwrap();
+    c.stdin
+        .take()
+        .unwrap()
+        .write_all(b"hello\nsecond line\n")
+        .unwrap();
     let c = client.0.take().unwrap().wait_with_output().unwrap();
     let c_out = String::from_utf8_lossy(&c.stdout).into_owned();
-    assert!(c.status.success(), "connect failed: {}", String::from_utf8_lossy(&c.stderr));
+    assert!(
+        c.status.success(),
+        "connect failed: {}",
+        String::from_utf8_lossy(&c.stderr)
+    );
 
     let mut l = listener.0.take().unwrap();
     let mut l_out = String::new();

@@ -89,7 +89,9 @@ impl Config {
             ));
         }
         if self.dedup_window == 0 || self.stream_send_buffer == 0 {
-            return Err(ConfigError("dedup_window and stream_send_buffer must be > 0"));
+            return Err(ConfigError(
+                "dedup_window and stream_send_buffer must be > 0",
+            ));
         }
         Ok(())
     }

@@ -118,7 +118,10 @@ impl Reader<'_> {
             return Err(ControlError::ReasonTooLong(len));
         }
         let len = len as usize;
-        let bytes = self.buf.get(..len).ok_or(ControlError::Truncated(self.ty))?;
+        let bytes = self
+            .buf
+            .get(..len)
+            .ok_or(ControlError::Truncated(self.ty))?;
         self.buf = &self.buf[len..];
         Ok(bytes.to_vec())
     }
@@ -297,7 +300,11 @@ mod tests {
             (&[0x01, 0x01], Truncated(1)),
         ];
         for (bytes, err) in cases {
-            assert_eq!(ControlFrame::decode(bytes).unwrap_err(), err, "{bytes:02x?}");
+            assert_eq!(
+                ControlFrame::decode(bytes).unwrap_err(),
+                err,
+                "{bytes:02x?}"
+            );
         }
         let mut long = vec![0x08, 0x00, 0x48, 0x01];
         long.extend(std::iter::repeat_n(b'x', 0x801));

@@ -67,11 +67,17 @@ impl ProtocolError {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ConnectionError {
     /// The peer's application closed the connection (APPLICATION_CLOSE).
-    #[error("peer closed the connection (application code {code}{})", fmt_reason(reason))]
+    #[error(
+        "peer closed the connection (application code {code}{})",
+        fmt_reason(reason)
+    )]
     ApplicationClosed { code: u64, reason: String },
     /// The peer closed the connection reporting a transport error code
     /// (`transport_code`), usually because it found us misbehaving.
-    #[error("peer closed the connection with transport error {code:#x}{}", fmt_reason(reason))]
+    #[error(
+        "peer closed the connection with transport error {code:#x}{}",
+        fmt_reason(reason)
+    )]
     PeerError { code: u64, reason: String },
     /// The peer broke the protocol; we closed the connection.
     #[error("protocol violation by the peer: {0}")]

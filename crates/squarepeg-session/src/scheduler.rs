@@ -102,7 +102,9 @@ mod tests {
         }
         let mut out = Vec::new();
         while let Some((u, flow)) = s.peek() {
-            let Flow::Stream(i) = flow else { unreachable!() };
+            let Flow::Stream(i) = flow else {
+                unreachable!()
+            };
             match queues[i as usize].1.pop_front() {
                 Some(size) => {
                     s.charge(u, flow, size);

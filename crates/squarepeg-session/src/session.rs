@@ -10,8 +10,8 @@ use crate::config::{
     DEFAULT_INITIAL_MAX_STREAMS, MAX_MESSAGE_SIZE,
 };
 use crate::control::{ControlFrame, Params};
-use crate::hash::{IntMap, IntSet};
 use crate::error::{ConnectionError, ProtocolError, SendError, StreamError};
+use crate::hash::{IntMap, IntSet};
 use crate::scheduler::{Flow, Scheduler};
 use crate::stream::{ReadOutcome, RecvHalf, SendHalf, initiated_by_client};
 use crate::window::NumberWindow;
@@ -216,7 +216,10 @@ struct StreamState {
 enum State {
     Open,
     /// Graceful close requested: flush, then send APPLICATION_CLOSE.
-    Closing { code: u64, reason: Vec<u8> },
+    Closing {
+        code: u64,
+        reason: Vec<u8>,
+    },
     Closed {
         error: ConnectionError,
         /// The CLOSE frame still to send.
@@ -511,7 +514,8 @@ impl Session {
             MessageStatus::Squashed => self.stats.messages_squashed += 1,
             MessageStatus::Discarded => self.stats.messages_discarded += 1,
         }
-        self.events.push_back(Event::MessageStatus { number, status });
+        self.events
+            .push_back(Event::MessageStatus { number, status });
     }
 
     /// Takes message `number` out of the queue with `status`, then applies
@@ -559,7 +563,11 @@ impl Session {
         Some(first)
     }
 
-    fn take_message(&mut self, number: MessageNumber, status: MessageStatus) -> Option<QueuedMessage> {
+    fn take_message(
+        &mut self,
+        number: MessageNumber,
+        status: MessageStatus,
+    ) -> Option<QueuedMessage> {
         let msg = self.messages.remove(&number)?;
         let key = (msg.priority, msg.substream);
         let messages = &self.messages;
@@ -774,7 +782,11 @@ impl Session {
     }
 
     /// Sets the urgency class of stream `id`'s data.
-    pub fn set_stream_priority(&mut self, id: StreamId, priority: Priority) -> Result<(), StreamError> {
+    pub fn set_stream_priority(
+        &mut self,
+        id: StreamId,
+        priority: Priority,
+    ) -> Result<(), StreamError> {
         let s = self.stream_mut(id)?;
         let old = std::mem::replace(&mut s.send.priority, priority);
         if old != priority {
@@ -787,7 +799,11 @@ impl Session {
     /// Reads in-order bytes of stream `id`.
     /// Bytes that arrived before the connection closed stay readable; then
     /// the read fails with the connection's error.
-    pub fn stream_read(&mut self, id: StreamId, out: &mut [u8]) -> Result<ReadOutcome, StreamError> {
+    pub fn stream_read(
+        &mut self,
+        id: StreamId,
+        out: &mut [u8],
+    ) -> Result<ReadOutcome, StreamError> {
         let closed = self.error().cloned();
         let Some(s) = self.streams.get_mut(&id) else {
             return Err(match closed {
@@ -965,7 +981,12 @@ impl Session {
             code: err.code(),
             reason: err.to_string().into_bytes(),
         };
-        self.enter_closed(now, ConnectionError::ProtocolViolation(err), Some(frame), false);
+        self.enter_closed(
+            now,
+            ConnectionError::ProtocolViolation(err),
+            Some(frame),
+            false,
+        );
     }
 
     fn enter_closed(
@@ -1008,9 +1029,10 @@ impl Session {
         self.messages.is_empty()
             && self.control_queue.is_empty()
             && !self.params_pending
-            && self.streams.values().all(|s| {
-                s.send.unsent() == 0 && (!s.send.fin_requested || s.send.is_closed())
-            })
+            && self
+                .streams
+                .values()
+                .all(|s| s.send.unsent() == 0 && (!s.send.fin_requested || s.send.is_closed()))
     }
 
     // ---------------------------------------------------------------------
@@ -1370,7 +1392,12 @@ impl Session {
         })
     }
 
-    fn transmit_chunk(&mut self, priority: Priority, id: StreamId, buf: &mut Vec<u8>) -> Option<Transmit> {
+    fn transmit_chunk(
+        &mut self,
+        priority: Priority,
+        id: StreamId,
+        buf: &mut Vec<u8>,
+    ) -> Option<Transmit> {
         let conn_credit = self.conn_send_max - self.conn_sent;
         let chunk_size = self.config.chunk_size;
         let limit = self.config.stream_send_buffer;

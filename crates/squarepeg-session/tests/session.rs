@@ -92,8 +92,20 @@ impl Pair {
 
     /// Moves up to `batch` bytes each way; returns whether anything moved.
     fn step(&mut self) -> bool {
-        let moved_ab = Self::carry(&mut self.a, &mut self.b, &mut self.dec_b, self.now, self.batch);
-        let moved_ba = Self::carry(&mut self.b, &mut self.a, &mut self.dec_a, self.now, self.batch);
+        let moved_ab = Self::carry(
+            &mut self.a,
+            &mut self.b,
+            &mut self.dec_b,
+            self.now,
+            self.batch,
+        );
+        let moved_ba = Self::carry(
+            &mut self.b,
+            &mut self.a,
+            &mut self.dec_a,
+            self.now,
+            self.batch,
+        );
         moved_ab || moved_ba
     }
 
@@ -153,7 +165,10 @@ fn strict_priority_and_late_binding() {
     // the rest of the queued bulk (late binding: nothing is committed early).
     let mut buf = Vec::new();
     let first = s.poll_transmit(now, &mut buf).unwrap();
-    assert!(matches!(first.content, TransmitContent::Message { number: 0, .. }));
+    assert!(matches!(
+        first.content,
+        TransmitContent::Message { number: 0, .. }
+    ));
     s.send_message(now, vec![9; 10], props(2, 0)).unwrap();
     s.send_message(now, vec![9; 10], props(2, 3)).unwrap();
     let frames = drain(&mut s, now);
@@ -411,7 +426,9 @@ fn message_dedup_and_delivery() {
     for n in [0, 2, 1, 2, 0, 5, 5, 3] {
         s.handle_frame(now, msg(n));
     }
-    let got: Vec<u64> = std::iter::from_fn(|| s.poll_message()).map(|m| m.number).collect();
+    let got: Vec<u64> = std::iter::from_fn(|| s.poll_message())
+        .map(|m| m.number)
+        .collect();
     assert_eq!(got, vec![0, 2, 1, 5, 3]);
     assert_eq!(s.stats().duplicate_messages, 3);
     // Far beyond the window, an old number counts as a duplicate.
@@ -446,7 +463,13 @@ fn stream_reassembly_from_out_of_order_duplicated_chunks() {
     let mut s = session(Role::Server);
     let now = Instant::now();
     let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
-    let order = [(3000, 6000), (0, 1000), (5000, 10_000), (500, 3500), (0, 10_000)];
+    let order = [
+        (3000, 6000),
+        (0, 1000),
+        (5000, 10_000),
+        (500, 3500),
+        (0, 10_000),
+    ];
     for (a, b) in order {
         s.handle_frame(now, chunk(0, a, &data[a as usize..b as usize], b == 10_000));
     }
@@ -464,7 +487,9 @@ fn flow_control_violations_close_with_typed_errors() {
     s.handle_frame(now, chunk(0, w - 1, b"ab", false));
     assert!(matches!(
         s.error(),
-        Some(ConnectionError::ProtocolViolation(ProtocolError::StreamFlowControl { stream: 0, .. }))
+        Some(ConnectionError::ProtocolViolation(
+            ProtocolError::StreamFlowControl { stream: 0, .. }
+        ))
     ));
     let frames = drain(&mut s, now);
     let (f, _) = frames.last().unwrap();
@@ -486,7 +511,9 @@ fn flow_control_violations_close_with_typed_errors() {
     s.handle_frame(now, chunk(4, 0, &vec![0; 600_000], false));
     assert!(matches!(
         s.error(),
-        Some(ConnectionError::ProtocolViolation(ProtocolError::ConnectionFlowControl { .. }))
+        Some(ConnectionError::ProtocolViolation(
+            ProtocolError::ConnectionFlowControl { .. }
+        ))
     ));
 
     // Stream limit, unknown control type, data on an unopened local stream.
@@ -494,7 +521,9 @@ fn flow_control_violations_close_with_typed_errors() {
     s.handle_frame(now, chunk(2 * 100, 0, b"x", false));
     assert!(matches!(
         s.error(),
-        Some(ConnectionError::ProtocolViolation(ProtocolError::StreamLimit { .. }))
+        Some(ConnectionError::ProtocolViolation(
+            ProtocolError::StreamLimit { .. }
+        ))
     ));
     let mut s = session(Role::Server);
     s.handle_frame(
@@ -514,7 +543,9 @@ fn flow_control_violations_close_with_typed_errors() {
     s.handle_frame(now, chunk(1, 0, b"x", false));
     assert!(matches!(
         s.error(),
-        Some(ConnectionError::ProtocolViolation(ProtocolError::StreamState { .. }))
+        Some(ConnectionError::ProtocolViolation(
+            ProtocolError::StreamState { .. }
+        ))
     ));
 }
 
@@ -590,7 +621,13 @@ fn loopback_in_virtual_time_messages_and_streams() {
     let mut sent = Vec::new();
     for i in 0..200u32 {
         let payload = format!("message {i}").into_bytes();
-        let n = p.a.send_message(p.now, payload.clone(), props(u64::from(i % 3), (i % 8) as u8)).unwrap();
+        let n =
+            p.a.send_message(
+                p.now,
+                payload.clone(),
+                props(u64::from(i % 3), (i % 8) as u8),
+            )
+            .unwrap();
         sent.push((n, payload));
     }
     let ids: Vec<StreamId> = (0..4).map(|_| p.a.open_stream().unwrap()).collect();
@@ -627,8 +664,9 @@ fn loopback_in_virtual_time_messages_and_streams() {
         }
     }
     assert_eq!(received, blobs);
-    let mut got: Vec<(u64, Vec<u8>)> =
-        std::iter::from_fn(|| p.b.poll_message()).map(|m| (m.number, m.payload)).collect();
+    let mut got: Vec<(u64, Vec<u8>)> = std::iter::from_fn(|| p.b.poll_message())
+        .map(|m| (m.number, m.payload))
+        .collect();
     got.sort();
     assert_eq!(got, sent);
     assert_eq!(p.a.stats().messages_sent, 200);
@@ -641,10 +679,14 @@ fn graceful_close_flushes_then_both_ends_see_it() {
     p.a.stream_write(id, &vec![5u8; 10_000]).unwrap();
     p.a.stream_finish(id).unwrap();
     for i in 0..10u8 {
-        p.a.send_message(p.now, vec![i], MessageProps::default()).unwrap();
+        p.a.send_message(p.now, vec![i], MessageProps::default())
+            .unwrap();
     }
     p.a.close(0, b"bye");
-    assert_eq!(p.a.send_message(p.now, vec![], MessageProps::default()), Err(SendError::Closing));
+    assert_eq!(
+        p.a.send_message(p.now, vec![], MessageProps::default()),
+        Err(SendError::Closing)
+    );
     p.settle();
     assert_eq!(p.a.error(), Some(&ConnectionError::LocallyClosed));
     assert_eq!(
@@ -667,7 +709,9 @@ fn graceful_close_flushes_then_both_ends_see_it() {
 fn abort_discards_and_reports() {
     let mut p = Pair::new();
     p.settle();
-    let n = p.a.send_message(p.now, vec![1; 10], MessageProps::default()).unwrap();
+    let n =
+        p.a.send_message(p.now, vec![1; 10], MessageProps::default())
+            .unwrap();
     p.a.abort(p.now, 42, b"gone");
     assert!(statuses(&mut p.a).contains(&(n, MessageStatus::Discarded)));
     p.settle();
@@ -681,7 +725,10 @@ fn abort_discards_and_reports() {
     );
     assert!(p.b.poll_message().is_none());
     // The drain timer ends a close the peer never answers.
-    assert_eq!(p.a.poll_timeout(), Some(p.now + Config::default().drain_timeout));
+    assert_eq!(
+        p.a.poll_timeout(),
+        Some(p.now + Config::default().drain_timeout)
+    );
     p.a.handle_timeout(p.now + Duration::from_secs(10));
     assert!(p.a.is_drained());
 }
@@ -738,7 +785,10 @@ fn reset_and_stop_sending() {
     p.settle();
     assert_eq!(p.b.accept_stream(), Some(id));
     let mut buf = [0u8; 100];
-    assert_eq!(p.b.stream_read(id, &mut buf), Err(StreamError::Reset { id, code: 7 }));
+    assert_eq!(
+        p.b.stream_read(id, &mut buf),
+        Err(StreamError::Reset { id, code: 7 })
+    );
     // STOP_SENDING: the writer's next write fails with the code.
     let id2 = p.a.open_stream().unwrap();
     p.a.stream_write(id2, b"abc").unwrap();
@@ -746,7 +796,10 @@ fn reset_and_stop_sending() {
     assert_eq!(p.b.accept_stream(), Some(id2));
     p.b.stream_stop(id2, 9).unwrap();
     p.settle();
-    assert_eq!(p.a.stream_write(id2, b"more"), Err(StreamError::Stopped { id: id2, code: 9 }));
+    assert_eq!(
+        p.a.stream_write(id2, b"more"),
+        Err(StreamError::Stopped { id: id2, code: 9 })
+    );
     assert!(p.a.error().is_none() && p.b.error().is_none());
 }
 

@@ -115,7 +115,11 @@ fn wire_md_section_2_vectors() {
         } else {
             bytes.clone()
         };
-        assert_eq!(&ControlFrame::decode(&body).unwrap(), frame, "decoding of {name}");
+        assert_eq!(
+            &ControlFrame::decode(&body).unwrap(),
+            frame,
+            "decoding of {name}"
+        );
     }
 }
 
@@ -125,7 +129,10 @@ fn wire_md_section_2_vectors() {
 #[ignore]
 fn print_vectors() {
     for (name, f) in expected() {
-        let hex: Vec<String> = encode(name, &f).iter().map(|b| format!("{b:02x}")).collect();
+        let hex: Vec<String> = encode(name, &f)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         println!("{name:<44}  {}", hex.join(" "));
     }
 }

@@ -242,7 +242,9 @@ impl Connection {
     ) -> Result<MessageNumber, SendError> {
         let sh = self.shared();
         let mut st = sh.lock();
-        let r = st.session.send_message(Instant::now(), payload.into(), props);
+        let r = st
+            .session
+            .send_message(Instant::now(), payload.into(), props);
         sh.dispatch(&mut st);
         drop(st);
         sh.driver.notify_one();

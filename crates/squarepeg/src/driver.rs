@@ -67,11 +67,14 @@ impl Driver {
             let (timeout, receive_blocked, drained) = {
                 let mut st = self.shared.lock();
                 self.shared.dispatch(&mut st);
-                if st.session.is_send_finished() && self.out_pos == self.out.len() && !self.write_shut
+                if st.session.is_send_finished()
+                    && self.out_pos == self.out.len()
+                    && !self.write_shut
                 {
                     // Our CLOSE is out: end our direction (TCP FIN).
                     self.write_shut = true;
-                    let _ = socket2::SockRef::from(&self.socket).shutdown(std::net::Shutdown::Write);
+                    let _ =
+                        socket2::SockRef::from(&self.socket).shutdown(std::net::Shutdown::Write);
                 }
                 (
                     st.session.poll_timeout(),
@@ -186,6 +189,7 @@ impl Driver {
         self.out_pos = 0;
         self.write_shut = true;
         let mut st = self.shared.lock();
-        st.session.handle_transport_closed(Instant::now(), &e.to_string());
+        st.session
+            .handle_transport_closed(Instant::now(), &e.to_string());
     }
 }

@@ -29,7 +29,10 @@ pub struct Endpoint {
 
 impl Endpoint {
     /// Listens on `addr` (IPv4 or IPv6).
-    pub async fn bind(addr: impl ToSocketAddrs, config: ConnectionConfig) -> Result<Self, ConnectError> {
+    pub async fn bind(
+        addr: impl ToSocketAddrs,
+        config: ConnectionConfig,
+    ) -> Result<Self, ConnectError> {
         config.session.validate()?;
         let listener = TcpListener::bind(addr).await?;
         Ok(Self { listener, config })
@@ -60,7 +63,11 @@ impl Connection {
 }
 
 /// Sets the socket options, builds the session and spawns the driver.
-fn start(socket: TcpStream, role: Role, config: ConnectionConfig) -> Result<Connection, ConnectError> {
+fn start(
+    socket: TcpStream,
+    role: Role,
+    config: ConnectionConfig,
+) -> Result<Connection, ConnectError> {
     // Messages must not wait for Nagle (Hollywood §4.2).
     socket.set_nodelay(true)?;
     if let Some(lowat) = config.notsent_lowat {

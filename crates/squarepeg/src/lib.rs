@@ -65,6 +65,6 @@ pub use stream::Stream;
 
 pub use squarepeg_session::{
     Config as SessionConfig, ConnectionError, MAX_MESSAGE_SIZE, Message, MessageNumber,
-    MessageProps, MessageStatus, Priority, SendError, Stats as SessionStats, StreamError,
-    StreamId, transport_code,
+    MessageProps, MessageStatus, Priority, SendError, Stats as SessionStats, StreamError, StreamId,
+    transport_code,
 };

@@ -24,7 +24,12 @@ async fn pair_with(
 }
 
 async fn pair(addr: &str) -> (Connection, Connection) {
-    pair_with(addr, ConnectionConfig::default(), ConnectionConfig::default()).await
+    pair_with(
+        addr,
+        ConnectionConfig::default(),
+        ConnectionConfig::default(),
+    )
+    .await
 }
 
 fn props(substream: u64, urgency: u8) -> MessageProps {
@@ -37,7 +42,12 @@ fn props(substream: u64, urgency: u8) -> MessageProps {
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
-        .map(|i| (i as u32).wrapping_mul(2_654_435_761).rotate_left(seed as u32 % 32) as u8 ^ seed)
+        .map(|i| {
+            (i as u32)
+                .wrapping_mul(2_654_435_761)
+                .rotate_left(seed as u32 % 32) as u8
+                ^ seed
+        })
         .collect()
 }
 
@@ -60,7 +70,9 @@ async fn exchange_mixed(client: Connection, server: Connection) {
     let sender = tokio::spawn(async move {
         for i in 0..2000u32 {
             let p = props(u64::from(i % 3), (i % 8) as u8);
-            c.send_message(format!("msg {i}").into_bytes(), p).await.unwrap();
+            c.send_message(format!("msg {i}").into_bytes(), p)
+                .await
+                .unwrap();
         }
     });
     let mut readers = Vec::new();
@@ -83,7 +95,11 @@ async fn exchange_mixed(client: Connection, server: Connection) {
     for r in readers {
         let data = r.await.unwrap();
         let k = data[0] as usize;
-        assert_eq!(Sha256::digest(&data[1..]), Sha256::digest(&blobs[k]), "stream {k}");
+        assert_eq!(
+            Sha256::digest(&data[1..]),
+            Sha256::digest(&blobs[k]),
+            "stream {k}"
+        );
     }
     for t in tasks {
         t.await.unwrap();
@@ -167,7 +183,9 @@ async fn expired_messages_are_never_delivered_and_reported() {
     // the sender's session.
     let filler = 16 * 1024;
     for _ in 0..filler {
-        client.try_send_message(vec![1u8; 1024], props(1, 3)).unwrap();
+        client
+            .try_send_message(vec![1u8; 1024], props(1, 3))
+            .unwrap();
     }
     let short = MessageProps {
         substream: 2,
@@ -176,10 +194,16 @@ async fn expired_messages_are_never_delivered_and_reported() {
     };
     let mut expiring = Vec::new();
     for _ in 0..50 {
-        expiring.push(client.try_send_message(b"late".to_vec(), short.clone()).unwrap());
+        expiring.push(
+            client
+                .try_send_message(b"late".to_vec(), short.clone())
+                .unwrap(),
+        );
     }
     // One short-lived message that a long-lived one depends on: kept.
-    let kept = client.try_send_message(b"kept".to_vec(), short.clone()).unwrap();
+    let kept = client
+        .try_send_message(b"kept".to_vec(), short.clone())
+        .unwrap();
     let dependent = client
         .try_send_message(
             b"dependent".to_vec(),
@@ -223,9 +247,13 @@ async fn urgent_message_overtakes_queued_bulk() {
     let (client, server) = pair_with("127.0.0.1:0", cc, sc).await;
     let bulk = 32 * 1024; // 32 MiB of 1 KiB messages at the lowest urgency
     for _ in 0..bulk {
-        client.try_send_message(vec![0u8; 1024], props(1, 7)).unwrap();
+        client
+            .try_send_message(vec![0u8; 1024], props(1, 7))
+            .unwrap();
     }
-    let urgent = client.try_send_message(b"urgent".to_vec(), props(9, 0)).unwrap();
+    let urgent = client
+        .try_send_message(b"urgent".to_vec(), props(9, 0))
+        .unwrap();
     // Every bulk message handed to the kernel before the urgent one was
     // queued has status Sent by now; the urgent one may be too.
     let sent_when_queued = client.stats().session.messages_sent;
@@ -247,8 +275,8 @@ async fn urgent_message_overtakes_queued_bulk() {
         bulk_before <= sent_when_queued,
         "{bulk_before} bulk messages arrived first, {sent_when_queued} were in the kernel"
     );
-    assert!(bulk_before < u64::from(bulk) / 2);
-    for _ in bulk_before..u64::from(bulk) {
+    assert!(bulk_before < bulk / 2);
+    for _ in bulk_before..bulk {
         assert_eq!(server.recv_message().await.unwrap().substream, 1);
     }
     client.close().await;
@@ -268,7 +296,9 @@ async fn graceful_close_delivers_everything() {
             s.write_all(&data).await.unwrap();
             drop(s); // finishes the stream
             for i in 0..5000u32 {
-                c.send_message(i.to_be_bytes().to_vec(), props(0, 3)).await.unwrap();
+                c.send_message(i.to_be_bytes().to_vec(), props(0, 3))
+                    .await
+                    .unwrap();
             }
             c.close().await
         }
@@ -298,7 +328,10 @@ async fn abort_gives_typed_errors_on_both_ends() {
     let (client, server) = pair("[::1]:0").await;
     let mut s = client.open_stream().await.unwrap();
     s.write_all(b"partial").await.unwrap();
-    client.send_message(b"first".to_vec(), MessageProps::default()).await.unwrap();
+    client
+        .send_message(b"first".to_vec(), MessageProps::default())
+        .await
+        .unwrap();
     assert_eq!(server.recv_message().await.unwrap().payload, b"first");
     let mut peer_stream = server.accept_stream().await.unwrap();
     client.abort(77, b"user cancelled");
@@ -315,7 +348,11 @@ async fn abort_gives_typed_errors_on_both_ends() {
     // Bytes that arrived before the abort may be read; then the error.
     let err = err.unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionAborted);
-    let inner = err.get_ref().unwrap().downcast_ref::<StreamError>().unwrap();
+    let inner = err
+        .get_ref()
+        .unwrap()
+        .downcast_ref::<StreamError>()
+        .unwrap();
     assert!(matches!(
         inner,
         StreamError::Connection(ConnectionError::ApplicationClosed { code: 77, .. })
@@ -348,7 +385,9 @@ async fn read_close(raw: &mut TcpStream) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_misbehaviour_closes_with_typed_errors() {
     // A raw peer sends a frame with a bad checksum.
-    let ep = Endpoint::bind("127.0.0.1:0", ConnectionConfig::default()).await.unwrap();
+    let ep = Endpoint::bind("127.0.0.1:0", ConnectionConfig::default())
+        .await
+        .unwrap();
     let mut raw = TcpStream::connect(ep.local_addr().unwrap()).await.unwrap();
     let server = ep.accept().await.unwrap();
     let mut wire = Vec::new();
@@ -367,9 +406,11 @@ async fn peer_misbehaviour_closes_with_typed_errors() {
     assert_eq!(read_close(&mut raw).await, transport_code::FRAME_ERROR);
     assert!(matches!(
         server.recv_message().await,
-        Err(ConnectionError::ProtocolViolation(squarepeg_session::ProtocolError::Frame(
-            squarepeg_framing::FrameError::ChecksumMismatch { .. }
-        )))
+        Err(ConnectionError::ProtocolViolation(
+            squarepeg_session::ProtocolError::Frame(
+                squarepeg_framing::FrameError::ChecksumMismatch { .. }
+            )
+        ))
     ));
 
     // A raw peer sends stream data beyond the credit it was given.
@@ -388,10 +429,15 @@ async fn peer_misbehaviour_closes_with_typed_errors() {
     )
     .unwrap();
     raw.write_all(&wire).await.unwrap();
-    assert_eq!(read_close(&mut raw).await, transport_code::FLOW_CONTROL_ERROR);
+    assert_eq!(
+        read_close(&mut raw).await,
+        transport_code::FLOW_CONTROL_ERROR
+    );
     assert!(matches!(
         server.closed().await,
-        ConnectionError::ProtocolViolation(squarepeg_session::ProtocolError::StreamFlowControl { .. })
+        ConnectionError::ProtocolViolation(
+            squarepeg_session::ProtocolError::StreamFlowControl { .. }
+        )
     ));
 
     // A squarepeg client facing a server that speaks garbage, then one
@@ -400,18 +446,24 @@ async fn peer_misbehaviour_closes_with_typed_errors() {
     let addr = listener.local_addr().unwrap();
     let garbage = tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.unwrap();
-        s.write_all(b"\0HTTP/1.1 400 Bad Request\r\n\r\n\0").await.unwrap();
+        s.write_all(b"\0HTTP/1.1 400 Bad Request\r\n\r\n\0")
+            .await
+            .unwrap();
         let code = read_close(&mut s).await;
         let (s2, _) = listener.accept().await.unwrap();
         drop(s2);
         code
     });
-    let client = Connection::connect(addr, ConnectionConfig::default()).await.unwrap();
+    let client = Connection::connect(addr, ConnectionConfig::default())
+        .await
+        .unwrap();
     assert!(matches!(
         client.closed().await,
         ConnectionError::ProtocolViolation(squarepeg_session::ProtocolError::Frame(_))
     ));
-    let client2 = Connection::connect(addr, ConnectionConfig::default()).await.unwrap();
+    let client2 = Connection::connect(addr, ConnectionConfig::default())
+        .await
+        .unwrap();
     assert!(matches!(
         client2.recv_message().await,
         Err(ConnectionError::TransportClosed(_))
@@ -424,7 +476,9 @@ async fn squash_and_status_reporting() {
     let (cc, sc) = backlog_configs();
     let (client, server) = pair_with("127.0.0.1:0", cc, sc).await;
     for _ in 0..16 * 1024 {
-        client.try_send_message(vec![0u8; 1024], props(1, 3)).unwrap();
+        client
+            .try_send_message(vec![0u8; 1024], props(1, 3))
+            .unwrap();
     }
     // Position updates: each squashes the previous one still queued.
     let updates: Vec<u64> = (0..100u32)
@@ -434,7 +488,9 @@ async fn squash_and_status_reporting() {
                 squash_key: Some(1),
                 ..Default::default()
             };
-            client.try_send_message(i.to_be_bytes().to_vec(), p).unwrap()
+            client
+                .try_send_message(i.to_be_bytes().to_vec(), p)
+                .unwrap()
         })
         .collect();
     let mut last = None;

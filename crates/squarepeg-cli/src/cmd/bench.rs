@@ -58,7 +58,11 @@ fn messages(args: MessagesArgs) -> anyhow::Result<()> {
         let mut best_raw = f64::MIN;
         let mut best_rate = f64::MIN;
         for _ in 0..args.runs.max(1) {
-            let p = rt.block_on(squarepeg_messages(size, count, squarepeg::ConnectionConfig::default()))?;
+            let p = rt.block_on(squarepeg_messages(
+                size,
+                count,
+                squarepeg::ConnectionConfig::default(),
+            ))?;
             let r = rt.block_on(raw_tcp_messages(size, count))?;
             best_peg = best_peg.max(p.bytes_per_sec());
             best_rate = best_rate.max(p.messages_per_sec());

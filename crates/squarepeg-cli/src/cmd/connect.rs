@@ -17,7 +17,8 @@ pub struct ConnectArgs {
 pub fn run(args: ConnectArgs) -> anyhow::Result<()> {
     let rt = tokio::runtime::Runtime::new()?;
     let result = rt.block_on(async {
-        let conn = squarepeg::Connection::connect(&args.addr, args.peer.connection_config()).await?;
+        let conn =
+            squarepeg::Connection::connect(&args.addr, args.peer.connection_config()).await?;
         eprintln!("connected to {}", conn.remote_address());
         run_peer(conn, args.peer, true).await
     });

@@ -17,7 +17,9 @@ use anyhow::{Context, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
-use squarepeg::{Connection, ConnectionConfig, ConnectionError, MessageProps, MessageStatus, Priority, Stream};
+use squarepeg::{
+    Connection, ConnectionConfig, ConnectionError, MessageProps, MessageStatus, Priority, Stream,
+};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 /// Options shared by `listen` and `connect`.
@@ -98,7 +100,11 @@ fn normal_close(e: &ConnectionError) -> bool {
 pub async fn run_peer(conn: Connection, args: PeerArgs, initiator: bool) -> anyhow::Result<()> {
     let printer = tokio::spawn(print_messages(conn.clone()));
     let statuses = tokio::spawn(report_statuses(conn.clone()));
-    let acceptor = tokio::spawn(accept_files(conn.clone(), args.recv_dir.clone(), args.quiet));
+    let acceptor = tokio::spawn(accept_files(
+        conn.clone(),
+        args.recv_dir.clone(),
+        args.quiet,
+    ));
     let local = async {
         let file = async {
             if let Some(path) = &args.send_file {
@@ -207,9 +213,15 @@ async fn send_file(conn: &Connection, path: &Path, quiet: bool) -> anyhow::Resul
     stream.shutdown().await?;
     bar.finish_and_clear();
     if sent != size {
-        bail!("{} changed while being sent ({sent} of {size} bytes)", path.display());
+        bail!(
+            "{} changed while being sent ({sent} of {size} bytes)",
+            path.display()
+        );
     }
-    println!("sent {name} ({sent} bytes) sha256 {}", hex::encode(hasher.finalize()));
+    println!(
+        "sent {name} ({sent} bytes) sha256 {}",
+        hex::encode(hasher.finalize())
+    );
     Ok(())
 }
 
@@ -269,6 +281,9 @@ async fn receive_file(mut stream: Stream, dir: Option<PathBuf>, quiet: bool) -> 
     if got != size {
         bail!("{safe}: received {got} of {size} bytes");
     }
-    println!("received {safe} ({got} bytes) sha256 {}", hex::encode(hasher.finalize()));
+    println!(
+        "received {safe} ({got} bytes) sha256 {}",
+        hex::encode(hasher.finalize())
+    );
     Ok(())
 }
