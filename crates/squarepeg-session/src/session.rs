@@ -639,8 +639,11 @@ impl Session {
     /// Whether received messages fill `Config::message_receive_queue`: the
     /// driver should stop reading the transport until the application takes
     /// some (backpressure to the peer through TCP's window).
+    /// Never true once the connection is closed: frames are then ignored,
+    /// and the driver must read on to see the transport's end.
     pub fn receive_blocked(&self) -> bool {
         self.received_bytes >= self.config.message_receive_queue
+            && !matches!(self.state, State::Closed { .. })
     }
 
     // ---------------------------------------------------------------------

@@ -80,6 +80,9 @@ impl Shared {
     /// Hands session events to whoever waits for them. Called with the
     /// state locked.
     pub(crate) fn dispatch(&self, st: &mut State) {
+        // Each waiter list is notified at most once per call: a batch of
+        // frames produces one wake-up, not one per message.
+        let mut wake = [false; 5];
         while let Some(event) = st.session.poll_event() {
             match event {
                 Event::MessageStatus { number, status } => {
@@ -91,12 +94,12 @@ impl Shared {
                         st.statuses_lagged += 1;
                     }
                     st.statuses.push_back((number, status));
-                    self.statuses.notify_waiters();
+                    wake[0] = true;
                 }
-                Event::MessagesReceived => self.messages.notify_waiters(),
-                Event::StreamIncoming => self.incoming.notify_waiters(),
-                Event::StreamsAvailable => self.streams_available.notify_waiters(),
-                Event::SendQueueAvailable => self.send_space.notify_waiters(),
+                Event::MessagesReceived => wake[1] = true,
+                Event::StreamIncoming => wake[2] = true,
+                Event::StreamsAvailable => wake[3] = true,
+                Event::SendQueueAvailable => wake[4] = true,
                 Event::StreamReadable(id) => {
                     if let Some(w) = st.read_wakers.remove(&id) {
                         w.wake();
@@ -108,6 +111,18 @@ impl Shared {
                     }
                 }
                 Event::ConnectionLost(_) => self.wake_all(st),
+            }
+        }
+        let lists = [
+            &self.statuses,
+            &self.messages,
+            &self.incoming,
+            &self.streams_available,
+            &self.send_space,
+        ];
+        for (notify, woken) in lists.into_iter().zip(wake) {
+            if woken {
+                notify.notify_waiters();
             }
         }
     }
@@ -134,6 +149,10 @@ impl Shared {
         notify: impl Fn(&Self) -> &Notify,
         mut f: impl FnMut(&mut State) -> Option<T>,
     ) -> T {
+        // Fast path: no waiter registration when the answer is ready.
+        if let Some(v) = f(&mut self.lock()) {
+            return v;
+        }
         loop {
             let notified = notify(self).notified();
             tokio::pin!(notified);
