@@ -32,6 +32,13 @@ async fn pair(addr: &str) -> (Connection, Connection) {
     .await
 }
 
+/// Fails a test that would otherwise hang; not a timing assertion.
+async fn no_hang<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(120), f)
+        .await
+        .expect("test stalled")
+}
+
 fn props(substream: u64, urgency: u8) -> MessageProps {
     MessageProps {
         substream,
@@ -86,7 +93,7 @@ async fn exchange_mixed(client: Connection, server: Connection) {
     }
     let mut got = HashMap::new();
     for _ in 0..2000 {
-        let m = server.recv_message().await.unwrap();
+        let m = no_hang(server.recv_message()).await.unwrap();
         let text = String::from_utf8(m.payload).unwrap();
         assert_eq!(text, format!("msg {}", m.number));
         assert_eq!(m.substream, m.number % 3);
@@ -107,7 +114,7 @@ async fn exchange_mixed(client: Connection, server: Connection) {
     sender.await.unwrap();
     client.close().await;
     assert!(matches!(
-        server.closed().await,
+        no_hang(server.closed()).await,
         ConnectionError::ApplicationClosed { code: 0, .. }
     ));
 }
@@ -181,10 +188,13 @@ async fn expired_messages_are_never_delivered_and_reported() {
     let (client, server) = pair_with("127.0.0.1:0", cc, sc).await;
     // 16 MiB of filler the receiver does not read yet: most of it waits in
     // the sender's session.
-    let filler = 16 * 1024;
+    // 24 MiB of filler, more urgent than the messages under test, that the
+    // receiver does not read yet: the kernel takes a few MiB, the rest waits
+    // in the sender's session, and so do the messages queued after it.
+    let filler = 24 * 1024;
     for _ in 0..filler {
         client
-            .try_send_message(vec![1u8; 1024], props(1, 3))
+            .try_send_message(vec![1u8; 1024], props(1, 2))
             .unwrap();
     }
     let short = MessageProps {
@@ -218,7 +228,8 @@ async fn expired_messages_are_never_delivered_and_reported() {
     // so the messages cannot have been sent).
     let mut expired = Vec::new();
     while expired.len() < expiring.len() {
-        let (n, status) = client.next_message_status().await.unwrap();
+        let (n, status) = no_hang(client.next_message_status()).await.unwrap();
+        assert!(!expiring.contains(&n) || status == MessageStatus::Expired);
         if status == MessageStatus::Expired {
             expired.push(n);
         }
@@ -229,7 +240,7 @@ async fn expired_messages_are_never_delivered_and_reported() {
     let mut on_substream_2 = Vec::new();
     let mut filler_got = 0;
     while filler_got < filler || on_substream_2.len() < 2 {
-        let m = server.recv_message().await.unwrap();
+        let m = no_hang(server.recv_message()).await.unwrap();
         match m.substream {
             1 => filler_got += 1,
             _ => on_substream_2.push(m.number),
@@ -263,7 +274,7 @@ async fn urgent_message_overtakes_queued_bulk() {
     );
     let mut bulk_before = 0u64;
     loop {
-        let m = server.recv_message().await.unwrap();
+        let m = no_hang(server.recv_message()).await.unwrap();
         if m.number == urgent {
             break;
         }
@@ -277,7 +288,7 @@ async fn urgent_message_overtakes_queued_bulk() {
     );
     assert!(bulk_before < bulk / 2);
     for _ in bulk_before..bulk {
-        assert_eq!(server.recv_message().await.unwrap().substream, 1);
+        assert_eq!(no_hang(server.recv_message()).await.unwrap().substream, 1);
     }
     client.close().await;
 }
@@ -308,15 +319,18 @@ async fn graceful_close_delivers_everything() {
     st.read_to_end(&mut got).await.unwrap();
     assert_eq!(Sha256::digest(&got), Sha256::digest(&data));
     for i in 0..5000u32 {
-        let m = server.recv_message().await.unwrap();
+        let m = no_hang(server.recv_message()).await.unwrap();
         assert_eq!(m.payload, i.to_be_bytes());
     }
     assert!(matches!(
-        server.recv_message().await,
+        no_hang(server.recv_message()).await,
         Err(ConnectionError::ApplicationClosed { code: 0, .. })
     ));
     closer.await.unwrap();
-    assert_eq!(client.closed().await, ConnectionError::LocallyClosed);
+    assert_eq!(
+        no_hang(client.closed()).await,
+        ConnectionError::LocallyClosed
+    );
     assert!(matches!(
         client.send_message(vec![1], MessageProps::default()).await,
         Err(SendError::Connection(ConnectionError::LocallyClosed))
@@ -332,17 +346,23 @@ async fn abort_gives_typed_errors_on_both_ends() {
         .send_message(b"first".to_vec(), MessageProps::default())
         .await
         .unwrap();
-    assert_eq!(server.recv_message().await.unwrap().payload, b"first");
+    assert_eq!(
+        no_hang(server.recv_message()).await.unwrap().payload,
+        b"first"
+    );
     let mut peer_stream = server.accept_stream().await.unwrap();
     client.abort(77, b"user cancelled");
     assert_eq!(
-        server.closed().await,
+        no_hang(server.closed()).await,
         ConnectionError::ApplicationClosed {
             code: 77,
             reason: "user cancelled".into()
         }
     );
-    assert_eq!(client.closed().await, ConnectionError::LocallyAborted(77));
+    assert_eq!(
+        no_hang(client.closed()).await,
+        ConnectionError::LocallyAborted(77)
+    );
     let mut buf = Vec::new();
     let err = peer_stream.read_to_end(&mut buf).await;
     // Bytes that arrived before the abort may be read; then the error.
@@ -405,7 +425,7 @@ async fn peer_misbehaviour_closes_with_typed_errors() {
     raw.write_all(&wire).await.unwrap();
     assert_eq!(read_close(&mut raw).await, transport_code::FRAME_ERROR);
     assert!(matches!(
-        server.recv_message().await,
+        no_hang(server.recv_message()).await,
         Err(ConnectionError::ProtocolViolation(
             squarepeg_session::ProtocolError::Frame(
                 squarepeg_framing::FrameError::ChecksumMismatch { .. }
@@ -434,7 +454,7 @@ async fn peer_misbehaviour_closes_with_typed_errors() {
         transport_code::FLOW_CONTROL_ERROR
     );
     assert!(matches!(
-        server.closed().await,
+        no_hang(server.closed()).await,
         ConnectionError::ProtocolViolation(
             squarepeg_session::ProtocolError::StreamFlowControl { .. }
         )
@@ -458,7 +478,7 @@ async fn peer_misbehaviour_closes_with_typed_errors() {
         .await
         .unwrap();
     assert!(matches!(
-        client.closed().await,
+        no_hang(client.closed()).await,
         ConnectionError::ProtocolViolation(squarepeg_session::ProtocolError::Frame(_))
     ));
     let client2 = Connection::connect(addr, ConnectionConfig::default())
@@ -475,9 +495,11 @@ async fn peer_misbehaviour_closes_with_typed_errors() {
 async fn squash_and_status_reporting() {
     let (cc, sc) = backlog_configs();
     let (client, server) = pair_with("127.0.0.1:0", cc, sc).await;
-    for _ in 0..16 * 1024 {
+    // More urgent filler the receiver does not read yet keeps the updates
+    // queued in the session.
+    for _ in 0..24 * 1024 {
         client
-            .try_send_message(vec![0u8; 1024], props(1, 3))
+            .try_send_message(vec![0u8; 1024], props(1, 2))
             .unwrap();
     }
     // Position updates: each squashes the previous one still queued.
@@ -495,8 +517,8 @@ async fn squash_and_status_reporting() {
         .collect();
     let mut last = None;
     let mut n = 0;
-    while n < 16 * 1024 + 1 {
-        let m = server.recv_message().await.unwrap();
+    while n < 24 * 1024 + 1 {
+        let m = no_hang(server.recv_message()).await.unwrap();
         n += 1;
         if m.substream == 5 {
             assert!(last.is_none(), "two position updates delivered");
