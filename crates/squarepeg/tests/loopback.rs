@@ -383,6 +383,13 @@ async fn abort_gives_typed_errors_on_both_ends() {
     ));
 }
 
+/// Raw peers never answer a CLOSE: do not wait the default 3 s for them.
+fn quick_drain() -> ConnectionConfig {
+    let mut c = ConnectionConfig::default();
+    c.session.drain_timeout = Duration::from_millis(200);
+    c
+}
+
 /// Reads frames from a raw TCP peer until a CLOSE arrives; returns its code.
 async fn read_close(raw: &mut TcpStream) -> u64 {
     let mut dec = StreamDecoder::new(DEFAULT_MAX_BODY);
@@ -405,9 +412,7 @@ async fn read_close(raw: &mut TcpStream) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_misbehaviour_closes_with_typed_errors() {
     // A raw peer sends a frame with a bad checksum.
-    let ep = Endpoint::bind("127.0.0.1:0", ConnectionConfig::default())
-        .await
-        .unwrap();
+    let ep = Endpoint::bind("127.0.0.1:0", quick_drain()).await.unwrap();
     let mut raw = TcpStream::connect(ep.local_addr().unwrap()).await.unwrap();
     let server = ep.accept().await.unwrap();
     let mut wire = Vec::new();
@@ -474,16 +479,12 @@ async fn peer_misbehaviour_closes_with_typed_errors() {
         drop(s2);
         code
     });
-    let client = Connection::connect(addr, ConnectionConfig::default())
-        .await
-        .unwrap();
+    let client = Connection::connect(addr, quick_drain()).await.unwrap();
     assert!(matches!(
         no_hang(client.closed()).await,
         ConnectionError::ProtocolViolation(squarepeg_session::ProtocolError::Frame(_))
     ));
-    let client2 = Connection::connect(addr, ConnectionConfig::default())
-        .await
-        .unwrap();
+    let client2 = Connection::connect(addr, quick_drain()).await.unwrap();
     assert!(matches!(
         client2.recv_message().await,
         Err(ConnectionError::TransportClosed(_))
