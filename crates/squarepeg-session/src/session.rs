@@ -1424,7 +1424,8 @@ impl Session {
         s.send.advance(n, fin);
         self.conn_sent += n as u64;
         self.stats.stream_bytes_sent += n as u64;
-        if s.write_blocked && s.send.unsent() < limit {
+        // Wake a blocked writer once half the buffer is free, not per chunk.
+        if s.write_blocked && s.send.unsent() <= limit / 2 {
             s.write_blocked = false;
             self.events.push_back(Event::StreamWritable(id));
         }
