@@ -37,6 +37,25 @@
 //! - Squash: a new message with the same squash key as a queued one
 //!   replaces it, under the same dependency rule (Minion §4.2).
 
+//!
+//! # Driver contract
+//!
+//! A driver (the tokio one in `squarepeg`, a simulator, later the
+//! userspace-TCP one):
+//!
+//! - passes every decoded frame to [`Session::handle_frame`] and, on an
+//!   in-order substrate, every framing error to
+//!   [`Session::handle_decode_error`] (a protocol violation there);
+//! - asks [`Session::poll_transmit`] for frames only when the transport can
+//!   take more, so the scheduler decides as late as possible;
+//! - calls [`Session::handle_timeout`] at [`Session::poll_timeout`];
+//! - stops reading while [`Session::receive_blocked`];
+//! - drains [`Session::poll_event`] after each round (events caused by the
+//!   peer are bounded per frame it sends);
+//! - reports the transport's end with [`Session::handle_transport_closed`],
+//!   ends its sending direction once [`Session::is_send_finished`] and its
+//!   buffer is written, and stops at [`Session::is_drained`].
+
 mod config;
 pub mod control;
 mod error;
