@@ -6,7 +6,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::Instant;
 
-use squarepeg_framing::StreamDecoder;
+use squarepeg_framing::{Frame, FrameError, StreamDecoder};
 use squarepeg_session::MAX_FRAME_BODY;
 use tokio::net::TcpStream;
 
@@ -22,6 +22,7 @@ pub(crate) async fn run(shared: Arc<Shared>, socket: TcpStream, config: Connecti
         socket,
         decoder: StreamDecoder::new(MAX_FRAME_BODY),
         read_buf: vec![0; config.read_buffer.max(1024)],
+        frames: Vec::new(),
         out: Vec::with_capacity(config.write_batch + 64 * 1024),
         out_pos: 0,
         batch: config.write_batch.max(1),
@@ -45,6 +46,8 @@ struct Driver {
     socket: TcpStream,
     decoder: StreamDecoder,
     read_buf: Vec<u8>,
+    /// Frames decoded from one read, handed to the session together.
+    frames: Vec<Result<Frame, FrameError>>,
     /// Encoded frames taken from the session, written from `out_pos`.
     out: Vec<u8>,
     out_pos: usize,
@@ -160,9 +163,15 @@ impl Driver {
                 Ok(n) => {
                     any = true;
                     self.decoder.push(&self.read_buf[..n]);
+                    // Decode (COBS, CRC) without the lock, so the
+                    // application's calls are not held up by it.
+                    self.frames.clear();
+                    while let Some(frame) = self.decoder.next_frame() {
+                        self.frames.push(frame);
+                    }
                     let mut st = self.shared.lock();
                     let now = Instant::now();
-                    while let Some(frame) = self.decoder.next_frame() {
+                    for frame in self.frames.drain(..) {
                         match frame {
                             Ok(f) => st.session.handle_frame(now, f),
                             Err(e) => st.session.handle_decode_error(now, e),
