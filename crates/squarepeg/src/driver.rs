@@ -16,6 +16,9 @@ use crate::connection::Shared;
 /// Reads per wake-up before the driver turns to writing again.
 const READ_BUDGET: usize = 16;
 
+/// Bytes of frames taken from the session per lock acquisition.
+const LOCK_SLICE: usize = 16 * 1024;
+
 pub(crate) async fn run(shared: Arc<Shared>, socket: TcpStream, config: ConnectionConfig) {
     let mut driver = Driver {
         shared,
@@ -126,11 +129,25 @@ impl Driver {
                 if self.write_shut {
                     return false;
                 }
-                let mut st = self.shared.lock();
+                // Take the lock per slice of the batch: encoding happens
+                // under it, and the application should not wait a whole
+                // batch to queue a message.
                 let now = Instant::now();
-                while self.out.len() < self.batch
-                    && st.session.poll_transmit(now, &mut self.out).is_some()
-                {}
+                loop {
+                    let mut st = self.shared.lock();
+                    let slice_end = (self.out.len() + LOCK_SLICE).min(self.batch);
+                    let mut more = false;
+                    while self.out.len() < slice_end {
+                        more = st.session.poll_transmit(now, &mut self.out).is_some();
+                        if !more {
+                            break;
+                        }
+                    }
+                    drop(st);
+                    if !more || self.out.len() >= self.batch {
+                        break;
+                    }
+                }
                 if self.out.is_empty() {
                     return false;
                 }

@@ -30,8 +30,9 @@
 //! [`ConnectionConfig::write_batch`] bytes at a time. Everything else waits
 //! in the session, where a more urgent message overtakes queued bulk data,
 //! a newer message squashes an older one and an expired one is dropped. So
-//! the latency an urgent message pays behind bulk data is bounded by the
-//! lowat plus one batch, not by the socket buffer.
+//! an urgent message waits behind at most about twice the lowat plus one
+//! write batch of bulk data (192 KiB with the defaults), not behind the
+//! socket buffer.
 //!
 //! # Backpressure
 //!
