@@ -926,3 +926,41 @@ proptest! {
         prop_assert!(a.error().is_none());
     }
 }
+
+#[test]
+fn stream_priorities_and_messages_share_the_scheduler() {
+    let config = Config {
+        chunk_size: 1000,
+        ..Config::default()
+    };
+    let mut s = Session::new(Role::Client, config).unwrap();
+    let now = Instant::now();
+    drain(&mut s, now);
+    let bulk = s.open_stream().unwrap();
+    s.set_stream_priority(bulk, Priority::LOWEST).unwrap();
+    s.stream_write(bulk, &[0u8; 10_000]).unwrap();
+    // Two bulk chunks leave, then an urgent stream and message arrive.
+    let mut buf = Vec::new();
+    s.poll_transmit(now, &mut buf).unwrap();
+    s.poll_transmit(now, &mut buf).unwrap();
+    let urgent = s.open_stream().unwrap();
+    s.set_stream_priority(urgent, Priority::HIGHEST).unwrap();
+    s.stream_write(urgent, &[1u8; 2500]).unwrap();
+    s.stream_finish(urgent).unwrap();
+    let n = s.send_message(now, b"mid".to_vec(), props(0, 4)).unwrap();
+    let order: Vec<String> = data_frames(drain(&mut s, now))
+        .iter()
+        .map(|(f, _)| match f.header {
+            FrameHeader::StreamChunk { stream, .. } if stream == urgent => "U".into(),
+            FrameHeader::StreamChunk { .. } => "b".into(),
+            FrameHeader::Message { number, .. } => {
+                assert_eq!(number, n);
+                "m".into()
+            }
+            _ => unreachable!(),
+        })
+        .collect();
+    // Urgent stream (3 chunks incl. FIN), then the urgency-4 message, then
+    // the remaining 8 bulk chunks.
+    assert_eq!(order.concat(), "UUUmbbbbbbbb");
+}
