@@ -17,9 +17,20 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// Accept one connection and exchange messages and files.
+    Listen(cmd::listen::ListenArgs),
+    /// Connect and exchange messages and files.
+    Connect(cmd::connect::ConnectArgs),
+    /// Run benchmarks.
+    Bench(cmd::bench::BenchArgs),
+}
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.command {}
+    match cli.command {
+        Command::Listen(a) => cmd::listen::run(a),
+        Command::Connect(a) => cmd::connect::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
+    }
 }
