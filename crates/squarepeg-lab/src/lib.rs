@@ -112,6 +112,7 @@
 pub mod checksum;
 pub mod middlebox;
 pub mod model;
+pub mod net;
 pub mod packet;
 pub mod pcap;
 pub mod rng;
@@ -172,6 +173,14 @@ impl Side {
         match self {
             Side::Left => 0,
             Side::Right => 1,
+        }
+    }
+
+    /// The other side.
+    pub fn opposite(self) -> Self {
+        match self {
+            Side::Left => Side::Right,
+            Side::Right => Side::Left,
         }
     }
 }
