@@ -17,9 +17,14 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// The network lab: namespaces joined through the userspace link emulator.
+    Lab(cmd::lab::LabArgs),
+}
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.command {}
+    match cli.command {
+        Command::Lab(args) => cmd::lab::run(args),
+    }
 }
