@@ -187,8 +187,27 @@ fn a_lab_from_up_to_down() {
     assert!(packets >= 4, "2 echo requests and 2 replies: {packets}");
     assert!(late.join("server.pcap").exists());
 
+    // A longer way back from now on: ping sees it, status reports it.
+    let set = peg(&["lab", "set", "--name", name, "--down", "delay=40ms"]);
+    assert!(set.status.success(), "{}", text(&set));
+    let ping = peg(&[
+        "lab", "exec", "--name", name, "client", "--", "ping", "-c", "2", "-i", "0.05", "-q",
+        &server,
+    ]);
+    let summary = text(&ping);
+    let min_rtt: f64 = summary
+        .split("= ")
+        .nth(1)
+        .and_then(|v| v.split('/').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{summary}"));
+    assert!(min_rtt >= 50.0, "10 ms up + 40 ms down: {summary}");
+    let bad = peg(&["lab", "set", "--name", name, "--up", "loss=200%"]);
+    assert!(text(&bad).contains("above 100%"), "{}", text(&bad));
+
     let status = peg(&["lab", "status", "--name", name]);
     let status: Value = serde_json::from_slice(&status.stdout).expect("status is JSON");
+    assert_eq!(status["lab"]["config"]["down"]["delay"], "40ms");
     let up_packets = status["stats"]["up"]["ip_packets_in"]
         .as_u64()
         .expect("counter");

@@ -407,6 +407,7 @@ struct Segment {
     seq: u32,
     ack: u32,
     syn: bool,
+    window: u16,
     /// Option kinds, in order, without NOP and EOL.
     options: Vec<u8>,
     payload: Vec<u8>,
@@ -461,6 +462,7 @@ fn segments(pcap: &Path) -> Vec<Segment> {
                 seq: tcp.sequence_number(),
                 ack: tcp.acknowledgment_number(),
                 syn: tcp.syn(),
+                window: tcp.window_size(),
                 options: option_kinds(tcp.options()),
                 payload: tcp.payload().to_vec(),
                 packet: record.data.clone(),
@@ -658,6 +660,43 @@ fn sequence_rewriting_offsets_one_side_and_tcp_still_works() {
         );
     }
     eprintln!("seq-offset: client sequence numbers shifted by {offset:#010x}");
+}
+
+#[test]
+fn window_rewriting_caps_the_advertised_window_and_tcp_still_works() {
+    if !can_run("window_rewriting_caps_the_advertised_window_and_tcp_still_works") {
+        return;
+    }
+    let _lock = lab_lock();
+    let dir = TempDir::new("window");
+    // The server's advertised windows (raw field, as the box does not track scaling) are
+    // capped on their way to the client.
+    let lab = middlebox_lab("window", "window=cap:100/dir:down", &dir);
+    let server_ip: IpAddr = lab.addresses().server_v4.into();
+    let payload = data(100_000, 6);
+    let digest = tcp_transfer(&lab, false, 7015, &payload);
+    let stats = finish(lab);
+    assert_eq!(digest, <[u8; 32]>::from(Sha256::digest(&payload)));
+    let windows = |side| -> Vec<u16> {
+        segments(&capture_path(&dir.0, side))
+            .iter()
+            .filter(|s| s.src.ip() == server_ip)
+            .map(|s| s.window)
+            .collect()
+    };
+    let (sent, arrived) = (windows(CaptureSide::Server), windows(CaptureSide::Client));
+    eprintln!(
+        "window: server advertised up to {:?}, client saw up to {:?}",
+        sent.iter().max(),
+        arrived.iter().max()
+    );
+    assert_eq!(sent.len(), arrived.len());
+    assert!(sent.iter().any(|&w| w > 100));
+    assert!(arrived.iter().all(|&w| w <= 100));
+    for (s, a) in sent.iter().zip(&arrived) {
+        assert_eq!(*a, (*s).min(100));
+    }
+    assert!(stats.client_side_middleboxes["window_segments_rewritten"] > 0);
 }
 
 #[test]

@@ -21,6 +21,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use squarepeg_lab::Direction;
 use squarepeg_lab::middlebox::parse_middleboxes;
 use squarepeg_lab::model::{LinkConfig, parse_spec, presets};
 use squarepeg_lab::net::{
@@ -51,6 +52,8 @@ enum Verb {
     Down(NameArg),
     /// Run a command in the client's or the server's namespace.
     Exec(ExecArgs),
+    /// Change a running lab's links (queue contents and random streams are kept).
+    Set(SetArgs),
     /// Start or stop pcap captures on the emulator's client- or server-facing interface.
     Capture(CaptureArgs),
     /// Print a lab's addresses and the emulator's statistics as JSON.
@@ -118,6 +121,18 @@ struct ExecArgs {
     command: Vec<String>,
 }
 
+#[derive(Debug, Args)]
+struct SetArgs {
+    #[command(flatten)]
+    name: NameArg,
+    /// New client-to-server link.
+    #[arg(long, value_name = "SPEC", required_unless_present = "down")]
+    up: Option<String>,
+    /// New server-to-client link.
+    #[arg(long, value_name = "SPEC")]
+    down: Option<String>,
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Sides {
     Client,
@@ -166,6 +181,7 @@ pub fn run(args: LabArgs) -> Result<()> {
         Verb::Up(up) => cmd_up(up),
         Verb::Down(name) => cmd_down(&name.name),
         Verb::Exec(exec) => cmd_exec(exec),
+        Verb::Set(set) => cmd_set(set),
         Verb::Capture(capture) => cmd_capture(capture),
         Verb::Status(name) => cmd_status(&name.name),
         Verb::List => cmd_list(),
@@ -528,6 +544,30 @@ fn cmd_exec(args: ExecArgs) -> Result<()> {
     std::process::exit(status.code().unwrap_or(128));
 }
 
+fn cmd_set(args: SetArgs) -> Result<()> {
+    let up = args.up.as_deref().map(|s| link_spec("up", s)).transpose()?;
+    let down = args
+        .down
+        .as_deref()
+        .map(|s| link_spec("down", s))
+        .transpose()?;
+    need_root()?;
+    let name = &args.name.name;
+    running(name)?;
+    request(
+        name,
+        &json!({"cmd": "set", "up": up, "down": down}),
+        STOP_TIMEOUT,
+    )?;
+    if let Some(up) = &up {
+        println!("up   (client → server): {}", describe(up));
+    }
+    if let Some(down) = &down {
+        println!("down (server → client): {}", describe(down));
+    }
+    Ok(())
+}
+
 fn cmd_capture(args: CaptureArgs) -> Result<()> {
     need_root()?;
     let name = &args.name.name;
@@ -700,7 +740,7 @@ fn cmd_daemon(name: &str) -> Result<()> {
     let _ = std::fs::remove_file(&socket_path);
     let listener = UnixListener::bind(&socket_path)
         .with_context(|| format!("listening on {}", socket_path.display()))?;
-    let state = LabState {
+    let mut state = LabState {
         pid: std::process::id(),
         started_unix: SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -747,6 +787,31 @@ fn cmd_daemon(name: &str) -> Result<()> {
                 break;
             }
             Some("stats") => value(lab.stats()),
+            Some("set") => {
+                let mut result = Ok(Value::Null);
+                for (key, dir) in [
+                    ("up", Direction::LeftToRight),
+                    ("down", Direction::RightToLeft),
+                ] {
+                    if message[key].is_null() || result.is_err() {
+                        continue;
+                    }
+                    result = match serde_json::from_value::<LinkConfig>(message[key].clone()) {
+                        Ok(link) => value(lab.reconfigure(dir, link.clone())).map(|v| {
+                            match dir {
+                                Direction::LeftToRight => state.config.up = link,
+                                Direction::RightToLeft => state.config.down = link,
+                            }
+                            v
+                        }),
+                        Err(error) => Err(format!("{key}: {error}")),
+                    };
+                }
+                if let Ok(bytes) = serde_json::to_vec_pretty(&state) {
+                    let _ = write_atomically(&dir.join("state.json"), &bytes);
+                }
+                result
+            }
             Some("capture") => {
                 let side: Result<CaptureSide, _> = serde_json::from_value(message["side"].clone());
                 match (side, message["path"].as_str()) {
