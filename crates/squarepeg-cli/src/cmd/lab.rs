@@ -797,13 +797,16 @@ fn cmd_daemon(name: &str) -> Result<()> {
                         continue;
                     }
                     result = match serde_json::from_value::<LinkConfig>(message[key].clone()) {
-                        Ok(link) => value(lab.reconfigure(dir, link.clone())).map(|v| {
-                            match dir {
-                                Direction::LeftToRight => state.config.up = link,
-                                Direction::RightToLeft => state.config.down = link,
+                        Ok(link) => {
+                            let applied = value(lab.reconfigure(dir, link.clone()));
+                            if applied.is_ok() {
+                                match dir {
+                                    Direction::LeftToRight => state.config.up = link,
+                                    Direction::RightToLeft => state.config.down = link,
+                                }
                             }
-                            v
-                        }),
+                            applied
+                        }
                         Err(error) => Err(format!("{key}: {error}")),
                     };
                 }
