@@ -233,7 +233,14 @@ fn running(name: &str) -> Result<LabState> {
                 state_dir(name).join("daemon.log").display()
             )
         }
-        None => bail!("no lab `{name}` (start one with `peg lab up --name {name}`)"),
+        None => {
+            let flag = if name == "lab" {
+                String::new()
+            } else {
+                format!(" --name {name}")
+            };
+            bail!("no lab `{name}` (start one with `peg lab up{flag}`)")
+        }
     }
 }
 

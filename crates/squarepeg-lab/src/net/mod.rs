@@ -139,6 +139,14 @@ pub enum NetError {
     /// A namespace of that name exists already.
     #[error("network namespace {0} exists already (is a lab of that name running?)")]
     NamespaceExists(String),
+    /// An interface did not come up.
+    #[error("interface {interface} did not come up: {state}")]
+    LinkNotUp {
+        /// The interface.
+        interface: String,
+        /// What `ip link show` said last.
+        state: String,
+    },
     /// A lab name that cannot be used.
     #[error("lab name `{0}` must be 1 to {MAX_NAME_LEN} characters of a-z, A-Z, 0-9, `_` and `-`")]
     InvalidName(String),

@@ -297,15 +297,33 @@ impl Topology {
             })??;
         }
 
+        // Explicit interface indices, all different: the kernel delays the carrier of a veth
+        // whose own index equals its peer's (in another namespace) by up to a second
+        // (linkwatch treats it as a non-urgent event), and until then drops its packets.
         let pairs = [
-            (&info.client_ns, &ifs.client, &ifs.emulator_client),
-            (&info.server_ns, &ifs.server, &ifs.emulator_server),
+            (
+                &info.client_ns,
+                &ifs.client,
+                "10",
+                &ifs.emulator_client,
+                "11",
+            ),
+            (
+                &info.server_ns,
+                &ifs.server,
+                "13",
+                &ifs.emulator_server,
+                "12",
+            ),
         ];
-        for (end_ns, end, emulator_end) in pairs {
+        for (end_ns, end, end_index, emulator_end, emulator_index) in pairs {
             cmd::ip(&[
                 "link",
                 "add",
+                "name",
                 end,
+                "index",
+                end_index,
                 "netns",
                 end_ns,
                 "type",
@@ -313,6 +331,8 @@ impl Topology {
                 "peer",
                 "name",
                 emulator_end,
+                "index",
+                emulator_index,
                 "netns",
                 &info.emulator_ns,
             ])?;
@@ -373,6 +393,14 @@ impl Topology {
                 "on",
                 "up",
             ])?;
+        }
+        for (ns, dev) in [
+            (&info.client_ns, &ifs.client),
+            (&info.emulator_ns, &ifs.emulator_client),
+            (&info.emulator_ns, &ifs.emulator_server),
+            (&info.server_ns, &ifs.server),
+        ] {
+            wait_until_up(ns, dev)?;
         }
         self.client = Some(client);
         self.emulator = Some(emulator);
@@ -440,6 +468,25 @@ impl Drop for Topology {
         if let Err(error) = self.remove() {
             eprintln!("squarepeg-lab: removing lab {}: {error}", self.info.name);
         }
+    }
+}
+
+/// Waits (up to 3 s) until interface `dev` in namespace `ns` has its carrier and is
+/// operationally up, so that the lab carries packets as soon as it is returned.
+fn wait_until_up(ns: &str, dev: &str) -> Result<(), NetError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    loop {
+        let line = cmd::ip(&["-n", ns, "-o", "link", "show", "dev", dev])?;
+        if line.contains("state UP") && !line.contains("NO-CARRIER") {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(NetError::LinkNotUp {
+                interface: dev.to_owned(),
+                state: line.trim().to_owned(),
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
 
