@@ -213,11 +213,36 @@ pub struct TopologyInfo {
 #[derive(Debug)]
 pub struct Topology {
     info: TopologyInfo,
-    client: Option<NetNs>,
-    emulator: Option<NetNs>,
-    server: Option<NetNs>,
-    /// Namespaces created so far (removed on drop even if creation failed half-way).
-    created: Vec<String>,
+    client: NetNs,
+    emulator: NetNs,
+    server: NetNs,
+    created: Created,
+}
+
+/// Namespaces created so far, removed on drop: a guard from the first `ip netns add` on, so
+/// that a creation failing half-way leaves nothing behind.
+#[derive(Debug, Default)]
+struct Created(Vec<String>);
+
+impl Created {
+    /// Removes them all, reporting the first failure.
+    fn remove(&mut self) -> Result<(), NetError> {
+        let mut first_error = None;
+        for ns in std::mem::take(&mut self.0) {
+            if let Err(error) = remove_namespace(&ns) {
+                first_error.get_or_insert(error);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for Created {
+    fn drop(&mut self) {
+        if let Err(error) = self.remove() {
+            eprintln!("squarepeg-lab: removing a lab: {error}");
+        }
+    }
 }
 
 /// Writes a sysctl of the calling thread's network namespace (`/proc/sys/net` follows the
@@ -252,20 +277,19 @@ impl Topology {
                 return Err(NetError::NamespaceExists(ns.clone()));
             }
         }
-        let mut topology = Self {
+        let mut created = Created::default();
+        // On error, `created` drops here and removes what was made.
+        let [client, emulator, server] = Self::build(&info, &mut created)?;
+        Ok(Self {
             info,
-            client: None,
-            emulator: None,
-            server: None,
-            created: Vec::new(),
-        };
-        // On error, `topology` drops here and removes what was made.
-        topology.build()?;
-        Ok(topology)
+            client,
+            emulator,
+            server,
+            created,
+        })
     }
 
-    fn build(&mut self) -> Result<(), NetError> {
-        let info = self.info.clone();
+    fn build(info: &TopologyInfo, created: &mut Created) -> Result<[NetNs; 3], NetError> {
         let ifs = &info.interfaces;
         for ns in [&info.client_ns, &info.emulator_ns, &info.server_ns] {
             cmd::ip(&["netns", "add", ns]).map_err(|error| match error {
@@ -274,7 +298,7 @@ impl Topology {
                 }
                 other => other,
             })?;
-            self.created.push(ns.clone());
+            created.0.push(ns.clone());
         }
         let client = NetNs::open(&info.client_ns)?;
         let emulator = NetNs::open(&info.emulator_ns)?;
@@ -402,10 +426,7 @@ impl Topology {
         ] {
             wait_until_up(ns, dev)?;
         }
-        self.client = Some(client);
-        self.emulator = Some(emulator);
-        self.server = Some(server);
-        Ok(())
+        Ok([client, emulator, server])
     }
 
     /// The lab's names and addresses.
@@ -420,13 +441,11 @@ impl Topology {
 
     /// The namespace of `role`.
     pub fn namespace(&self, role: Role) -> &NetNs {
-        let ns = match role {
+        match role {
             Role::Client => &self.client,
             Role::Emulator => &self.emulator,
             Role::Server => &self.server,
-        };
-        // Set at the end of `create`, which is the only constructor.
-        ns.as_ref().expect("a created topology has its namespaces")
+        }
     }
 
     /// The client's namespace.
@@ -445,29 +464,9 @@ impl Topology {
     }
 
     /// Removes the namespaces (and with them the veths), reporting the first failure.
+    /// Dropping the topology does the same, reporting on standard error.
     pub fn teardown(mut self) -> Result<(), NetError> {
-        self.remove()
-    }
-
-    fn remove(&mut self) -> Result<(), NetError> {
-        self.client = None;
-        self.emulator = None;
-        self.server = None;
-        let mut first_error = None;
-        for ns in std::mem::take(&mut self.created) {
-            if let Err(error) = remove_namespace(&ns) {
-                first_error.get_or_insert(error);
-            }
-        }
-        first_error.map_or(Ok(()), Err)
-    }
-}
-
-impl Drop for Topology {
-    fn drop(&mut self) {
-        if let Err(error) = self.remove() {
-            eprintln!("squarepeg-lab: removing lab {}: {error}", self.info.name);
-        }
+        self.created.remove()
     }
 }
 
