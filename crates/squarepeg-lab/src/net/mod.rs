@@ -77,7 +77,9 @@
 //!            --middlebox resegment,retx-cache --capture-dir /tmp/caps
 //! peg lab exec client -- ping -c 3 10.a.b.2
 //! peg lab status          # JSON: addresses and emulator statistics
-//! peg lab down
+//! peg lab set --down "rate=2mbit delay=35ms"   # change a link while running
+//! peg lab capture --side server --dir /tmp/more  # (and --stop)
+//! peg lab down            # peg lab list / peg lab cleanup for leftovers of dead labs
 //! ```
 
 mod cmd;
