@@ -24,6 +24,8 @@ enum Command {
     Connect(cmd::connect::ConnectArgs),
     /// Run benchmarks.
     Bench(cmd::bench::BenchArgs),
+    /// The network lab: namespaces joined through the userspace link emulator.
+    Lab(cmd::lab::LabArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -32,5 +34,6 @@ fn main() -> anyhow::Result<()> {
         Command::Listen(a) => cmd::listen::run(a),
         Command::Connect(a) => cmd::connect::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Lab(args) => cmd::lab::run(args),
     }
 }

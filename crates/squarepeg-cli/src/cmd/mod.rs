@@ -2,5 +2,6 @@
 
 pub mod bench;
 pub mod connect;
+pub mod lab;
 pub mod listen;
 mod peer;
