@@ -8,85 +8,433 @@
 //! 255-block (the form of the Wikipedia examples); the decoder accepts it.
 //! Expansion is at most one byte per 254 bytes, plus one.
 //!
-//! This is the plain, obviously-correct codec; it is the reference the tests
-//! compare faster versions against.
+//! The codec works on runs, not bytes: the encoder finds each zero with
+//! `memchr` and copies the zero-free run before it with one
+//! `extend_from_slice` per 254-byte block; the decoder copies each block's
+//! data in one piece and checks the whole input for zero bytes once, up
+//! front, instead of byte by byte. The plain byte-at-a-time codec it replaced
+//! lives on in [`reference`] (tests and the `reference` feature) as the
+//! oracle the tests and fuzz targets compare against.
 
 use crate::CobsError;
 
-/// The largest encoding of `n` input bytes.
+/// The most data bytes one block carries.
+const MAX_BLOCK_DATA: usize = 254;
+
+/// The largest encoding of `n` input bytes (saturating at `usize::MAX`).
 pub fn max_encoded_len(n: usize) -> usize {
-    n + n / 254 + 1
+    n.saturating_add(n / MAX_BLOCK_DATA).saturating_add(1)
+}
+
+/// Position of the first zero byte in `bytes`.
+///
+/// Zero-heavy inputs have short runs, where a call into `memchr` costs more
+/// than it saves; so the first eight bytes are tested as one word (the
+/// classic "has zero byte" bit trick) and only longer runs go to `memchr`.
+#[inline]
+fn find_zero(bytes: &[u8]) -> Option<usize> {
+    if let Some(word) = bytes.first_chunk::<8>() {
+        let w = u64::from_le_bytes(*word);
+        let zeros = w.wrapping_sub(0x0101_0101_0101_0101) & !w & 0x8080_8080_8080_8080;
+        if zeros != 0 {
+            // The lowest flagged byte is the first zero; bytes above it may
+            // be false positives of the trick, bytes below it never are.
+            return Some(zeros.trailing_zeros() as usize / 8);
+        }
+        return memchr::memchr(0, &bytes[8..]).map(|z| z + 8);
+    }
+    memchr::memchr(0, bytes)
+}
+
+/// An incremental COBS encoder appending to a `Vec`: feed the input in any
+/// number of pieces with [`Encoder::push`], then call [`Encoder::finish`].
+/// The result is the encoding of the concatenated pieces, so a frame's
+/// header, payload and checksum are encoded without first being copied
+/// into one buffer.
+#[derive(Debug)]
+pub struct Encoder<'a> {
+    out: &'a mut Vec<u8>,
+    /// Index in `out` of the current block's code byte (a placeholder until
+    /// the block closes).
+    code_pos: usize,
+    /// Data bytes in the current block so far (0..=253).
+    block_len: usize,
+    /// Whether the previous block closed full (code 255) and nothing has
+    /// followed it yet: the current block is then only a placeholder, which
+    /// [`Encoder::finish`] removes if the input ends here.
+    after_full: bool,
+    start: usize,
+}
+
+impl<'a> Encoder<'a> {
+    /// Starts an encoding at the end of `out`.
+    pub fn new(out: &'a mut Vec<u8>) -> Self {
+        let start = out.len();
+        out.push(0);
+        Self {
+            out,
+            code_pos: start,
+            block_len: 0,
+            after_full: false,
+            start,
+        }
+    }
+
+    /// Encodes `bytes` as the continuation of the input so far.
+    pub fn push(&mut self, mut bytes: &[u8]) {
+        self.out.reserve(max_encoded_len(bytes.len()));
+        loop {
+            match find_zero(bytes) {
+                Some(z) => {
+                    self.push_run(&bytes[..z]);
+                    // A zero ends the block; the code byte stands for it.
+                    self.out[self.code_pos] = self.block_len as u8 + 1;
+                    self.open_block();
+                    self.after_full = false;
+                    bytes = &bytes[z + 1..];
+                }
+                None => {
+                    self.push_run(bytes);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Appends a zero-free run, closing a full block every 254 bytes.
+    #[inline]
+    fn push_run(&mut self, mut run: &[u8]) {
+        while !run.is_empty() {
+            let take = run.len().min(MAX_BLOCK_DATA - self.block_len);
+            self.out.extend_from_slice(&run[..take]);
+            self.block_len += take;
+            self.after_full = false;
+            run = &run[take..];
+            if self.block_len == MAX_BLOCK_DATA {
+                self.out[self.code_pos] = 0xff;
+                self.open_block();
+                self.after_full = true;
+            }
+        }
+    }
+
+    /// Encodes `n` zero bytes: each closes a block, so this is the current
+    /// block's code followed by `n - 1` empty blocks (code 1). Padding
+    /// payloads are all zeros and go through here in one `resize`.
+    pub(crate) fn push_zeros(&mut self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        self.out[self.code_pos] = self.block_len as u8 + 1;
+        self.out.resize(self.out.len() + n - 1, 1);
+        self.open_block();
+        self.after_full = false;
+    }
+
+    #[inline]
+    fn open_block(&mut self) {
+        self.code_pos = self.out.len();
+        self.out.push(0);
+        self.block_len = 0;
+    }
+
+    /// Closes the encoding; returns the number of bytes it appended.
+    pub fn finish(self) -> usize {
+        if self.after_full {
+            // Input ended right after a full block: no trailing empty block.
+            self.out.pop();
+        } else {
+            self.out[self.code_pos] = self.block_len as u8 + 1;
+        }
+        self.out.len() - self.start
+    }
 }
 
 /// COBS-encodes the concatenation of `parts` and appends it to `out`.
 pub fn encode_parts(parts: &[&[u8]], out: &mut Vec<u8>) {
-    let total: usize = parts.iter().map(|p| p.len()).sum();
-    out.reserve(max_encoded_len(total));
-    let mut code_pos = out.len();
-    out.push(0);
-    let mut code: u8 = 1;
-    // Whether a 255-block just closed and no byte has followed yet.
-    let mut block_full = false;
-    for &b in parts.iter().flat_map(|p| p.iter()) {
-        if block_full {
-            code_pos = out.len();
-            out.push(0);
-            code = 1;
-            block_full = false;
-        }
-        if b == 0 {
-            out[code_pos] = code;
-            code_pos = out.len();
-            out.push(0);
-            code = 1;
-        } else {
-            out.push(b);
-            code += 1;
-            if code == 0xff {
-                out[code_pos] = 0xff;
-                block_full = true;
-            }
-        }
+    let mut enc = Encoder::new(out);
+    for part in parts {
+        enc.push(part);
     }
-    if !block_full {
-        out[code_pos] = code;
-    }
+    enc.finish();
 }
 
 /// COBS-encodes `input` and appends it to `out`.
 pub fn encode(input: &[u8], out: &mut Vec<u8>) {
-    encode_parts(&[input], out);
+    let mut enc = Encoder::new(out);
+    enc.push(input);
+    enc.finish();
+}
+
+/// The error the block-by-block reference decoder reports for an input
+/// whose first zero byte is at `zero`: whichever it meets first, a block
+/// running past the end or the zero itself. Only block headers are read.
+fn zero_byte_error(input: &[u8], zero: usize) -> CobsError {
+    let mut i = 0;
+    loop {
+        if i >= zero {
+            return CobsError::ZeroByte { at: zero };
+        }
+        let end = i + usize::from(input[i]);
+        if end >= input.len() {
+            // Either the block runs past the end, or it ends exactly at the
+            // end and so must contain the zero.
+            return if end > input.len() {
+                CobsError::Truncated
+            } else {
+                CobsError::ZeroByte { at: zero }
+            };
+        }
+        if zero < end {
+            return CobsError::ZeroByte { at: zero };
+        }
+        i = end;
+    }
+}
+
+/// Checks that `input` is a valid encoding and returns the length of its
+/// decoding, reading only the block headers (and one `memchr` pass).
+pub fn decoded_len(input: &[u8]) -> Result<usize, CobsError> {
+    if input.is_empty() {
+        return Err(CobsError::Empty);
+    }
+    if let Some(z) = memchr::memchr(0, input) {
+        return Err(zero_byte_error(input, z));
+    }
+    blocks_len(input)
+}
+
+/// The decoded length of a zero-free `input` (possibly empty).
+fn blocks_len(input: &[u8]) -> Result<usize, CobsError> {
+    let mut i = 0;
+    let mut len = 0;
+    while i < input.len() {
+        let code = usize::from(input[i]);
+        let end = i + code;
+        if end > input.len() {
+            return Err(CobsError::Truncated);
+        }
+        len += code - 1 + usize::from(code != 0xff && end < input.len());
+        i = end;
+    }
+    Ok(len)
 }
 
 /// Decodes `input` (which must contain no zero byte) and appends the result
 /// to `out`. On error `out` may hold partial output.
 pub fn decode(input: &[u8], out: &mut Vec<u8>) -> Result<(), CobsError> {
-    let mut i = 0;
-    while i < input.len() {
-        let code = input[i];
-        if code == 0 {
-            return Err(CobsError::ZeroByte { at: i });
-        }
-        let end = i + code as usize;
-        let data = input.get(i + 1..end).ok_or(CobsError::Truncated)?;
-        if let Some(z) = data.iter().position(|&b| b == 0) {
-            return Err(CobsError::ZeroByte { at: i + 1 + z });
-        }
-        out.extend_from_slice(data);
-        i = end;
-        if code != 0xff && i < input.len() {
-            out.push(0);
-        }
-    }
     if input.is_empty() {
         return Err(CobsError::Empty);
     }
+    if let Some(z) = memchr::memchr(0, input) {
+        return Err(zero_byte_error(input, z));
+    }
+    decode_zero_free(input, out)
+}
+
+/// Decodes `input` into the front of `out` and returns the decoded length.
+/// The decoding is never longer than `input.len() - 1` bytes, so an `out`
+/// that long always suffices. Bytes of `out` past the returned length may
+/// have been overwritten. On error `out` holds partial output.
+pub fn decode_into(input: &[u8], out: &mut [u8]) -> Result<usize, CobsError> {
+    if input.is_empty() {
+        return Err(CobsError::Empty);
+    }
+    if let Some(z) = memchr::memchr(0, input) {
+        return Err(zero_byte_error(input, z));
+    }
+    let n = input.len();
+    let capacity = out.len();
+    let too_small = CobsError::OutputTooSmall { capacity };
+    let mut i = 0;
+    let mut pos = 0;
+    while i < n {
+        let code = usize::from(input[i]);
+        let end = i + code;
+        let data_len = code - 1;
+        // Short blocks (zero-heavy inputs) are copied as one fixed 16-byte
+        // word when both buffers have room: one load and one store instead
+        // of a call into memcpy. The excess lands past `pos` and is either
+        // overwritten by later blocks or lies beyond the returned length.
+        if data_len <= 16
+            && pos + 17 <= capacity
+            && let Some(word) = input[i + 1..].first_chunk::<16>()
+        {
+            out[pos..pos + 16].copy_from_slice(word);
+        } else {
+            let data = input.get(i + 1..end).ok_or(CobsError::Truncated)?;
+            out.get_mut(pos..pos + data_len)
+                .ok_or(too_small)?
+                .copy_from_slice(data);
+        }
+        pos += data_len;
+        i = end;
+        if code != 0xff && i < n {
+            *out.get_mut(pos).ok_or(too_small)? = 0;
+            pos += 1;
+        }
+    }
+    Ok(pos)
+}
+
+/// Decodes a zero-free encoding; the caller has checked for zero bytes.
+pub(crate) fn decode_zero_free(input: &[u8], out: &mut Vec<u8>) -> Result<(), CobsError> {
+    out.reserve(input.len());
+    let n = input.len();
+    let mut i = 0;
+    while i < n {
+        let code = usize::from(input[i]);
+        let end = i + code;
+        let data = input.get(i + 1..end).ok_or(CobsError::Truncated)?;
+        out.extend_from_slice(data);
+        i = end;
+        if code != 0xff && i < n {
+            out.push(0);
+        }
+    }
     Ok(())
+}
+
+/// A reader of decoded bytes from a zero-free encoding, used to take a
+/// frame header off the front without decoding the whole body twice.
+#[derive(Debug)]
+pub(crate) struct Reader<'a> {
+    input: &'a [u8],
+    /// Next unread byte of `input`.
+    pos: usize,
+    /// Data bytes left in the current block.
+    left: usize,
+    /// Whether the current block stands for a zero after its data.
+    zero_after: bool,
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(input: &'a [u8]) -> Self {
+        Self {
+            input,
+            pos: 0,
+            left: 0,
+            zero_after: false,
+        }
+    }
+
+    /// The next decoded byte, `None` at the end of the body.
+    pub(crate) fn next_byte(&mut self) -> Result<Option<u8>, CobsError> {
+        loop {
+            if self.left > 0 {
+                let b = self.input[self.pos];
+                self.pos += 1;
+                self.left -= 1;
+                return Ok(Some(b));
+            }
+            if self.zero_after {
+                self.zero_after = false;
+                return Ok(Some(0));
+            }
+            let Some(&code) = self.input.get(self.pos) else {
+                return Ok(None);
+            };
+            let end = self.pos + usize::from(code);
+            if end > self.input.len() {
+                return Err(CobsError::Truncated);
+            }
+            self.pos += 1;
+            self.left = usize::from(code) - 1;
+            self.zero_after = code != 0xff && end < self.input.len();
+        }
+    }
+
+    /// Decodes everything not yet read and appends it to `out`.
+    pub(crate) fn read_rest(self, out: &mut Vec<u8>) -> Result<(), CobsError> {
+        out.extend_from_slice(&self.input[self.pos..self.pos + self.left]);
+        if self.zero_after {
+            out.push(0);
+        }
+        decode_zero_free(&self.input[self.pos + self.left..], out)
+    }
+
+    /// The decoded length of everything not yet read, checking that the
+    /// rest is well formed.
+    pub(crate) fn rest_len(&self) -> Result<usize, CobsError> {
+        let tail = blocks_len(&self.input[self.pos + self.left..])?;
+        Ok(self.left + usize::from(self.zero_after) + tail)
+    }
+}
+
+/// The plain byte-at-a-time codec, kept as the oracle the fast one is
+/// checked against (unit tests, proptests, differential fuzzing).
+#[cfg(any(test, feature = "reference"))]
+pub mod reference {
+    use crate::CobsError;
+
+    /// COBS-encodes the concatenation of `parts` and appends it to `out`.
+    pub fn encode_parts(parts: &[&[u8]], out: &mut Vec<u8>) {
+        let mut code_pos = out.len();
+        out.push(0);
+        let mut code: u8 = 1;
+        // Whether a 255-block just closed and no byte has followed yet.
+        let mut block_full = false;
+        for &b in parts.iter().flat_map(|p| p.iter()) {
+            if block_full {
+                code_pos = out.len();
+                out.push(0);
+                code = 1;
+                block_full = false;
+            }
+            if b == 0 {
+                out[code_pos] = code;
+                code_pos = out.len();
+                out.push(0);
+                code = 1;
+            } else {
+                out.push(b);
+                code += 1;
+                if code == 0xff {
+                    out[code_pos] = 0xff;
+                    block_full = true;
+                }
+            }
+        }
+        if !block_full {
+            out[code_pos] = code;
+        }
+    }
+
+    /// COBS-encodes `input` and appends it to `out`.
+    pub fn encode(input: &[u8], out: &mut Vec<u8>) {
+        encode_parts(&[input], out);
+    }
+
+    /// Decodes `input` and appends the result to `out`.
+    pub fn decode(input: &[u8], out: &mut Vec<u8>) -> Result<(), CobsError> {
+        let mut i = 0;
+        while i < input.len() {
+            let code = input[i];
+            if code == 0 {
+                return Err(CobsError::ZeroByte { at: i });
+            }
+            let end = i + code as usize;
+            let data = input.get(i + 1..end).ok_or(CobsError::Truncated)?;
+            if let Some(z) = data.iter().position(|&b| b == 0) {
+                return Err(CobsError::ZeroByte { at: i + 1 + z });
+            }
+            out.extend_from_slice(data);
+            i = end;
+            if code != 0xff && i < input.len() {
+                out.push(0);
+            }
+        }
+        if input.is_empty() {
+            return Err(CobsError::Empty);
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     /// Examples from the COBS paper and the Wikipedia article.
     #[test]
@@ -115,6 +463,10 @@ mod tests {
                 [vec![0x00], run.clone()].concat(),
                 [vec![0x01], run_enc.clone()].concat(),
             ),
+            (
+                [run.clone(), vec![0x00]].concat(),
+                [run_enc.clone(), vec![0x01, 0x01]].concat(),
+            ),
         ];
         for (raw, enc) in cases {
             let mut out = Vec::new();
@@ -123,7 +475,15 @@ mod tests {
             let mut back = Vec::new();
             decode(&enc, &mut back).unwrap();
             assert_eq!(back, raw, "decode {enc:02x?}");
+            let mut buf = vec![0xee; enc.len()];
+            let n = decode_into(&enc, &mut buf).unwrap();
+            assert_eq!(&buf[..n], &raw[..], "decode_into {enc:02x?}");
+            assert_eq!(decoded_len(&enc), Ok(raw.len()));
         }
+        // The trailing empty block after a final 255-block is accepted.
+        let mut back = Vec::new();
+        decode(&[run_enc.clone(), vec![0x01]].concat(), &mut back).unwrap();
+        assert_eq!(back, run);
     }
 
     #[test]
@@ -139,5 +499,105 @@ mod tests {
             decode(&[0x00], &mut out),
             Err(CobsError::ZeroByte { at: 0 })
         );
+        // A truncated block before the zero is reported first, as the
+        // block-by-block reference does.
+        assert_eq!(decode(&[0x09, 1, 0], &mut out), Err(CobsError::Truncated));
+        let mut small = [0u8; 2];
+        assert_eq!(
+            decode_into(&[0x04, 1, 2, 3], &mut small),
+            Err(CobsError::OutputTooSmall { capacity: 2 })
+        );
+    }
+
+    /// Inputs of every flavour the benchmarks use: random, text-like (few
+    /// zeros, long runs), zero-heavy, and byte patterns around the 254-byte
+    /// block boundary.
+    fn raw_bytes() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..1200),
+            proptest::collection::vec(prop_oneof![9 => 1u8..=255, 1 => Just(0u8)], 0..1200),
+            proptest::collection::vec(prop_oneof![1 => 1u8..=255, 3 => Just(0u8)], 0..600),
+            (0usize..4, 250usize..260, 0usize..4).prop_map(|(a, run, b)| {
+                let mut v = vec![0u8; a];
+                v.extend(std::iter::repeat_n(0x41, run));
+                v.extend(std::iter::repeat_n(0, b));
+                v
+            }),
+            (1usize..4, 0usize..3).prop_map(|(runs, tail)| {
+                let mut v: Vec<u8> = std::iter::repeat_n(7u8, 254 * runs).collect();
+                v.extend(std::iter::repeat_n(0, tail));
+                v
+            }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// The fast codec agrees byte for byte with the reference, and
+        /// round-trips.
+        #[test]
+        fn matches_reference(raw in raw_bytes(), split in any::<proptest::sample::Index>()) {
+            let mut fast = vec![0xaa];
+            encode(&raw, &mut fast);
+            let mut slow = vec![0xaa];
+            reference::encode(&raw, &mut slow);
+            prop_assert_eq!(&fast, &slow);
+            prop_assert!(fast.len() - 1 <= max_encoded_len(raw.len()));
+            prop_assert!(!fast[1..].contains(&0));
+
+            // Encoding in two pieces gives the same bytes.
+            let cut = split.index(raw.len() + 1);
+            let mut parts = vec![0xaa];
+            encode_parts(&[&raw[..cut], &raw[cut..]], &mut parts);
+            prop_assert_eq!(&parts, &slow);
+
+            let enc = &fast[1..];
+            let mut back = vec![0xbb];
+            decode(enc, &mut back).unwrap();
+            prop_assert_eq!(&back[1..], &raw[..]);
+            let mut buf = vec![0u8; enc.len()];
+            let n = decode_into(enc, &mut buf).unwrap();
+            prop_assert_eq!(&buf[..n], &raw[..]);
+            prop_assert_eq!(decoded_len(enc), Ok(raw.len()));
+        }
+
+        /// On arbitrary (mostly invalid) input, decode gives exactly the
+        /// reference's result, and decode_into and decoded_len agree.
+        #[test]
+        fn decode_matches_reference(input in proptest::collection::vec(
+            prop_oneof![8 => 1u8..=255, 1 => Just(0u8), 1 => 250u8..=255], 0..600)) {
+            let mut fast = Vec::new();
+            let mut slow = Vec::new();
+            let rf = decode(&input, &mut fast);
+            let rs = reference::decode(&input, &mut slow);
+            prop_assert_eq!(rf, rs);
+            if rs.is_ok() {
+                prop_assert_eq!(&fast, &slow);
+            }
+            let mut buf = vec![0u8; input.len()];
+            let ri = decode_into(&input, &mut buf);
+            prop_assert_eq!(ri.map(|n| buf[..n].to_vec()), rs.map(|()| slow.clone()));
+            prop_assert_eq!(decoded_len(&input), rs.map(|()| slow.len()));
+        }
+
+        /// The header reader yields the decoding byte by byte, and hands
+        /// over the rest at any point.
+        #[test]
+        fn reader_matches(raw in raw_bytes(), take in 0usize..40) {
+            let mut enc = Vec::new();
+            encode(&raw, &mut enc);
+            let mut r = Reader::new(&enc);
+            let mut got = Vec::new();
+            for _ in 0..take {
+                match r.next_byte().unwrap() {
+                    Some(b) => got.push(b),
+                    None => break,
+                }
+            }
+            prop_assert_eq!(r.rest_len(), Ok(raw.len() - got.len()));
+            r.read_rest(&mut got).unwrap();
+            prop_assert_eq!(got, raw);
+        }
     }
 }
