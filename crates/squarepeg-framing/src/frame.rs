@@ -268,10 +268,62 @@ fn encode_padding_frame(wire_len: usize, out: &mut Vec<u8>) {
     debug_assert_eq!(out.len() - start, wire_len);
 }
 
+/// The original straightforward frame decoder (decode the whole body, then
+/// parse it), kept as the oracle for tests and differential fuzzing.
+#[cfg(any(test, feature = "reference"))]
+pub mod reference {
+    use super::{CRC_LEN, Frame};
+    use crate::{FrameError, FrameHeader, cobs};
+
+    /// Decodes the bytes between two markers into a frame.
+    pub fn decode_frame(encoded: &[u8], max_body: usize) -> Result<Frame, FrameError> {
+        if encoded.len() > cobs::max_encoded_len(max_body) {
+            return Err(FrameError::Oversize {
+                len: encoded.len(),
+                limit: max_body,
+            });
+        }
+        let mut body = Vec::with_capacity(encoded.len());
+        cobs::reference::decode(encoded, &mut body)?;
+        if body.len() > max_body {
+            return Err(FrameError::Oversize {
+                len: body.len(),
+                limit: max_body,
+            });
+        }
+        let (header, header_len) = FrameHeader::decode(&body)?;
+        if body.len() < header_len + CRC_LEN {
+            return Err(FrameError::TooShort);
+        }
+        let crc_at = body.len() - CRC_LEN;
+        let mut crc = [0u8; CRC_LEN];
+        crc.copy_from_slice(&body[crc_at..]);
+        let expected = u32::from_be_bytes(crc);
+        let computed = crc32c::crc32c(&body[..crc_at]);
+        if expected != computed {
+            return Err(FrameError::ChecksumMismatch { expected, computed });
+        }
+        if let FrameHeader::StreamChunk { offset, .. } = header
+            && offset
+                .checked_add((crc_at - header_len) as u64)
+                .is_none_or(|end| end > crate::varint::MAX)
+        {
+            return Err(FrameError::OffsetOverflow);
+        }
+        body.truncate(crc_at);
+        body.drain(..header_len);
+        Ok(Frame {
+            header,
+            payload: body,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::HeaderError;
+    use proptest::prelude::*;
 
     #[test]
     fn round_trip_and_markers() {
@@ -354,6 +406,118 @@ mod tests {
             let mut out = vec![0xaa];
             encode_padding(len, &mut out);
             assert_eq!(out.len(), len + 1, "len {len}");
+        }
+    }
+
+    fn any_header() -> impl Strategy<Value = FrameHeader> {
+        let v = prop_oneof![0u64..64, 0u64..20_000, 0u64..=crate::varint::MAX];
+        prop_oneof![
+            (v.clone(), v.clone())
+                .prop_map(|(substream, number)| FrameHeader::Message { substream, number }),
+            (v.clone(), 0u64..1 << 40, any::<bool>()).prop_map(|(stream, offset, fin)| {
+                FrameHeader::StreamChunk {
+                    stream,
+                    offset,
+                    fin,
+                }
+            }),
+            Just(FrameHeader::Padding),
+            Just(FrameHeader::Control),
+        ]
+    }
+
+    fn any_payload() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..700),
+            proptest::collection::vec(1u8..=255, 250..600),
+            proptest::collection::vec(prop_oneof![Just(0u8), 1u8..4], 0..300),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        /// Any frame round-trips, and its encoding is what the reference
+        /// codec produces for the concatenated body.
+        #[test]
+        fn frames_round_trip(header in any_header(), payload in any_payload()) {
+            let mut wire = vec![0xaa];
+            let n = encode_frame(&header, &payload, &mut wire).unwrap();
+            prop_assert_eq!(n, wire.len() - 1);
+            let inner = &wire[2..wire.len() - 1];
+            prop_assert_eq!((wire[1], wire[wire.len() - 1]), (0, 0));
+            let mut body = Vec::new();
+            header.encode(&mut body).unwrap();
+            body.extend_from_slice(&payload);
+            let crc = crc32c::crc32c(&body).to_be_bytes();
+            body.extend_from_slice(&crc);
+            let mut expected = Vec::new();
+            cobs::reference::encode(&body, &mut expected);
+            prop_assert_eq!(inner, &expected[..]);
+            let frame = decode_frame(inner, DEFAULT_MAX_BODY).unwrap();
+            prop_assert_eq!(&frame, &Frame { header, payload: payload.clone() });
+            let mut reused = vec![1, 2, 3];
+            prop_assert_eq!(decode_frame_into(inner, DEFAULT_MAX_BODY, &mut reused), Ok(header));
+            prop_assert_eq!(reused, payload);
+        }
+
+        /// On any input (valid frames with random damage, or noise), the
+        /// fast decoder returns exactly what the reference decoder does,
+        /// error variant included.
+        #[test]
+        fn decode_matches_reference(
+            header in any_header(),
+            payload in any_payload(),
+            flips in proptest::collection::vec((any::<proptest::sample::Index>(), any::<u8>()), 0..4),
+            cut in any::<proptest::sample::Index>(),
+            truncate in any::<bool>(),
+            max_body in prop_oneof![Just(DEFAULT_MAX_BODY), 0usize..40, 100usize..800],
+            noise in proptest::collection::vec(any::<u8>(), 0..40),
+            use_noise in proptest::bool::weighted(0.2),
+        ) {
+            let mut enc = if use_noise {
+                noise
+            } else {
+                let mut wire = Vec::new();
+                encode_frame(&header, &payload, &mut wire).unwrap();
+                wire[1..wire.len() - 1].to_vec()
+            };
+            for (at, x) in flips {
+                if !enc.is_empty() {
+                    let i = at.index(enc.len());
+                    enc[i] ^= x;
+                }
+            }
+            if truncate && !enc.is_empty() {
+                enc.truncate(cut.index(enc.len()));
+            }
+            prop_assert_eq!(decode_frame(&enc, max_body), reference::decode_frame(&enc, max_body));
+        }
+    }
+
+    #[test]
+    fn padding_frames_are_bounded_and_valid() {
+        for len in [
+            0, 8, 9, 10, 1023, 1024, 1025, 1032, 1033, 1034, 5000, 70_000,
+        ] {
+            let mut out = Vec::new();
+            encode_padding(len, &mut out);
+            assert_eq!(out.len(), len);
+            let mut d = crate::StreamDecoder::new(MAX_PADDING_FRAME);
+            d.push(&out);
+            let mut frames = 0;
+            while let Some(f) = d.next_frame() {
+                let f = f.unwrap();
+                assert_eq!(f.header, FrameHeader::Padding);
+                assert!(f.payload.iter().all(|&b| b == 0));
+                frames += 1;
+            }
+            let expected = if len < MIN_PADDING_FRAME {
+                0
+            } else {
+                len.div_ceil(MAX_PADDING_FRAME)
+            };
+            assert_eq!(frames, expected, "len {len}");
         }
     }
 }

@@ -761,3 +761,6 @@ impl Reassembler {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
