@@ -17,9 +17,14 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// Quick self-timed benchmarks (`cargo bench` has the criterion versions).
+    Bench(cmd::bench::BenchArgs),
+}
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.command {}
+    match cli.command {
+        Command::Bench(args) => cmd::bench::run(args),
+    }
 }

@@ -33,6 +33,7 @@ pub mod decoder;
 pub mod frame;
 pub mod header;
 pub mod reassembler;
+pub mod sample;
 pub mod varint;
 
 pub use decoder::StreamDecoder;

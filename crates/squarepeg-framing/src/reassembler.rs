@@ -325,7 +325,7 @@ impl Reassembler {
         if fast {
             if end > in_order {
                 let new = &data[(in_order - start) as usize..];
-                self.stats.duplicate_bytes += (in_order - start) as u64;
+                self.stats.duplicate_bytes += in_order - start;
                 self.extend_in_order(in_order, new);
             } else {
                 self.stats.duplicate_bytes += data.len() as u64;

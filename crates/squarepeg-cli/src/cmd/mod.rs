@@ -1,1 +1,3 @@
 //! One module per `peg` verb.
+
+pub mod bench;

@@ -388,12 +388,16 @@ fn inconsistent_retransmission_yields_the_replacement_once() {
     let mut r = new(1 << 16);
     // The first half of A arrives (the rest of the segment was lost) ...
     r.insert(0, &orig[..100]).unwrap();
-    // ... then the retransmission of A's range, three times, and B + tail.
+    // ... then the retransmission of A's range: its first segment three
+    // times (it lies within the held bytes, so nothing is released), its
+    // second, then B + tail.
     let mut got = Vec::new();
     for _ in 0..3 {
-        r.insert(0, &repl).unwrap();
+        r.insert(0, &repl[..60]).unwrap();
         got.extend(drain(&mut r));
     }
+    r.insert(60, &repl[60..]).unwrap();
+    got.extend(drain(&mut r));
     r.insert(off[1], &orig[off[1] as usize..]).unwrap();
     got.extend(drain(&mut r));
     let frames: Vec<(u64, Frame)> = got
@@ -408,7 +412,10 @@ fn inconsistent_retransmission_yields_the_replacement_once() {
     assert!(!frames.iter().any(|(_, f)| *f == a), "A was never whole");
     // The mixed A/padding bytes in place fail their CRC and are reported.
     assert!(got.iter().any(|g| g.is_err()));
-    assert_eq!(r.stats().conflict_frames, 2, "C and its padding frame");
+    // The padding frame straddles both retransmitted segments and the held
+    // bytes: it lies wholly inside no conflicting segment, so it is lost
+    // (harmlessly).
+    assert_eq!(r.stats().conflict_frames, 1);
 }
 
 // ---------------------------------------------------------------------

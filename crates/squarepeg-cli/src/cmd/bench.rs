@@ -1,0 +1,297 @@
+//! `peg bench`: quick self-timed benchmarks, each a sub-verb. They print a
+//! table (or `--json`) of figures measured in one run on this machine,
+//! with ratios to the baselines that matter. The criterion benches
+//! (`cargo bench`) measure the same things more slowly and more precisely.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, ensure};
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use squarepeg_framing::cobs as sp;
+use squarepeg_framing::sample::{PayloadKind, payload};
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    verb: BenchVerb,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchVerb {
+    /// COBS encode and decode throughput: squarepeg against the `cobs` and
+    /// `corncobs` crates and memcpy, on random, text-like and zero-heavy
+    /// inputs.
+    Framing(FramingArgs),
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.verb {
+        BenchVerb::Framing(args) => framing(&args),
+    }
+}
+
+#[derive(Args, Debug)]
+struct FramingArgs {
+    /// Milliseconds of measurement per cell (one codec on one input).
+    #[arg(long, default_value_t = 300)]
+    time_ms: u64,
+    /// Input sizes in bytes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [64, 1024, 16384])]
+    sizes: Vec<usize>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Rounds per cell; each codec of a case runs once per round, in turn, so
+/// that noise from other processes spreads over all of them. The best
+/// round counts (the usual estimator on a shared machine: interference
+/// only ever slows a round down).
+const ROUNDS: u32 = 15;
+
+#[derive(Serialize)]
+struct Report {
+    bench: &'static str,
+    unit: &'static str,
+    time_ms_per_cell: u64,
+    estimator: &'static str,
+    cells: Vec<Cell>,
+}
+
+/// One operation on one input, every codec: throughput in GB/s (10^9
+/// bytes of unencoded data per second).
+#[derive(Serialize)]
+struct Cell {
+    op: &'static str,
+    input: &'static str,
+    size: usize,
+    /// Encoding: `cobs::encode`. Decoding: `cobs::decode_run_into`, what
+    /// frame decoding runs on the bytes the marker scan found between two
+    /// markers (no zero check; corncobs does none either).
+    squarepeg: f64,
+    /// Decoding only: `cobs::decode_into`, which first checks the input
+    /// for zero bytes (one memchr pass), as the `cobs` crate does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    squarepeg_checked: Option<f64>,
+    cobs: f64,
+    corncobs: f64,
+    memcpy: f64,
+    /// squarepeg / memcpy.
+    vs_memcpy: f64,
+    /// squarepeg / the faster of `cobs` and `corncobs`.
+    vs_best_rival: f64,
+}
+
+/// A codec under test: runs one operation, returns something derived from
+/// its output so that it cannot be optimised away.
+type Run<'a> = Box<dyn FnMut() -> usize + 'a>;
+
+fn framing(args: &FramingArgs) -> anyhow::Result<()> {
+    ensure!(!args.sizes.is_empty(), "no sizes given");
+    ensure!(args.sizes.iter().all(|&s| s > 0), "sizes must be positive");
+    let cases: Vec<(&'static str, PayloadKind, usize)> = ["encode", "decode"]
+        .into_iter()
+        .flat_map(|op| {
+            PayloadKind::ALL
+                .into_iter()
+                .flat_map(move |kind| args.sizes.iter().map(move |&size| (op, kind, size)))
+        })
+        .collect();
+    let progress = ProgressBar::new(cases.len() as u64 * 4).with_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} cells  {msg}")
+            .context("progress template")?,
+    );
+    let per_round = Duration::from_millis(args.time_ms) / ROUNDS;
+    let mut cells = Vec::new();
+    for (op, kind, size) in cases {
+        progress.set_message(format!("{op} {kind} {size} B"));
+        let input = payload(kind, size, 1);
+        let (squarepeg, squarepeg_checked, cobs, corncobs, memcpy) = match op {
+            "encode" => {
+                let [a, b, c, d] = measure(encoders(&input)?, size, per_round);
+                (a, None, b, c, d)
+            }
+            _ => {
+                let [a, e, b, c, d] = measure(decoders(&input)?, size, per_round);
+                (a, Some(e), b, c, d)
+            }
+        };
+        progress.inc(4);
+        let best_rival = cobs.max(corncobs);
+        cells.push(Cell {
+            op,
+            input: kind.name(),
+            size,
+            squarepeg,
+            squarepeg_checked,
+            cobs,
+            corncobs,
+            memcpy,
+            vs_memcpy: squarepeg / memcpy,
+            vs_best_rival: squarepeg / best_rival,
+        });
+    }
+    progress.finish_and_clear();
+    if args.json {
+        let report = Report {
+            bench: "framing",
+            unit: "GB/s",
+            time_ms_per_cell: args.time_ms,
+            estimator: "best of 15 interleaved rounds",
+            cells,
+        };
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&cells);
+    }
+    Ok(())
+}
+
+fn print_table(cells: &[Cell]) {
+    println!(
+        "COBS throughput, GB/s of unencoded data (best of {ROUNDS} interleaved rounds)\n\
+         decode: squarepeg = the frame path (run between markers, no zero check);\n\
+         checked = cobs::decode_into, which scans for zero bytes first\n"
+    );
+    println!(
+        "{:<7} {:<11} {:>6} {:>10} {:>8} {:>8} {:>9} {:>8} {:>10} {:>10}",
+        "op",
+        "input",
+        "bytes",
+        "squarepeg",
+        "checked",
+        "cobs",
+        "corncobs",
+        "memcpy",
+        "vs memcpy",
+        "vs rivals"
+    );
+    for c in cells {
+        let checked = c
+            .squarepeg_checked
+            .map_or_else(|| "-".to_string(), |v| format!("{v:.2}"));
+        println!(
+            "{:<7} {:<11} {:>6} {:>10.2} {:>8} {:>8.2} {:>9.2} {:>8.2} {:>9.0}% {:>9.1}x",
+            c.op,
+            c.input,
+            c.size,
+            c.squarepeg,
+            checked,
+            c.cobs,
+            c.corncobs,
+            c.memcpy,
+            100.0 * c.vs_memcpy,
+            c.vs_best_rival
+        );
+    }
+}
+
+/// Encoders, each writing into a buffer allocated here, once.
+fn encoders(input: &[u8]) -> anyhow::Result<[Run<'_>; 4]> {
+    let n = input.len();
+    // Every codec must produce a decodable encoding of `input`.
+    let mut check = Vec::new();
+    sp::encode(input, &mut check);
+    let mut back = Vec::new();
+    sp::decode(&check, &mut back).context("squarepeg round trip")?;
+    ensure!(back == input, "squarepeg round trip differs");
+
+    let mut ours = Vec::with_capacity(sp::max_encoded_len(n));
+    let mut theirs = vec![0u8; ::cobs::max_encoding_length(n)];
+    let mut corn = vec![0u8; corncobs::max_encoded_len(n)];
+    let mut copy = vec![0u8; n];
+    Ok([
+        Box::new(move || {
+            ours.clear();
+            sp::encode(black_box(input), &mut ours);
+            ours.len()
+        }),
+        Box::new(move || ::cobs::encode(black_box(input), &mut theirs)),
+        Box::new(move || corncobs::encode_buf(black_box(input), &mut corn)),
+        Box::new(move || {
+            copy.copy_from_slice(black_box(input));
+            usize::from(copy[0])
+        }),
+    ])
+}
+
+/// Decoders, each decoding its own codec's encoding of `input` into a
+/// buffer allocated here, once.
+fn decoders(input: &[u8]) -> anyhow::Result<[Run<'static>; 5]> {
+    let n = input.len();
+    let mut ours = Vec::new();
+    sp::encode(input, &mut ours);
+    let mut theirs = vec![0u8; ::cobs::max_encoding_length(n)];
+    let len = ::cobs::encode(input, &mut theirs);
+    theirs.truncate(len);
+    let mut corn = vec![0u8; corncobs::max_encoded_len(n)];
+    let len = corncobs::encode_buf(input, &mut corn);
+    corn.truncate(len);
+
+    let mut out = vec![0u8; n + 64];
+    let got = sp::decode_into(&ours, &mut out).context("squarepeg decode")?;
+    ensure!(out[..got] == *input, "squarepeg decode differs");
+    let got = sp::decode_run_into(&ours, &mut out).context("squarepeg decode")?;
+    ensure!(out[..got] == *input, "squarepeg decode differs");
+    let report = ::cobs::decode(&theirs, &mut out).map_err(|e| anyhow::anyhow!("cobs: {e:?}"))?;
+    ensure!(out[..report.frame_size()] == *input, "cobs decode differs");
+    let got =
+        corncobs::decode_buf(&corn, &mut out).map_err(|e| anyhow::anyhow!("corncobs: {e:?}"))?;
+    ensure!(out[..got] == *input, "corncobs decode differs");
+
+    let plain = input.to_vec();
+    let ours2 = ours.clone();
+    let (mut o1, mut o2, mut o3, mut o4, mut o5) =
+        (out.clone(), out.clone(), out.clone(), out.clone(), out);
+    Ok([
+        Box::new(move || sp::decode_run_into(black_box(&ours), &mut o1).unwrap_or(0)),
+        Box::new(move || sp::decode_into(black_box(&ours2), &mut o5).unwrap_or(0)),
+        Box::new(move || ::cobs::decode(black_box(&theirs), &mut o2).map_or(0, |r| r.frame_size())),
+        Box::new(move || corncobs::decode_buf(black_box(&corn), &mut o3).unwrap_or(0)),
+        Box::new(move || {
+            o4[..n].copy_from_slice(black_box(&plain));
+            usize::from(o4[0])
+        }),
+    ])
+}
+
+/// Throughput of each runner in GB/s of `bytes`-sized operations.
+fn measure<const N: usize>(mut runs: [Run<'_>; N], bytes: usize, per_round: Duration) -> [f64; N] {
+    // Calibrate a batch to take about a millisecond, so that reading the
+    // clock costs nothing measurable.
+    let batches: Vec<u64> = runs
+        .iter_mut()
+        .map(|run| {
+            let mut batch = 1u64;
+            loop {
+                let t = Instant::now();
+                for _ in 0..batch {
+                    black_box(run());
+                }
+                if t.elapsed() >= Duration::from_millis(1) || batch >= 1 << 30 {
+                    return batch;
+                }
+                batch *= 2;
+            }
+        })
+        .collect();
+    let mut best = [0f64; N];
+    for _ in 0..ROUNDS {
+        for (i, run) in runs.iter_mut().enumerate() {
+            let start = Instant::now();
+            let mut ops = 0u64;
+            while start.elapsed() < per_round {
+                for _ in 0..batches[i] {
+                    black_box(run());
+                }
+                ops += batches[i];
+            }
+            let rate = (ops as f64 * bytes as f64) / start.elapsed().as_secs_f64() / 1e9;
+            best[i] = best[i].max(rate);
+        }
+    }
+    best
+}
