@@ -470,6 +470,8 @@ impl<'a> Reader<'a> {
 
     /// Decodes everything not yet read and appends it to `out`.
     pub(crate) fn read_rest(self, out: &mut Vec<u8>) -> Result<(), CobsError> {
+        // One allocation for everything, window slack included.
+        out.reserve(self.left + 1 + (self.input.len() - self.pos) + WINDOW);
         out.extend_from_slice(&self.input[self.pos..self.pos + self.left]);
         if self.zero_after {
             out.push(0);

@@ -150,7 +150,6 @@ pub(crate) fn decode_zero_free(
             return Err(e.into());
         }
     };
-    payload.reserve(encoded.len());
     reader.read_rest(payload)?;
     let body_len = head_len + payload.len();
     if body_len > max_body {

@@ -24,6 +24,12 @@
 //!   limit, and yields each complete frame once with its stream offset.
 //! - [`decoder`]: the receive side over an in-order byte stream
 //!   ([`StreamDecoder`], a reassembler fed consecutive offsets).
+//! - [`sample`]: deterministic sample payloads (random, text-like,
+//!   zero-heavy) for the benchmarks and tests.
+//!
+//! Speed: `cargo bench -p squarepeg-framing` (criterion: COBS against the
+//! `cobs` and `corncobs` crates and memcpy; the receive path against plain
+//! frame decoding) and `peg bench framing`; figures in docs/results.md.
 //!
 //! Nothing here does I/O or reads a clock; every error a peer can cause is
 //! a value, and every buffer a peer can grow is bounded.

@@ -60,7 +60,6 @@
 //! [`Reassembler::next_frame`] takes them: drain it after each insert.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::ops::Bound;
 
 use crate::{Frame, FrameError, cobs, frame};
 
@@ -179,6 +178,9 @@ pub struct Reassembler {
     /// end of the last island (holes hold stale bytes).
     buf: Vec<u8>,
     head: usize,
+    /// Island 0, the one starting at `base` (it holds the in-order data).
+    island0: Option<Island>,
+    /// The out-of-order islands, by start offset (all above `base`).
     islands: BTreeMap<u64, Island>,
     /// Frames yielded from conflicting bytes, by (offset, encoded length,
     /// CRC32C of the encoding), for exactly-once.
@@ -217,6 +219,7 @@ impl Reassembler {
             base: 0,
             buf: Vec::new(),
             head: 0,
+            island0: None,
             islands: BTreeMap::new(),
             conflict_frames: BTreeSet::new(),
             ready: VecDeque::new(),
@@ -248,7 +251,7 @@ impl Reassembler {
 
     /// Bytes charged against the limit (see the module docs).
     pub fn held_bytes(&self) -> usize {
-        let ooo = self.islands.len() - usize::from(self.island0().is_some());
+        let ooo = self.islands.len();
         (self.buf.len() - self.head)
             + ooo * ISLAND_COST
             + self.conflict_frames.len() * CONFLICT_FRAME_COST
@@ -275,7 +278,7 @@ impl Reassembler {
     }
 
     fn island0(&self) -> Option<&Island> {
-        self.islands.get(&self.base)
+        self.island0.as_ref()
     }
 
     fn idx(&self, offset: u64) -> usize {
@@ -297,6 +300,9 @@ impl Reassembler {
                 offset,
                 len: data.len(),
             })?;
+        if data.is_empty() {
+            return Ok(());
+        }
         // Bytes below the window were handled and released; TCP would drop
         // them as duplicates too.
         if end <= self.base {
@@ -330,6 +336,13 @@ impl Reassembler {
             } else {
                 self.stats.duplicate_bytes += data.len() as u64;
             }
+        } else if start <= in_order && self.next_ooo_start().is_some() && end > self.window_end() {
+            // In order, filling holes and running on past the last island:
+            // merge up to its end, then stream the rest like the fast path,
+            // so that no more than the window is ever copied.
+            let cut = (self.window_end() - start) as usize;
+            self.merge(start, &data[..cut]);
+            self.extend_in_order(start + cut as u64, &data[cut..]);
         } else {
             self.merge(start, data);
         }
@@ -346,8 +359,9 @@ impl Reassembler {
                 limit: self.limit,
             });
         }
+        // Out of order: island 0 ends before `start` and is not touched.
         let touched = self.touching(start, end).count();
-        let ooo_after = self.islands.len() - usize::from(self.island0().is_some()) + 1 - touched;
+        let ooo_after = self.islands.len() + 1 - touched;
         let span = (self.window_end().max(end) - self.base) as usize;
         let needed =
             span + ooo_after * ISLAND_COST + self.conflict_frames.len() * CONFLICT_FRAME_COST;
@@ -362,26 +376,39 @@ impl Reassembler {
         Ok(())
     }
 
-    /// Islands overlapping or adjacent to `start..end`, in descending order.
-    fn touching(&self, start: u64, end: u64) -> impl Iterator<Item = (&u64, &Island)> {
-        self.islands
-            .range(..=end)
-            .rev()
-            .take_while(move |(_, island)| island.end >= start)
+    /// Islands overlapping or adjacent to `start..end` (with `start` at or
+    /// above `base`), as (start, island), in ascending order.
+    fn touching(&self, start: u64, end: u64) -> impl Iterator<Item = (u64, &Island)> {
+        let first = self
+            .island0
+            .as_ref()
+            .filter(|island| island.end >= start)
+            .map(|island| (self.base, island));
+        // An island starting below `start` touches only if it reaches it;
+        // islands are disjoint, so only the last such one can.
+        let before = self
+            .islands
+            .range(..start)
+            .next_back()
+            .filter(|(_, island)| island.end >= start);
+        let within = self.islands.range(start..=end);
+        first.into_iter().chain(
+            before
+                .into_iter()
+                .chain(within)
+                .map(|(&s, island)| (s, island)),
+        )
     }
 
     fn next_ooo_start(&self) -> Option<u64> {
-        self.islands
-            .range((Bound::Excluded(self.base), Bound::Unbounded))
-            .next()
-            .map(|(&s, _)| s)
+        self.islands.first_key_value().map(|(&s, _)| s)
     }
 
     /// Whether any byte of `data` (at `start`) differs from a byte held at
     /// the same offset.
     fn conflicts(&self, start: u64, data: &[u8]) -> bool {
         let end = start + data.len() as u64;
-        self.touching(start, end).any(|(&s, island)| {
+        self.touching(start, end).any(|(s, island)| {
             let a = s.max(start);
             let b = island.end.min(end);
             a < b
@@ -406,7 +433,7 @@ impl Reassembler {
                 continue;
             }
             let (lo, hi) = (start + a as u64, start + b as u64 + 1);
-            let differs = self.touching(lo, hi).any(|(&s, island)| {
+            let differs = self.touching(lo, hi).any(|(s, island)| {
                 let x = s.max(lo);
                 let y = island.end.min(hi);
                 x < y
@@ -495,14 +522,14 @@ impl Reassembler {
             match marker {
                 Some(m) if (end - m - 1) as usize <= self.max_encoded => {
                     self.write(at, new);
-                    if let Some(island) = self.islands.get_mut(&m) {
+                    if let Some(island) = self.island0.as_mut() {
                         island.end = end;
                     }
                 }
                 Some(m) => {
                     let len = (end - m - 1) as usize;
                     self.report_oversize(m, len);
-                    self.islands.remove(&m);
+                    self.island0 = None;
                     self.advance_base(end);
                 }
                 None => self.advance_base(end),
@@ -546,9 +573,7 @@ impl Reassembler {
             }
             last = z;
         }
-        if let Some(m) = marker {
-            self.islands.remove(&m);
-        }
+        self.island0 = None;
         let last_zero = at + last as u64;
         let tail = &new[last..];
         if tail.len() - 1 > self.max_encoded {
@@ -558,15 +583,12 @@ impl Reassembler {
         }
         self.advance_base(last_zero);
         self.write(last_zero, tail);
-        self.islands.insert(
-            last_zero,
-            Island {
-                end,
-                first_zero: Some(last_zero),
-                last_zero: Some(last_zero),
-                oversize_reported: false,
-            },
-        );
+        self.island0 = Some(Island {
+            end,
+            first_zero: Some(last_zero),
+            last_zero: Some(last_zero),
+            oversize_reported: false,
+        });
     }
 
     fn report_oversize(&mut self, marker: u64, len: usize) {
@@ -622,14 +644,13 @@ impl Reassembler {
     /// handles every run completed by the merge.
     fn merge(&mut self, start: u64, data: &[u8]) {
         let end = start + data.len() as u64;
-        let touched: Vec<(u64, Island)> = {
-            let mut t: Vec<(u64, Island)> =
-                self.touching(start, end).map(|(&s, &i)| (s, i)).collect();
-            t.reverse();
-            t
-        };
-        for (s, _) in &touched {
-            self.islands.remove(s);
+        let touched: Vec<(u64, Island)> = self.touching(start, end).map(|(s, &i)| (s, i)).collect();
+        for &(s, _) in &touched {
+            if s == self.base {
+                self.island0 = None;
+            } else {
+                self.islands.remove(&s);
+            }
         }
         // Lay out the merged island as pieces; copy in the bytes not held.
         let mut pieces = Vec::with_capacity(touched.len() * 2 + 1);
@@ -747,17 +768,17 @@ impl Reassembler {
         match island.last_zero {
             Some(l) if !island.oversize_reported => {
                 self.advance_base(l);
-                self.islands.insert(
-                    l,
-                    Island {
-                        end: island.end,
-                        first_zero: Some(l),
-                        last_zero: Some(l),
-                        oversize_reported: false,
-                    },
-                );
+                self.island0 = Some(Island {
+                    end: island.end,
+                    first_zero: Some(l),
+                    last_zero: Some(l),
+                    oversize_reported: false,
+                });
             }
-            _ => self.advance_base(island.end),
+            _ => {
+                self.island0 = None;
+                self.advance_base(island.end);
+            }
         }
     }
 }

@@ -723,3 +723,33 @@ proptest! {
         prop_assert_eq!(found, sent);
     }
 }
+
+/// A huge in-order insert that fills a hole and runs far past the last
+/// out-of-order island is streamed, not copied: the window never grows past
+/// the limit.
+#[test]
+fn huge_in_order_insert_is_not_copied_whole() {
+    let frames: Vec<Frame> = (0..2000).map(|i| message(i, &[0x42; 500])).collect();
+    let (wire, off) = stream_of(&frames);
+    let limit = Reassembler::min_limit(MAX_BODY);
+    let mut r = new(limit);
+    r.insert(off[3], &wire[off[3] as usize..off[5] as usize])
+        .unwrap();
+    let mut got = ok_offsets(&drain(&mut r));
+    assert_eq!(got, [off[3], off[4]]);
+    r.insert(0, &wire).unwrap();
+    got.extend(ok_offsets(&drain(&mut r)));
+    got.sort();
+    assert!(
+        got == off,
+        "{} frames yielded, {} sent",
+        got.len(),
+        off.len()
+    );
+    assert!(
+        r.buf.capacity() <= 2 * limit,
+        "window grew to {}",
+        r.buf.capacity()
+    );
+    assert!(r.held_bytes() <= 1);
+}
