@@ -91,13 +91,11 @@ fn error_name(e: &FrameError) -> &'static str {
     }
 }
 
+/// What a decoder yields: frames, or errors.
+type Found = Vec<Result<Frame, FrameError>>;
+
 /// The frames an in-order decoder and a reassembler find in `wire`.
-fn found(
-    wire: &[u8],
-) -> (
-    Vec<Result<Frame, FrameError>>,
-    Vec<Result<Frame, FrameError>>,
-) {
+fn found(wire: &[u8]) -> (Found, Found) {
     let mut d = StreamDecoder::new(1 << 16);
     d.push(wire);
     let in_order = std::iter::from_fn(|| d.next_frame()).collect();
