@@ -8,19 +8,21 @@
 //! 255-block (the form of the Wikipedia examples); the decoder accepts it.
 //! Expansion is at most one byte per 254 bytes, plus one.
 //!
-//! The codec is written for speed, in safe code. The encoder reads eight
-//! bytes at a time: where zeros are dense it closes one block per zero with
-//! straight-line code (one 8-byte copy, then a length adjustment, no
-//! data-dependent branch), and where a word holds no zero it lets `memchr`
-//! find the end of the run and copies it with one `extend_from_slice` per
-//! 254-byte block. The decoder first walks the chain of code bytes, then
-//! copies each stretch of blocks with one `copy_from_slice` and writes the
-//! zeros the code bytes stand for over them; only 254-byte blocks (which
-//! stand for no zero) are copied one by one. Checking the input for zero
-//! bytes is one `memchr` pass before decoding. The plain byte-at-a-time
-//! codec this replaced lives on in `reference` (tests and the
-//! `reference` feature) as the oracle the tests and fuzz targets compare
-//! against.
+//! The codec is written for speed, in safe code. The encoder looks at eight
+//! bytes at a time. Where a word holds no zero, `memchr` finds the end of
+//! the run, which is copied with one `extend_from_slice` per 254-byte
+//! block. Where zeros are dense, words are copied whole and every byte
+//! position updates the current block's code with a conditional move, so
+//! the loop has no branch on the data (at random zero positions a branch
+//! per zero would mispredict half the time). The decoder copies a large
+//! block with one `copy_from_slice`; small blocks it decodes 64 bytes at a
+//! time: one fixed-size copy of the window, then a walk along the code
+//! bytes inside it, writing the zero each one stands for. [`decode`] and
+//! [`decode_into`] first check the input for zero bytes (one `memchr`
+//! pass); [`decode_run_into`], for runs the marker scan has already found
+//! free of zeros, does not. The plain byte-at-a-time codec this replaced
+//! lives on in `reference` (tests and the `reference` feature) as the
+//! oracle the tests and fuzz targets compare against.
 
 use crate::CobsError;
 
