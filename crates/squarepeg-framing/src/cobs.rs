@@ -348,6 +348,16 @@ fn decode_blocks(input: &[u8], out: &mut [u8]) -> Result<usize, CobsError> {
     let mut o = 0;
     while i < n {
         let code = usize::from(input[i]);
+        if code == 0xff {
+            // A full block: 254 bytes and no zero (long runs, text).
+            let data = input.get(i + 1..i + 255).ok_or(CobsError::Truncated)?;
+            out.get_mut(o..o + 254)
+                .ok_or(too_small)?
+                .copy_from_slice(data);
+            o += 254;
+            i += 255;
+            continue;
+        }
         if code == 0 {
             // Only `decode_run_into` gets here, with input that broke its
             // contract.
@@ -394,7 +404,7 @@ fn decode_blocks(input: &[u8], out: &mut [u8]) -> Result<usize, CobsError> {
             .copy_from_slice(data);
         o += data.len();
         i = end;
-        if code != 0xff && i < n {
+        if i < n {
             *out.get_mut(o).ok_or(too_small)? = 0;
             o += 1;
         }
