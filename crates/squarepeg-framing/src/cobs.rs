@@ -348,14 +348,20 @@ fn decode_blocks(input: &[u8], out: &mut [u8]) -> Result<usize, CobsError> {
     let mut o = 0;
     while i < n {
         let code = usize::from(input[i]);
-        if code == 0xff {
-            // A full block: 254 bytes and no zero (long runs, text).
-            let data = input.get(i + 1..i + 255).ok_or(CobsError::Truncated)?;
-            out.get_mut(o..o + 254)
+        let end = i + code;
+        if code > WINDOW {
+            // A large block (long runs, text, random data): one copy.
+            let data = input.get(i + 1..end).ok_or(CobsError::Truncated)?;
+            out.get_mut(o..o + data.len())
                 .ok_or(too_small)?
                 .copy_from_slice(data);
-            o += 254;
-            i += 255;
+            o += data.len();
+            i = end;
+            // A full block (code 255) stands for no zero.
+            if code != 0xff && i < n {
+                *out.get_mut(o).ok_or(too_small)? = 0;
+                o += 1;
+            }
             continue;
         }
         if code == 0 {
@@ -363,9 +369,7 @@ fn decode_blocks(input: &[u8], out: &mut [u8]) -> Result<usize, CobsError> {
             // contract.
             return Err(CobsError::ZeroByte { at: i });
         }
-        let end = i + code;
-        if code <= WINDOW
-            && let Some(src) = input.get(i + 1..i + 1 + WINDOW)
+        if let Some(src) = input.get(i + 1..i + 1 + WINDOW)
             && let Some(dst) = out.get_mut(o..o + WINDOW)
         {
             // Copy the window, then walk the blocks that lie inside it.
@@ -389,7 +393,7 @@ fn decode_blocks(input: &[u8], out: &mut [u8]) -> Result<usize, CobsError> {
                 let next = j + usize::from(c);
                 if c == 0xff || c == 0 || next >= limit {
                     // The next block does not fit the window (or stands
-                    // for no zero): start afresh from it.
+                    // for no zero, or is invalid): start afresh from it.
                     o += j - i;
                     i = j;
                     break;
@@ -398,6 +402,7 @@ fn decode_blocks(input: &[u8], out: &mut [u8]) -> Result<usize, CobsError> {
             }
             continue;
         }
+        // A small block near the end of either buffer.
         let data = input.get(i + 1..end).ok_or(CobsError::Truncated)?;
         out.get_mut(o..o + data.len())
             .ok_or(too_small)?
