@@ -31,7 +31,7 @@ fn inputs(kind: PayloadKind, size: usize) -> Vec<Vec<u8>> {
 }
 
 /// The next item of `items`, round and round.
-fn next<'a, T>(items: &'a [T], k: &mut usize) -> &'a T {
+fn next<'a>(items: &'a [Vec<u8>], k: &mut usize) -> &'a [u8] {
     *k = (*k + 1) % items.len();
     &items[*k]
 }
