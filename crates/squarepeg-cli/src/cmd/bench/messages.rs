@@ -1,21 +1,7 @@
-//! `peg bench`: benchmarks that put squarepeg next to its rivals in one run
-//! and print ratios.
+//! `peg bench messages`: message throughput over loopback, squarepeg over kernel TCP
+//! against plain tokio TCP carrying the same bytes as length-prefixed records.
 
-use clap::{Args, Subcommand};
-
-/// Run benchmarks.
-#[derive(Args, Debug)]
-pub struct BenchArgs {
-    #[command(subcommand)]
-    pub what: BenchCommand,
-}
-
-#[derive(Subcommand, Debug)]
-pub enum BenchCommand {
-    /// Message throughput over loopback: squarepeg over kernel TCP against
-    /// plain tokio TCP carrying the same bytes as length-prefixed records.
-    Messages(MessagesArgs),
-}
+use clap::Args;
 
 #[derive(Args, Debug)]
 pub struct MessagesArgs {
@@ -33,13 +19,7 @@ pub struct MessagesArgs {
     pub json: bool,
 }
 
-pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    match args.what {
-        BenchCommand::Messages(m) => messages(m),
-    }
-}
-
-fn messages(args: MessagesArgs) -> anyhow::Result<()> {
+pub fn run(args: MessagesArgs) -> anyhow::Result<()> {
     use squarepeg::bench::{raw_tcp_messages, squarepeg_messages};
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
