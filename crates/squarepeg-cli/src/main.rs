@@ -20,14 +20,23 @@ struct Cli {
 enum Command {
     /// Userspace TCP on a TUN device: servers and clients to use with nc, socat or curl.
     Tcp(Box<cmd::tcp::TcpArgs>),
+    /// Accept one connection and exchange messages and files.
+    Listen(cmd::listen::ListenArgs),
+    /// Connect and exchange messages and files.
+    Connect(cmd::connect::ConnectArgs),
     /// Run benchmarks.
     Bench(cmd::bench::BenchArgs),
+    /// The network lab: namespaces joined through the userspace link emulator.
+    Lab(cmd::lab::LabArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Tcp(a) => cmd::tcp::run(*a),
+        Command::Listen(a) => cmd::listen::run(a),
+        Command::Connect(a) => cmd::connect::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Lab(args) => cmd::lab::run(args),
     }
 }

@@ -1,42 +1,46 @@
 //! In-order decoding: the receive side over a plain TCP byte stream, where
-//! bytes arrive in sequence from stream offset 0.
+//! bytes arrive in sequence from stream offset 0 (Minion §5.2, "Reception"
+//! without uTCP).
 
-use crate::frame::{self, Frame};
+use crate::frame::Frame;
+use crate::reassembler::Reassembler;
 use crate::{FrameError, cobs};
 
 /// Splits an in-order byte stream into frames.
 ///
 /// The stream must begin with a marker. Runs of zero bytes are empty frames
-/// and are skipped. Buffered bytes never exceed the encoding of one
-/// `max_body` frame plus what a single [`StreamDecoder::push`] adds.
+/// and are skipped. This is the [`Reassembler`] fed at consecutive offsets,
+/// so both share one scanner: frames wholly inside a pushed slice are
+/// decoded straight from it, and only a partial frame at its end is kept
+/// (never more than the encoding of one `max_body` frame). Frames are
+/// decoded when pushed and wait in a queue for [`StreamDecoder::next_frame`].
 #[derive(Debug)]
 pub struct StreamDecoder {
-    buf: Vec<u8>,
-    /// Start of the unscanned part of `buf`.
-    pos: usize,
-    /// Whether the first marker of the stream has been seen.
-    synced: bool,
-    max_body: usize,
+    inner: Reassembler,
+    /// Stream offset of the next pushed byte.
+    offset: u64,
 }
 
 impl StreamDecoder {
     /// A decoder that rejects frames whose body exceeds `max_body` bytes.
     pub fn new(max_body: usize) -> Self {
+        // In-order data never needs more than one partial frame, which any
+        // limit of at least one maximal frame holds.
+        let limit = cobs::max_encoded_len(max_body).saturating_add(2);
         Self {
-            buf: Vec::new(),
-            pos: 0,
-            synced: false,
-            max_body,
+            inner: Reassembler::with_limit(max_body, limit),
+            offset: 0,
         }
     }
 
     /// Appends received bytes.
     pub fn push(&mut self, data: &[u8]) {
-        if self.pos > 0 && self.pos == self.buf.len() {
-            self.buf.clear();
-            self.pos = 0;
+        // In-order bytes are always accepted: they extend the in-order point
+        // and overlap nothing. Only a stream longer than 2^64 bytes could
+        // fail, and its excess is dropped.
+        if self.inner.insert(self.offset, data).is_ok() {
+            self.offset += data.len() as u64;
         }
-        self.buf.extend_from_slice(data);
     }
 
     /// Returns the next complete frame, `None` if more bytes are needed, or
@@ -44,67 +48,27 @@ impl StreamDecoder {
     /// has skipped the offending bytes, but a caller on a reliable stream
     /// should treat it as a protocol violation by the peer.
     pub fn next_frame(&mut self) -> Option<Result<Frame, FrameError>> {
-        loop {
-            let rest = &self.buf[self.pos..];
-            if !self.synced {
-                let z = memchr::memchr(0, rest);
-                let Some(z) = z else {
-                    if rest.is_empty() {
-                        return None;
-                    }
-                    self.pos = self.buf.len();
-                    return Some(Err(FrameError::GarbageBeforeMarker));
-                };
-                self.synced = true;
-                self.pos += z + 1;
-                if z > 0 {
-                    return Some(Err(FrameError::GarbageBeforeMarker));
-                }
-                continue;
-            }
-            let limit = cobs::max_encoded_len(self.max_body);
-            match memchr::memchr(0, rest) {
-                Some(0) => self.pos += 1,
-                Some(end) => {
-                    let result = frame::decode_frame(&rest[..end], self.max_body);
-                    self.pos += end + 1;
-                    self.compact();
-                    return Some(result);
-                }
-                None if rest.len() > limit => {
-                    // Skip the oversize run; resynchronise at the next marker.
-                    self.synced = false;
-                    self.pos = self.buf.len();
-                    return Some(Err(FrameError::Oversize {
-                        len: rest.len(),
-                        limit: self.max_body,
-                    }));
-                }
-                None => {
-                    self.compact();
-                    return None;
-                }
-            }
-        }
+        Some(match self.inner.next_frame()? {
+            Ok(found) => Ok(found.frame),
+            Err(rejected) => Err(rejected.error),
+        })
     }
 
     /// Bytes held waiting for the end of a frame.
     pub fn buffered(&self) -> usize {
-        self.buf.len() - self.pos
+        self.inner.partial_frame_len()
     }
 
-    fn compact(&mut self) {
-        if self.pos > 4096 && self.pos * 2 > self.buf.len() {
-            self.buf.drain(..self.pos);
-            self.pos = 0;
-        }
+    /// Stream offset of the next byte to push (the bytes pushed so far).
+    pub fn offset(&self) -> u64 {
+        self.offset
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{FrameHeader, encode_frame};
+    use crate::{FrameHeader, encode_frame, encode_padding};
 
     #[test]
     fn byte_by_byte() {
@@ -131,6 +95,7 @@ mod tests {
         }
         assert_eq!(got, frames);
         assert_eq!(d.buffered(), 0);
+        assert_eq!(d.offset(), wire.len() as u64);
     }
 
     #[test]
@@ -138,17 +103,46 @@ mod tests {
         let mut d = StreamDecoder::new(16);
         d.push(b"xx\0");
         assert_eq!(d.next_frame(), Some(Err(FrameError::GarbageBeforeMarker)));
+        assert_eq!(d.next_frame(), None);
         d.push(&[7u8; 40]);
         assert!(matches!(
             d.next_frame(),
             Some(Err(FrameError::Oversize { .. }))
         ));
+        // The rest of the oversize frame is skipped silently, and nothing
+        // of it is held.
+        d.push(&[7u8; 4000]);
+        assert_eq!(d.next_frame(), None);
+        assert_eq!(d.buffered(), 0);
         let mut wire = Vec::new();
-        encode_frame(&FrameHeader::Padding, b"", &mut wire).unwrap();
+        encode_padding(12, &mut wire);
         d.push(&wire);
         assert!(matches!(
             d.next_frame(),
-            Some(Err(FrameError::GarbageBeforeMarker)) | Some(Ok(_))
+            Some(Ok(Frame {
+                header: FrameHeader::Padding,
+                ..
+            }))
         ));
+        assert_eq!(d.next_frame(), None);
+    }
+
+    #[test]
+    fn bad_frames_do_not_block_later_ones() {
+        let mut wire = Vec::new();
+        encode_frame(&FrameHeader::Control, b"one", &mut wire).unwrap();
+        let bad_at = wire.len() + 4; // the payload's first byte
+        encode_frame(&FrameHeader::Control, b"two", &mut wire).unwrap();
+        encode_frame(&FrameHeader::Control, b"three", &mut wire).unwrap();
+        wire[bad_at] ^= 0x20;
+        let mut d = StreamDecoder::new(100);
+        d.push(&wire);
+        assert_eq!(d.next_frame().unwrap().unwrap().payload, b"one");
+        assert!(matches!(
+            d.next_frame(),
+            Some(Err(FrameError::ChecksumMismatch { .. }))
+        ));
+        assert_eq!(d.next_frame().unwrap().unwrap().payload, b"three");
+        assert_eq!(d.next_frame(), None);
     }
 }

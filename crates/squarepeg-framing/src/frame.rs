@@ -6,7 +6,8 @@
 //! two different transmissions of the same sequence range (Hollywood §4.5).
 //! The checksum is written big-endian.
 
-use crate::{FrameError, FrameHeader, cobs};
+use crate::header::MAX_HEADER_LEN;
+use crate::{CobsError, FrameError, FrameHeader, FrameKind, cobs};
 
 /// Bytes of the CRC32C trailer.
 pub const CRC_LEN: usize = 4;
@@ -26,15 +27,23 @@ pub struct Frame {
     pub payload: Vec<u8>,
 }
 
+/// Padding frames are at most this long on the wire; a longer gap is padded
+/// with several. This keeps every padding body (at most 1021 bytes) within
+/// any sensible receiver's body limit, so padding is never reported as
+/// oversize (see docs/wire.md §1.2).
+pub const MAX_PADDING_FRAME: usize = 1024;
+
 /// Appends `0x00 ‖ COBS(header ‖ payload ‖ crc) ‖ 0x00` to `out` and returns
-/// the number of bytes appended. `out` is unchanged on error.
+/// the number of bytes appended. `out` is unchanged on error. Header,
+/// payload and checksum are encoded in place as parts; nothing is copied
+/// into a temporary body.
 pub fn encode_frame(
     header: &FrameHeader,
     payload: &[u8],
     out: &mut Vec<u8>,
 ) -> Result<usize, FrameError> {
-    let mut head = Vec::with_capacity(20);
-    header.encode(&mut head)?;
+    let (head, head_len) = header.to_bytes()?;
+    let head = &head[..head_len];
     if let FrameHeader::StreamChunk { offset, .. } = *header
         && offset
             .checked_add(payload.len() as u64)
@@ -42,10 +51,15 @@ pub fn encode_frame(
     {
         return Err(FrameError::OffsetOverflow);
     }
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&head), payload).to_be_bytes();
+    let crc = crc32c::crc32c_append(crc32c::crc32c(head), payload).to_be_bytes();
     let start = out.len();
+    out.reserve(cobs::max_encoded_len(head_len + payload.len() + CRC_LEN) + 2);
     out.push(0);
-    cobs::encode_parts(&[&head, payload, &crc], out);
+    let mut enc = cobs::Encoder::new(out);
+    enc.push(head);
+    enc.push(payload);
+    enc.push(&crc);
+    enc.finish();
     out.push(0);
     Ok(out.len() - start)
 }
@@ -53,6 +67,20 @@ pub fn encode_frame(
 /// Decodes the bytes between two markers (no zero byte inside) into a frame,
 /// checking the CRC. `max_body` bounds the decoded body.
 pub fn decode_frame(encoded: &[u8], max_body: usize) -> Result<Frame, FrameError> {
+    let mut payload = Vec::new();
+    let header = decode_frame_into(encoded, max_body, &mut payload)?;
+    Ok(Frame { header, payload })
+}
+
+/// Like [`decode_frame`], but writes the payload into `payload` (cleared
+/// first), so a caller can reuse one buffer for many frames. On error
+/// `payload` holds unspecified bytes.
+pub fn decode_frame_into(
+    encoded: &[u8],
+    max_body: usize,
+    payload: &mut Vec<u8>,
+) -> Result<FrameHeader, FrameError> {
+    payload.clear();
     // The body is never longer than its encoding.
     if encoded.len() > cobs::max_encoded_len(max_body) {
         return Err(FrameError::Oversize {
@@ -60,64 +88,241 @@ pub fn decode_frame(encoded: &[u8], max_body: usize) -> Result<Frame, FrameError
             limit: max_body,
         });
     }
-    let mut body = Vec::with_capacity(encoded.len());
-    cobs::decode(encoded, &mut body)?;
-    if body.len() > max_body {
+    if encoded.is_empty() {
+        return Err(CobsError::Empty.into());
+    }
+    if memchr::memchr(0, encoded).is_some() {
+        // Malformed input: let the reference-order checks name the error.
+        let mut scratch = Vec::new();
+        return Err(cobs::decode(encoded, &mut scratch)
+            .err()
+            .unwrap_or(CobsError::Empty)
+            .into());
+    }
+    decode_zero_free(encoded, max_body, payload)
+}
+
+/// Decodes a run the decoders found between two markers (non-empty, no
+/// zero byte): the same checks as [`decode_frame`].
+pub(crate) fn decode_run(encoded: &[u8], max_body: usize) -> Result<Frame, FrameError> {
+    debug_assert!(!encoded.is_empty());
+    if encoded.len() > cobs::max_encoded_len(max_body) {
         return Err(FrameError::Oversize {
-            len: body.len(),
+            len: encoded.len(),
             limit: max_body,
         });
     }
-    let (header, header_len) = FrameHeader::decode(&body)?;
-    if body.len() < header_len + CRC_LEN {
-        return Err(FrameError::TooShort);
+    let mut payload = Vec::new();
+    let header = decode_zero_free(encoded, max_body, &mut payload)?;
+    Ok(Frame { header, payload })
+}
+
+/// Decodes a frame whose encoding is known to be non-empty and zero-free
+/// (the decoders found it between two markers). The checks run in the
+/// order of the specification (docs/wire.md §1.1): COBS structure, body
+/// limit, header, length, checksum, offset range.
+pub(crate) fn decode_zero_free(
+    encoded: &[u8],
+    max_body: usize,
+    payload: &mut Vec<u8>,
+) -> Result<FrameHeader, FrameError> {
+    payload.clear();
+    // The header is read byte by byte off the front of the decoding, so
+    // that the payload can be decoded straight into its own buffer.
+    let mut reader = cobs::Reader::new(encoded);
+    let mut head = [0u8; MAX_HEADER_LEN];
+    let head_len = read_header(&mut reader, &mut head)?;
+    let header = match FrameHeader::decode(&head[..head_len]) {
+        Ok((header, n)) => {
+            debug_assert_eq!(n, head_len);
+            header
+        }
+        Err(e) => {
+            // A malformed block or an oversize body later on takes
+            // precedence over a bad header.
+            let body_len = head_len + reader.rest_len()?;
+            if body_len > max_body {
+                return Err(FrameError::Oversize {
+                    len: body_len,
+                    limit: max_body,
+                });
+            }
+            return Err(e.into());
+        }
+    };
+    reader.read_rest(payload)?;
+    let body_len = head_len + payload.len();
+    if body_len > max_body {
+        return Err(FrameError::Oversize {
+            len: body_len,
+            limit: max_body,
+        });
     }
-    let crc_at = body.len() - CRC_LEN;
+    let Some(crc_at) = payload.len().checked_sub(CRC_LEN) else {
+        return Err(FrameError::TooShort);
+    };
     let mut crc = [0u8; CRC_LEN];
-    crc.copy_from_slice(&body[crc_at..]);
+    crc.copy_from_slice(&payload[crc_at..]);
     let expected = u32::from_be_bytes(crc);
-    let computed = crc32c::crc32c(&body[..crc_at]);
+    let computed = crc32c::crc32c_append(crc32c::crc32c(&head[..head_len]), &payload[..crc_at]);
     if expected != computed {
         return Err(FrameError::ChecksumMismatch { expected, computed });
     }
     if let FrameHeader::StreamChunk { offset, .. } = header
         && offset
-            .checked_add((crc_at - header_len) as u64)
+            .checked_add(crc_at as u64)
             .is_none_or(|end| end > crate::varint::MAX)
     {
         return Err(FrameError::OffsetOverflow);
     }
-    body.truncate(crc_at);
-    body.drain(..header_len);
-    Ok(Frame {
-        header,
-        payload: body,
-    })
+    payload.truncate(crc_at);
+    Ok(header)
 }
 
-/// Appends exactly `wire_len` bytes of padding to `out`: a padding frame if
-/// `wire_len >= MIN_PADDING_FRAME`, otherwise zero bytes (empty frames).
+/// Reads the header bytes off the front of a body: two bytes, then, for
+/// kinds with fields, two varints whose first bytes give their lengths.
+/// Stops early at the end of the body, leaving [`FrameHeader::decode`] to
+/// name the problem, as it does for versions and kinds it does not know.
+fn read_header(
+    reader: &mut cobs::Reader<'_>,
+    head: &mut [u8; MAX_HEADER_LEN],
+) -> Result<usize, CobsError> {
+    let mut n = 0;
+    let mut take =
+        |reader: &mut cobs::Reader<'_>, n: &mut usize| -> Result<Option<u8>, CobsError> {
+            let b = reader.next_byte()?;
+            if let Some(b) = b {
+                head[*n] = b;
+                *n += 1;
+            }
+            Ok(b)
+        };
+    let Some(first) = take(reader, &mut n)? else {
+        return Ok(n);
+    };
+    if take(reader, &mut n)?.is_none() {
+        return Ok(n);
+    }
+    let kind = first & 0x0f;
+    let has_fields = first >> 4 == crate::VERSION
+        && (kind == FrameKind::Message as u8 || kind == FrameKind::StreamChunk as u8);
+    if has_fields {
+        for _field in 0..2 {
+            let Some(b) = take(reader, &mut n)? else {
+                return Ok(n);
+            };
+            // RFC 9000 §16: the top two bits give the varint's length.
+            for _ in 1..1usize << (b >> 6) {
+                if take(reader, &mut n)?.is_none() {
+                    return Ok(n);
+                }
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// Appends exactly `wire_len` bytes of padding to `out`: padding frames
+/// (each at most [`MAX_PADDING_FRAME`] bytes) while at least
+/// [`MIN_PADDING_FRAME`] bytes remain, then zero bytes (empty frames).
 /// Used to keep an inconsistent retransmission the length of the original
 /// (Hollywood §4.2).
 pub fn encode_padding(wire_len: usize, out: &mut Vec<u8>) {
-    if wire_len < MIN_PADDING_FRAME {
-        out.resize(out.len() + wire_len, 0);
-        return;
+    out.reserve(wire_len);
+    let mut left = wire_len;
+    while left >= MIN_PADDING_FRAME {
+        // Split so that no remainder shorter than a padding frame is left
+        // over: bare zeros only ever fill gaps shorter than one frame.
+        let take = if left <= MAX_PADDING_FRAME {
+            left
+        } else if left - MAX_PADDING_FRAME < MIN_PADDING_FRAME {
+            left - MIN_PADDING_FRAME
+        } else {
+            MAX_PADDING_FRAME
+        };
+        encode_padding_frame(take, out);
+        left -= take;
     }
-    // A body of zeros has no 254-byte zero-free run in its payload; only the
-    // header and CRC could form one, and they are 6 bytes. So the encoding is
-    // exactly body + 1 bytes, and body = wire_len - 3.
-    let payload = vec![0u8; wire_len - MIN_PADDING_FRAME];
+    out.resize(out.len() + left, 0);
+}
+
+/// One padding frame of exactly `wire_len` bytes
+/// (`MIN_PADDING_FRAME..=MAX_PADDING_FRAME`), without allocating its body.
+fn encode_padding_frame(wire_len: usize, out: &mut Vec<u8>) {
+    // The payload is zeros, so the body has no 254-byte zero-free run (the
+    // header and CRC are 6 bytes): its encoding is exactly body + 1 bytes,
+    // and body = wire_len - 3.
+    const ZEROS: [u8; MAX_PADDING_FRAME] = [0; MAX_PADDING_FRAME];
+    let zeros = wire_len - MIN_PADDING_FRAME;
+    let head = [(crate::VERSION << 4) | FrameKind::Padding as u8, 0];
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&head), &ZEROS[..zeros]).to_be_bytes();
     let start = out.len();
-    // Padding headers never fail to encode and padding has no offset.
-    let _ = encode_frame(&FrameHeader::Padding, &payload, out);
+    out.push(0);
+    let mut enc = cobs::Encoder::new(out);
+    enc.push(&head);
+    enc.push_zeros(zeros);
+    enc.push(&crc);
+    enc.finish();
+    out.push(0);
     debug_assert_eq!(out.len() - start, wire_len);
+}
+
+/// The original straightforward frame decoder (decode the whole body, then
+/// parse it), kept as the oracle for tests and differential fuzzing.
+#[cfg(any(test, feature = "reference"))]
+pub mod reference {
+    use super::{CRC_LEN, Frame};
+    use crate::{FrameError, FrameHeader, cobs};
+
+    /// Decodes the bytes between two markers into a frame.
+    pub fn decode_frame(encoded: &[u8], max_body: usize) -> Result<Frame, FrameError> {
+        if encoded.len() > cobs::max_encoded_len(max_body) {
+            return Err(FrameError::Oversize {
+                len: encoded.len(),
+                limit: max_body,
+            });
+        }
+        let mut body = Vec::with_capacity(encoded.len());
+        cobs::reference::decode(encoded, &mut body)?;
+        if body.len() > max_body {
+            return Err(FrameError::Oversize {
+                len: body.len(),
+                limit: max_body,
+            });
+        }
+        let (header, header_len) = FrameHeader::decode(&body)?;
+        if body.len() < header_len + CRC_LEN {
+            return Err(FrameError::TooShort);
+        }
+        let crc_at = body.len() - CRC_LEN;
+        let mut crc = [0u8; CRC_LEN];
+        crc.copy_from_slice(&body[crc_at..]);
+        let expected = u32::from_be_bytes(crc);
+        let computed = crc32c::crc32c(&body[..crc_at]);
+        if expected != computed {
+            return Err(FrameError::ChecksumMismatch { expected, computed });
+        }
+        if let FrameHeader::StreamChunk { offset, .. } = header
+            && offset
+                .checked_add((crc_at - header_len) as u64)
+                .is_none_or(|end| end > crate::varint::MAX)
+        {
+            return Err(FrameError::OffsetOverflow);
+        }
+        body.truncate(crc_at);
+        body.drain(..header_len);
+        Ok(Frame {
+            header,
+            payload: body,
+        })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::HeaderError;
+    use proptest::prelude::*;
 
     #[test]
     fn round_trip_and_markers() {
@@ -200,6 +405,118 @@ mod tests {
             let mut out = vec![0xaa];
             encode_padding(len, &mut out);
             assert_eq!(out.len(), len + 1, "len {len}");
+        }
+    }
+
+    fn any_header() -> impl Strategy<Value = FrameHeader> {
+        let v = prop_oneof![0u64..64, 0u64..20_000, 0u64..=crate::varint::MAX];
+        prop_oneof![
+            (v.clone(), v.clone())
+                .prop_map(|(substream, number)| FrameHeader::Message { substream, number }),
+            (v.clone(), 0u64..1 << 40, any::<bool>()).prop_map(|(stream, offset, fin)| {
+                FrameHeader::StreamChunk {
+                    stream,
+                    offset,
+                    fin,
+                }
+            }),
+            Just(FrameHeader::Padding),
+            Just(FrameHeader::Control),
+        ]
+    }
+
+    fn any_payload() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..700),
+            proptest::collection::vec(1u8..=255, 250..600),
+            proptest::collection::vec(prop_oneof![Just(0u8), 1u8..4], 0..300),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        /// Any frame round-trips, and its encoding is what the reference
+        /// codec produces for the concatenated body.
+        #[test]
+        fn frames_round_trip(header in any_header(), payload in any_payload()) {
+            let mut wire = vec![0xaa];
+            let n = encode_frame(&header, &payload, &mut wire).unwrap();
+            prop_assert_eq!(n, wire.len() - 1);
+            let inner = &wire[2..wire.len() - 1];
+            prop_assert_eq!((wire[1], wire[wire.len() - 1]), (0, 0));
+            let mut body = Vec::new();
+            header.encode(&mut body).unwrap();
+            body.extend_from_slice(&payload);
+            let crc = crc32c::crc32c(&body).to_be_bytes();
+            body.extend_from_slice(&crc);
+            let mut expected = Vec::new();
+            cobs::reference::encode(&body, &mut expected);
+            prop_assert_eq!(inner, &expected[..]);
+            let frame = decode_frame(inner, DEFAULT_MAX_BODY).unwrap();
+            prop_assert_eq!(&frame, &Frame { header, payload: payload.clone() });
+            let mut reused = vec![1, 2, 3];
+            prop_assert_eq!(decode_frame_into(inner, DEFAULT_MAX_BODY, &mut reused), Ok(header));
+            prop_assert_eq!(reused, payload);
+        }
+
+        /// On any input (valid frames with random damage, or noise), the
+        /// fast decoder returns exactly what the reference decoder does,
+        /// error variant included.
+        #[test]
+        fn decode_matches_reference(
+            header in any_header(),
+            payload in any_payload(),
+            flips in proptest::collection::vec((any::<proptest::sample::Index>(), any::<u8>()), 0..4),
+            cut in any::<proptest::sample::Index>(),
+            truncate in any::<bool>(),
+            max_body in prop_oneof![Just(DEFAULT_MAX_BODY), 0usize..40, 100usize..800],
+            noise in proptest::collection::vec(any::<u8>(), 0..40),
+            use_noise in proptest::bool::weighted(0.2),
+        ) {
+            let mut enc = if use_noise {
+                noise
+            } else {
+                let mut wire = Vec::new();
+                encode_frame(&header, &payload, &mut wire).unwrap();
+                wire[1..wire.len() - 1].to_vec()
+            };
+            for (at, x) in flips {
+                if !enc.is_empty() {
+                    let i = at.index(enc.len());
+                    enc[i] ^= x;
+                }
+            }
+            if truncate && !enc.is_empty() {
+                enc.truncate(cut.index(enc.len()));
+            }
+            prop_assert_eq!(decode_frame(&enc, max_body), reference::decode_frame(&enc, max_body));
+        }
+    }
+
+    #[test]
+    fn padding_frames_are_bounded_and_valid() {
+        for len in [
+            0, 8, 9, 10, 1023, 1024, 1025, 1032, 1033, 1034, 5000, 70_000,
+        ] {
+            let mut out = Vec::new();
+            encode_padding(len, &mut out);
+            assert_eq!(out.len(), len);
+            let mut d = crate::StreamDecoder::new(MAX_PADDING_FRAME);
+            d.push(&out);
+            let mut frames = 0;
+            while let Some(f) = d.next_frame() {
+                let f = f.unwrap();
+                assert_eq!(f.header, FrameHeader::Padding);
+                assert!(f.payload.iter().all(|&b| b == 0));
+                frames += 1;
+            }
+            let expected = if len < MIN_PADDING_FRAME {
+                0
+            } else {
+                len.div_ceil(MAX_PADDING_FRAME)
+            };
+            assert_eq!(frames, expected, "len {len}");
         }
     }
 }

@@ -20,6 +20,9 @@ use crate::{HeaderError, varint};
 /// The frame format version this crate writes and reads.
 pub const VERSION: u8 = 1;
 
+/// The longest header: two bytes and two 8-byte varints.
+pub const MAX_HEADER_LEN: usize = 18;
+
 const FLAG_FIN: u8 = 0x01;
 
 /// What a frame carries.
@@ -86,28 +89,37 @@ impl FrameHeader {
         })
     }
 
-    /// Appends the encoded header to `out`. On error `out` may hold a
-    /// partial header; callers discard it.
+    /// Appends the encoded header to `out`. On error `out` is unchanged.
     pub fn encode(&self, out: &mut Vec<u8>) -> Result<(), HeaderError> {
-        out.push((VERSION << 4) | self.kind() as u8);
-        match *self {
-            Self::Message { substream, number } => {
-                out.push(0);
-                varint::encode(substream, out)?;
-                varint::encode(number, out)?;
-            }
+        let (bytes, n) = self.to_bytes()?;
+        out.extend_from_slice(&bytes[..n]);
+        Ok(())
+    }
+
+    /// The encoded header: the first `n` bytes of the array. Lets a frame be
+    /// built without allocating for its header.
+    pub fn to_bytes(&self) -> Result<([u8; MAX_HEADER_LEN], usize), HeaderError> {
+        let mut buf = [0u8; MAX_HEADER_LEN];
+        buf[0] = (VERSION << 4) | self.kind() as u8;
+        let (flags, fields) = match *self {
+            Self::Message { substream, number } => (0, Some((substream, number))),
             Self::StreamChunk {
                 stream,
                 offset,
                 fin,
-            } => {
-                out.push(if fin { FLAG_FIN } else { 0 });
-                varint::encode(stream, out)?;
-                varint::encode(offset, out)?;
+            } => (if fin { FLAG_FIN } else { 0 }, Some((stream, offset))),
+            Self::Padding | Self::Control => (0, None),
+        };
+        buf[1] = flags;
+        let mut n = 2;
+        if let Some((a, b)) = fields {
+            for v in [a, b] {
+                let (bytes, len) = varint::to_bytes(v)?;
+                buf[n..n + len].copy_from_slice(&bytes[..len]);
+                n += len;
             }
-            Self::Padding | Self::Control => out.push(0),
         }
-        Ok(())
+        Ok((buf, n))
     }
 
     /// Parses a header from the front of `buf` (a decoded frame body);

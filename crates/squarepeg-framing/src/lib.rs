@@ -3,24 +3,54 @@
 //! Every frame travels as `0x00 ‖ COBS(header ‖ payload ‖ CRC32C) ‖ 0x00`.
 //! The markers at both ends make each frame self-delimiting in any fragment
 //! of the TCP stream, so a receiver handed segments out of order can still
-//! find complete frames; the checksum rejects frames assembled from bytes of
-//! different transmissions. The exact format is in docs/wire.md.
+//! find complete frames (Minion §5.3); the checksum rejects frames assembled
+//! from bytes of different transmissions (Hollywood §4.5). The exact format,
+//! with test vectors the tests check, is in docs/wire.md §1.
 //!
 //! - [`varint`]: QUIC variable-length integers used in the header.
-//! - [`header`]: the versioned frame header.
-//! - [`cobs`]: the byte-stuffing codec.
-//! - [`frame`]: whole frames, checksums, padding.
-//! - [`decoder`]: in-order decoding of a byte stream.
+//! - [`header`]: the versioned frame header ([`FrameHeader`]).
+//! - [`cobs`]: the byte-stuffing codec, written for speed: `memchr` finds
+//!   the zeros and whole runs are copied at once. [`cobs::Encoder`] encodes
+//!   a body from several parts without joining them; [`cobs::decode_into`]
+//!   decodes into a caller's buffer. With the `reference` feature (always
+//!   in tests) `cobs::reference` holds the plain byte-at-a-time codec the
+//!   fast one is checked against.
+//! - [`frame`]: whole frames: [`encode_frame`], [`decode_frame`] (and
+//!   [`frame::decode_frame_into`] to reuse a payload buffer), CRC32C,
+//!   [`encode_padding`].
+//! - [`reassembler`]: the receive side with out-of-order segments:
+//!   [`Reassembler`] takes byte ranges at stream offsets, in any order, with
+//!   duplicates, overlaps and conflicting retransmissions, within a memory
+//!   limit, and yields each complete frame once with its stream offset.
+//! - [`decoder`]: the receive side over an in-order byte stream
+//!   ([`StreamDecoder`], a reassembler fed consecutive offsets).
+//! - [`sample`]: deterministic sample payloads (random, text-like,
+//!   zero-heavy) for the benchmarks and tests.
+//!
+//! Speed: `cargo bench -p squarepeg-framing` (criterion: COBS against the
+//! `cobs` and `corncobs` crates and memcpy; the receive path against plain
+//! frame decoding) and `peg bench framing`; figures in docs/results.md.
+//!
+//! Nothing here does I/O or reads a clock; every error a peer can cause is
+//! a value, and every buffer a peer can grow is bounded.
 
 pub mod cobs;
 pub mod decoder;
 pub mod frame;
 pub mod header;
+pub mod reassembler;
+pub mod sample;
 pub mod varint;
 
 pub use decoder::StreamDecoder;
-pub use frame::{DEFAULT_MAX_BODY, Frame, decode_frame, encode_frame, encode_padding};
-pub use header::{FrameHeader, FrameKind, VERSION};
+pub use frame::{
+    DEFAULT_MAX_BODY, Frame, MAX_PADDING_FRAME, MIN_PADDING_FRAME, decode_frame, encode_frame,
+    encode_padding,
+};
+pub use header::{FrameHeader, FrameKind, MAX_HEADER_LEN, VERSION};
+pub use reassembler::{
+    ReassembledFrame, Reassembler, ReassemblyError, ReassemblyStats, RejectedFrame,
+};
 
 /// A frame header that cannot be parsed or written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -46,6 +76,8 @@ pub enum CobsError {
     Truncated,
     #[error("zero byte inside a COBS encoding at index {at}")]
     ZeroByte { at: usize },
+    #[error("COBS output buffer of {capacity} bytes is too small")]
+    OutputTooSmall { capacity: usize },
 }
 
 /// A frame that cannot be encoded or decoded.

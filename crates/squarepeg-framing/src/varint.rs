@@ -23,14 +23,20 @@ pub fn len(value: u64) -> Option<usize> {
 
 /// Appends the shortest encoding of `value` to `out`.
 pub fn encode(value: u64, out: &mut Vec<u8>) -> Result<(), HeaderError> {
-    match len(value) {
-        Some(1) => out.push(value as u8),
-        Some(2) => out.extend_from_slice(&((value as u16) | 0x4000).to_be_bytes()),
-        Some(4) => out.extend_from_slice(&((value as u32) | 0x8000_0000).to_be_bytes()),
-        Some(_) => out.extend_from_slice(&(value | 0xc000_0000_0000_0000).to_be_bytes()),
-        None => return Err(HeaderError::VarintTooLarge(value)),
-    }
+    let (bytes, n) = to_bytes(value)?;
+    out.extend_from_slice(&bytes[..n]);
     Ok(())
+}
+
+/// The shortest encoding of `value`: the first `n` bytes of the array.
+pub fn to_bytes(value: u64) -> Result<([u8; 8], usize), HeaderError> {
+    let n = len(value).ok_or(HeaderError::VarintTooLarge(value))?;
+    // The length code (0..=3, for 1, 2, 4, 8 bytes) goes in the top two
+    // bits of the first byte (RFC 9000 §16).
+    let code = n.trailing_zeros() as u64;
+    let tagged = value | (code << (8 * n - 2));
+    let wide = tagged << (8 * (8 - n));
+    Ok((wide.to_be_bytes(), n))
 }
 
 /// Decodes one varint from the front of `buf`; returns it and the bytes used.

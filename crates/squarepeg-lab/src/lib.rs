@@ -3,16 +3,23 @@
 //!
 //! Everything that crosses the lab is a raw IP packet — IPv4 or IPv6, no link-layer header,
 //! exactly what a TUN device carries — and every component is sans-IO: state machines fed the
-//! current time (`std::time::Instant`) and packets, polled for output and timers. Two engines
-//! drive them: the in-process, virtual-time [`sim`]ulator here, and a real-time forwarder
-//! between network namespaces (a later piece of work) that calls the same [`model`] and
-//! [`middlebox`] code.
+//! current time (`std::time::Instant`) and packets, polled for output and timers.
+//!
+//! **One impairment model, two engines.** The in-process, virtual-time [`sim`]ulator runs
+//! sans-IO hosts on a dumbbell: middlebox chain, bottleneck, middlebox chain. The real
+//! network ([`net`]) runs *the same simulator* against the wall clock between network
+//! namespaces: a userspace bridge reads Ethernet frames from two veths with AF_PACKET,
+//! injects each IP packet into the simulator's path at its arrival time through a port host,
+//! and writes what the path delivers when its time comes. No impairment or middlebox exists
+//! twice, so a link spec means the same in both (a test checks that they agree on loss and
+//! delay quantiles).
 //!
 //! | module | what it is |
 //! |---|---|
 //! | [`model`] | the link impairment model: [`model::LinkConfig`] (serde, builder, and the compact spec `delay=35ms rate=8mbit loss=0.1% …`), [`model::LinkDirection`] (offer a packet, get its arrival time(s) or drop reason), counters, presets |
 //! | [`sim`] | the deterministic simulator: sans-IO [`sim::Host`]s on a dumbbell around one bottleneck, virtual time, livelock detection, trace hooks, pcap taps; the [`sim::UdpHost`] test and VoIP reference host |
-//! | [`middlebox`] | path transforms after Honda et al.'s TCPExposure study: re-segmentation, retransmission cache, option stripping, sequence-number and window rewriting; [`middlebox::MiddleboxChain`] |
+//! | [`net`] | the real network: [`net::Topology`] (client, emulator and server namespaces, veths, IPv4 and IPv6), [`net::Emulator`] (the real-time engine, statistics as JSON, captures), [`net::Lab`] (both behind one guard; used by tests and `peg lab`) |
+//! | [`middlebox`] | path transforms after Honda et al.'s TCPExposure study: re-segmentation, retransmission cache, option stripping, sequence-number and window rewriting; [`middlebox::MiddleboxChain`]; [`middlebox::parse_middleboxes`] for command lines |
 //! | [`pcap`] | classic pcap (LINKTYPE_RAW) writer and reader |
 //! | [`packet`], [`checksum`] | IP header facts and the Internet checksum, full and incremental |
 //! | [`units`] | exact parsing and printing of durations, rates, sizes and percentages |
@@ -112,6 +119,7 @@
 pub mod checksum;
 pub mod middlebox;
 pub mod model;
+pub mod net;
 pub mod packet;
 pub mod pcap;
 pub mod rng;
@@ -172,6 +180,14 @@ impl Side {
         match self {
             Side::Left => 0,
             Side::Right => 1,
+        }
+    }
+
+    /// The other side.
+    pub fn opposite(self) -> Self {
+        match self {
+            Side::Left => Side::Right,
+            Side::Right => Side::Left,
         }
     }
 }

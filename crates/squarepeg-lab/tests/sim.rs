@@ -153,6 +153,87 @@ fn routing_between_several_hosts_v4_and_v6() {
     assert!(sim.host::<Stuck>(a).is_none(), "downcast checks the type");
 }
 
+/// A host that claims no address: as a side's default host it stands for a whole network
+/// (the real-time emulator's ports are such hosts).
+#[derive(Default)]
+struct Catchall {
+    got: Vec<(Instant, Vec<u8>)>,
+}
+
+impl Host for Catchall {
+    fn addresses(&self) -> Vec<IpAddr> {
+        Vec::new()
+    }
+    fn handle_packet(&mut self, now: Instant, packet: Vec<u8>) {
+        self.got.push((now, packet));
+    }
+    fn poll_transmit(&mut self, _: Instant) -> Option<Vec<u8>> {
+        None
+    }
+    fn poll_timeout(&mut self) -> Option<Instant> {
+        None
+    }
+    fn handle_timeout(&mut self, _: Instant) {}
+}
+
+#[test]
+fn default_hosts_take_unclaimed_addresses_across_the_bottleneck() {
+    let mut sim = Simulator::new(SimConfig::new(
+        3,
+        Bottleneck::symmetric(LinkConfig::new().with_delay(10 * MS)),
+    ))
+    .expect("sim");
+    let start = sim.start();
+    let mut left = UdpHost::new(v4(1), start);
+    // To a claimed address, an unclaimed one, and a same-side neighbour.
+    left.add_flow(flow(SocketAddr::new(v4(100), 9), 1, 2, MS))
+        .expect("flow");
+    left.add_flow(flow(SocketAddr::new(v4(222), 9), 2, 3, MS))
+        .expect("flow");
+    left.add_flow(flow(SocketAddr::new(v4(2), 9), 3, 4, MS))
+        .expect("flow");
+    let mut right = UdpHost::new(v4(100), start);
+    right
+        .add_flow(flow(SocketAddr::new(v4(77), 9), 1, 5, MS))
+        .expect("flow");
+    sim.add_host(Side::Left, left).expect("add");
+    let neighbour = sim
+        .add_host(Side::Left, UdpHost::new(v4(2), start))
+        .expect("add");
+    let claimed = sim.add_host(Side::Right, right).expect("add");
+    let far = sim.add_host(Side::Right, Catchall::default()).expect("add");
+    let near = sim.add_host(Side::Left, Catchall::default()).expect("add");
+    sim.set_default_host(far);
+    sim.set_default_host(near);
+    assert_eq!(sim.run_while(|_| true).expect("run"), Stop::Idle);
+
+    assert_eq!(
+        sim.host::<UdpHost>(claimed).expect("host").received().len(),
+        2
+    );
+    assert_eq!(
+        sim.host::<UdpHost>(neighbour)
+            .expect("host")
+            .received()
+            .len(),
+        4
+    );
+    let far = sim.host::<Catchall>(far).expect("catchall");
+    assert_eq!(
+        far.got.len(),
+        3,
+        "unclaimed addresses cross to the far default host"
+    );
+    assert!(far.got.iter().all(|(at, _)| *at >= start + 10 * MS));
+    let near = sim.host::<Catchall>(near).expect("catchall");
+    assert_eq!(near.got.len(), 5);
+    let stats = sim.stats();
+    assert_eq!(stats.unroutable, 0);
+    assert_eq!(stats.left_to_right.delivered, 2 + 3);
+    assert_eq!(stats.right_to_left.delivered, 5);
+    assert_eq!(sim.pending_events(), 0);
+}
+
 /// A host whose timer is always due and never moves: a timer storm.
 struct Stuck {
     at: Instant,

@@ -1,5 +1,8 @@
 //! One module per `peg` verb.
 
 pub mod bench;
-mod bench_tcp;
+pub mod connect;
+pub mod lab;
+pub mod listen;
+mod peer;
 pub mod tcp;

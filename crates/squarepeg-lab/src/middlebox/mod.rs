@@ -14,8 +14,10 @@
 //!
 //! Every transform keeps packets valid (lengths, IP and TCP checksums) and passes anything it
 //! does not understand — non-TCP, fragments, malformed headers — unchanged. A
-//! [`MiddleboxChain`] composes them and is itself a [`Middlebox`], so the simulator and a
-//! real-time forwarder drive one object per position on the path.
+//! [`MiddleboxChain`] composes them and is itself a [`Middlebox`], so the simulator and the
+//! real-time emulator ([`crate::net`]) drive one object per position on the path.
+//! [`parse_middleboxes`] reads the compact command-line form
+//! (`resegment,retx-cache,strip-options=keep:mss,seq-offset,window=cap:1000`).
 
 mod chain;
 mod flows;
@@ -23,6 +25,7 @@ mod options;
 mod resegment;
 mod retransmit_cache;
 mod seq_rewrite;
+mod spec;
 mod window;
 
 use std::time::Instant;
@@ -34,6 +37,7 @@ pub use options::{OptionStripper, OptionStripperStats, StripMode, StripOptionsCo
 pub use resegment::{ResegmentConfig, ResegmentStats, Resegmenter};
 pub use retransmit_cache::{RetransmitCache, RetransmitCacheConfig, RetransmitCacheStats};
 pub use seq_rewrite::{SeqRewriteConfig, SeqRewriteStats, SeqRewriter};
+pub use spec::{MiddleboxSpecError, parse_middleboxes};
 pub use window::{WindowMode, WindowRewriteConfig, WindowRewriteStats, WindowRewriter};
 
 use crate::Direction;

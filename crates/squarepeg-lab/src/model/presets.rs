@@ -64,14 +64,16 @@ pub fn hollywood_adsl_70ms() -> Bottleneck {
     hollywood_adsl(Duration::from_millis(70))
 }
 
-/// The preset names [`by_name`] knows.
+/// The preset names [`by_name`] knows (each also without its `hollywood-` prefix, e.g.
+/// `adsl-70ms`).
 pub const NAMES: &[&str] = &["hollywood-adsl-15ms", "hollywood-adsl-70ms"];
 
-/// A preset by name (see [`NAMES`]), for command lines.
+/// A preset by name (see [`NAMES`]; the `hollywood-` prefix may be left out), for command
+/// lines.
 pub fn by_name(name: &str) -> Option<Bottleneck> {
-    match name {
-        "hollywood-adsl-15ms" => Some(hollywood_adsl_15ms()),
-        "hollywood-adsl-70ms" => Some(hollywood_adsl_70ms()),
+    match name.strip_prefix("hollywood-").unwrap_or(name) {
+        "adsl-15ms" => Some(hollywood_adsl_15ms()),
+        "adsl-70ms" => Some(hollywood_adsl_70ms()),
         _ => None,
     }
 }
@@ -99,6 +101,8 @@ mod tests {
             assert!(by_name(name).is_some(), "{name}");
         }
         assert!(by_name("adsl").is_none());
+        assert_eq!(by_name("adsl-70ms"), Some(hollywood_adsl_70ms()));
+        assert!(by_name("hollywood-").is_none());
         assert_eq!(
             b.right_to_left.to_string(),
             "delay=35ms rate=8mbit loss=0.1%"

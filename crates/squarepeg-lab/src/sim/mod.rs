@@ -7,8 +7,10 @@
 //! Hosts implement [`Host`]; each is on the left or the right. A packet a host transmits is
 //! routed by its destination address (parsed from the IP header): to a host on the other side
 //! it crosses the left and right middlebox chains and the bottleneck direction between them;
-//! to a host on the same side it is delivered at once (a local switch); to an unknown address
-//! it is dropped and counted. Time is virtual: it starts at one real `Instant` and advances
+//! to a host on the same side it is delivered at once (a local switch); to an address no host
+//! claims it crosses to the other side's *default host* if that side has one
+//! ([`Simulator::set_default_host`]: the real-time emulator's ports, which stand for whole
+//! networks), and is otherwise dropped and counted. Time is virtual: it starts at one real `Instant` and advances
 //! only by the durations the link model and the hosts' timers produce, so a run is exactly
 //! reproducible from its seed and much faster than real time.
 //!
@@ -30,7 +32,8 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 pub use udp_host::{
-    Arrival, MIN_PAYLOAD, PeriodicFlow, RttSample, UdpHost, UdpHostError, decode_payload,
+    Arrival, KIND_DATA, KIND_ECHO, MIN_PAYLOAD, PeriodicFlow, RttSample, UdpHost, UdpHostError,
+    decode_payload, encode_payload,
 };
 
 use crate::middlebox::{Emit, Middlebox, MiddleboxChain};
@@ -311,6 +314,8 @@ pub struct Simulator {
     /// Hosts to poll before the next event (added, or changed through `host_mut`).
     dirty: Vec<HostId>,
     routes: HashMap<IpAddr, HostId>,
+    /// Per side, the host that takes packets for addresses no host claims.
+    default_hosts: [Option<HostId>; 2],
     links: [LinkDirection; 2],
     chains: [ChainSlot; 2],
     stats: SimStats,
@@ -348,6 +353,7 @@ impl Simulator {
             hosts: Vec::new(),
             dirty: Vec::new(),
             routes: HashMap::new(),
+            default_hosts: [None, None],
             links,
             chains: [chain(), chain()],
             stats: SimStats::default(),
@@ -399,11 +405,34 @@ impl Simulator {
         Ok(id)
     }
 
+    /// Makes `id` the default host of its side: packets for addresses no host claims, sent
+    /// from the other side (or arriving at this side), go to it. A host that claims no
+    /// addresses and is the default of its side stands for a whole network behind a port —
+    /// the real-time emulator's client and server interfaces. Replaces an earlier default of
+    /// the same side; an unknown `id` is ignored.
+    pub fn set_default_host(&mut self, id: HostId) {
+        if let Some(slot) = self.hosts.get(id.0) {
+            self.default_hosts[slot.side.index()] = Some(id);
+        }
+    }
+
+    /// Events waiting (packets in flight on the links or held between hops, and timers): what
+    /// a real-time driver bounds to keep memory bounded.
+    pub fn pending_events(&self) -> usize {
+        self.queue.len()
+    }
+
     /// Appends a middlebox to one side's chain: the left chain sits between the left hosts and
     /// the bottleneck, the right chain between the bottleneck and the right hosts; each is
     /// ordered left to right, and `add_middlebox` appends at its right end.
     pub fn add_middlebox<M: Middlebox + 'static>(&mut self, side: Side, middlebox: M) {
         self.chains[side.index()].chain.push(Box::new(middlebox));
+    }
+
+    /// [`add_middlebox`](Simulator::add_middlebox) for a box already boxed, e.g. one built from
+    /// a [`MiddleboxConfig`](crate::middlebox::MiddleboxConfig).
+    pub fn add_boxed_middlebox(&mut self, side: Side, middlebox: Box<dyn Middlebox>) {
+        self.chains[side.index()].chain.push(middlebox);
     }
 
     /// A side's middlebox chain (for its counters).
@@ -626,7 +655,11 @@ impl Simulator {
         self.record(TraceKind::Sent { host: from }, &packet);
         let side = self.hosts[from.0].side;
         let destination = match parse_ip(&packet) {
-            Ok(ip) => self.routes.get(&ip.dst).copied(),
+            Ok(ip) => self
+                .routes
+                .get(&ip.dst)
+                .copied()
+                .or(self.default_hosts[side.opposite().index()]),
             Err(_) => {
                 self.stats.malformed += 1;
                 self.record(
@@ -702,7 +735,8 @@ impl Simulator {
                         .routes
                         .get(&ip.dst)
                         .copied()
-                        .filter(|id| self.hosts[id.0].side == side),
+                        .filter(|id| self.hosts[id.0].side == side)
+                        .or(self.default_hosts[side.index()]),
                     Err(_) => {
                         // Only a middlebox can produce this.
                         self.stats.malformed += 1;

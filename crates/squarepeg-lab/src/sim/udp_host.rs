@@ -27,8 +27,6 @@ use super::Host;
 /// Bytes of the datagram header; the smallest payload a flow may send.
 pub const MIN_PAYLOAD: usize = 24;
 const MAGIC: &[u8; 4] = b"SPLB";
-const KIND_DATA: u8 = 0;
-const KIND_ECHO: u8 = 1;
 
 /// Why a flow cannot be sent.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -288,14 +286,7 @@ impl UdpHost {
     }
 
     fn payload(&self, kind: u8, seq: u64, sent: Instant, len: usize) -> Vec<u8> {
-        let mut payload = vec![0u8; len];
-        payload[0..4].copy_from_slice(MAGIC);
-        payload[4] = kind;
-        payload[8..16].copy_from_slice(&seq.to_be_bytes());
-        let nanos = u64::try_from(sent.saturating_duration_since(self.epoch).as_nanos())
-            .unwrap_or(u64::MAX);
-        payload[16..24].copy_from_slice(&nanos.to_be_bytes());
-        payload
+        encode_payload(kind, seq, sent.saturating_duration_since(self.epoch), len)
     }
 
     fn queue(&mut self, src_port: u16, dest: SocketAddr, payload: &[u8]) {
@@ -315,6 +306,25 @@ impl UdpHost {
             self.outbox.push_back(packet);
         }
     }
+}
+
+/// Kind byte of a data datagram.
+pub const KIND_DATA: u8 = 0;
+/// Kind byte of an echoed datagram.
+pub const KIND_ECHO: u8 = 1;
+
+/// A datagram payload in the test host's format (see the module documentation): `kind`,
+/// sequence number, send time since the sender's epoch, zero-padded to `len` bytes (at least
+/// [`MIN_PAYLOAD`]). Real senders in the network lab use it too, so that both engines carry
+/// the same datagrams.
+pub fn encode_payload(kind: u8, seq: u64, since_epoch: Duration, len: usize) -> Vec<u8> {
+    let mut payload = vec![0u8; len.max(MIN_PAYLOAD)];
+    payload[0..4].copy_from_slice(MAGIC);
+    payload[4] = kind;
+    payload[8..16].copy_from_slice(&seq.to_be_bytes());
+    let nanos = u64::try_from(since_epoch.as_nanos()).unwrap_or(u64::MAX);
+    payload[16..24].copy_from_slice(&nanos.to_be_bytes());
+    payload
 }
 
 /// The (kind, seq, send offset) of a datagram payload in the test host's format.

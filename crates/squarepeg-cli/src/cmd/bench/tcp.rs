@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use squarepeg_io::{HostSetup, InterfaceCounters, NetNs, Stack, StackConfig, TunConfig, TunDevice};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::tcp::{parse_bytes, rate};
+use crate::cmd::tcp::{parse_bytes, rate};
 
 #[derive(Args, Debug)]
 pub struct TcpBenchArgs {
@@ -232,6 +232,7 @@ struct PeerProcess {
 impl PeerProcess {
     fn spawn(ns: &NetNs, role: PeerRole, addr: SocketAddr, bytes: u64) -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("finding this program")?;
+        let exe = exe.to_str().context("this program's path is not UTF-8")?;
         let mut child = ns
             .command(exe)
             .args(["bench", "tcp", "--quiet", "--peer"])

@@ -1,0 +1,36 @@
+//! `peg bench`: quick self-timed benchmarks, each a sub-verb, that put squarepeg next to its
+//! rivals in one run and print ratios (or `--json`). The criterion benches (`cargo bench`)
+//! measure the same things more slowly and more precisely.
+
+use clap::{Args, Subcommand};
+
+mod framing;
+mod messages;
+mod tcp;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    verb: BenchVerb,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchVerb {
+    /// COBS encode and decode throughput: squarepeg against the `cobs` and `corncobs` crates
+    /// and memcpy, on random, text-like and zero-heavy inputs.
+    Framing(framing::FramingArgs),
+    /// Message throughput over loopback: squarepeg over kernel TCP against plain tokio TCP
+    /// carrying the same bytes as length-prefixed records.
+    Messages(messages::MessagesArgs),
+    /// Bulk throughput and CPU per GiB: squarepeg's userspace TCP over TUN against the
+    /// kernel, next to kernel TCP over a veth pair (root).
+    Tcp(tcp::TcpBenchArgs),
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.verb {
+        BenchVerb::Framing(args) => framing::run(&args),
+        BenchVerb::Messages(args) => messages::run(args),
+        BenchVerb::Tcp(args) => tcp::run(args),
+    }
+}

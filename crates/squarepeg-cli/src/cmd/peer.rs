@@ -1,0 +1,289 @@
+//! What `peg listen` and `peg connect` do once connected: each stdin line
+//! is sent as a message, received messages are printed as
+//! `[substream N #number] text`, and files travel over streams with a
+//! progress bar and their SHA-256 printed on both ends.
+//!
+//! A file stream carries `name length (u16, big-endian) ‖ name (UTF-8) ‖
+//! size (u64, big-endian) ‖ bytes`, then FIN.
+//!
+//! The connecting side closes the connection gracefully once stdin ends and
+//! its file is sent; the listening side stops sending at the end of its
+//! stdin and runs until the peer closes.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use sha2::{Digest, Sha256};
+use squarepeg::{
+    Connection, ConnectionConfig, ConnectionError, MessageProps, MessageStatus, Priority, Stream,
+};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+/// Options shared by `listen` and `connect`.
+#[derive(Args, Debug, Clone)]
+pub struct PeerArgs {
+    /// Sub-stream id of the messages sent from stdin.
+    #[arg(long, default_value_t = 0)]
+    pub substream: u64,
+    /// Urgency of the messages sent, 0 (most urgent) to 7 (least).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(0..=7))]
+    pub priority: u8,
+    /// Lifetime of each message in milliseconds: a message not yet handed to
+    /// the kernel by then is dropped (and reported on stderr).
+    #[arg(long)]
+    pub lifetime_ms: Option<u64>,
+    /// Send this file over a stream, with progress, and print its SHA-256.
+    #[arg(long)]
+    pub send_file: Option<PathBuf>,
+    /// Store files the peer sends in this directory (without it they are
+    /// hashed and discarded).
+    #[arg(long)]
+    pub recv_dir: Option<PathBuf>,
+    /// Do not read stdin.
+    #[arg(long)]
+    pub no_stdin: bool,
+    /// No progress bars.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Kernel unsent-queue bound in bytes (TCP_NOTSENT_LOWAT); 0 leaves the
+    /// system default.
+    #[arg(long, default_value_t = 64 * 1024)]
+    pub notsent_lowat: u32,
+}
+
+impl PeerArgs {
+    pub fn connection_config(&self) -> ConnectionConfig {
+        ConnectionConfig {
+            notsent_lowat: (self.notsent_lowat > 0).then_some(self.notsent_lowat),
+            ..ConnectionConfig::default()
+        }
+    }
+
+    fn props(&self) -> MessageProps {
+        MessageProps {
+            substream: self.substream,
+            priority: Priority::new(self.priority).unwrap_or_default(),
+            lifetime: self.lifetime_ms.map(Duration::from_millis),
+            ..MessageProps::default()
+        }
+    }
+}
+
+fn progress(len: u64, quiet: bool, what: String) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(what);
+    bar
+}
+
+/// Whether a close is a normal end of the conversation.
+fn normal_close(e: &ConnectionError) -> bool {
+    matches!(
+        e,
+        ConnectionError::LocallyClosed | ConnectionError::ApplicationClosed { code: 0, .. }
+    )
+}
+
+/// Runs the conversation on `conn`. The `initiator` (the connecting side)
+/// closes the connection once its stdin and file are done; the other side
+/// runs until the peer closes.
+pub async fn run_peer(conn: Connection, args: PeerArgs, initiator: bool) -> anyhow::Result<()> {
+    let printer = tokio::spawn(print_messages(conn.clone()));
+    let statuses = tokio::spawn(report_statuses(conn.clone()));
+    let acceptor = tokio::spawn(accept_files(
+        conn.clone(),
+        args.recv_dir.clone(),
+        args.quiet,
+    ));
+    let local = async {
+        let file = async {
+            if let Some(path) = &args.send_file {
+                send_file(&conn, path, args.quiet).await?;
+            }
+            anyhow::Ok(())
+        };
+        let lines = async {
+            if !args.no_stdin {
+                send_stdin(&conn, args.props()).await?;
+            }
+            anyhow::Ok(())
+        };
+        let (f, l) = tokio::join!(file, lines);
+        f.and(l)
+    };
+    tokio::select! {
+        r = local => {
+            if let Err(e) = r {
+                conn.abort(1, format!("{e:#}").as_bytes());
+                return Err(e);
+            }
+            if initiator {
+                conn.close().await;
+            }
+        }
+        _ = conn.closed() => {}
+    }
+    // The printer ends after the last message that arrived before the close.
+    let reason = printer.await?;
+    let files = acceptor.await?;
+    statuses.await?;
+    if !normal_close(&reason) {
+        bail!("connection closed: {reason}");
+    }
+    files
+}
+
+async fn send_stdin(conn: &Connection, props: MessageProps) -> anyhow::Result<()> {
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    while let Some(line) = lines.next_line().await? {
+        conn.send_message(line.into_bytes(), props.clone()).await?;
+    }
+    Ok(())
+}
+
+async fn print_messages(conn: Connection) -> ConnectionError {
+    let mut out = tokio::io::stdout();
+    loop {
+        match conn.recv_message().await {
+            Ok(m) => {
+                let text = String::from_utf8_lossy(&m.payload);
+                let line = format!("[substream {} #{}] {}\n", m.substream, m.number, text);
+                if out.write_all(line.as_bytes()).await.is_err() {
+                    return ConnectionError::LocallyClosed;
+                }
+                let _ = out.flush().await;
+            }
+            Err(e) => return e,
+        }
+    }
+}
+
+async fn report_statuses(conn: Connection) {
+    while let Ok((number, status)) = conn.next_message_status().await {
+        match status {
+            MessageStatus::Sent => {}
+            other => eprintln!("message #{number}: {other:?}"),
+        }
+    }
+}
+
+async fn send_file(conn: &Connection, path: &Path, quiet: bool) -> anyhow::Result<()> {
+    let mut file = tokio::fs::File::open(path)
+        .await
+        .with_context(|| format!("opening {}", path.display()))?;
+    let size = file.metadata().await?.len();
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .context("file name is not UTF-8")?
+        .to_string();
+    if name.len() > usize::from(u16::MAX) {
+        bail!("file name too long");
+    }
+    let mut stream = conn.open_stream().await?;
+    let mut header = Vec::new();
+    header.extend_from_slice(&(name.len() as u16).to_be_bytes());
+    header.extend_from_slice(name.as_bytes());
+    header.extend_from_slice(&size.to_be_bytes());
+    stream.write_all(&header).await?;
+    let bar = progress(size, quiet, format!("sending {name}"));
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut sent = 0u64;
+    loop {
+        let n = file.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        stream.write_all(&buf[..n]).await?;
+        sent += n as u64;
+        bar.set_position(sent);
+    }
+    stream.shutdown().await?;
+    bar.finish_and_clear();
+    if sent != size {
+        bail!(
+            "{} changed while being sent ({sent} of {size} bytes)",
+            path.display()
+        );
+    }
+    println!(
+        "sent {name} ({sent} bytes) sha256 {}",
+        hex::encode(hasher.finalize())
+    );
+    Ok(())
+}
+
+async fn accept_files(conn: Connection, dir: Option<PathBuf>, quiet: bool) -> anyhow::Result<()> {
+    let mut tasks = Vec::new();
+    while let Ok(stream) = conn.accept_stream().await {
+        let dir = dir.clone();
+        tasks.push(tokio::spawn(receive_file(stream, dir, quiet)));
+    }
+    let mut result = Ok(());
+    for t in tasks {
+        if let Err(e) = t.await? {
+            eprintln!("receiving a file failed: {e:#}");
+            result = Err(e);
+        }
+    }
+    result
+}
+
+async fn receive_file(mut stream: Stream, dir: Option<PathBuf>, quiet: bool) -> anyhow::Result<()> {
+    let name_len = stream.read_u16().await.context("file header")?;
+    let mut name = vec![0u8; usize::from(name_len)];
+    stream.read_exact(&mut name).await.context("file header")?;
+    let name = String::from_utf8(name).context("file name is not UTF-8")?;
+    let size = stream.read_u64().await.context("file header")?;
+    // Only the last path component: a peer must not write outside DIR.
+    let safe = Path::new(&name)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .filter(|n| !n.is_empty() && *n != "." && *n != "..")
+        .with_context(|| format!("unusable file name {name:?}"))?
+        .to_string();
+    let mut file = match &dir {
+        Some(d) => Some(tokio::fs::File::create(d.join(&safe)).await?),
+        None => None,
+    };
+    let bar = progress(size, quiet, format!("receiving {safe}"));
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut got = 0u64;
+    loop {
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        if let Some(f) = &mut file {
+            f.write_all(&buf[..n]).await?;
+        }
+        got += n as u64;
+        bar.set_position(got);
+    }
+    if let Some(f) = &mut file {
+        f.flush().await?;
+    }
+    bar.finish_and_clear();
+    if got != size {
+        bail!("{safe}: received {got} of {size} bytes");
+    }
+    println!(
+        "received {safe} ({got} bytes) sha256 {}",
+        hex::encode(hasher.finalize())
+    );
+    Ok(())
+}

@@ -1,0 +1,379 @@
+//! The compact text form of a middlebox list, for command lines (`peg lab up --middlebox`):
+//!
+//! ```text
+//! resegment,retx-cache,strip-options=keep:mss,seq-offset,window=cap:1000/dir:down
+//! ```
+//!
+//! Boxes are separated by commas and listed in path order (the first is nearest the client).
+//! Each is a name, optionally followed by `=` and `key:value` parameters separated by `/`.
+//! Unset parameters keep the defaults of the box's config struct.
+//!
+//! | box (aliases) | parameters |
+//! |---|---|
+//! | `resegment` (`reseg`) | `split:<%>`, `pieces:<n>`, `coalesce:on\|off`, `hold:<duration>`, `max:<size>` (largest coalesced packet), `seed:<n>` |
+//! | `retx-cache` (`retransmit-cache`) | `bytes:<size>` (per flow), `flows:<n>` |
+//! | `strip-options` (`strip`) | `keep:<kind>+<kind>…` (numbers or `mss`, `ws`, `sack-perm`, `sack`, `ts`; `keep:none` strips all), `mode:nop\|shrink` |
+//! | `seq-offset` (`seq-rewrite`) | `seed:<n>`, `sack:on\|off` |
+//! | `window` | `cap:<n>` or `fixed:<n>` (raw 16-bit field; required) |
+//!
+//! Every box also takes `dir:up|down|both`: `up` is client to server (the simulator's left to
+//! right), `down` server to client.
+
+use thiserror::Error;
+
+use super::{
+    DirectionFilter, MiddleboxConfig, ResegmentConfig, RetransmitCacheConfig, SeqRewriteConfig,
+    StripMode, StripOptionsConfig, WindowMode, WindowRewriteConfig,
+};
+use crate::units::{ValueError, parse_duration, parse_percent, parse_size};
+
+const BOXES: &str = "resegment, retx-cache, strip-options, seq-offset, window";
+
+/// Why a middlebox list could not be parsed.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum MiddleboxSpecError {
+    /// An empty item (two commas in a row, or a trailing comma).
+    #[error("empty middlebox name in `{0}`")]
+    Empty(String),
+    /// A name that is not a box.
+    #[error("unknown middlebox `{0}` (known: {BOXES})")]
+    UnknownBox(String),
+    /// A parameter the box does not take.
+    #[error("{middlebox}: unknown parameter `{key}` (takes: {takes})")]
+    UnknownParameter {
+        /// The box.
+        middlebox: &'static str,
+        /// The parameter given.
+        key: String,
+        /// The parameters it takes.
+        takes: &'static str,
+    },
+    /// A parameter whose value is wrong.
+    #[error("{middlebox}: `{key}:{value}`: {reason}")]
+    BadValue {
+        /// The box.
+        middlebox: &'static str,
+        /// The parameter.
+        key: String,
+        /// Its value.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A parameter without `:`.
+    #[error("middlebox parameter `{0}` is not key:value")]
+    NotKeyValue(String),
+    /// `window` without `cap:` or `fixed:`.
+    #[error("window needs cap:<n> or fixed:<n>, e.g. window=cap:1000")]
+    WindowMode,
+}
+
+/// Parses a middlebox list (see the module documentation).
+pub fn parse_middleboxes(spec: &str) -> Result<Vec<MiddleboxConfig>, MiddleboxSpecError> {
+    let spec = spec.trim();
+    if spec.is_empty() {
+        return Ok(Vec::new());
+    }
+    spec.split(',')
+        .map(|item| parse_one(item.trim(), spec))
+        .collect()
+}
+
+fn parse_one(item: &str, whole: &str) -> Result<MiddleboxConfig, MiddleboxSpecError> {
+    if item.is_empty() {
+        return Err(MiddleboxSpecError::Empty(whole.to_owned()));
+    }
+    let (name, params) = item.split_once('=').unwrap_or((item, ""));
+    let params: Vec<(&str, &str)> = params
+        .split('/')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            p.split_once(':')
+                .ok_or_else(|| MiddleboxSpecError::NotKeyValue(p.to_owned()))
+        })
+        .collect::<Result<_, _>>()?;
+    match name.to_ascii_lowercase().as_str() {
+        "resegment" | "reseg" => resegment(&params),
+        "retx-cache" | "retransmit-cache" | "retx_cache" => retx_cache(&params),
+        "strip-options" | "strip" | "strip_options" => strip_options(&params),
+        "seq-offset" | "seq-rewrite" | "seq_offset" => seq_offset(&params),
+        "window" => window(&params),
+        other => Err(MiddleboxSpecError::UnknownBox(other.to_owned())),
+    }
+}
+
+/// Value parsing helpers for one box.
+struct Params {
+    middlebox: &'static str,
+    takes: &'static str,
+}
+
+impl Params {
+    fn bad(&self, key: &str, value: &str, reason: impl ToString) -> MiddleboxSpecError {
+        MiddleboxSpecError::BadValue {
+            middlebox: self.middlebox,
+            key: key.to_owned(),
+            value: value.to_owned(),
+            reason: reason.to_string(),
+        }
+    }
+
+    fn unknown(&self, key: &str) -> MiddleboxSpecError {
+        MiddleboxSpecError::UnknownParameter {
+            middlebox: self.middlebox,
+            key: key.to_owned(),
+            takes: self.takes,
+        }
+    }
+
+    fn number<T: std::str::FromStr>(
+        &self,
+        key: &str,
+        value: &str,
+    ) -> Result<T, MiddleboxSpecError> {
+        value
+            .parse()
+            .map_err(|_| self.bad(key, value, "expected a whole number"))
+    }
+
+    fn on_off(&self, key: &str, value: &str) -> Result<bool, MiddleboxSpecError> {
+        match value.to_ascii_lowercase().as_str() {
+            "on" | "yes" | "true" => Ok(true),
+            "off" | "no" | "false" => Ok(false),
+            _ => Err(self.bad(key, value, "expected on or off")),
+        }
+    }
+
+    fn value<T>(
+        &self,
+        key: &str,
+        value: &str,
+        r: Result<T, ValueError>,
+    ) -> Result<T, MiddleboxSpecError> {
+        r.map_err(|e| self.bad(key, value, e))
+    }
+
+    fn direction(&self, key: &str, value: &str) -> Result<DirectionFilter, MiddleboxSpecError> {
+        match value.to_ascii_lowercase().as_str() {
+            "both" => Ok(DirectionFilter::Both),
+            "up" | "left_to_right" | "client_to_server" => Ok(DirectionFilter::LeftToRight),
+            "down" | "right_to_left" | "server_to_client" => Ok(DirectionFilter::RightToLeft),
+            _ => Err(self.bad(key, value, "expected up, down or both")),
+        }
+    }
+}
+
+fn resegment(params: &[(&str, &str)]) -> Result<MiddleboxConfig, MiddleboxSpecError> {
+    let p = Params {
+        middlebox: "resegment",
+        takes: "split, pieces, coalesce, hold, max, seed, dir",
+    };
+    let mut config = ResegmentConfig::default();
+    for &(key, value) in params {
+        match key {
+            "split" => config.split_probability = p.value(key, value, parse_percent(value))?,
+            "pieces" => {
+                config.max_pieces = p.number(key, value)?;
+                if config.max_pieces < 2 {
+                    return Err(p.bad(key, value, "a split makes at least 2 pieces"));
+                }
+            }
+            "coalesce" => config.coalesce = p.on_off(key, value)?,
+            "hold" => config.coalesce_hold = p.value(key, value, parse_duration(value))?,
+            "max" => {
+                let size = p.value(key, value, parse_size(value))?;
+                config.coalesce_max_packet = u32::try_from(size)
+                    .ok()
+                    .filter(|s| (41..=65_535).contains(s))
+                    .ok_or_else(|| p.bad(key, value, "expected 41 to 65535 bytes"))?;
+            }
+            "seed" => config.seed = p.number(key, value)?,
+            "dir" => config.directions = p.direction(key, value)?,
+            _ => return Err(p.unknown(key)),
+        }
+    }
+    Ok(MiddleboxConfig::Resegment(config))
+}
+
+fn retx_cache(params: &[(&str, &str)]) -> Result<MiddleboxConfig, MiddleboxSpecError> {
+    let p = Params {
+        middlebox: "retx-cache",
+        takes: "bytes, flows, dir",
+    };
+    let mut config = RetransmitCacheConfig::default();
+    for &(key, value) in params {
+        match key {
+            "bytes" => {
+                let size = p.value(key, value, parse_size(value))?;
+                config.max_bytes_per_flow = usize::try_from(size)
+                    .map_err(|_| p.bad(key, value, "too large for this machine"))?;
+            }
+            "flows" => config.max_flows = p.number(key, value)?,
+            "dir" => config.directions = p.direction(key, value)?,
+            _ => return Err(p.unknown(key)),
+        }
+    }
+    Ok(MiddleboxConfig::RetransmitCache(config))
+}
+
+/// TCP option kinds by name (RFC 9293 §3.2, RFC 7323, RFC 2018).
+fn option_kind(name: &str) -> Option<u8> {
+    match name.to_ascii_lowercase().as_str() {
+        "mss" => Some(2),
+        "ws" | "wscale" | "window-scale" => Some(3),
+        "sack-perm" | "sackok" | "sack-permitted" => Some(4),
+        "sack" => Some(5),
+        "ts" | "timestamps" => Some(8),
+        number => number.parse().ok(),
+    }
+}
+
+fn strip_options(params: &[(&str, &str)]) -> Result<MiddleboxConfig, MiddleboxSpecError> {
+    let p = Params {
+        middlebox: "strip-options",
+        takes: "keep, mode, dir",
+    };
+    let mut config = StripOptionsConfig::default();
+    for &(key, value) in params {
+        match key {
+            "keep" => {
+                config.allowed = if value.eq_ignore_ascii_case("none") {
+                    Vec::new()
+                } else {
+                    value
+                        .split('+')
+                        .map(|kind| {
+                            option_kind(kind).ok_or_else(|| {
+                                p.bad(key, value, format!("`{kind}` is not an option kind"))
+                            })
+                        })
+                        .collect::<Result<_, _>>()?
+                };
+            }
+            "mode" => {
+                config.mode = match value.to_ascii_lowercase().as_str() {
+                    "nop" => StripMode::Nop,
+                    "shrink" => StripMode::Shrink,
+                    _ => return Err(p.bad(key, value, "expected nop or shrink")),
+                }
+            }
+            "dir" => config.directions = p.direction(key, value)?,
+            _ => return Err(p.unknown(key)),
+        }
+    }
+    Ok(MiddleboxConfig::StripOptions(config))
+}
+
+fn seq_offset(params: &[(&str, &str)]) -> Result<MiddleboxConfig, MiddleboxSpecError> {
+    let p = Params {
+        middlebox: "seq-offset",
+        takes: "seed, sack, dir",
+    };
+    let mut config = SeqRewriteConfig::default();
+    for &(key, value) in params {
+        match key {
+            "seed" => config.seed = p.number(key, value)?,
+            "sack" => config.rewrite_sack = p.on_off(key, value)?,
+            "dir" => config.directions = p.direction(key, value)?,
+            _ => return Err(p.unknown(key)),
+        }
+    }
+    Ok(MiddleboxConfig::SeqRewrite(config))
+}
+
+fn window(params: &[(&str, &str)]) -> Result<MiddleboxConfig, MiddleboxSpecError> {
+    let p = Params {
+        middlebox: "window",
+        takes: "cap, fixed, dir",
+    };
+    let mut mode = None;
+    let mut directions = DirectionFilter::Both;
+    for &(key, value) in params {
+        match key {
+            "cap" => mode = Some(WindowMode::Cap(p.number(key, value)?)),
+            "fixed" => mode = Some(WindowMode::Fixed(p.number(key, value)?)),
+            "dir" => directions = p.direction(key, value)?,
+            _ => return Err(p.unknown(key)),
+        }
+    }
+    let mode = mode.ok_or(MiddleboxSpecError::WindowMode)?;
+    Ok(MiddleboxConfig::WindowRewrite(WindowRewriteConfig {
+        directions,
+        mode,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn the_brief_example_and_parameters() {
+        let boxes =
+            parse_middleboxes("resegment,retx-cache,strip-options,seq-offset,window=cap:1000")
+                .expect("parse");
+        let names: Vec<&str> = boxes.iter().map(|b| b.build().name()).collect();
+        assert_eq!(
+            names,
+            [
+                "resegment",
+                "retransmit-cache",
+                "strip-options",
+                "seq-rewrite",
+                "window-rewrite"
+            ]
+        );
+        assert_eq!(
+            boxes[4],
+            MiddleboxConfig::WindowRewrite(WindowRewriteConfig {
+                directions: DirectionFilter::Both,
+                mode: WindowMode::Cap(1000)
+            })
+        );
+
+        let boxes = parse_middleboxes(
+            "reseg=split:100%/pieces:4/coalesce:off/hold:2ms/seed:7/dir:up, strip=keep:mss+ts+30/mode:shrink",
+        )
+        .expect("parse");
+        assert_eq!(
+            boxes[0],
+            MiddleboxConfig::Resegment(ResegmentConfig {
+                seed: 7,
+                directions: DirectionFilter::LeftToRight,
+                split_probability: 1.0,
+                max_pieces: 4,
+                coalesce: false,
+                coalesce_hold: Duration::from_millis(2),
+                ..ResegmentConfig::default()
+            })
+        );
+        assert_eq!(
+            boxes[1],
+            MiddleboxConfig::StripOptions(StripOptionsConfig {
+                directions: DirectionFilter::Both,
+                allowed: vec![2, 8, 30],
+                mode: StripMode::Shrink,
+            })
+        );
+        assert_eq!(parse_middleboxes("  ").expect("empty"), vec![]);
+        let keep_none = parse_middleboxes("strip-options=keep:none").expect("none");
+        assert!(matches!(&keep_none[0], MiddleboxConfig::StripOptions(c) if c.allowed.is_empty()));
+    }
+
+    #[test]
+    fn errors_say_what_is_wrong() {
+        let err = |spec: &str| parse_middleboxes(spec).expect_err(spec).to_string();
+        assert!(err("nat").contains("unknown middlebox `nat`"));
+        assert!(err("resegment,,window=cap:1").contains("empty"));
+        assert!(err("resegment=split:2").contains("needs a % suffix"));
+        assert!(err("resegment=pieces:1").contains("at least 2"));
+        assert!(err("resegment=colour:red").contains("takes: split"));
+        assert!(err("window").contains("cap:<n> or fixed:<n>"));
+        assert!(err("window=cap:70000").contains("whole number"));
+        assert!(err("window=cap").contains("not key:value"));
+        assert!(err("seq-offset=dir:sideways").contains("up, down or both"));
+        assert!(err("strip-options=keep:mss+bogus").contains("`bogus` is not an option kind"));
+    }
+}

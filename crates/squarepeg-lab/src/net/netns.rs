@@ -1,0 +1,89 @@
+//! A handle on a named network namespace (`/run/netns/<name>`, as `ip netns` makes them).
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::Command;
+
+use super::{NetError, sys};
+
+/// Where `ip netns` keeps its namespaces.
+pub const NETNS_DIR: &str = "/run/netns";
+
+/// A named network namespace, held open (so it outlives a concurrent `ip netns del` for as
+/// long as this handle lives).
+#[derive(Debug)]
+pub struct NetNs {
+    name: String,
+    file: File,
+}
+
+impl NetNs {
+    /// Opens the namespace `name`.
+    pub fn open(name: &str) -> Result<Self, NetError> {
+        let path = Self::path_of(name);
+        let file = File::open(&path).map_err(|source| NetError::Io {
+            context: format!("opening network namespace {}", path.display()),
+            source,
+        })?;
+        Ok(Self {
+            name: name.to_owned(),
+            file,
+        })
+    }
+
+    /// The file of namespace `name`.
+    pub fn path_of(name: &str) -> PathBuf {
+        PathBuf::from(NETNS_DIR).join(name)
+    }
+
+    /// The namespace's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Moves the calling thread into this namespace for good. Prefer [`NetNs::run`], which
+    /// uses a fresh thread.
+    pub fn enter_current_thread(&self) -> Result<(), NetError> {
+        sys::enter_netns(&self.file).map_err(|source| NetError::Io {
+            context: format!("entering network namespace {}", self.name),
+            source,
+        })
+    }
+
+    /// Runs `f` on a new thread inside this namespace and returns its result. Sockets `f`
+    /// creates stay in the namespace wherever they are used afterwards, so this is how a test
+    /// makes a client socket and then drives it from any thread. A panic in `f` is resumed
+    /// in the caller.
+    pub fn run<T: Send, F: FnOnce() -> T + Send>(&self, f: F) -> Result<T, NetError> {
+        std::thread::scope(|scope| {
+            let thread = scope.spawn(|| {
+                self.enter_current_thread()?;
+                Ok(f())
+            });
+            match thread.join() {
+                Ok(result) => result,
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        })
+    }
+
+    /// A second handle on the same namespace (e.g. to move into a thread that enters it).
+    pub fn try_clone(&self) -> Result<NetNs, NetError> {
+        let file = self.file.try_clone().map_err(|source| NetError::Io {
+            context: format!("duplicating the handle of {}", self.name),
+            source,
+        })?;
+        Ok(Self {
+            name: self.name.clone(),
+            file,
+        })
+    }
+
+    /// A command that runs `program` inside this namespace (via `ip netns exec`, which also
+    /// gives it the namespace's view of `/sys` and `/etc/netns/<name>`).
+    pub fn command(&self, program: &str) -> Command {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &self.name, program]);
+        command
+    }
+}

@@ -1,0 +1,141 @@
+//! Typed errors of the session core.
+
+use crate::control::ControlError;
+use squarepeg_framing::FrameError;
+
+/// Transport error codes carried by CLOSE frames (docs/wire.md §2.4).
+pub mod transport_code {
+    /// Graceful close, nothing wrong.
+    pub const NO_ERROR: u64 = 0x00;
+    /// The sender hit an internal error.
+    pub const INTERNAL_ERROR: u64 = 0x01;
+    /// A frame failed to decode (COBS, header, checksum, size).
+    pub const FRAME_ERROR: u64 = 0x02;
+    /// Stream data beyond the credit the receiver gave.
+    pub const FLOW_CONTROL_ERROR: u64 = 0x03;
+    /// A stream opened beyond the receiver's MAX_STREAMS.
+    pub const STREAM_LIMIT_ERROR: u64 = 0x04;
+    /// A frame for a stream in a state that does not allow it.
+    pub const STREAM_STATE_ERROR: u64 = 0x05;
+    /// Data past a stream's final size, or two different final sizes.
+    pub const FINAL_SIZE_ERROR: u64 = 0x06;
+    /// A control frame that cannot be parsed, or of unknown type.
+    pub const CONTROL_FRAME_ERROR: u64 = 0x07;
+    /// Any other breach of the protocol.
+    pub const PROTOCOL_VIOLATION: u64 = 0x08;
+}
+
+/// Something the peer sent that breaks the protocol. The session closes the
+/// connection with the matching CLOSE code.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("bad frame: {0}")]
+    Frame(#[from] FrameError),
+    #[error("bad control frame: {0}")]
+    Control(#[from] ControlError),
+    #[error("stream {stream} data up to offset {end} exceeds the credit of {limit}")]
+    StreamFlowControl { stream: u64, end: u64, limit: u64 },
+    #[error("connection data total {total} exceeds the credit of {limit}")]
+    ConnectionFlowControl { total: u64, limit: u64 },
+    #[error("peer opened stream {stream} beyond its limit of {limit} streams")]
+    StreamLimit { stream: u64, limit: u64 },
+    #[error("stream {stream}: {what}")]
+    StreamState { stream: u64, what: &'static str },
+    #[error("stream {stream}: final size {got} conflicts with {known}")]
+    FinalSize { stream: u64, known: u64, got: u64 },
+}
+
+impl ProtocolError {
+    /// The CLOSE code that reports this error to the peer.
+    pub fn code(&self) -> u64 {
+        use transport_code::*;
+        match self {
+            Self::Frame(_) => FRAME_ERROR,
+            Self::Control(_) => CONTROL_FRAME_ERROR,
+            Self::StreamFlowControl { .. } | Self::ConnectionFlowControl { .. } => {
+                FLOW_CONTROL_ERROR
+            }
+            Self::StreamLimit { .. } => STREAM_LIMIT_ERROR,
+            Self::StreamState { .. } => STREAM_STATE_ERROR,
+            Self::FinalSize { .. } => FINAL_SIZE_ERROR,
+        }
+    }
+}
+
+/// Why a connection is no longer usable. Every application call on a closed
+/// connection returns the error that closed it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConnectionError {
+    /// The peer's application closed the connection (APPLICATION_CLOSE).
+    #[error(
+        "peer closed the connection (application code {code}{})",
+        fmt_reason(reason)
+    )]
+    ApplicationClosed { code: u64, reason: String },
+    /// The peer closed the connection reporting a transport error code
+    /// (`transport_code`), usually because it found us misbehaving.
+    #[error(
+        "peer closed the connection with transport error {code:#x}{}",
+        fmt_reason(reason)
+    )]
+    PeerError { code: u64, reason: String },
+    /// The peer broke the protocol; we closed the connection.
+    #[error("protocol violation by the peer: {0}")]
+    ProtocolViolation(ProtocolError),
+    /// This side closed the connection gracefully.
+    #[error("connection closed locally")]
+    LocallyClosed,
+    /// This side aborted the connection with an application code.
+    #[error("connection aborted locally (code {0})")]
+    LocallyAborted(u64),
+    /// The transport ended (EOF, reset, I/O error) without a CLOSE frame.
+    #[error("transport closed without a CLOSE frame: {0}")]
+    TransportClosed(String),
+    /// A graceful close did not finish in time.
+    #[error("timed out waiting for the peer to finish closing")]
+    TimedOut,
+}
+
+fn fmt_reason(reason: &str) -> String {
+    if reason.is_empty() {
+        String::new()
+    } else {
+        format!(": {reason}")
+    }
+}
+
+/// Why a message was not queued.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    #[error("message of {len} bytes exceeds the maximum of {max}")]
+    TooLarge { len: usize, max: usize },
+    #[error("send queue full ({queued} of {limit} bytes queued)")]
+    QueueFull { queued: usize, limit: usize },
+    #[error("message depends on #{depends_on}, which has not been sent yet (next is #{next})")]
+    UnknownDependency { depends_on: u64, next: u64 },
+    #[error("connection is closing: no new messages")]
+    Closing,
+    #[error(transparent)]
+    Connection(#[from] ConnectionError),
+}
+
+/// A stream operation that failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StreamError {
+    #[error("no stream {0}")]
+    UnknownStream(u64),
+    #[error("the peer allows no more streams now")]
+    StreamsBlocked,
+    #[error("stream {0} was already finished or reset by this side")]
+    SendClosed(u64),
+    #[error("the peer stopped reading stream {id} (code {code})")]
+    Stopped { id: u64, code: u64 },
+    #[error("the peer reset stream {id} (code {code})")]
+    Reset { id: u64, code: u64 },
+    #[error("stream {0} was stopped by this side")]
+    ReadClosed(u64),
+    #[error("connection is closing: no new streams")]
+    Closing,
+    #[error(transparent)]
+    Connection(#[from] ConnectionError),
+}

@@ -1,0 +1,1477 @@
+//! The session state machine.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use squarepeg_framing::{Frame, FrameError, FrameHeader, encode_frame};
+
+use crate::config::{
+    Config, ConfigError, DEFAULT_INITIAL_MAX_DATA, DEFAULT_INITIAL_MAX_STREAM_DATA,
+    DEFAULT_INITIAL_MAX_STREAMS, MAX_MESSAGE_SIZE,
+};
+use crate::control::{ControlFrame, Params};
+use crate::error::{ConnectionError, ProtocolError, SendError, StreamError};
+use crate::hash::{IntMap, IntSet};
+use crate::scheduler::{Flow, Scheduler};
+use crate::stream::{ReadOutcome, RecvHalf, SendHalf, initiated_by_client};
+use crate::window::NumberWindow;
+use crate::{MessageNumber, Priority, StreamId};
+
+/// Which end of the connection this session is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Opened the connection; opens even-numbered streams.
+    Client,
+    /// Accepted the connection; opens odd-numbered streams.
+    Server,
+}
+
+/// Per-message sending properties (Hollywood §7.2).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MessageProps {
+    /// Sub-stream id, carried on the wire (0 is the default sub-stream).
+    pub substream: u64,
+    /// Urgency class.
+    pub priority: Priority,
+    /// How long after queueing the message is still worth sending.
+    pub lifetime: Option<Duration>,
+    /// A message this one depends on: it is kept while this one is needed,
+    /// and this one is dropped if it was dropped.
+    pub depends_on: Option<MessageNumber>,
+    /// A newer message with the same key replaces this one while it is
+    /// still queued.
+    pub squash_key: Option<u64>,
+}
+
+/// A received message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    pub substream: u64,
+    pub number: MessageNumber,
+    pub payload: Vec<u8>,
+}
+
+/// What became of a sent message (Transport Services' Sent/Expired).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MessageStatus {
+    /// Handed to the transport; over a reliable substrate it will arrive
+    /// unless the connection fails.
+    Sent,
+    /// Dropped before it reached the transport: its lifetime ended, or the
+    /// message it depends on was dropped.
+    Expired,
+    /// Replaced by a newer message with the same squash key.
+    Squashed,
+    /// Dropped because the connection closed or aborted first.
+    Discarded,
+}
+
+/// Something the application may want to react to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Final status of a message.
+    MessageStatus {
+        number: MessageNumber,
+        status: MessageStatus,
+    },
+    /// The receive queue went from empty to non-empty.
+    MessagesReceived,
+    /// The peer opened streams; see [`Session::accept_stream`].
+    StreamIncoming,
+    /// The peer raised its stream limit; [`Session::open_stream`] may work.
+    StreamsAvailable,
+    /// A read that found nothing can now return data, the end, or an error.
+    StreamReadable(StreamId),
+    /// A short write can now make progress, or will fail.
+    StreamWritable(StreamId),
+    /// Room was freed in the message send queue after `QueueFull`.
+    SendQueueAvailable,
+    /// The connection is closed; every call now returns this error.
+    ConnectionLost(ConnectionError),
+}
+
+/// A frame [`Session::poll_transmit`] appended, with the metadata a tagged
+/// send queue needs to keep binding late (Minion §4.2).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// Encoded bytes appended to the buffer.
+    pub len: usize,
+    /// The frame's class; `None` for control frames, which go first.
+    pub priority: Option<Priority>,
+    pub content: TransmitContent,
+}
+
+/// What a transmitted frame carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TransmitContent {
+    Control,
+    Message {
+        number: MessageNumber,
+        substream: u64,
+        deadline: Option<Instant>,
+        depends_on: Option<MessageNumber>,
+        squash_key: Option<u64>,
+    },
+    StreamChunk {
+        stream: StreamId,
+        offset: u64,
+        len: usize,
+        fin: bool,
+    },
+}
+
+/// Counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub messages_sent: u64,
+    pub messages_expired: u64,
+    pub messages_squashed: u64,
+    pub messages_discarded: u64,
+    pub messages_received: u64,
+    /// Messages dropped as duplicates (or older than the dedup window).
+    pub duplicate_messages: u64,
+    pub stream_bytes_sent: u64,
+    pub stream_bytes_received: u64,
+    pub frames_sent: u64,
+    pub frames_received: u64,
+}
+
+#[derive(Debug)]
+struct QueuedMessage {
+    substream: u64,
+    priority: Priority,
+    payload: Vec<u8>,
+    deadline: Option<Instant>,
+    depends_on: Option<MessageNumber>,
+    squash_key: Option<u64>,
+    /// Queued messages that depend on this one.
+    dependents: u32,
+    /// A message that depends on this one was sent: never drop it.
+    pinned: bool,
+    /// The deadline passed but dependents keep it.
+    expired: bool,
+}
+
+impl QueuedMessage {
+    fn droppable(&self) -> bool {
+        self.dependents == 0 && !self.pinned
+    }
+}
+
+/// The queued message numbers of one flow, oldest first.
+#[derive(Debug, Default)]
+struct FlowQueue {
+    numbers: VecDeque<MessageNumber>,
+    /// How many of `numbers` are still queued.
+    live: usize,
+}
+
+impl FlowQueue {
+    fn push(&mut self, n: MessageNumber) {
+        self.numbers.push_back(n);
+        self.live += 1;
+    }
+
+    /// Forgets `n` (already gone from the message map, like every number
+    /// `alive` rejects). Its entry is skipped when it reaches the front;
+    /// the queue is compacted when dead entries outnumber live ones, so
+    /// squashing while the transport is blocked cannot grow it without
+    /// bound.
+    fn remove(&mut self, n: MessageNumber, alive: impl Fn(MessageNumber) -> bool) {
+        self.live = self.live.saturating_sub(1);
+        if self.numbers.front() == Some(&n) {
+            self.numbers.pop_front();
+        } else if self.numbers.len() > 2 * self.live + 64 {
+            self.numbers.retain(|&k| alive(k));
+        }
+    }
+
+    /// The oldest number still queued.
+    fn front(&mut self, alive: impl Fn(MessageNumber) -> bool) -> Option<MessageNumber> {
+        while let Some(&n) = self.numbers.front() {
+            if alive(n) {
+                return Some(n);
+            }
+            self.numbers.pop_front();
+        }
+        None
+    }
+}
+
+#[derive(Debug)]
+struct StreamState {
+    send: SendHalf,
+    recv: RecvHalf,
+    /// Connection credit released up to this offset of the receive half.
+    released_to: u64,
+    /// The application let go of the stream.
+    released: bool,
+    write_blocked: bool,
+    read_blocked: bool,
+    /// Queued in `incoming` and not yet accepted.
+    unaccepted: bool,
+}
+
+#[derive(Debug)]
+enum State {
+    Open,
+    /// Graceful close requested: flush, then send APPLICATION_CLOSE.
+    Closing {
+        code: u64,
+        reason: Vec<u8>,
+    },
+    Closed {
+        error: ConnectionError,
+        /// The CLOSE frame still to send.
+        close_frame: Option<ControlFrame>,
+        /// The peer is done (its CLOSE or the transport's end arrived, or
+        /// the drain timer fired).
+        peer_done: bool,
+        drain_deadline: Option<Instant>,
+    },
+}
+
+/// One connection's session: see the crate documentation.
+#[derive(Debug)]
+pub struct Session {
+    role: Role,
+    config: Config,
+    state: State,
+    events: VecDeque<Event>,
+    stats: Stats,
+
+    // Control frames waiting to go, coalesced: flags and sets, not a queue
+    // of frames, so repeated credit updates cost one frame.
+    params_pending: bool,
+    max_data_pending: bool,
+    max_streams_pending: bool,
+    max_stream_data_pending: BTreeSet<StreamId>,
+    control_queue: VecDeque<ControlFrame>,
+    control_body: Vec<u8>,
+
+    // Messages, send side.
+    next_message: MessageNumber,
+    messages: IntMap<MessageNumber, QueuedMessage>,
+    /// Queued message numbers per (class, sub-stream), in number order.
+    /// Entries of messages removed out of turn (squash, expiry) stay until
+    /// they reach the front or the queue is compacted.
+    message_flows: IntMap<(Priority, u64), FlowQueue>,
+    deadlines: BTreeSet<(Instant, MessageNumber)>,
+    squash: IntMap<u64, MessageNumber>,
+    /// Recently dropped (expired, squashed) numbers, for `depends_on`.
+    dropped: NumberWindow,
+    queued_message_bytes: usize,
+    queue_full_reported: bool,
+
+    // Messages, receive side.
+    received: VecDeque<Message>,
+    received_bytes: usize,
+    seen: NumberWindow,
+
+    // Streams.
+    streams: IntMap<StreamId, StreamState>,
+    incoming: VecDeque<StreamId>,
+    /// Streams this side opened so far.
+    local_opened: u64,
+    /// Streams the peer lets us open in total.
+    peer_max_streams: u64,
+    /// Streams the peer opened so far.
+    peer_opened: u64,
+    /// Streams we let the peer open in total.
+    local_max_streams: u64,
+    peer_initial_max_stream_data: u64,
+    /// Streams with data waiting for connection credit.
+    conn_blocked: IntSet<StreamId>,
+
+    // Connection flow control.
+    conn_send_max: u64,
+    conn_sent: u64,
+    conn_recv_max: u64,
+    conn_recv_highest: u64,
+    conn_consumed: u64,
+
+    scheduler: Scheduler,
+}
+
+impl Session {
+    /// A session for a connection that is already established.
+    pub fn new(role: Role, config: Config) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self {
+            role,
+            state: State::Open,
+            events: VecDeque::new(),
+            stats: Stats::default(),
+            params_pending: true,
+            max_data_pending: false,
+            max_streams_pending: false,
+            max_stream_data_pending: BTreeSet::new(),
+            control_queue: VecDeque::new(),
+            control_body: Vec::with_capacity(64),
+            next_message: 0,
+            messages: IntMap::default(),
+            message_flows: IntMap::default(),
+            deadlines: BTreeSet::new(),
+            squash: IntMap::default(),
+            dropped: NumberWindow::new(config.dedup_window),
+            queued_message_bytes: 0,
+            queue_full_reported: false,
+            received: VecDeque::new(),
+            received_bytes: 0,
+            seen: NumberWindow::new(config.dedup_window),
+            streams: IntMap::default(),
+            incoming: VecDeque::new(),
+            local_opened: 0,
+            peer_max_streams: DEFAULT_INITIAL_MAX_STREAMS,
+            peer_opened: 0,
+            local_max_streams: config.max_concurrent_peer_streams,
+            peer_initial_max_stream_data: DEFAULT_INITIAL_MAX_STREAM_DATA,
+            conn_blocked: IntSet::default(),
+            conn_send_max: DEFAULT_INITIAL_MAX_DATA,
+            conn_sent: 0,
+            conn_recv_max: config.connection_receive_window,
+            conn_recv_highest: 0,
+            conn_consumed: 0,
+            scheduler: Scheduler::new(config.chunk_size),
+            config,
+        })
+    }
+
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// The error that closed the connection, if it is closed.
+    pub fn error(&self) -> Option<&ConnectionError> {
+        match &self.state {
+            State::Closed { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+
+    /// Whether a graceful close is flushing.
+    pub fn is_closing(&self) -> bool {
+        matches!(self.state, State::Closing { .. })
+    }
+
+    /// Whether the session is finished: closed, its CLOSE frame (if any)
+    /// handed out, and the peer done or the drain timer expired. The driver
+    /// then flushes what it holds, closes the transport and stops.
+    pub fn is_drained(&self) -> bool {
+        matches!(
+            self.state,
+            State::Closed {
+                close_frame: None,
+                peer_done: true,
+                ..
+            }
+        )
+    }
+
+    /// Whether the session has nothing more to send, ever: the driver may
+    /// shut down the transport's sending side once its buffer is flushed.
+    pub fn is_send_finished(&self) -> bool {
+        matches!(
+            self.state,
+            State::Closed {
+                close_frame: None,
+                ..
+            }
+        )
+    }
+
+    /// The next event for the application.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    fn check_open(&self) -> Result<(), ConnectionError> {
+        match &self.state {
+            State::Closed { error, .. } => Err(error.clone()),
+            _ => Ok(()),
+        }
+    }
+
+    // ---------------------------------------------------------------------
+    // Messages.
+
+    /// Bytes of messages queued and not yet handed to the transport.
+    pub fn queued_message_bytes(&self) -> usize {
+        self.queued_message_bytes
+    }
+
+    /// Whether a message of `len` bytes fits the send queue now. If not,
+    /// [`Event::SendQueueAvailable`] follows once room is freed.
+    pub fn message_queue_has_room(&mut self, len: usize) -> bool {
+        let room = self.queued_message_bytes == 0
+            || self.queued_message_bytes + len <= self.config.message_send_queue;
+        if !room {
+            self.queue_full_reported = true;
+        }
+        room
+    }
+
+    /// Queues a message; returns its number. Fails with `QueueFull` when the
+    /// queue holds `Config::message_send_queue` bytes (the driver may wait
+    /// for `Event::SendQueueAvailable` and retry).
+    pub fn send_message(
+        &mut self,
+        now: Instant,
+        payload: Vec<u8>,
+        props: MessageProps,
+    ) -> Result<MessageNumber, SendError> {
+        match &self.state {
+            State::Open => {}
+            State::Closing { .. } => return Err(SendError::Closing),
+            State::Closed { error, .. } => return Err(error.clone().into()),
+        }
+        if payload.len() > MAX_MESSAGE_SIZE {
+            return Err(SendError::TooLarge {
+                len: payload.len(),
+                max: MAX_MESSAGE_SIZE,
+            });
+        }
+        if !self.message_queue_has_room(payload.len()) {
+            return Err(SendError::QueueFull {
+                queued: self.queued_message_bytes,
+                limit: self.config.message_send_queue,
+            });
+        }
+        if let Some(d) = props.depends_on
+            && d >= self.next_message
+        {
+            return Err(SendError::UnknownDependency {
+                depends_on: d,
+                next: self.next_message,
+            });
+        }
+        let number = self.next_message;
+        self.next_message += 1;
+        // Hollywood §7.2: a message whose dependency expired has expired.
+        if let Some(d) = props.depends_on
+            && !self.messages.contains_key(&d)
+            && self.dropped.contains(d) == Some(true)
+        {
+            self.dropped.insert(number);
+            self.report(number, MessageStatus::Expired);
+            return Ok(number);
+        }
+        if let Some(key) = props.squash_key
+            && let Some(old) = self.squash.insert(key, number)
+            && self.messages.get(&old).is_some_and(|m| m.droppable())
+        {
+            self.remove_message(old, MessageStatus::Squashed);
+        }
+        if let Some(d) = props.depends_on
+            && let Some(dep) = self.messages.get_mut(&d)
+        {
+            dep.dependents += 1;
+        }
+        let deadline = props.lifetime.map(|l| now + l);
+        if let Some(t) = deadline {
+            self.deadlines.insert((t, number));
+        }
+        self.queued_message_bytes += payload.len();
+        self.message_flows
+            .entry((props.priority, props.substream))
+            .or_default()
+            .push(number);
+        self.scheduler.activate(
+            props.priority,
+            Flow::Messages {
+                substream: props.substream,
+            },
+        );
+        self.messages.insert(
+            number,
+            QueuedMessage {
+                substream: props.substream,
+                priority: props.priority,
+                payload,
+                deadline,
+                depends_on: props.depends_on,
+                squash_key: props.squash_key,
+                dependents: 0,
+                pinned: false,
+                expired: false,
+            },
+        );
+        Ok(number)
+    }
+
+    fn report(&mut self, number: MessageNumber, status: MessageStatus) {
+        match status {
+            MessageStatus::Sent => self.stats.messages_sent += 1,
+            MessageStatus::Expired => self.stats.messages_expired += 1,
+            MessageStatus::Squashed => self.stats.messages_squashed += 1,
+            MessageStatus::Discarded => self.stats.messages_discarded += 1,
+        }
+        self.events
+            .push_back(Event::MessageStatus { number, status });
+    }
+
+    /// Takes message `number` out of the queue with `status`, then applies
+    /// the dependency rules down the chain of messages it depends on.
+    /// Returns the removed message.
+    fn remove_message(
+        &mut self,
+        number: MessageNumber,
+        status: MessageStatus,
+    ) -> Option<QueuedMessage> {
+        let first = self.take_message(number, status)?;
+        let mut dep = first.depends_on;
+        if status == MessageStatus::Sent {
+            // The receiver will need everything this message builds on.
+            let mut decrement = true;
+            while let Some(d) = dep {
+                let Some(m) = self.messages.get_mut(&d) else {
+                    break;
+                };
+                if std::mem::take(&mut decrement) {
+                    m.dependents = m.dependents.saturating_sub(1);
+                }
+                if m.pinned {
+                    break;
+                }
+                m.pinned = true;
+                dep = m.depends_on;
+            }
+        } else {
+            // A dropped message releases its dependency, which may itself
+            // be expired and now unneeded, and so on down the chain.
+            while let Some(d) = dep {
+                let Some(m) = self.messages.get_mut(&d) else {
+                    break;
+                };
+                m.dependents = m.dependents.saturating_sub(1);
+                if !(m.expired && m.droppable()) {
+                    break;
+                }
+                dep = self
+                    .take_message(d, MessageStatus::Expired)
+                    .and_then(|m| m.depends_on);
+            }
+        }
+        Some(first)
+    }
+
+    fn take_message(
+        &mut self,
+        number: MessageNumber,
+        status: MessageStatus,
+    ) -> Option<QueuedMessage> {
+        let msg = self.messages.remove(&number)?;
+        let key = (msg.priority, msg.substream);
+        let messages = &self.messages;
+        if let Some(q) = self.message_flows.get_mut(&key) {
+            q.remove(number, |k| messages.contains_key(&k));
+            if q.live == 0 {
+                self.message_flows.remove(&key);
+            }
+        }
+        if let Some(t) = msg.deadline {
+            self.deadlines.remove(&(t, number));
+        }
+        if let Some(k) = msg.squash_key
+            && self.squash.get(&k) == Some(&number)
+        {
+            self.squash.remove(&k);
+        }
+        self.queued_message_bytes -= msg.payload.len();
+        if self.queue_full_reported
+            && self.queued_message_bytes <= self.config.message_send_queue / 2
+        {
+            self.queue_full_reported = false;
+            self.events.push_back(Event::SendQueueAvailable);
+        }
+        if status != MessageStatus::Sent {
+            self.dropped.insert(number);
+        }
+        self.report(number, status);
+        Some(msg)
+    }
+
+    /// Drops messages whose deadline passed and that nothing keeps.
+    fn expire(&mut self, now: Instant) {
+        while let Some(&(t, n)) = self.deadlines.first() {
+            if t > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            let droppable = match self.messages.get_mut(&n) {
+                Some(m) => {
+                    m.expired = true;
+                    m.droppable()
+                }
+                None => continue,
+            };
+            if droppable {
+                self.remove_message(n, MessageStatus::Expired);
+            }
+        }
+    }
+
+    /// Whether credit updates or other control frames wait to be sent (the
+    /// application's reads can create them; the driver need only be woken
+    /// then).
+    pub fn has_pending_control(&self) -> bool {
+        self.max_data_pending
+            || self.max_streams_pending
+            || !self.max_stream_data_pending.is_empty()
+            || !self.control_queue.is_empty()
+    }
+
+    /// The next received message.
+    pub fn poll_message(&mut self) -> Option<Message> {
+        let m = self.received.pop_front()?;
+        self.received_bytes -= m.payload.len();
+        Some(m)
+    }
+
+    /// Whether received messages fill `Config::message_receive_queue`: the
+    /// driver should stop reading the transport until the application takes
+    /// some (backpressure to the peer through TCP's window).
+    /// Never true once the connection is closed: frames are then ignored,
+    /// and the driver must read on to see the transport's end.
+    pub fn receive_blocked(&self) -> bool {
+        self.received_bytes >= self.config.message_receive_queue
+            && !matches!(self.state, State::Closed { .. })
+    }
+
+    // ---------------------------------------------------------------------
+    // Streams.
+
+    fn local_stream_id(&self, index: u64) -> StreamId {
+        index * 2 + u64::from(self.role == Role::Server)
+    }
+
+    fn is_local(&self, id: StreamId) -> bool {
+        initiated_by_client(id) == (self.role == Role::Client)
+    }
+
+    fn new_stream(&self) -> StreamState {
+        StreamState {
+            send: SendHalf::new(self.peer_initial_max_stream_data),
+            recv: RecvHalf::new(self.config.stream_receive_window),
+            released_to: 0,
+            released: false,
+            write_blocked: false,
+            read_blocked: false,
+            unaccepted: false,
+        }
+    }
+
+    /// Opens a stream. Fails with `StreamsBlocked` while the peer's limit is
+    /// reached (wait for `Event::StreamsAvailable`).
+    pub fn open_stream(&mut self) -> Result<StreamId, StreamError> {
+        match &self.state {
+            State::Open => {}
+            State::Closing { .. } => return Err(StreamError::Closing),
+            State::Closed { error, .. } => return Err(error.clone().into()),
+        }
+        if self.local_opened >= self.peer_max_streams {
+            return Err(StreamError::StreamsBlocked);
+        }
+        let id = self.local_stream_id(self.local_opened);
+        self.local_opened += 1;
+        let s = self.new_stream();
+        self.streams.insert(id, s);
+        Ok(id)
+    }
+
+    /// The next stream the peer opened.
+    pub fn accept_stream(&mut self) -> Option<StreamId> {
+        while let Some(id) = self.incoming.pop_front() {
+            if let Some(s) = self.streams.get_mut(&id) {
+                s.unaccepted = false;
+                return Some(id);
+            }
+        }
+        None
+    }
+
+    fn stream_mut(&mut self, id: StreamId) -> Result<&mut StreamState, StreamError> {
+        self.check_open()?;
+        self.streams
+            .get_mut(&id)
+            .ok_or(StreamError::UnknownStream(id))
+    }
+
+    /// Buffers bytes for stream `id`; returns how many were taken (0 when
+    /// the stream's send buffer is full: wait for `Event::StreamWritable`).
+    pub fn stream_write(&mut self, id: StreamId, data: &[u8]) -> Result<usize, StreamError> {
+        if let State::Closing { .. } = self.state {
+            return Err(StreamError::Closing);
+        }
+        let limit = self.config.stream_send_buffer;
+        let s = self.stream_mut(id)?;
+        if let Some(code) = s.send.stopped {
+            return Err(StreamError::Stopped { id, code });
+        }
+        if s.send.fin_requested || s.send.reset.is_some() {
+            return Err(StreamError::SendClosed(id));
+        }
+        let n = s.send.write(data, limit);
+        s.write_blocked = n < data.len();
+        let priority = s.send.priority;
+        if n > 0 {
+            self.scheduler.activate(priority, Flow::Stream(id));
+        }
+        Ok(n)
+    }
+
+    /// Ends the send side of `id` after the bytes already written (FIN).
+    pub fn stream_finish(&mut self, id: StreamId) -> Result<(), StreamError> {
+        let s = self.stream_mut(id)?;
+        if let Some(code) = s.send.stopped {
+            return Err(StreamError::Stopped { id, code });
+        }
+        if s.send.fin_requested || s.send.reset.is_some() {
+            return Err(StreamError::SendClosed(id));
+        }
+        s.send.fin_requested = true;
+        let priority = s.send.priority;
+        self.scheduler.activate(priority, Flow::Stream(id));
+        Ok(())
+    }
+
+    /// Abandons the send side of `id`: unsent bytes are dropped and the peer
+    /// gets RESET_STREAM with `code`.
+    pub fn stream_reset(&mut self, id: StreamId, code: u64) -> Result<(), StreamError> {
+        let s = self.stream_mut(id)?;
+        if s.send.is_closed() {
+            return Err(StreamError::SendClosed(id));
+        }
+        s.send.reset = Some(code);
+        let final_size = s.send.discard();
+        let priority = s.send.priority;
+        self.scheduler.deactivate(priority, Flow::Stream(id));
+        self.conn_blocked.remove(&id);
+        self.control_queue.push_back(ControlFrame::ResetStream {
+            stream: id,
+            code,
+            final_size,
+        });
+        self.maybe_remove_stream(id);
+        Ok(())
+    }
+
+    /// Stops reading `id`: buffered bytes are dropped and the peer gets
+    /// STOP_SENDING with `code`.
+    pub fn stream_stop(&mut self, id: StreamId, code: u64) -> Result<(), StreamError> {
+        let s = self.stream_mut(id)?;
+        if s.recv.stopped || s.recv.done {
+            return Ok(());
+        }
+        s.recv.stopped = true;
+        s.recv.discard();
+        let final_known = s.recv.final_size.is_some() || s.recv.reset.is_some();
+        let highest = s.recv.highest;
+        self.release(id, highest);
+        if !final_known {
+            self.control_queue
+                .push_back(ControlFrame::StopSending { stream: id, code });
+        }
+        self.maybe_remove_stream(id);
+        Ok(())
+    }
+
+    /// Sets the urgency class of stream `id`'s data.
+    pub fn set_stream_priority(
+        &mut self,
+        id: StreamId,
+        priority: Priority,
+    ) -> Result<(), StreamError> {
+        let s = self.stream_mut(id)?;
+        let old = std::mem::replace(&mut s.send.priority, priority);
+        if old != priority {
+            self.scheduler.deactivate(old, Flow::Stream(id));
+            self.scheduler.activate(priority, Flow::Stream(id));
+        }
+        Ok(())
+    }
+
+    /// Reads in-order bytes of stream `id`.
+    /// Bytes that arrived before the connection closed stay readable; then
+    /// the read fails with the connection's error.
+    pub fn stream_read(
+        &mut self,
+        id: StreamId,
+        out: &mut [u8],
+    ) -> Result<ReadOutcome, StreamError> {
+        let closed = self.error().cloned();
+        let Some(s) = self.streams.get_mut(&id) else {
+            return Err(match closed {
+                Some(e) => StreamError::Connection(e),
+                None => StreamError::UnknownStream(id),
+            });
+        };
+        if let Some(code) = s.recv.reset {
+            s.recv.done = true;
+            self.maybe_remove_stream(id);
+            return Err(StreamError::Reset { id, code });
+        }
+        if s.recv.stopped {
+            return Err(StreamError::ReadClosed(id));
+        }
+        let outcome = s.recv.read(out);
+        let to = s.recv.read_offset;
+        match outcome {
+            ReadOutcome::Data(n) => {
+                self.stats.stream_bytes_received += n as u64;
+                self.release(id, to);
+                self.update_stream_window(id);
+            }
+            ReadOutcome::Blocked => {
+                if let Some(e) = closed {
+                    return Err(StreamError::Connection(e));
+                }
+                if let Some(s) = self.streams.get_mut(&id) {
+                    s.read_blocked = true;
+                }
+            }
+            ReadOutcome::Finished => self.maybe_remove_stream(id),
+        }
+        Ok(outcome)
+    }
+
+    /// Bytes of stream `id` that can be read now.
+    pub fn stream_readable_bytes(&self, id: StreamId) -> usize {
+        self.streams.get(&id).map_or(0, |s| s.recv.buffered())
+    }
+
+    /// The application is done with stream `id` (its handle was dropped):
+    /// an unfinished send side is finished, an unread receive side stopped
+    /// (code 0), and the stream's state is freed once both sides are done.
+    pub fn stream_release(&mut self, id: StreamId) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        s.released = true;
+        let finish = !s.send.fin_requested && !s.send.is_closed() && self.check_open().is_ok();
+        if finish {
+            let _ = self.stream_finish(id);
+        }
+        let _ = self.stream_stop(id, 0);
+        self.maybe_remove_stream(id);
+    }
+
+    /// Releases connection credit of stream `id` up to offset `to`.
+    fn release(&mut self, id: StreamId, to: u64) {
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        if to > s.released_to {
+            self.conn_consumed += to - s.released_to;
+            s.released_to = to;
+        }
+        // Give the peer more connection credit once half the window is used.
+        let window = self.config.connection_receive_window;
+        if self.conn_recv_max - self.conn_consumed <= window / 2 {
+            self.conn_recv_max = self.conn_consumed + window;
+            self.max_data_pending = true;
+        }
+    }
+
+    fn update_stream_window(&mut self, id: StreamId) {
+        let window = self.config.stream_receive_window;
+        let Some(s) = self.streams.get_mut(&id) else {
+            return;
+        };
+        let r = &mut s.recv;
+        if r.final_size.is_none() && !r.stopped && r.max_data - r.read_offset <= window / 2 {
+            r.max_data = r.read_offset + window;
+            self.max_stream_data_pending.insert(id);
+        }
+    }
+
+    fn maybe_remove_stream(&mut self, id: StreamId) {
+        let Some(s) = self.streams.get(&id) else {
+            return;
+        };
+        let send_done = s.send.is_closed() || s.send.stopped.is_some();
+        let recv_done = s.recv.done || s.recv.stopped;
+        if !(s.released && send_done && recv_done) {
+            return;
+        }
+        self.streams.remove(&id);
+        self.max_stream_data_pending.remove(&id);
+        self.conn_blocked.remove(&id);
+        if !self.is_local(id) {
+            // A peer stream is gone: let the peer open another.
+            self.local_max_streams += 1;
+            self.max_streams_pending = true;
+        }
+    }
+
+    /// Finds or implicitly opens the stream a peer frame refers to. `None`
+    /// for a stream that existed and is gone (late frames are ignored).
+    fn peer_stream(&mut self, id: StreamId) -> Result<Option<&mut StreamState>, ProtocolError> {
+        if !self.streams.contains_key(&id) {
+            let index = id / 2;
+            if self.is_local(id) {
+                if index >= self.local_opened {
+                    return Err(ProtocolError::StreamState {
+                        stream: id,
+                        what: "frame for a local stream not yet opened",
+                    });
+                }
+                return Ok(None);
+            }
+            if index < self.peer_opened {
+                return Ok(None);
+            }
+            if index >= self.local_max_streams {
+                return Err(ProtocolError::StreamLimit {
+                    stream: id,
+                    limit: self.local_max_streams,
+                });
+            }
+            // Opening stream n opens every lower peer stream too (as QUIC,
+            // RFC 9000 §3.2), so reordered first frames are harmless.
+            for i in self.peer_opened..=index {
+                let sid = i * 2 + u64::from(self.role == Role::Client);
+                let mut s = self.new_stream();
+                s.unaccepted = true;
+                self.streams.insert(sid, s);
+                self.incoming.push_back(sid);
+            }
+            self.peer_opened = index + 1;
+            self.events.push_back(Event::StreamIncoming);
+        }
+        Ok(self.streams.get_mut(&id))
+    }
+
+    // ---------------------------------------------------------------------
+    // Closing.
+
+    /// Graceful close: everything queued is sent (messages may still
+    /// expire), then APPLICATION_CLOSE with `code`; no new messages or
+    /// writes are accepted meanwhile.
+    pub fn close(&mut self, code: u64, reason: &[u8]) {
+        if let State::Open = self.state {
+            self.state = State::Closing {
+                code,
+                reason: reason.to_vec(),
+            };
+        }
+    }
+
+    /// Abort: queued data is discarded and APPLICATION_CLOSE with `code` is
+    /// the only frame still sent.
+    pub fn abort(&mut self, now: Instant, code: u64, reason: &[u8]) {
+        self.enter_closed(
+            now,
+            ConnectionError::LocallyAborted(code),
+            Some(ControlFrame::ApplicationClose {
+                code,
+                reason: reason.to_vec(),
+            }),
+            false,
+        );
+    }
+
+    fn fail(&mut self, now: Instant, err: ProtocolError) {
+        let frame = ControlFrame::Close {
+            code: err.code(),
+            reason: err.to_string().into_bytes(),
+        };
+        self.enter_closed(
+            now,
+            ConnectionError::ProtocolViolation(err),
+            Some(frame),
+            false,
+        );
+    }
+
+    fn enter_closed(
+        &mut self,
+        now: Instant,
+        error: ConnectionError,
+        close_frame: Option<ControlFrame>,
+        peer_done: bool,
+    ) {
+        if let State::Closed { .. } = self.state {
+            return;
+        }
+        // Nothing queued will be sent now.
+        let mut numbers: Vec<MessageNumber> = self.messages.keys().copied().collect();
+        numbers.sort_unstable();
+        for n in numbers {
+            if let Some(m) = self.messages.remove(&n) {
+                self.queued_message_bytes -= m.payload.len();
+                self.report(n, MessageStatus::Discarded);
+            }
+        }
+        self.message_flows.clear();
+        self.deadlines.clear();
+        self.squash.clear();
+        self.control_queue.clear();
+        self.scheduler = Scheduler::new(self.config.chunk_size);
+        for s in self.streams.values_mut() {
+            s.send.discard();
+        }
+        self.events.push_back(Event::ConnectionLost(error.clone()));
+        self.state = State::Closed {
+            error,
+            close_frame,
+            peer_done,
+            drain_deadline: (!peer_done).then(|| now + self.config.drain_timeout),
+        };
+    }
+
+    fn flushed(&self) -> bool {
+        self.messages.is_empty()
+            && self.control_queue.is_empty()
+            && !self.params_pending
+            && self
+                .streams
+                .values()
+                .all(|s| s.send.unsent() == 0 && (!s.send.fin_requested || s.send.is_closed()))
+    }
+
+    // ---------------------------------------------------------------------
+    // Transport side.
+
+    /// The transport ended (EOF, reset or error) with `reason`.
+    pub fn handle_transport_closed(&mut self, now: Instant, reason: &str) {
+        match &mut self.state {
+            State::Closed {
+                peer_done,
+                close_frame,
+                ..
+            } => {
+                *peer_done = true;
+                *close_frame = None;
+            }
+            _ => self.enter_closed(
+                now,
+                ConnectionError::TransportClosed(reason.to_string()),
+                None,
+                true,
+            ),
+        }
+    }
+
+    /// A frame failed to decode. Over an in-order substrate this is a
+    /// protocol violation (the stream is reliable, so the peer sent it).
+    pub fn handle_decode_error(&mut self, now: Instant, err: FrameError) {
+        if let State::Closed { .. } = self.state {
+            return;
+        }
+        self.fail(now, ProtocolError::Frame(err));
+    }
+
+    /// Processes one frame from the peer. Frames may come in any order and
+    /// more than once.
+    pub fn handle_frame(&mut self, now: Instant, frame: Frame) {
+        if let State::Closed { .. } = self.state {
+            return;
+        }
+        self.stats.frames_received += 1;
+        if let Err(e) = self.process_frame(now, frame) {
+            self.fail(now, e);
+        }
+    }
+
+    fn process_frame(&mut self, now: Instant, frame: Frame) -> Result<(), ProtocolError> {
+        match frame.header {
+            FrameHeader::Message { substream, number } => {
+                if !self.seen.insert(number) {
+                    self.stats.duplicate_messages += 1;
+                    return Ok(());
+                }
+                self.stats.messages_received += 1;
+                if self.received.is_empty() {
+                    self.events.push_back(Event::MessagesReceived);
+                }
+                self.received_bytes += frame.payload.len();
+                self.received.push_back(Message {
+                    substream,
+                    number,
+                    payload: frame.payload,
+                });
+            }
+            FrameHeader::StreamChunk {
+                stream,
+                offset,
+                fin,
+            } => self.handle_chunk(stream, offset, frame.payload, fin)?,
+            FrameHeader::Padding => {}
+            FrameHeader::Control => {
+                let control = ControlFrame::decode(&frame.payload)?;
+                self.handle_control(now, control)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn handle_chunk(
+        &mut self,
+        id: StreamId,
+        offset: u64,
+        data: Vec<u8>,
+        fin: bool,
+    ) -> Result<(), ProtocolError> {
+        let Some(s) = self.peer_stream(id)? else {
+            return Ok(());
+        };
+        let grew = s.recv.insert(id, offset, data, fin)?;
+        let discarding = s.recv.stopped || s.recv.reset.is_some();
+        let wake = s.read_blocked && s.recv.is_readable();
+        let highest = s.recv.highest;
+        if wake {
+            s.read_blocked = false;
+        }
+        self.conn_recv_highest += grew;
+        if self.conn_recv_highest > self.conn_recv_max {
+            return Err(ProtocolError::ConnectionFlowControl {
+                total: self.conn_recv_highest,
+                limit: self.conn_recv_max,
+            });
+        }
+        if discarding {
+            self.release(id, highest);
+        }
+        if wake {
+            self.events.push_back(Event::StreamReadable(id));
+        }
+        Ok(())
+    }
+
+    fn handle_control(&mut self, now: Instant, control: ControlFrame) -> Result<(), ProtocolError> {
+        match control {
+            ControlFrame::Params(p) => self.handle_params(p),
+            ControlFrame::MaxData(max) => {
+                if max > self.conn_send_max {
+                    self.conn_send_max = max;
+                    for id in std::mem::take(&mut self.conn_blocked) {
+                        if let Some(s) = self.streams.get(&id) {
+                            let p = s.send.priority;
+                            self.scheduler.activate(p, Flow::Stream(id));
+                        }
+                    }
+                }
+            }
+            ControlFrame::MaxStreamData { stream, max } => {
+                if let Some(s) = self.peer_stream(stream)?
+                    && max > s.send.max_data
+                {
+                    s.send.max_data = max;
+                    let p = s.send.priority;
+                    self.scheduler.activate(p, Flow::Stream(stream));
+                }
+            }
+            ControlFrame::MaxStreams(max) => {
+                if max > self.peer_max_streams {
+                    self.peer_max_streams = max;
+                    self.events.push_back(Event::StreamsAvailable);
+                }
+            }
+            ControlFrame::ResetStream {
+                stream,
+                code,
+                final_size,
+            } => {
+                let Some(s) = self.peer_stream(stream)? else {
+                    return Ok(());
+                };
+                if final_size > s.recv.max_data {
+                    return Err(ProtocolError::StreamFlowControl {
+                        stream,
+                        end: final_size,
+                        limit: s.recv.max_data,
+                    });
+                }
+                s.recv.set_final_size(stream, final_size)?;
+                let grew = final_size - s.recv.highest;
+                s.recv.highest = final_size;
+                if s.recv.reset.is_none() && !s.recv.done {
+                    s.recv.reset = Some(code);
+                    s.recv.discard();
+                    self.events.push_back(Event::StreamReadable(stream));
+                }
+                self.conn_recv_highest += grew;
+                if self.conn_recv_highest > self.conn_recv_max {
+                    return Err(ProtocolError::ConnectionFlowControl {
+                        total: self.conn_recv_highest,
+                        limit: self.conn_recv_max,
+                    });
+                }
+                self.release(stream, final_size);
+                self.maybe_remove_stream(stream);
+            }
+            ControlFrame::StopSending { stream, code } => {
+                let Some(s) = self.peer_stream(stream)? else {
+                    return Ok(());
+                };
+                if s.send.stopped.is_none() {
+                    s.send.stopped = Some(code);
+                    // RFC 9000 §3.5: answer STOP_SENDING with a reset.
+                    if !s.send.is_closed() {
+                        s.send.reset = Some(code);
+                        let final_size = s.send.discard();
+                        let p = s.send.priority;
+                        self.scheduler.deactivate(p, Flow::Stream(stream));
+                        self.conn_blocked.remove(&stream);
+                        self.control_queue.push_back(ControlFrame::ResetStream {
+                            stream,
+                            code,
+                            final_size,
+                        });
+                    }
+                    self.events.push_back(Event::StreamWritable(stream));
+                    self.maybe_remove_stream(stream);
+                }
+            }
+            ControlFrame::Close { code, reason } => {
+                let reason = String::from_utf8_lossy(&reason).into_owned();
+                self.peer_closed(now, ConnectionError::PeerError { code, reason });
+            }
+            ControlFrame::ApplicationClose { code, reason } => {
+                let reason = String::from_utf8_lossy(&reason).into_owned();
+                self.peer_closed(now, ConnectionError::ApplicationClosed { code, reason });
+            }
+        }
+        Ok(())
+    }
+
+    fn handle_params(&mut self, p: Params) {
+        if let Some(v) = p.initial_max_data
+            && v > self.conn_send_max
+        {
+            self.conn_send_max = v;
+            for id in std::mem::take(&mut self.conn_blocked) {
+                if let Some(s) = self.streams.get(&id) {
+                    self.scheduler.activate(s.send.priority, Flow::Stream(id));
+                }
+            }
+        }
+        if let Some(v) = p.initial_max_stream_data
+            && v > self.peer_initial_max_stream_data
+        {
+            self.peer_initial_max_stream_data = v;
+            for (&id, s) in self.streams.iter_mut() {
+                if v > s.send.max_data {
+                    s.send.max_data = v;
+                    self.scheduler.activate(s.send.priority, Flow::Stream(id));
+                }
+            }
+        }
+        if let Some(v) = p.initial_max_streams
+            && v > self.peer_max_streams
+        {
+            self.peer_max_streams = v;
+            self.events.push_back(Event::StreamsAvailable);
+        }
+    }
+
+    fn peer_closed(&mut self, now: Instant, error: ConnectionError) {
+        // Our CLOSE was sent: the peer's answer just ends the drain.
+        self.enter_closed(now, error, None, true);
+    }
+
+    /// Appends the next frame to send to `buf` and returns its metadata, or
+    /// `None` if there is nothing to send now. Control frames go first, then
+    /// the scheduler's choice; expired messages are dropped first.
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
+        if let State::Closed { close_frame, .. } = &mut self.state {
+            let frame = close_frame.take()?;
+            return self.transmit_control(&frame, buf);
+        }
+        self.expire(now);
+        if let Some(frame) = self.next_control() {
+            return self.transmit_control(&frame, buf);
+        }
+        if let Some(t) = self.transmit_scheduled(buf) {
+            self.stats.frames_sent += 1;
+            return Some(t);
+        }
+        if let State::Closing { code, reason } = &self.state
+            && self.flushed()
+        {
+            let frame = ControlFrame::ApplicationClose {
+                code: *code,
+                reason: reason.clone(),
+            };
+            self.enter_closed(now, ConnectionError::LocallyClosed, None, false);
+            return self.transmit_control(&frame, buf);
+        }
+        None
+    }
+
+    fn next_control(&mut self) -> Option<ControlFrame> {
+        if std::mem::take(&mut self.params_pending) {
+            return Some(ControlFrame::Params(Params {
+                initial_max_data: Some(self.config.connection_receive_window),
+                initial_max_stream_data: Some(self.config.stream_receive_window),
+                initial_max_streams: Some(self.local_max_streams),
+            }));
+        }
+        if let Some(f) = self.control_queue.pop_front() {
+            return Some(f);
+        }
+        if std::mem::take(&mut self.max_data_pending) {
+            return Some(ControlFrame::MaxData(self.conn_recv_max));
+        }
+        if std::mem::take(&mut self.max_streams_pending) {
+            return Some(ControlFrame::MaxStreams(self.local_max_streams));
+        }
+        while let Some(id) = self.max_stream_data_pending.pop_first() {
+            if let Some(s) = self.streams.get(&id) {
+                return Some(ControlFrame::MaxStreamData {
+                    stream: id,
+                    max: s.recv.max_data,
+                });
+            }
+        }
+        None
+    }
+
+    fn transmit_control(&mut self, frame: &ControlFrame, buf: &mut Vec<u8>) -> Option<Transmit> {
+        self.control_body.clear();
+        // Our own control frames always encode: values come from varint
+        // ranges we keep (credits never exceed 2^62 in practice).
+        frame.encode(&mut self.control_body).ok()?;
+        let len = encode_frame(&FrameHeader::Control, &self.control_body, buf).ok()?;
+        self.stats.frames_sent += 1;
+        Some(Transmit {
+            len,
+            priority: None,
+            content: TransmitContent::Control,
+        })
+    }
+
+    fn transmit_scheduled(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
+        while let Some((priority, flow)) = self.scheduler.peek() {
+            let sent = match flow {
+                Flow::Messages { substream } => self.transmit_message(priority, substream, buf),
+                Flow::Stream(id) => self.transmit_chunk(priority, id, buf),
+            };
+            match sent {
+                Some(t) => {
+                    self.scheduler.charge(priority, flow, t.len);
+                    return Some(t);
+                }
+                None => self.scheduler.deactivate(priority, flow),
+            }
+        }
+        None
+    }
+
+    fn transmit_message(
+        &mut self,
+        priority: Priority,
+        substream: u64,
+        buf: &mut Vec<u8>,
+    ) -> Option<Transmit> {
+        let messages = &self.messages;
+        let number = self
+            .message_flows
+            .get_mut(&(priority, substream))?
+            .front(|n| messages.contains_key(&n))?;
+        let msg = self.remove_message(number, MessageStatus::Sent)?;
+        let header = FrameHeader::Message { substream, number };
+        // Message numbers and sub-streams below 2^62 always encode.
+        let len = encode_frame(&header, &msg.payload, buf).ok()?;
+        Some(Transmit {
+            len,
+            priority: Some(priority),
+            content: TransmitContent::Message {
+                number,
+                substream,
+                deadline: msg.deadline,
+                depends_on: msg.depends_on,
+                squash_key: msg.squash_key,
+            },
+        })
+    }
+
+    fn transmit_chunk(
+        &mut self,
+        priority: Priority,
+        id: StreamId,
+        buf: &mut Vec<u8>,
+    ) -> Option<Transmit> {
+        let conn_credit = self.conn_send_max - self.conn_sent;
+        let chunk_size = self.config.chunk_size;
+        let limit = self.config.stream_send_buffer;
+        let s = self.streams.get_mut(&id)?;
+        if s.send.priority != priority {
+            return None;
+        }
+        let Some((n, fin)) = s.send.next_chunk(conn_credit, chunk_size) else {
+            if s.send.unsent() > 0 && conn_credit == 0 && !s.send.blocked_on_stream_credit() {
+                self.conn_blocked.insert(id);
+            }
+            return None;
+        };
+        let offset = s.send.offset;
+        let header = FrameHeader::StreamChunk {
+            stream: id,
+            offset,
+            fin,
+        };
+        let len = encode_frame(&header, s.send.peek(n), buf).ok()?;
+        s.send.advance(n, fin);
+        self.conn_sent += n as u64;
+        self.stats.stream_bytes_sent += n as u64;
+        // Wake a blocked writer once half the buffer is free, not per chunk.
+        if s.write_blocked && s.send.unsent() <= limit / 2 {
+            s.write_blocked = false;
+            self.events.push_back(Event::StreamWritable(id));
+        }
+        if fin {
+            self.maybe_remove_stream(id);
+        }
+        Some(Transmit {
+            len,
+            priority: Some(priority),
+            content: TransmitContent::StreamChunk {
+                stream: id,
+                offset,
+                len: n,
+                fin,
+            },
+        })
+    }
+
+    /// When [`Session::handle_timeout`] should next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match &self.state {
+            State::Closed {
+                drain_deadline,
+                peer_done: false,
+                ..
+            } => *drain_deadline,
+            State::Closed { .. } => None,
+            _ => self.deadlines.first().map(|&(t, _)| t),
+        }
+    }
+
+    /// Runs timers: message expiry and the drain timer.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        match &mut self.state {
+            State::Closed {
+                drain_deadline,
+                peer_done,
+                close_frame,
+                ..
+            } => {
+                if drain_deadline.is_some_and(|t| t <= now) {
+                    *peer_done = true;
+                    *close_frame = None;
+                }
+            }
+            _ => self.expire(now),
+        }
+    }
+}

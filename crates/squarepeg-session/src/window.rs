@@ -1,0 +1,110 @@
+//! A bounded set of recent message numbers, as a ring bitmap.
+
+/// Remembers which numbers of the last `width` (counted back from the
+/// highest number inserted) are in the set. Memory is `width / 8` bytes.
+#[derive(Clone, Debug)]
+pub(crate) struct NumberWindow {
+    bits: Vec<u64>,
+    width: u64,
+    /// One past the highest number inserted.
+    end: u64,
+}
+
+impl NumberWindow {
+    pub(crate) fn new(width: u64) -> Self {
+        let width = width.max(64).next_multiple_of(64);
+        Self {
+            bits: vec![0; (width / 64) as usize],
+            width,
+            end: 0,
+        }
+    }
+
+    fn slot(&self, n: u64) -> (usize, u64) {
+        let i = n % self.width;
+        ((i / 64) as usize, 1u64 << (i % 64))
+    }
+
+    /// Lowest number the window still covers.
+    pub(crate) fn floor(&self) -> u64 {
+        self.end.saturating_sub(self.width)
+    }
+
+    /// `Some(true)` if `n` is in the set, `Some(false)` if not, `None` if it
+    /// is older than the window.
+    pub(crate) fn contains(&self, n: u64) -> Option<bool> {
+        if n < self.floor() {
+            return None;
+        }
+        if n >= self.end {
+            return Some(false);
+        }
+        let (w, b) = self.slot(n);
+        Some(self.bits[w] & b != 0)
+    }
+
+    /// Inserts `n`. Returns false if it was already present or is older
+    /// than the window (the caller treats both as seen).
+    pub(crate) fn insert(&mut self, n: u64) -> bool {
+        match self.contains(n) {
+            None | Some(true) => return false,
+            Some(false) => {}
+        }
+        if n >= self.end {
+            // Clear the slots of the numbers the window now moves over.
+            let span = (n + 1 - self.end).min(self.width);
+            if span == self.width {
+                self.bits.iter_mut().for_each(|w| *w = 0);
+            } else {
+                for k in n + 1 - span..=n {
+                    let (w, b) = self.slot(k);
+                    self.bits[w] &= !b;
+                }
+            }
+            self.end = n + 1;
+        }
+        let (w, b) = self.slot(n);
+        self.bits[w] |= b;
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn basics() {
+        let mut w = NumberWindow::new(64);
+        assert!(w.insert(0));
+        assert!(!w.insert(0));
+        assert!(w.insert(5));
+        assert!(w.insert(3));
+        assert_eq!(w.contains(4), Some(false));
+        assert!(w.insert(200));
+        assert_eq!(w.contains(5), None);
+        assert!(!w.insert(5));
+        assert_eq!(w.contains(199), Some(false));
+        assert!(w.insert(199));
+        assert!(!w.insert(199));
+    }
+
+    proptest! {
+        /// Within the window the bitmap agrees with an exact set.
+        #[test]
+        fn matches_a_set(ops in proptest::collection::vec(0u64..400, 1..300)) {
+            let mut w = NumberWindow::new(64);
+            let mut set = BTreeSet::new();
+            for n in ops {
+                let fresh = !set.contains(&n) && n >= w.floor();
+                prop_assert_eq!(w.insert(n), fresh, "n={}", n);
+                set.insert(n);
+                for k in w.floor()..w.floor() + 64 {
+                    prop_assert_eq!(w.contains(k), Some(set.contains(&k)), "k={}", k);
+                }
+            }
+        }
+    }
+}

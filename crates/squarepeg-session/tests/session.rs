@@ -1,0 +1,966 @@
+//! Session behaviour through the public API: scheduler order, expiry,
+//! squash, dependencies, streams, flow control, dedup, close and errors,
+//! and two sessions joined through `StreamDecoder` in virtual time.
+
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use squarepeg_framing::{DEFAULT_MAX_BODY, Frame, FrameHeader, StreamDecoder, encode_frame};
+use squarepeg_session::control::ControlFrame;
+use squarepeg_session::*;
+
+fn session(role: Role) -> Session {
+    Session::new(role, Config::default()).unwrap()
+}
+
+fn props(substream: u64, urgency: u8) -> MessageProps {
+    MessageProps {
+        substream,
+        priority: Priority::new(urgency).unwrap(),
+        ..Default::default()
+    }
+}
+
+/// Everything `s` sends now, as decoded frames with their metadata.
+fn drain(s: &mut Session, now: Instant) -> Vec<(Frame, Transmit)> {
+    let mut out = Vec::new();
+    let mut buf = Vec::new();
+    let mut dec = StreamDecoder::new(DEFAULT_MAX_BODY);
+    while let Some(t) = s.poll_transmit(now, &mut buf) {
+        dec.push(&buf);
+        buf.clear();
+        let f = dec.next_frame().unwrap().unwrap();
+        out.push((f, t));
+    }
+    out
+}
+
+fn data_frames(frames: Vec<(Frame, Transmit)>) -> Vec<(Frame, Transmit)> {
+    frames
+        .into_iter()
+        .filter(|(f, _)| f.header != FrameHeader::Control)
+        .collect()
+}
+
+fn message_numbers(frames: &[(Frame, Transmit)]) -> Vec<u64> {
+    frames
+        .iter()
+        .filter_map(|(f, _)| match f.header {
+            FrameHeader::Message { number, .. } => Some(number),
+            _ => None,
+        })
+        .collect()
+}
+
+fn statuses(s: &mut Session) -> Vec<(u64, MessageStatus)> {
+    let mut v = Vec::new();
+    while let Some(e) = s.poll_event() {
+        if let Event::MessageStatus { number, status } = e {
+            v.push((number, status));
+        }
+    }
+    v
+}
+
+/// Two sessions joined by a byte pipe through `StreamDecoder`, in virtual
+/// time: what a kernel TCP connection does, minus the kernel.
+struct Pair {
+    a: Session,
+    b: Session,
+    dec_a: StreamDecoder,
+    dec_b: StreamDecoder,
+    now: Instant,
+    /// Bytes moved per call of `pump` and direction, to interleave.
+    batch: usize,
+}
+
+impl Pair {
+    fn new() -> Self {
+        Self::with(Config::default(), Config::default())
+    }
+
+    fn with(ca: Config, cb: Config) -> Self {
+        Self {
+            a: Session::new(Role::Client, ca).unwrap(),
+            b: Session::new(Role::Server, cb).unwrap(),
+            dec_a: StreamDecoder::new(DEFAULT_MAX_BODY),
+            dec_b: StreamDecoder::new(DEFAULT_MAX_BODY),
+            now: Instant::now(),
+            batch: 64 * 1024,
+        }
+    }
+
+    /// Moves up to `batch` bytes each way; returns whether anything moved.
+    fn step(&mut self) -> bool {
+        let moved_ab = Self::carry(
+            &mut self.a,
+            &mut self.b,
+            &mut self.dec_b,
+            self.now,
+            self.batch,
+        );
+        let moved_ba = Self::carry(
+            &mut self.b,
+            &mut self.a,
+            &mut self.dec_a,
+            self.now,
+            self.batch,
+        );
+        moved_ab || moved_ba
+    }
+
+    fn carry(
+        from: &mut Session,
+        to: &mut Session,
+        dec: &mut StreamDecoder,
+        now: Instant,
+        batch: usize,
+    ) -> bool {
+        let mut buf = Vec::new();
+        while buf.len() < batch && from.poll_transmit(now, &mut buf).is_some() {}
+        if buf.is_empty() {
+            return false;
+        }
+        dec.push(&buf);
+        while let Some(f) = dec.next_frame() {
+            match f {
+                Ok(f) => to.handle_frame(now, f),
+                Err(e) => to.handle_decode_error(now, e),
+            }
+        }
+        true
+    }
+
+    fn settle(&mut self) {
+        for _ in 0..100_000 {
+            if !self.step() {
+                return;
+            }
+        }
+        panic!("did not settle");
+    }
+}
+
+fn read_stream(s: &mut Session, id: StreamId) -> (Vec<u8>, bool) {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 7000];
+    loop {
+        match s.stream_read(id, &mut buf).unwrap() {
+            ReadOutcome::Data(n) => out.extend_from_slice(&buf[..n]),
+            ReadOutcome::Finished => return (out, true),
+            ReadOutcome::Blocked => return (out, false),
+        }
+    }
+}
+
+#[test]
+fn strict_priority_and_late_binding() {
+    let mut s = session(Role::Client);
+    let now = Instant::now();
+    drain(&mut s, now); // PARAMS
+    for i in 0..5 {
+        s.send_message(now, vec![i; 100], props(1, 7)).unwrap();
+    }
+    // Two bulk messages leave, then urgent ones are queued: they overtake
+    // the rest of the queued bulk (late binding: nothing is committed early).
+    let mut buf = Vec::new();
+    let first = s.poll_transmit(now, &mut buf).unwrap();
+    assert!(matches!(
+        first.content,
+        TransmitContent::Message { number: 0, .. }
+    ));
+    s.send_message(now, vec![9; 10], props(2, 0)).unwrap();
+    s.send_message(now, vec![9; 10], props(2, 3)).unwrap();
+    let frames = drain(&mut s, now);
+    assert_eq!(message_numbers(&frames), vec![5, 6, 1, 2, 3, 4]);
+    assert_eq!(frames[0].1.priority, Some(Priority::HIGHEST));
+}
+
+#[test]
+fn round_robin_is_fair_by_bytes_across_substreams_and_streams() {
+    let config = Config {
+        chunk_size: 4096,
+        ..Config::default()
+    };
+    let mut s = Session::new(Role::Client, config).unwrap();
+    let now = Instant::now();
+    drain(&mut s, now);
+    // Raise the credit so the stream is not flow-control limited.
+    s.handle_frame(
+        now,
+        control(ControlFrame::Params(control::Params {
+            initial_max_data: Some(1 << 30),
+            initial_max_stream_data: Some(1 << 30),
+            initial_max_streams: Some(10),
+        })),
+    );
+    // Sub-stream 1: 1000-byte messages; sub-stream 2: 4000-byte messages;
+    // stream: 400 KiB of bulk. Same class.
+    for _ in 0..400 {
+        s.send_message(now, vec![1; 1000], props(1, 3)).unwrap();
+    }
+    for _ in 0..100 {
+        s.send_message(now, vec![2; 4000], props(2, 3)).unwrap();
+    }
+    let id = s.open_stream().unwrap();
+    assert_eq!(s.stream_write(id, &vec![3; 400_000]).unwrap(), 400_000);
+    let frames = drain(&mut s, now);
+    let mut bytes = [0usize; 3];
+    for (f, _) in frames.iter().take(200) {
+        let k = match f.header {
+            FrameHeader::Message { substream, .. } => substream as usize - 1,
+            FrameHeader::StreamChunk { .. } => 2,
+            _ => continue,
+        };
+        bytes[k] += f.payload.len();
+    }
+    let max = *bytes.iter().max().unwrap();
+    let min = *bytes.iter().min().unwrap();
+    assert!(min > 0 && max - min <= 2 * 4096 + 4000, "unfair: {bytes:?}");
+}
+
+#[test]
+fn expiry_drops_unless_a_live_message_depends() {
+    let mut s = session(Role::Client);
+    let t0 = Instant::now();
+    drain(&mut s, t0);
+    let short = |depends_on| MessageProps {
+        lifetime: Some(Duration::from_millis(10)),
+        depends_on,
+        ..Default::default()
+    };
+    let a = s.send_message(t0, b"a".to_vec(), short(None)).unwrap();
+    let b = s.send_message(t0, b"b".to_vec(), short(None)).unwrap();
+    // c depends on b and lives long: b must survive its own deadline.
+    let c = s
+        .send_message(
+            t0,
+            b"c".to_vec(),
+            MessageProps {
+                depends_on: Some(b),
+                lifetime: Some(Duration::from_secs(10)),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(s.poll_timeout(), Some(t0 + Duration::from_millis(10)));
+    let t1 = t0 + Duration::from_millis(20);
+    s.handle_timeout(t1);
+    assert_eq!(statuses(&mut s), vec![(a, MessageStatus::Expired)]);
+    let frames = drain(&mut s, t1);
+    assert_eq!(message_numbers(&frames), vec![b, c]);
+    assert_eq!(
+        statuses(&mut s),
+        vec![(b, MessageStatus::Sent), (c, MessageStatus::Sent)]
+    );
+    // A message depending on an expired, dropped one expires at once.
+    let d = s.send_message(t1, b"d".to_vec(), short(Some(a))).unwrap();
+    assert_eq!(statuses(&mut s), vec![(d, MessageStatus::Expired)]);
+    assert_eq!(s.stats().messages_expired, 2);
+}
+
+#[test]
+fn dependency_chain_is_dropped_when_its_last_dependent_expires() {
+    let mut s = session(Role::Client);
+    let t0 = Instant::now();
+    drain(&mut s, t0);
+    let p = |ms, dep| MessageProps {
+        lifetime: Some(Duration::from_millis(ms)),
+        depends_on: dep,
+        ..Default::default()
+    };
+    let x = s.send_message(t0, b"x".to_vec(), p(10, None)).unwrap();
+    let y = s.send_message(t0, b"y".to_vec(), p(20, Some(x))).unwrap();
+    let z = s.send_message(t0, b"z".to_vec(), p(30, Some(y))).unwrap();
+    s.handle_timeout(t0 + Duration::from_millis(25));
+    assert!(statuses(&mut s).is_empty(), "x and y are kept for z");
+    s.handle_timeout(t0 + Duration::from_millis(35));
+    assert_eq!(
+        statuses(&mut s),
+        vec![
+            (z, MessageStatus::Expired),
+            (y, MessageStatus::Expired),
+            (x, MessageStatus::Expired)
+        ]
+    );
+    assert!(data_frames(drain(&mut s, t0 + Duration::from_millis(35))).is_empty());
+}
+
+#[test]
+fn sending_a_dependent_pins_its_dependency() {
+    let mut s = session(Role::Client);
+    let t0 = Instant::now();
+    drain(&mut s, t0);
+    let x = s
+        .send_message(
+            t0,
+            b"x".to_vec(),
+            MessageProps {
+                priority: Priority::LOWEST,
+                lifetime: Some(Duration::from_millis(5)),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let y = s
+        .send_message(
+            t0,
+            b"y".to_vec(),
+            MessageProps {
+                priority: Priority::HIGHEST,
+                depends_on: Some(x),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    // y goes first (more urgent); x is past its deadline but the receiver
+    // needs it for y, so it is still sent.
+    let frames = drain(&mut s, t0 + Duration::from_millis(50));
+    assert_eq!(message_numbers(&frames), vec![y, x]);
+}
+
+#[test]
+fn squash_replaces_queued_messages_with_the_same_key() {
+    let mut s = session(Role::Client);
+    let now = Instant::now();
+    drain(&mut s, now);
+    let sq = |key| MessageProps {
+        squash_key: Some(key),
+        ..Default::default()
+    };
+    let a = s.send_message(now, b"pos 1".to_vec(), sq(1)).unwrap();
+    let b = s.send_message(now, b"other".to_vec(), sq(2)).unwrap();
+    let c = s.send_message(now, b"pos 2".to_vec(), sq(1)).unwrap();
+    let d = s.send_message(now, b"pos 3".to_vec(), sq(1)).unwrap();
+    let frames = drain(&mut s, now);
+    assert_eq!(message_numbers(&frames), vec![b, d]);
+    let st = statuses(&mut s);
+    assert!(st.contains(&(a, MessageStatus::Squashed)));
+    assert!(st.contains(&(c, MessageStatus::Squashed)));
+    // A sent message is never squashed.
+    let e = s.send_message(now, b"pos 4".to_vec(), sq(1)).unwrap();
+    assert_eq!(message_numbers(&drain(&mut s, now)), vec![e]);
+    // A squashed message that a queued one depends on stays.
+    let f = s.send_message(now, b"key".to_vec(), sq(5)).unwrap();
+    let g = s
+        .send_message(
+            now,
+            b"dep".to_vec(),
+            MessageProps {
+                depends_on: Some(f),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let h = s.send_message(now, b"key2".to_vec(), sq(5)).unwrap();
+    assert_eq!(message_numbers(&drain(&mut s, now)), vec![f, g, h]);
+}
+
+proptest! {
+    /// Every message ends in exactly one status; nothing dropped is sent;
+    /// expired messages without kept dependents are never on the wire; the
+    /// queue ends empty.
+    #[test]
+    fn every_message_gets_one_status(
+        ops in proptest::collection::vec(
+            (0u8..8, 0u64..3, proptest::option::of(0u64..50), proptest::option::of(0u64..4),
+             proptest::option::of(1u64..40), 0u8..4),
+            1..120),
+    ) {
+        let mut s = session(Role::Client);
+        let t0 = Instant::now();
+        let mut now = t0;
+        let mut sent = Vec::new();
+        let mut numbers = Vec::new();
+        drain(&mut s, now);
+        for (urgency, substream, lifetime, squash, dep_back, action) in ops {
+            let depends_on = dep_back.and_then(|b| numbers.len().checked_sub(b as usize)).map(|i| numbers[i]);
+            let p = MessageProps {
+                substream,
+                priority: Priority::new(urgency).unwrap(),
+                lifetime: lifetime.map(Duration::from_millis),
+                depends_on,
+                squash_key: squash,
+            };
+            numbers.push(s.send_message(now, vec![urgency; 10], p).unwrap());
+            now += Duration::from_millis(3);
+            match action {
+                0 => sent.extend(message_numbers(&drain(&mut s, now))),
+                1 => {
+                    let mut buf = Vec::new();
+                    if let Some(t) = s.poll_transmit(now, &mut buf)
+                        && let TransmitContent::Message { number, .. } = t.content {
+                        sent.push(number);
+                    }
+                }
+                _ => s.handle_timeout(now),
+            }
+        }
+        now += Duration::from_secs(1);
+        sent.extend(message_numbers(&drain(&mut s, now)));
+        prop_assert_eq!(s.queued_message_bytes(), 0);
+        let st = statuses(&mut s);
+        let mut seen = std::collections::HashMap::new();
+        for (n, status) in &st {
+            prop_assert!(seen.insert(*n, *status).is_none(), "two statuses for {}", n);
+        }
+        prop_assert_eq!(seen.len(), numbers.len());
+        for n in &sent {
+            prop_assert_eq!(seen[n], MessageStatus::Sent);
+        }
+        prop_assert_eq!(sent.len(), st.iter().filter(|(_, s)| *s == MessageStatus::Sent).count());
+    }
+}
+
+#[test]
+fn message_dedup_and_delivery() {
+    let mut s = session(Role::Server);
+    let now = Instant::now();
+    let msg = |n: u64| Frame {
+        header: FrameHeader::Message {
+            substream: 4,
+            number: n,
+        },
+        payload: vec![n as u8; 3],
+    };
+    for n in [0, 2, 1, 2, 0, 5, 5, 3] {
+        s.handle_frame(now, msg(n));
+    }
+    let got: Vec<u64> = std::iter::from_fn(|| s.poll_message())
+        .map(|m| m.number)
+        .collect();
+    assert_eq!(got, vec![0, 2, 1, 5, 3]);
+    assert_eq!(s.stats().duplicate_messages, 3);
+    // Far beyond the window, an old number counts as a duplicate.
+    s.handle_frame(now, msg(1_000_000));
+    s.handle_frame(now, msg(4));
+    assert_eq!(s.poll_message().unwrap().number, 1_000_000);
+    assert!(s.poll_message().is_none());
+}
+
+fn control(c: ControlFrame) -> Frame {
+    let mut payload = Vec::new();
+    c.encode(&mut payload).unwrap();
+    Frame {
+        header: FrameHeader::Control,
+        payload,
+    }
+}
+
+fn chunk(stream: u64, offset: u64, data: &[u8], fin: bool) -> Frame {
+    Frame {
+        header: FrameHeader::StreamChunk {
+            stream,
+            offset,
+            fin,
+        },
+        payload: data.to_vec(),
+    }
+}
+
+#[test]
+fn stream_reassembly_from_out_of_order_duplicated_chunks() {
+    let mut s = session(Role::Server);
+    let now = Instant::now();
+    let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+    let order = [
+        (3000, 6000),
+        (0, 1000),
+        (5000, 10_000),
+        (500, 3500),
+        (0, 10_000),
+    ];
+    for (a, b) in order {
+        s.handle_frame(now, chunk(0, a, &data[a as usize..b as usize], b == 10_000));
+    }
+    assert_eq!(s.accept_stream(), Some(0));
+    assert_eq!(read_stream(&mut s, 0), (data, true));
+    assert!(s.error().is_none());
+}
+
+#[test]
+fn flow_control_violations_close_with_typed_errors() {
+    // Stream credit: default before PARAMS is the configured window.
+    let mut s = session(Role::Server);
+    let now = Instant::now();
+    let w = Config::default().stream_receive_window;
+    s.handle_frame(now, chunk(0, w - 1, b"ab", false));
+    assert!(matches!(
+        s.error(),
+        Some(ConnectionError::ProtocolViolation(
+            ProtocolError::StreamFlowControl { stream: 0, .. }
+        ))
+    ));
+    let frames = drain(&mut s, now);
+    let (f, _) = frames.last().unwrap();
+    match ControlFrame::decode(&f.payload).unwrap() {
+        ControlFrame::Close { code, .. } => assert_eq!(code, transport_code::FLOW_CONTROL_ERROR),
+        other => panic!("{other:?}"),
+    }
+    assert!(s.is_send_finished());
+
+    // Connection credit across several streams.
+    let config = Config {
+        connection_receive_window: 1 << 20,
+        stream_receive_window: 1 << 20,
+        ..Config::default()
+    };
+    let mut s = Session::new(Role::Server, config).unwrap();
+    s.handle_frame(now, chunk(0, 0, &vec![0; 600_000], false));
+    assert!(s.error().is_none());
+    s.handle_frame(now, chunk(4, 0, &vec![0; 600_000], false));
+    assert!(matches!(
+        s.error(),
+        Some(ConnectionError::ProtocolViolation(
+            ProtocolError::ConnectionFlowControl { .. }
+        ))
+    ));
+
+    // Stream limit, unknown control type, data on an unopened local stream.
+    let mut s = session(Role::Server);
+    s.handle_frame(now, chunk(2 * 100, 0, b"x", false));
+    assert!(matches!(
+        s.error(),
+        Some(ConnectionError::ProtocolViolation(
+            ProtocolError::StreamLimit { .. }
+        ))
+    ));
+    let mut s = session(Role::Server);
+    s.handle_frame(
+        now,
+        Frame {
+            header: FrameHeader::Control,
+            payload: vec![0x3e, 1, 2],
+        },
+    );
+    assert!(matches!(
+        s.error(),
+        Some(ConnectionError::ProtocolViolation(ProtocolError::Control(
+            control::ControlError::UnknownType(0x3e)
+        )))
+    ));
+    let mut s = session(Role::Server);
+    s.handle_frame(now, chunk(1, 0, b"x", false));
+    assert!(matches!(
+        s.error(),
+        Some(ConnectionError::ProtocolViolation(
+            ProtocolError::StreamState { .. }
+        ))
+    ));
+}
+
+#[test]
+fn flow_control_accounting_and_credit_updates() {
+    let small = Config {
+        stream_receive_window: 64 * 1024,
+        connection_receive_window: 96 * 1024,
+        chunk_size: 8 * 1024,
+        ..Config::default()
+    };
+    let mut p = Pair::with(Config::default(), small);
+    p.settle();
+    let id = p.a.open_stream().unwrap();
+    let data: Vec<u8> = (0..1_000_000u32).map(|i| (i * 7 % 256) as u8).collect();
+    let mut written = 0;
+    let mut got = Vec::new();
+    let mut rounds = 0;
+    while got.len() < data.len() {
+        rounds += 1;
+        assert!(rounds < 10_000);
+        if written < data.len() {
+            written += p.a.stream_write(id, &data[written..]).unwrap();
+            if written == data.len() {
+                p.a.stream_finish(id).unwrap();
+            }
+        }
+        p.step();
+        p.b.accept_stream();
+        // The receiver never buffers more than its window.
+        assert!(p.b.stream_readable_bytes(id) <= 64 * 1024);
+        // Read slowly: at most 20 KiB per round.
+        let mut buf = vec![0u8; 20 * 1024];
+        if let Ok(ReadOutcome::Data(n)) = p.b.stream_read(id, &mut buf) {
+            got.extend_from_slice(&buf[..n]);
+        }
+    }
+    assert_eq!(got, data);
+    let mut buf = [0u8; 10];
+    p.settle();
+    assert_eq!(p.b.stream_read(id, &mut buf), Ok(ReadOutcome::Finished));
+    assert!(p.a.error().is_none() && p.b.error().is_none());
+}
+
+#[test]
+fn one_blocked_stream_does_not_starve_another() {
+    let mut p = Pair::new();
+    p.settle();
+    let s1 = p.a.open_stream().unwrap();
+    let s2 = p.a.open_stream().unwrap();
+    // s1: more than the peer's stream window; nobody reads it.
+    let big = vec![1u8; 3 << 20];
+    let mut w = 0;
+    for _ in 0..10 {
+        w += p.a.stream_write(s1, &big[w..]).unwrap();
+        p.settle();
+    }
+    assert!(w < big.len(), "s1 must be blocked by flow control");
+    p.a.stream_write(s2, b"hello").unwrap();
+    p.a.stream_finish(s2).unwrap();
+    p.settle();
+    let mut ids = vec![p.b.accept_stream().unwrap(), p.b.accept_stream().unwrap()];
+    ids.sort();
+    assert_eq!(ids, vec![s1, s2]);
+    assert_eq!(read_stream(&mut p.b, s2), (b"hello".to_vec(), true));
+    assert!(p.b.stream_readable_bytes(s1) <= Config::default().stream_receive_window as usize);
+}
+
+#[test]
+fn loopback_in_virtual_time_messages_and_streams() {
+    let mut p = Pair::new();
+    p.batch = 3000; // small pipe batches interleave the two directions
+    let mut sent = Vec::new();
+    for i in 0..200u32 {
+        let payload = format!("message {i}").into_bytes();
+        let n =
+            p.a.send_message(
+                p.now,
+                payload.clone(),
+                props(u64::from(i % 3), (i % 8) as u8),
+            )
+            .unwrap();
+        sent.push((n, payload));
+    }
+    let ids: Vec<StreamId> = (0..4).map(|_| p.a.open_stream().unwrap()).collect();
+    let blobs: Vec<Vec<u8>> = (0..4u8)
+        .map(|k| (0..300_000u32).map(|i| (i as u8) ^ k).collect())
+        .collect();
+    let mut written = [0usize; 4];
+    let mut received: Vec<Vec<u8>> = vec![Vec::new(); 4];
+    let mut done = [false; 4];
+    let mut accepted = Vec::new();
+    for _ in 0..100_000 {
+        for k in 0..4 {
+            if written[k] < blobs[k].len() {
+                written[k] += p.a.stream_write(ids[k], &blobs[k][written[k]..]).unwrap();
+                if written[k] == blobs[k].len() {
+                    p.a.stream_finish(ids[k]).unwrap();
+                }
+            }
+        }
+        let moved = p.step();
+        while let Some(id) = p.b.accept_stream() {
+            accepted.push(id);
+        }
+        for k in 0..4 {
+            if !done[k] && accepted.contains(&ids[k]) {
+                let (d, fin) = read_stream(&mut p.b, ids[k]);
+                received[k].extend(d);
+                done[k] = fin;
+            }
+        }
+        p.now += Duration::from_millis(1);
+        if !moved && done.iter().all(|d| *d) {
+            break;
+        }
+    }
+    assert_eq!(received, blobs);
+    let mut got: Vec<(u64, Vec<u8>)> = std::iter::from_fn(|| p.b.poll_message())
+        .map(|m| (m.number, m.payload))
+        .collect();
+    got.sort();
+    assert_eq!(got, sent);
+    assert_eq!(p.a.stats().messages_sent, 200);
+}
+
+#[test]
+fn graceful_close_flushes_then_both_ends_see_it() {
+    let mut p = Pair::new();
+    let id = p.a.open_stream().unwrap();
+    p.a.stream_write(id, &vec![5u8; 10_000]).unwrap();
+    p.a.stream_finish(id).unwrap();
+    for i in 0..10u8 {
+        p.a.send_message(p.now, vec![i], MessageProps::default())
+            .unwrap();
+    }
+    p.a.close(0, b"bye");
+    assert_eq!(
+        p.a.send_message(p.now, vec![], MessageProps::default()),
+        Err(SendError::Closing)
+    );
+    p.settle();
+    assert_eq!(p.a.error(), Some(&ConnectionError::LocallyClosed));
+    assert_eq!(
+        p.b.error(),
+        Some(&ConnectionError::ApplicationClosed {
+            code: 0,
+            reason: "bye".into()
+        })
+    );
+    // Everything sent before the close is readable after it.
+    assert_eq!(std::iter::from_fn(|| p.b.poll_message()).count(), 10);
+    assert!(p.b.is_drained());
+    assert!(!p.a.is_drained());
+    p.a.handle_transport_closed(p.now, "eof");
+    assert!(p.a.is_drained());
+    assert_eq!(p.a.error(), Some(&ConnectionError::LocallyClosed));
+}
+
+#[test]
+fn abort_discards_and_reports() {
+    let mut p = Pair::new();
+    p.settle();
+    let n =
+        p.a.send_message(p.now, vec![1; 10], MessageProps::default())
+            .unwrap();
+    p.a.abort(p.now, 42, b"gone");
+    assert!(statuses(&mut p.a).contains(&(n, MessageStatus::Discarded)));
+    p.settle();
+    assert_eq!(p.a.error(), Some(&ConnectionError::LocallyAborted(42)));
+    assert_eq!(
+        p.b.error(),
+        Some(&ConnectionError::ApplicationClosed {
+            code: 42,
+            reason: "gone".into()
+        })
+    );
+    assert!(p.b.poll_message().is_none());
+    // The drain timer ends a close the peer never answers.
+    assert_eq!(
+        p.a.poll_timeout(),
+        Some(p.now + Config::default().drain_timeout)
+    );
+    p.a.handle_timeout(p.now + Duration::from_secs(10));
+    assert!(p.a.is_drained());
+}
+
+#[test]
+fn peer_misbehaviour_is_typed_on_both_ends() {
+    let mut p = Pair::new();
+    p.settle();
+    // A corrupted frame (bad CRC) on the in-order stream.
+    let mut wire = Vec::new();
+    encode_frame(
+        &FrameHeader::Message {
+            substream: 0,
+            number: 0,
+        },
+        b"payload",
+        &mut wire,
+    )
+    .unwrap();
+    wire[5] ^= 0x40;
+    p.dec_b.push(&wire);
+    while let Some(f) = p.dec_b.next_frame() {
+        match f {
+            Ok(f) => p.b.handle_frame(p.now, f),
+            Err(e) => p.b.handle_decode_error(p.now, e),
+        }
+    }
+    p.settle();
+    assert!(matches!(
+        p.b.error(),
+        Some(ConnectionError::ProtocolViolation(ProtocolError::Frame(_)))
+    ));
+    match p.a.error() {
+        Some(ConnectionError::PeerError { code, reason }) => {
+            assert_eq!(*code, transport_code::FRAME_ERROR);
+            assert!(!reason.is_empty());
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        p.a.send_message(p.now, vec![], MessageProps::default()),
+        Err(SendError::Connection(p.a.error().unwrap().clone()))
+    );
+}
+
+#[test]
+fn reset_and_stop_sending() {
+    let mut p = Pair::new();
+    p.settle();
+    let id = p.a.open_stream().unwrap();
+    p.a.stream_write(id, &[1; 1000]).unwrap();
+    p.settle();
+    p.a.stream_reset(id, 7).unwrap();
+    p.settle();
+    assert_eq!(p.b.accept_stream(), Some(id));
+    let mut buf = [0u8; 100];
+    assert_eq!(
+        p.b.stream_read(id, &mut buf),
+        Err(StreamError::Reset { id, code: 7 })
+    );
+    // STOP_SENDING: the writer's next write fails with the code.
+    let id2 = p.a.open_stream().unwrap();
+    p.a.stream_write(id2, b"abc").unwrap();
+    p.settle();
+    assert_eq!(p.b.accept_stream(), Some(id2));
+    p.b.stream_stop(id2, 9).unwrap();
+    p.settle();
+    assert_eq!(
+        p.a.stream_write(id2, b"more"),
+        Err(StreamError::Stopped { id: id2, code: 9 })
+    );
+    assert!(p.a.error().is_none() && p.b.error().is_none());
+}
+
+#[test]
+fn stream_limit_and_release() {
+    let config = Config {
+        max_concurrent_peer_streams: 8,
+        ..Config::default()
+    };
+    let mut p = Pair::with(Config::default(), config);
+    p.settle();
+    let ids: Vec<StreamId> = (0..8).map(|_| p.a.open_stream().unwrap()).collect();
+    assert_eq!(p.a.open_stream(), Err(StreamError::StreamsBlocked));
+    for &id in &ids {
+        p.a.stream_finish(id).unwrap();
+        p.a.stream_release(id);
+    }
+    p.settle();
+    // The receiver reads each to the end and lets go: the peer may open more.
+    while let Some(id) = p.b.accept_stream() {
+        assert_eq!(read_stream(&mut p.b, id), (vec![], true));
+        p.b.stream_release(id);
+    }
+    p.settle();
+    let mut more = 0;
+    while p.a.open_stream().is_ok() {
+        more += 1;
+    }
+    assert_eq!(more, 8);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// Over the out-of-order substrate frames arrive reordered and more
+    /// than once: streams still deliver exactly the bytes written, in
+    /// order, and every message arrives exactly once.
+    #[test]
+    fn reordered_and_duplicated_frames(
+        seed in any::<u64>(),
+        window in 1usize..12,
+        dup_percent in 0u64..40,
+        chunk in 200usize..5000,
+        messages in 0usize..80,
+    ) {
+        let config = Config { chunk_size: chunk, ..Config::default() };
+        let mut a = Session::new(Role::Client, config).unwrap();
+        let mut b = session(Role::Server);
+        let now = Instant::now();
+        let mut rng = seed | 1;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let blobs: Vec<Vec<u8>> = (0..3u8)
+            .map(|k| (0..60_000u32).map(|i| (i.wrapping_mul(31) as u8) ^ k).collect())
+            .collect();
+        let ids: Vec<StreamId> = (0..3).map(|_| a.open_stream().unwrap()).collect();
+        let mut written = [0usize; 3];
+        let mut sent = Vec::new();
+        for i in 0..messages {
+            sent.push(a.send_message(now, vec![i as u8; i * 7], props(i as u64 % 4, (i % 8) as u8)).unwrap());
+        }
+        let mut in_flight: Vec<Frame> = Vec::new();
+        let mut got: Vec<Vec<u8>> = vec![Vec::new(); 3];
+        let mut fin = [false; 3];
+        let mut msgs = Vec::new();
+        let mut buf = Vec::new();
+        let mut dec = StreamDecoder::new(DEFAULT_MAX_BODY);
+        let mut back = StreamDecoder::new(DEFAULT_MAX_BODY);
+        for _round in 0..20_000 {
+            for k in 0..3 {
+                if written[k] < blobs[k].len() {
+                    written[k] += a.stream_write(ids[k], &blobs[k][written[k]..]).unwrap();
+                    if written[k] == blobs[k].len() {
+                        a.stream_finish(ids[k]).unwrap();
+                    }
+                }
+            }
+            buf.clear();
+            while buf.len() < 20_000 && a.poll_transmit(now, &mut buf).is_some() {}
+            dec.push(&buf);
+            while let Some(f) = dec.next_frame() {
+                in_flight.push(f.unwrap());
+            }
+            // Deliver a few frames, each picked among the first `window`.
+            for _ in 0..4 {
+                if in_flight.is_empty() {
+                    break;
+                }
+                let i = (next() as usize) % in_flight.len().min(window);
+                let f = if next() % 100 < dup_percent { in_flight[i].clone() } else { in_flight.remove(i) };
+                b.handle_frame(now, f);
+            }
+            prop_assert!(b.error().is_none(), "{:?}", b.error());
+            while let Some(id) = b.accept_stream() {
+                prop_assert!(ids.contains(&id));
+            }
+            for k in 0..3 {
+                if !fin[k] && let Ok(ReadOutcome::Data(_) | ReadOutcome::Finished | ReadOutcome::Blocked) = b.stream_read(ids[k], &mut []) {
+                    let (d, f) = read_stream(&mut b, ids[k]);
+                    got[k].extend(d);
+                    fin[k] = f;
+                }
+            }
+            while let Some(m) = b.poll_message() {
+                msgs.push(m.number);
+            }
+            // Credit flows back in order.
+            buf.clear();
+            while b.poll_transmit(now, &mut buf).is_some() {}
+            back.push(&buf);
+            while let Some(f) = back.next_frame() {
+                a.handle_frame(now, f.unwrap());
+            }
+            if fin.iter().all(|f| *f) && in_flight.is_empty() && msgs.len() >= sent.len() {
+                break;
+            }
+        }
+        prop_assert_eq!(&got, &blobs);
+        msgs.sort();
+        prop_assert_eq!(msgs, sent);
+        prop_assert!(a.error().is_none());
+    }
+}
+
+#[test]
+fn stream_priorities_and_messages_share_the_scheduler() {
+    let config = Config {
+        chunk_size: 1000,
+        ..Config::default()
+    };
+    let mut s = Session::new(Role::Client, config).unwrap();
+    let now = Instant::now();
+    drain(&mut s, now);
+    let bulk = s.open_stream().unwrap();
+    s.set_stream_priority(bulk, Priority::LOWEST).unwrap();
+    s.stream_write(bulk, &[0u8; 10_000]).unwrap();
+    // Two bulk chunks leave, then an urgent stream and message arrive.
+    let mut buf = Vec::new();
+    s.poll_transmit(now, &mut buf).unwrap();
+    s.poll_transmit(now, &mut buf).unwrap();
+    let urgent = s.open_stream().unwrap();
+    s.set_stream_priority(urgent, Priority::HIGHEST).unwrap();
+    s.stream_write(urgent, &[1u8; 2500]).unwrap();
+    s.stream_finish(urgent).unwrap();
+    let n = s.send_message(now, b"mid".to_vec(), props(0, 4)).unwrap();
+    let order: Vec<String> = data_frames(drain(&mut s, now))
+        .iter()
+        .map(|(f, _)| match f.header {
+            FrameHeader::StreamChunk { stream, .. } if stream == urgent => "U".into(),
+            FrameHeader::StreamChunk { .. } => "b".into(),
+            FrameHeader::Message { number, .. } => {
+                assert_eq!(number, n);
+                "m".into()
+            }
+            _ => unreachable!(),
+        })
+        .collect();
+    // Urgent stream (3 chunks incl. FIN), then the urgency-4 message, then
+    // the remaining 8 bulk chunks.
+    assert_eq!(order.concat(), "UUUmbbbbbbbb");
+}

@@ -1,0 +1,120 @@
+//! Message-throughput measurements over loopback, shared by the criterion
+//! bench (`cargo bench -p squarepeg`) and `peg bench messages`, so both
+//! report the same thing.
+//!
+//! Each run moves `count` messages of `size` bytes from a client to a server
+//! over a fresh loopback connection and returns the time from the first send
+//! to the last receive. The baseline is plain tokio TCP carrying the same
+//! payload bytes as length-prefixed records (4-byte big-endian length, then
+//! the payload), written through a `BufWriter` and read through a
+//! `BufReader` into one `Vec` per record, as a careful application would.
+
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::{Connection, ConnectionConfig, Endpoint, MessageProps};
+
+/// Result of one measurement.
+#[derive(Clone, Copy, Debug)]
+pub struct Measurement {
+    pub size: usize,
+    pub count: usize,
+    pub elapsed: Duration,
+}
+
+impl Measurement {
+    /// Payload bytes per second.
+    pub fn bytes_per_sec(&self) -> f64 {
+        (self.size * self.count) as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// Messages per second.
+    pub fn messages_per_sec(&self) -> f64 {
+        self.count as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// `count` messages of `size` bytes through squarepeg over kernel TCP.
+pub async fn squarepeg_messages(
+    size: usize,
+    count: usize,
+    config: ConnectionConfig,
+) -> std::io::Result<Measurement> {
+    let ep = Endpoint::bind("127.0.0.1:0", config.clone())
+        .await
+        .map_err(std::io::Error::other)?;
+    let addr = ep.local_addr()?;
+    let (client, server) = tokio::join!(Connection::connect(addr, config), ep.accept());
+    let client = client.map_err(std::io::Error::other)?;
+    let server = server.map_err(std::io::Error::other)?;
+    let payload = vec![0x5au8; size];
+    let start = Instant::now();
+    let sender = tokio::spawn(async move {
+        for _ in 0..count {
+            client
+                .send_message(payload.clone(), MessageProps::default())
+                .await
+                .map_err(std::io::Error::other)?;
+        }
+        Ok::<_, std::io::Error>(client)
+    });
+    let mut bytes = 0;
+    for _ in 0..count {
+        let m = server.recv_message().await.map_err(std::io::Error::other)?;
+        bytes += m.payload.len();
+    }
+    let elapsed = start.elapsed();
+    let client = sender.await.map_err(std::io::Error::other)??;
+    if bytes != size * count {
+        return Err(std::io::Error::other("byte count mismatch"));
+    }
+    client.close().await;
+    Ok(Measurement {
+        size,
+        count,
+        elapsed,
+    })
+}
+
+/// The same payload as length-prefixed records over plain tokio TCP.
+pub async fn raw_tcp_messages(size: usize, count: usize) -> std::io::Result<Measurement> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let (client, server) = tokio::join!(TcpStream::connect(addr), listener.accept());
+    let client = client?;
+    let (server, _) = server?;
+    client.set_nodelay(true)?;
+    server.set_nodelay(true)?;
+    let payload = vec![0x5au8; size];
+    let start = Instant::now();
+    let sender = tokio::spawn(async move {
+        let mut w = BufWriter::with_capacity(64 * 1024, client);
+        for _ in 0..count {
+            w.write_all(&(size as u32).to_be_bytes()).await?;
+            w.write_all(&payload).await?;
+        }
+        w.flush().await?;
+        Ok::<_, std::io::Error>(w)
+    });
+    let mut r = BufReader::with_capacity(64 * 1024, server);
+    let mut bytes = 0;
+    for _ in 0..count {
+        let mut len = [0u8; 4];
+        r.read_exact(&mut len).await?;
+        let mut record = vec![0u8; u32::from_be_bytes(len) as usize];
+        r.read_exact(&mut record).await?;
+        bytes += record.len();
+    }
+    let elapsed = start.elapsed();
+    sender.await.map_err(std::io::Error::other)??;
+    if bytes != size * count {
+        return Err(std::io::Error::other("byte count mismatch"));
+    }
+    Ok(Measurement {
+        size,
+        count,
+        elapsed,
+    })
+}

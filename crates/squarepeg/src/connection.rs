@@ -1,0 +1,432 @@
+//! The application's handle on a connection, and the state it shares with
+//! the driver task.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Waker;
+use std::time::Instant;
+
+use squarepeg_session::{
+    ConnectionError, Event, Message, MessageNumber, MessageProps, MessageStatus, SendError,
+    Session, Stats, StreamError, StreamId,
+};
+use tokio::sync::Notify;
+
+use crate::stream::Stream;
+
+/// State shared by the driver and the application's handles.
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    /// Application → driver: something to send or room to read.
+    pub(crate) driver: Notify,
+    messages: Notify,
+    incoming: Notify,
+    streams_available: Notify,
+    send_space: Notify,
+    statuses: Notify,
+    finished: Notify,
+    pub(crate) local: SocketAddr,
+    pub(crate) remote: SocketAddr,
+}
+
+pub(crate) struct State {
+    pub(crate) session: Session,
+    pub(crate) read_wakers: HashMap<StreamId, Waker>,
+    pub(crate) write_wakers: HashMap<StreamId, Waker>,
+    statuses: VecDeque<(MessageNumber, MessageStatus)>,
+    status_limit: usize,
+    statuses_lagged: u64,
+    /// The driver has stopped; the socket is closed.
+    pub(crate) driver_done: bool,
+}
+
+impl Shared {
+    pub(crate) fn new(
+        session: Session,
+        status_limit: usize,
+        local: SocketAddr,
+        remote: SocketAddr,
+    ) -> Self {
+        Self {
+            state: Mutex::new(State {
+                session,
+                read_wakers: HashMap::new(),
+                write_wakers: HashMap::new(),
+                statuses: VecDeque::new(),
+                status_limit,
+                statuses_lagged: 0,
+                driver_done: false,
+            }),
+            driver: Notify::new(),
+            messages: Notify::new(),
+            incoming: Notify::new(),
+            streams_available: Notify::new(),
+            send_space: Notify::new(),
+            statuses: Notify::new(),
+            finished: Notify::new(),
+            local,
+            remote,
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves the session in an unknown
+        // state; carrying on with it is still better than poisoning every
+        // later call of the application.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Hands session events to whoever waits for them. Called with the
+    /// state locked.
+    pub(crate) fn dispatch(&self, st: &mut State) {
+        // Each waiter list is notified at most once per call: a batch of
+        // frames produces one wake-up, not one per message.
+        let mut wake = [false; 5];
+        while let Some(event) = st.session.poll_event() {
+            match event {
+                Event::MessageStatus { number, status } => {
+                    if st.status_limit == 0 {
+                        continue;
+                    }
+                    if st.statuses.len() >= st.status_limit {
+                        st.statuses.pop_front();
+                        st.statuses_lagged += 1;
+                    }
+                    st.statuses.push_back((number, status));
+                    wake[0] = true;
+                }
+                Event::MessagesReceived => wake[1] = true,
+                Event::StreamIncoming => wake[2] = true,
+                Event::StreamsAvailable => wake[3] = true,
+                Event::SendQueueAvailable => wake[4] = true,
+                Event::StreamReadable(id) => {
+                    if let Some(w) = st.read_wakers.remove(&id) {
+                        w.wake();
+                    }
+                }
+                Event::StreamWritable(id) => {
+                    if let Some(w) = st.write_wakers.remove(&id) {
+                        w.wake();
+                    }
+                }
+                Event::ConnectionLost(_) => self.wake_all(st),
+            }
+        }
+        let lists = [
+            &self.statuses,
+            &self.messages,
+            &self.incoming,
+            &self.streams_available,
+            &self.send_space,
+        ];
+        for (notify, woken) in lists.into_iter().zip(wake) {
+            if woken {
+                notify.notify_waiters();
+            }
+        }
+    }
+
+    pub(crate) fn wake_all(&self, st: &mut State) {
+        for (_, w) in st.read_wakers.drain().chain(st.write_wakers.drain()) {
+            w.wake();
+        }
+        for n in [
+            &self.messages,
+            &self.incoming,
+            &self.streams_available,
+            &self.send_space,
+            &self.statuses,
+            &self.finished,
+        ] {
+            n.notify_waiters();
+        }
+    }
+
+    /// Waits on `notify` until `f` returns a value.
+    async fn wait<T>(
+        &self,
+        notify: impl Fn(&Self) -> &Notify,
+        mut f: impl FnMut(&mut State) -> Option<T>,
+    ) -> T {
+        // Fast path: no waiter registration when the answer is ready.
+        if let Some(v) = f(&mut self.lock()) {
+            return v;
+        }
+        loop {
+            let notified = notify(self).notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut st = self.lock();
+                if let Some(v) = f(&mut st) {
+                    return v;
+                }
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Closes the connection gracefully when the last handle goes away.
+pub(crate) struct Handle(pub(crate) Arc<Shared>);
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let mut st = self.0.lock();
+        st.session.close(0, b"");
+        drop(st);
+        self.0.driver.notify_one();
+    }
+}
+
+/// Counters of a connection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnectionStats {
+    pub session: Stats,
+    /// Message statuses dropped because the application did not take them
+    /// (see `ConnectionConfig::status_queue`).
+    pub statuses_lagged: u64,
+}
+
+/// A squarepeg connection: messages and streams over one transport
+/// connection. Cheap to clone; the connection closes gracefully when the
+/// last clone and the last [`Stream`] are dropped.
+#[derive(Clone)]
+pub struct Connection {
+    pub(crate) handle: Arc<Handle>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("local", &self.shared().local)
+            .field("remote", &self.shared().remote)
+            .finish()
+    }
+}
+
+impl Connection {
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.handle.0
+    }
+
+    /// The peer's address.
+    pub fn remote_address(&self) -> SocketAddr {
+        self.shared().remote
+    }
+
+    /// This side's address.
+    pub fn local_address(&self) -> SocketAddr {
+        self.shared().local
+    }
+
+    /// Queues a message; waits while the send queue is full. Returns the
+    /// message's number (per connection, from 0).
+    pub async fn send_message(
+        &self,
+        payload: impl Into<Vec<u8>>,
+        props: MessageProps,
+    ) -> Result<MessageNumber, SendError> {
+        // An application that sends in a tight loop never waits, so without
+        // this the driver it wakes (in the worker's unstealable LIFO slot)
+        // would not run until the loop ends.
+        tokio::task::coop::consume_budget().await;
+        let mut payload = Some(payload.into());
+        let sh = self.shared();
+        let result = sh
+            .wait(
+                |s| &s.send_space,
+                |st| {
+                    let len = payload.as_ref().map_or(0, Vec::len);
+                    if !st.session.message_queue_has_room(len) {
+                        return None;
+                    }
+                    let p = payload.take()?;
+                    let r = st.session.send_message(Instant::now(), p, props.clone());
+                    sh.dispatch(st);
+                    Some(r)
+                },
+            )
+            .await;
+        sh.driver.notify_one();
+        result
+    }
+
+    /// Queues a message, or fails with [`SendError::QueueFull`] at once.
+    pub fn try_send_message(
+        &self,
+        payload: impl Into<Vec<u8>>,
+        props: MessageProps,
+    ) -> Result<MessageNumber, SendError> {
+        let sh = self.shared();
+        let mut st = sh.lock();
+        let r = st
+            .session
+            .send_message(Instant::now(), payload.into(), props);
+        sh.dispatch(&mut st);
+        drop(st);
+        sh.driver.notify_one();
+        r
+    }
+
+    /// The next received message. After the connection closes, messages
+    /// already received are still returned, then the error.
+    pub async fn recv_message(&self) -> Result<Message, ConnectionError> {
+        tokio::task::coop::consume_budget().await;
+        let sh = self.shared();
+        let r = sh
+            .wait(
+                |s| &s.messages,
+                |st| {
+                    let was_blocked = st.session.receive_blocked();
+                    if let Some(m) = st.session.poll_message() {
+                        return Some(Ok((m, was_blocked)));
+                    }
+                    st.session.error().map(|e| Err(e.clone()))
+                },
+            )
+            .await;
+        let (m, was_blocked) = r?;
+        if was_blocked {
+            // Room in the receive queue lets the driver read again.
+            sh.driver.notify_one();
+        }
+        Ok(m)
+    }
+
+    /// A received message if one is waiting.
+    pub fn try_recv_message(&self) -> Result<Option<Message>, ConnectionError> {
+        let sh = self.shared();
+        let mut st = sh.lock();
+        let was_blocked = st.session.receive_blocked();
+        if let Some(m) = st.session.poll_message() {
+            drop(st);
+            if was_blocked {
+                sh.driver.notify_one();
+            }
+            return Ok(Some(m));
+        }
+        match st.session.error() {
+            Some(e) => Err(e.clone()),
+            None => Ok(None),
+        }
+    }
+
+    /// The next message status: `Sent` when handed to the kernel, `Expired`
+    /// or `Squashed` when dropped before, `Discarded` when the connection
+    /// closed first. Statuses are kept (up to
+    /// `ConnectionConfig::status_queue`) until taken here.
+    pub async fn next_message_status(
+        &self,
+    ) -> Result<(MessageNumber, MessageStatus), ConnectionError> {
+        self.shared()
+            .wait(
+                |s| &s.statuses,
+                |st| {
+                    if let Some(s) = st.statuses.pop_front() {
+                        return Some(Ok(s));
+                    }
+                    st.session.error().map(|e| Err(e.clone()))
+                },
+            )
+            .await
+    }
+
+    /// A message status if one is waiting.
+    pub fn try_next_message_status(&self) -> Option<(MessageNumber, MessageStatus)> {
+        self.shared().lock().statuses.pop_front()
+    }
+
+    /// Opens a stream; waits while the peer's stream limit is reached.
+    pub async fn open_stream(&self) -> Result<Stream, StreamError> {
+        let id = self
+            .shared()
+            .wait(
+                |s| &s.streams_available,
+                |st| match st.session.open_stream() {
+                    Err(StreamError::StreamsBlocked) => None,
+                    other => Some(other),
+                },
+            )
+            .await?;
+        Ok(Stream::new(self.clone(), id))
+    }
+
+    /// The next stream the peer opened.
+    pub async fn accept_stream(&self) -> Result<Stream, ConnectionError> {
+        let id = self
+            .shared()
+            .wait(
+                |s| &s.incoming,
+                |st| {
+                    if let Some(id) = st.session.accept_stream() {
+                        return Some(Ok(id));
+                    }
+                    st.session.error().map(|e| Err(e.clone()))
+                },
+            )
+            .await?;
+        Ok(Stream::new(self.clone(), id))
+    }
+
+    /// Graceful close: sends everything queued, then APPLICATION_CLOSE
+    /// (code 0), and waits until the peer has closed too (or the drain
+    /// timeout passed) and the socket is closed. Blocks as long as queued
+    /// stream data waits for the peer's flow-control credit; use
+    /// [`Connection::abort`] after a timeout of your choice if needed.
+    pub async fn close(&self) {
+        {
+            let mut st = self.shared().lock();
+            st.session.close(0, b"");
+        }
+        self.shared().driver.notify_one();
+        self.closed().await;
+    }
+
+    /// Aborts: queued data is discarded and the peer gets APPLICATION_CLOSE
+    /// with `code` and `reason`.
+    pub fn abort(&self, code: u64, reason: &[u8]) {
+        let sh = self.shared();
+        let mut st = sh.lock();
+        st.session.abort(Instant::now(), code, reason);
+        sh.dispatch(&mut st);
+        drop(st);
+        sh.driver.notify_one();
+    }
+
+    /// Waits until the connection is closed and its socket released;
+    /// returns why it closed.
+    pub async fn closed(&self) -> ConnectionError {
+        self.shared()
+            .wait(
+                |s| &s.finished,
+                |st| {
+                    if !st.driver_done {
+                        return None;
+                    }
+                    Some(
+                        st.session
+                            .error()
+                            .cloned()
+                            .unwrap_or(ConnectionError::TransportClosed("driver stopped".into())),
+                    )
+                },
+            )
+            .await
+    }
+
+    /// The error that closed the connection, if it is closed.
+    pub fn close_reason(&self) -> Option<ConnectionError> {
+        self.shared().lock().session.error().cloned()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ConnectionStats {
+        let st = self.shared().lock();
+        ConnectionStats {
+            session: st.session.stats(),
+            statuses_lagged: st.statuses_lagged,
+        }
+    }
+}

@@ -1,0 +1,539 @@
+//! The transport API over kernel TCP on loopback: messages and streams,
+//! priorities, expiry, close, abort and peer misbehaviour. Tests assert
+//! outcomes and orders, never durations.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use squarepeg::*;
+use squarepeg_framing::{DEFAULT_MAX_BODY, FrameHeader, StreamDecoder, encode_frame};
+use squarepeg_session::control::ControlFrame;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+async fn pair_with(
+    addr: &str,
+    client: ConnectionConfig,
+    server: ConnectionConfig,
+) -> (Connection, Connection) {
+    let ep = Endpoint::bind(addr, server).await.unwrap();
+    let a = ep.local_addr().unwrap();
+    let (c, s) = tokio::join!(Connection::connect(a, client), ep.accept());
+    (c.unwrap(), s.unwrap())
+}
+
+async fn pair(addr: &str) -> (Connection, Connection) {
+    pair_with(
+        addr,
+        ConnectionConfig::default(),
+        ConnectionConfig::default(),
+    )
+    .await
+}
+
+/// Fails a test that would otherwise hang; not a timing assertion.
+async fn no_hang<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(120), f)
+        .await
+        .expect("test stalled")
+}
+
+fn props(substream: u64, urgency: u8) -> MessageProps {
+    MessageProps {
+        substream,
+        priority: Priority::new(urgency).unwrap(),
+        ..Default::default()
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            (i as u32)
+                .wrapping_mul(2_654_435_761)
+                .rotate_left(seed as u32 % 32) as u8
+                ^ seed
+        })
+        .collect()
+}
+
+async fn exchange_mixed(client: Connection, server: Connection) {
+    // Four streams at different urgencies, each with 2 MiB, and 2000
+    // messages on three sub-streams, all at once.
+    let mut tasks = Vec::new();
+    let blobs: Vec<Vec<u8>> = (0..4u8).map(|k| pattern(2 << 20, k)).collect();
+    for (k, blob) in blobs.iter().cloned().enumerate() {
+        let c = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut s = c.open_stream().await.unwrap();
+            s.set_priority(Priority::new(k as u8 * 2).unwrap()).unwrap();
+            s.write_all(&[k as u8]).await.unwrap();
+            s.write_all(&blob).await.unwrap();
+            s.shutdown().await.unwrap();
+        }));
+    }
+    let c = client.clone();
+    let sender = tokio::spawn(async move {
+        for i in 0..2000u32 {
+            let p = props(u64::from(i % 3), (i % 8) as u8);
+            c.send_message(format!("msg {i}").into_bytes(), p)
+                .await
+                .unwrap();
+        }
+    });
+    let mut readers = Vec::new();
+    for _ in 0..4 {
+        let mut s = server.accept_stream().await.unwrap();
+        readers.push(tokio::spawn(async move {
+            let mut data = Vec::new();
+            s.read_to_end(&mut data).await.unwrap();
+            data
+        }));
+    }
+    let mut got = HashMap::new();
+    for _ in 0..2000 {
+        let m = no_hang(server.recv_message()).await.unwrap();
+        let text = String::from_utf8(m.payload).unwrap();
+        assert_eq!(text, format!("msg {}", m.number));
+        assert_eq!(m.substream, m.number % 3);
+        assert!(got.insert(m.number, ()).is_none());
+    }
+    for r in readers {
+        let data = r.await.unwrap();
+        let k = data[0] as usize;
+        assert_eq!(
+            Sha256::digest(&data[1..]),
+            Sha256::digest(&blobs[k]),
+            "stream {k}"
+        );
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    sender.await.unwrap();
+    client.close().await;
+    assert!(matches!(
+        no_hang(server.closed()).await,
+        ConnectionError::ApplicationClosed { code: 0, .. }
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_and_messages_interleaved_ipv4() {
+    let (c, s) = pair("127.0.0.1:0").await;
+    exchange_mixed(c, s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_and_messages_interleaved_ipv6() {
+    let (c, s) = pair("[::1]:0").await;
+    assert!(c.remote_address().is_ipv6());
+    exchange_mixed(c, s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_64_mib_sha256_matches() {
+    let (client, server) = pair("127.0.0.1:0").await;
+    const LEN: usize = 64 << 20;
+    let writer = tokio::spawn(async move {
+        let mut s = client.open_stream().await.unwrap();
+        let mut hasher = Sha256::new();
+        let mut block = vec![0u8; 256 * 1024];
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..LEN / block.len() {
+            for b in block.chunks_mut(8) {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                b.copy_from_slice(&state.to_le_bytes());
+            }
+            hasher.update(&block);
+            s.write_all(&block).await.unwrap();
+        }
+        s.shutdown().await.unwrap();
+        drop(s);
+        client.close().await;
+        hasher.finalize()
+    });
+    let mut s = server.accept_stream().await.unwrap();
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 100_000];
+    let mut total = 0;
+    loop {
+        let n = s.read(&mut buf).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        total += n;
+    }
+    assert_eq!(total, LEN);
+    assert_eq!(hasher.finalize(), writer.await.unwrap());
+}
+
+/// Fills the sender's session queue behind a receiver that does not read,
+/// so later messages wait in the scheduler.
+fn backlog_configs() -> (ConnectionConfig, ConnectionConfig) {
+    let mut client = ConnectionConfig::default();
+    client.session.message_send_queue = 64 << 20;
+    let mut server = ConnectionConfig::default();
+    server.session.message_receive_queue = 256 * 1024;
+    (client, server)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_messages_are_never_delivered_and_reported() {
+    let (cc, sc) = backlog_configs();
+    let (client, server) = pair_with("127.0.0.1:0", cc, sc).await;
+    // 16 MiB of filler the receiver does not read yet: most of it waits in
+    // the sender's session.
+    // 24 MiB of filler, more urgent than the messages under test, that the
+    // receiver does not read yet: the kernel takes a few MiB, the rest waits
+    // in the sender's session, and so do the messages queued after it.
+    let filler = 24 * 1024;
+    for _ in 0..filler {
+        client
+            .try_send_message(vec![1u8; 1024], props(1, 2))
+            .unwrap();
+    }
+    let short = MessageProps {
+        substream: 2,
+        lifetime: Some(Duration::from_millis(20)),
+        ..Default::default()
+    };
+    let mut expiring = Vec::new();
+    for _ in 0..50 {
+        expiring.push(
+            client
+                .try_send_message(b"late".to_vec(), short.clone())
+                .unwrap(),
+        );
+    }
+    // One short-lived message that a long-lived one depends on: kept.
+    let kept = client
+        .try_send_message(b"kept".to_vec(), short.clone())
+        .unwrap();
+    let dependent = client
+        .try_send_message(
+            b"dependent".to_vec(),
+            MessageProps {
+                substream: 2,
+                depends_on: Some(kept),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    // Wait for the Expired statuses (the receiver reads nothing meanwhile,
+    // so the messages cannot have been sent).
+    let mut expired = Vec::new();
+    while expired.len() < expiring.len() {
+        let (n, status) = no_hang(client.next_message_status()).await.unwrap();
+        assert!(!expiring.contains(&n) || status == MessageStatus::Expired);
+        if status == MessageStatus::Expired {
+            expired.push(n);
+        }
+    }
+    expired.sort();
+    assert_eq!(expired, expiring);
+    // Now read everything.
+    let mut on_substream_2 = Vec::new();
+    let mut filler_got = 0;
+    while filler_got < filler || on_substream_2.len() < 2 {
+        let m = no_hang(server.recv_message()).await.unwrap();
+        match m.substream {
+            1 => filler_got += 1,
+            _ => on_substream_2.push(m.number),
+        }
+    }
+    assert_eq!(on_substream_2, vec![kept, dependent]);
+    client.close().await;
+    assert!(server.try_recv_message().unwrap_or(None).is_none());
+    assert_eq!(client.stats().session.messages_expired, 50);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn urgent_message_overtakes_queued_bulk() {
+    let (cc, sc) = backlog_configs();
+    let (client, server) = pair_with("127.0.0.1:0", cc, sc).await;
+    let bulk = 32 * 1024; // 32 MiB of 1 KiB messages at the lowest urgency
+    for _ in 0..bulk {
+        client
+            .try_send_message(vec![0u8; 1024], props(1, 7))
+            .unwrap();
+    }
+    let urgent = client
+        .try_send_message(b"urgent".to_vec(), props(9, 0))
+        .unwrap();
+    // Every bulk message handed to the kernel before the urgent one was
+    // queued has status Sent by now; the urgent one may be too.
+    let sent_when_queued = client.stats().session.messages_sent;
+    assert!(
+        sent_when_queued < bulk / 2,
+        "bulk must be queued behind a receiver that does not read: {sent_when_queued} sent"
+    );
+    let mut bulk_before = 0u64;
+    loop {
+        let m = no_hang(server.recv_message()).await.unwrap();
+        if m.number == urgent {
+            break;
+        }
+        bulk_before += 1;
+    }
+    // The urgent message overtook everything still queued in the session:
+    // only what the kernel already had went before it.
+    assert!(
+        bulk_before <= sent_when_queued,
+        "{bulk_before} bulk messages arrived first, {sent_when_queued} were in the kernel"
+    );
+    assert!(bulk_before < bulk / 2);
+    for _ in bulk_before..bulk {
+        assert_eq!(no_hang(server.recv_message()).await.unwrap().substream, 1);
+    }
+    client.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_close_delivers_everything() {
+    let (client, server) = pair("127.0.0.1:0").await;
+    let data = pattern(3 << 20, 7);
+    // More than the peer's window: the writes wait for the reader, so they
+    // run in their own task, and close() comes after them.
+    let closer = tokio::spawn({
+        let c = client.clone();
+        let data = data.clone();
+        async move {
+            let mut s = c.open_stream().await.unwrap();
+            s.write_all(&data).await.unwrap();
+            drop(s); // finishes the stream
+            for i in 0..5000u32 {
+                c.send_message(i.to_be_bytes().to_vec(), props(0, 3))
+                    .await
+                    .unwrap();
+            }
+            c.close().await
+        }
+    });
+    let mut st = server.accept_stream().await.unwrap();
+    let mut got = Vec::new();
+    st.read_to_end(&mut got).await.unwrap();
+    assert_eq!(Sha256::digest(&got), Sha256::digest(&data));
+    for i in 0..5000u32 {
+        let m = no_hang(server.recv_message()).await.unwrap();
+        assert_eq!(m.payload, i.to_be_bytes());
+    }
+    assert!(matches!(
+        no_hang(server.recv_message()).await,
+        Err(ConnectionError::ApplicationClosed { code: 0, .. })
+    ));
+    closer.await.unwrap();
+    assert_eq!(
+        no_hang(client.closed()).await,
+        ConnectionError::LocallyClosed
+    );
+    assert!(matches!(
+        client.send_message(vec![1], MessageProps::default()).await,
+        Err(SendError::Connection(ConnectionError::LocallyClosed))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_gives_typed_errors_on_both_ends() {
+    let (client, server) = pair("[::1]:0").await;
+    let mut s = client.open_stream().await.unwrap();
+    s.write_all(b"partial").await.unwrap();
+    client
+        .send_message(b"first".to_vec(), MessageProps::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        no_hang(server.recv_message()).await.unwrap().payload,
+        b"first"
+    );
+    let mut peer_stream = server.accept_stream().await.unwrap();
+    client.abort(77, b"user cancelled");
+    assert_eq!(
+        no_hang(server.closed()).await,
+        ConnectionError::ApplicationClosed {
+            code: 77,
+            reason: "user cancelled".into()
+        }
+    );
+    assert_eq!(
+        no_hang(client.closed()).await,
+        ConnectionError::LocallyAborted(77)
+    );
+    let mut buf = Vec::new();
+    let err = peer_stream.read_to_end(&mut buf).await;
+    // Bytes that arrived before the abort may be read; then the error.
+    let err = err.unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionAborted);
+    let inner = err
+        .get_ref()
+        .unwrap()
+        .downcast_ref::<StreamError>()
+        .unwrap();
+    assert!(matches!(
+        inner,
+        StreamError::Connection(ConnectionError::ApplicationClosed { code: 77, .. })
+    ));
+    assert!(matches!(
+        s.write_all(b"more").await.unwrap_err().kind(),
+        std::io::ErrorKind::ConnectionAborted
+    ));
+}
+
+/// Raw peers never answer a CLOSE: do not wait the default 3 s for them.
+fn quick_drain() -> ConnectionConfig {
+    let mut c = ConnectionConfig::default();
+    c.session.drain_timeout = Duration::from_millis(200);
+    c
+}
+
+/// Reads frames from a raw TCP peer until a CLOSE arrives; returns its code.
+async fn read_close(raw: &mut TcpStream) -> u64 {
+    let mut dec = StreamDecoder::new(DEFAULT_MAX_BODY);
+    let mut buf = vec![0u8; 65536];
+    loop {
+        let n = raw.read(&mut buf).await.unwrap();
+        assert!(n > 0, "EOF before CLOSE");
+        dec.push(&buf[..n]);
+        while let Some(f) = dec.next_frame() {
+            let f = f.unwrap();
+            if f.header == FrameHeader::Control
+                && let ControlFrame::Close { code, .. } = ControlFrame::decode(&f.payload).unwrap()
+            {
+                return code;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_misbehaviour_closes_with_typed_errors() {
+    // A raw peer sends a frame with a bad checksum.
+    let ep = Endpoint::bind("127.0.0.1:0", quick_drain()).await.unwrap();
+    let mut raw = TcpStream::connect(ep.local_addr().unwrap()).await.unwrap();
+    let server = ep.accept().await.unwrap();
+    let mut wire = Vec::new();
+    encode_frame(
+        &FrameHeader::Message {
+            substream: 0,
+            number: 0,
+        },
+        b"some payload",
+        &mut wire,
+    )
+    .unwrap();
+    let k = wire.len() - 3;
+    wire[k] ^= 0x10;
+    raw.write_all(&wire).await.unwrap();
+    assert_eq!(read_close(&mut raw).await, transport_code::FRAME_ERROR);
+    assert!(matches!(
+        no_hang(server.recv_message()).await,
+        Err(ConnectionError::ProtocolViolation(
+            squarepeg_session::ProtocolError::Frame(
+                squarepeg_framing::FrameError::ChecksumMismatch { .. }
+            )
+        ))
+    ));
+
+    // A raw peer sends stream data beyond the credit it was given.
+    let mut raw = TcpStream::connect(ep.local_addr().unwrap()).await.unwrap();
+    let server = ep.accept().await.unwrap();
+    let mut wire = Vec::new();
+    let window = SessionConfig::default().stream_receive_window;
+    encode_frame(
+        &FrameHeader::StreamChunk {
+            stream: 0,
+            offset: window,
+            fin: false,
+        },
+        b"x",
+        &mut wire,
+    )
+    .unwrap();
+    raw.write_all(&wire).await.unwrap();
+    assert_eq!(
+        read_close(&mut raw).await,
+        transport_code::FLOW_CONTROL_ERROR
+    );
+    assert!(matches!(
+        no_hang(server.closed()).await,
+        ConnectionError::ProtocolViolation(
+            squarepeg_session::ProtocolError::StreamFlowControl { .. }
+        )
+    ));
+
+    // A squarepeg client facing a server that speaks garbage, then one
+    // that closes the TCP connection without a CLOSE frame.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let garbage = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        s.write_all(b"\0HTTP/1.1 400 Bad Request\r\n\r\n\0")
+            .await
+            .unwrap();
+        let code = read_close(&mut s).await;
+        let (s2, _) = listener.accept().await.unwrap();
+        drop(s2);
+        code
+    });
+    let client = Connection::connect(addr, quick_drain()).await.unwrap();
+    assert!(matches!(
+        no_hang(client.closed()).await,
+        ConnectionError::ProtocolViolation(squarepeg_session::ProtocolError::Frame(_))
+    ));
+    let client2 = Connection::connect(addr, quick_drain()).await.unwrap();
+    assert!(matches!(
+        client2.recv_message().await,
+        Err(ConnectionError::TransportClosed(_))
+    ));
+    assert_eq!(garbage.await.unwrap(), transport_code::FRAME_ERROR);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn squash_and_status_reporting() {
+    let (cc, sc) = backlog_configs();
+    let (client, server) = pair_with("127.0.0.1:0", cc, sc).await;
+    // More urgent filler the receiver does not read yet keeps the updates
+    // queued in the session.
+    for _ in 0..24 * 1024 {
+        client
+            .try_send_message(vec![0u8; 1024], props(1, 2))
+            .unwrap();
+    }
+    // Position updates: each squashes the previous one still queued.
+    let updates: Vec<u64> = (0..100u32)
+        .map(|i| {
+            let p = MessageProps {
+                substream: 5,
+                squash_key: Some(1),
+                ..Default::default()
+            };
+            client
+                .try_send_message(i.to_be_bytes().to_vec(), p)
+                .unwrap()
+        })
+        .collect();
+    let mut last = None;
+    let mut n = 0;
+    while n < 24 * 1024 + 1 {
+        let m = no_hang(server.recv_message()).await.unwrap();
+        n += 1;
+        if m.substream == 5 {
+            assert!(last.is_none(), "two position updates delivered");
+            last = Some(m.number);
+        }
+    }
+    assert_eq!(last, updates.last().copied());
+    let mut squashed = 0;
+    while let Some((num, status)) = client.try_next_message_status() {
+        if status == MessageStatus::Squashed {
+            assert!(updates.contains(&num));
+            squashed += 1;
+        }
+    }
+    assert_eq!(squashed, 99);
+    client.close().await;
+}
