@@ -39,6 +39,9 @@ pub struct TcpBenchArgs {
     /// Send and receive buffers of squarepeg's connections, bytes.
     #[arg(long, default_value = "4M", value_parser = parse_bytes)]
     buffer: u64,
+    /// Packets the driver reads, or sends, per turn.
+    #[arg(long, default_value_t = squarepeg_io::DEFAULT_BATCH)]
+    batch: usize,
     /// Print one JSON document instead of a table.
     #[arg(long)]
     json: bool,
@@ -81,8 +84,16 @@ pub fn run(a: TcpBenchArgs) -> anyhow::Result<()> {
             .with_context(|| format!("kernel ↔ kernel over veth, MTU {mtu}"))?;
         rows.push(baseline);
         for direction in [Direction::SquarepegSends, Direction::SquarepegReceives] {
-            let r = squarepeg_over_tun(mtu, a.bytes, a.txqueuelen, buffer, direction, a.quiet)
-                .with_context(|| format!("squarepeg over TUN, MTU {mtu}, {direction:?}"))?;
+            let r = squarepeg_over_tun(
+                mtu,
+                a.bytes,
+                a.txqueuelen,
+                buffer,
+                a.batch,
+                direction,
+                a.quiet,
+            )
+            .with_context(|| format!("squarepeg over TUN, MTU {mtu}, {direction:?}"))?;
             rows.push(r);
         }
     }
@@ -388,6 +399,7 @@ fn squarepeg_over_tun(
     bytes: u64,
     txqueuelen: u32,
     buffer: usize,
+    batch: usize,
     direction: Direction,
     quiet: bool,
 ) -> anyhow::Result<Row> {
@@ -405,6 +417,7 @@ fn squarepeg_over_tun(
     let mut config = StackConfig::new(setup.stack_addresses());
     config.connection.send_buffer = buffer;
     config.connection.recv_buffer = buffer;
+    config.batch = batch;
     let stack = Stack::new(device, config)?;
     let kernel = SocketAddr::new(setup.pairs[0].kernel, 5201);
     let ours = SocketAddr::new(setup.pairs[0].stack, 5201);
@@ -511,6 +524,7 @@ struct Report {
     bytes: u64,
     txqueuelen: u32,
     buffer: u64,
+    batch: usize,
     cpus: usize,
     rows: Vec<Row>,
 }
@@ -533,6 +547,7 @@ impl Report {
             bytes: a.bytes,
             txqueuelen: a.txqueuelen,
             buffer: a.buffer,
+            batch: a.batch,
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             rows,
         }
