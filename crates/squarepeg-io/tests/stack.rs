@@ -62,14 +62,19 @@ fn device_errors_are_typed() {
         link.contains("mtu 9000") && link.contains("qlen 2000"),
         "{link}"
     );
-    // A stack refuses bad addresses.
-    for addrs in [
+    // A stack refuses bad addresses. (A device of its own per case: the kernel unregisters a
+    // closed device asynchronously, so reusing a name at once can find it still there.)
+    for (i, addrs) in [
         vec![],
         vec!["127.0.0.2".parse().unwrap()],
         vec!["10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap()],
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let name = format!("bad{i}");
         let device = ns
-            .run(|| TunDevice::open(&TunConfig::named("sp2")))
+            .run(|| TunDevice::open(&TunConfig::named(name.as_str())))
             .unwrap()
             .unwrap();
         let r = Stack::new(device, StackConfig::new(addrs));
