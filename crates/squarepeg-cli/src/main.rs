@@ -18,6 +18,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Userspace TCP on a TUN device: servers and clients to use with nc, socat or curl.
+    Tcp(Box<cmd::tcp::TcpArgs>),
     /// Accept one connection and exchange messages and files.
     Listen(cmd::listen::ListenArgs),
     /// Connect and exchange messages and files.
@@ -31,6 +33,7 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Tcp(a) => cmd::tcp::run(*a),
         Command::Listen(a) => cmd::listen::run(a),
         Command::Connect(a) => cmd::connect::run(a),
         Command::Bench(a) => cmd::bench::run(a),

@@ -6,6 +6,7 @@ use clap::{Args, Subcommand};
 
 mod framing;
 mod messages;
+mod tcp;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -21,11 +22,15 @@ enum BenchVerb {
     /// Message throughput over loopback: squarepeg over kernel TCP against plain tokio TCP
     /// carrying the same bytes as length-prefixed records.
     Messages(messages::MessagesArgs),
+    /// Bulk throughput and CPU per GiB: squarepeg's userspace TCP over TUN against the
+    /// kernel, next to kernel TCP over a veth pair (root).
+    Tcp(tcp::TcpBenchArgs),
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.verb {
         BenchVerb::Framing(args) => framing::run(&args),
         BenchVerb::Messages(args) => messages::run(args),
+        BenchVerb::Tcp(args) => tcp::run(args),
     }
 }

@@ -1,0 +1,416 @@
+//! `peg tcp` verbs end to end: each test makes a network namespace of its own (unique name,
+//! removed on drop), runs `peg tcp ... --setup --netns NS` (which creates the TUN device, the
+//! kernel's addresses and the route, and removes them on exit) and talks to it from the
+//! kernel's TCP in that namespace — our own sockets, or socat. Needs root (skipped otherwise).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use squarepeg_io::{LAB_V4, LAB_V6, NetNs};
+
+const PEG: &str = env!("CARGO_BIN_EXE_peg");
+
+fn can_run() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let ok = unsafe { libc::geteuid() } == 0 && std::path::Path::new("/dev/net/tun").exists();
+    if !ok {
+        eprintln!("skipped: needs root and /dev/net/tun");
+    }
+    ok
+}
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+fn namespace(tag: &str) -> NetNs {
+    let name = format!(
+        "spcli-{tag}-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    );
+    NetNs::create(&name).expect("namespace")
+}
+
+/// A `peg` child process, killed on drop; its stderr lines arrive on a channel.
+struct Peg {
+    child: Child,
+    stderr: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Peg {
+    fn spawn(args: &[&str]) -> Peg {
+        let mut child = Command::new(PEG)
+            .args(args)
+            .env("RUST_BACKTRACE", "0")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run peg");
+        let (tx, rx) = mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Peg {
+            child,
+            stderr: rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a stderr line containing `text`.
+    fn wait_for(&mut self, text: &str) {
+        loop {
+            match self.stderr.recv_timeout(Duration::from_secs(20)) {
+                Ok(line) => {
+                    let hit = line.contains(text);
+                    self.seen.push(line);
+                    if hit {
+                        return;
+                    }
+                }
+                Err(_) => panic!("peg never said {text:?}; it said {:?}", self.seen),
+            }
+        }
+    }
+
+    /// Waits for the exit; returns success, stdout and the rest of stderr.
+    fn finish(mut self) -> (bool, String, String) {
+        let mut out = String::new();
+        if let Some(mut o) = self.child.stdout.take() {
+            o.read_to_string(&mut out).unwrap();
+        }
+        let status = self.child.wait().unwrap();
+        let mut err = self.seen.join("\n");
+        while let Ok(l) = self.stderr.recv_timeout(Duration::from_secs(2)) {
+            err.push('\n');
+            err.push_str(&l);
+        }
+        (status.success(), out, err)
+    }
+}
+
+impl Drop for Peg {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A kernel TCP socket in the namespace.
+fn kernel_connect(ns: &NetNs, to: SocketAddr) -> std::net::TcpStream {
+    let s = ns
+        .run(|| {
+            socket2::Socket::new(
+                socket2::Domain::for_address(to),
+                socket2::Type::STREAM,
+                Some(socket2::Protocol::TCP),
+            )
+        })
+        .unwrap()
+        .unwrap();
+    s.connect_timeout(&to.into(), Duration::from_secs(10))
+        .unwrap();
+    let s: std::net::TcpStream = s.into();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s
+}
+
+fn kernel_listen(ns: &NetNs, at: SocketAddr) -> std::net::TcpListener {
+    ns.run(|| std::net::TcpListener::bind(at)).unwrap().unwrap()
+}
+
+fn random(len: usize, seed: u8) -> Vec<u8> {
+    // A cheap deterministic pattern that is not periodic at any small period.
+    let mut x: u32 = 0x9e37_79b9 ^ u32::from(seed);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+fn sha(data: &[u8]) -> String {
+    hex::encode(Sha256::digest(data))
+}
+
+fn digest_in(text: &str) -> String {
+    text.split("sha256 ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no digest in {text:?}"))
+        .trim_end_matches(',')
+        .to_string()
+}
+
+#[test]
+fn sink_prints_the_digest_of_what_a_kernel_client_sent() {
+    if !can_run() {
+        return;
+    }
+    let ns = namespace("sink");
+    let mut peg = Peg::spawn(&[
+        "tcp",
+        "sink",
+        "--setup",
+        "--netns",
+        ns.name(),
+        "--once",
+        "--port",
+        "9000",
+        "-q",
+    ]);
+    peg.wait_for("sink on");
+    let data = random(3 << 20, 1);
+    let mut c = kernel_connect(&ns, SocketAddr::new(LAB_V4.stack, 9000));
+    c.write_all(&data).unwrap();
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    c.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+    let (ok, out, err) = peg.finish();
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(&format!("received {} bytes", data.len())),
+        "{out}"
+    );
+    assert_eq!(digest_in(&out), sha(&data), "{out}");
+    // The device went away with peg.
+    assert!(ns.ip(&["link", "show", "dev", "sp0"]).is_err());
+}
+
+#[test]
+fn source_sends_socat_exactly_what_it_reports() {
+    if !can_run() {
+        return;
+    }
+    let ns = namespace("source");
+    let mut peg = Peg::spawn(&[
+        "tcp",
+        "source",
+        "2M",
+        "--setup",
+        "--netns",
+        ns.name(),
+        "--once",
+        "--seed",
+        "7",
+        "-q",
+    ]);
+    peg.wait_for("source on");
+    let to = format!("TCP:[{}]:19", LAB_V6.stack);
+    let out = ns
+        .command("socat")
+        .args(["-u", &to, "STDOUT"])
+        .output()
+        .expect("socat (installed by .ci/run)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout.len(), 2 << 20);
+    let (ok, text, err) = peg.finish();
+    assert!(ok, "{err}");
+    assert!(text.contains("sent 2097152 bytes"), "{text}");
+    assert_eq!(digest_in(&text), sha(&out.stdout), "{text}");
+}
+
+#[test]
+fn echo_returns_every_byte() {
+    if !can_run() {
+        return;
+    }
+    let ns = namespace("echo");
+    let mut peg = Peg::spawn(&[
+        "tcp",
+        "echo",
+        "--setup",
+        "--netns",
+        ns.name(),
+        "--once",
+        "-q",
+    ]);
+    peg.wait_for("echo on");
+    let data = random(1 << 20, 2);
+    let c = kernel_connect(&ns, SocketAddr::new(LAB_V4.stack, 7));
+    let mut w = c.try_clone().unwrap();
+    let sent = data.clone();
+    let writer = std::thread::spawn(move || {
+        w.write_all(&sent).unwrap();
+        w.shutdown(std::net::Shutdown::Write).unwrap();
+    });
+    let mut back = Vec::new();
+    (&c).read_to_end(&mut back).unwrap();
+    writer.join().unwrap();
+    assert_eq!(sha(&back), sha(&data));
+    let (ok, out, err) = peg.finish();
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(&format!("echoed {} bytes", data.len())),
+        "{out}"
+    );
+}
+
+#[test]
+fn send_and_recv_move_files_to_and_from_kernel_servers() {
+    if !can_run() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("spcli-files-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = random(5 << 20, 3);
+    let file = dir.join("in.bin");
+    std::fs::write(&file, &data).unwrap();
+
+    // send: peg → kernel listener. The listener binds the wildcard so that it can exist
+    // before peg creates the device and its addresses.
+    let ns = namespace("send");
+    let listener = kernel_listen(&ns, "0.0.0.0:9100".parse().unwrap());
+    let receiver = std::thread::spawn(move || {
+        let (mut c, peer) = listener.accept().unwrap();
+        let mut got = Vec::new();
+        c.read_to_end(&mut got).unwrap();
+        (peer.ip(), got)
+    });
+    let to = SocketAddr::new(LAB_V4.kernel, 9100).to_string();
+    let out = Command::new(PEG)
+        .args(["tcp", "send"])
+        .arg(&file)
+        .args(["--to", &to, "--setup", "--netns", ns.name(), "-q"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (peer, got) = receiver.join().unwrap();
+    assert_eq!(peer, LAB_V4.stack);
+    assert_eq!(sha(&got), sha(&data));
+    assert_eq!(digest_in(&String::from_utf8_lossy(&out.stdout)), sha(&data));
+
+    // recv: kernel listener → peg, into a file, over IPv6.
+    let ns = namespace("recv");
+    let listener = kernel_listen(&ns, "[::]:9101".parse().unwrap());
+    let payload = data.clone();
+    let sender = std::thread::spawn(move || {
+        let (mut c, peer) = listener.accept().unwrap();
+        c.write_all(&payload).unwrap();
+        c.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut rest = Vec::new();
+        c.read_to_end(&mut rest).unwrap();
+        peer.ip()
+    });
+    let target = dir.join("out.bin");
+    let from = SocketAddr::new(LAB_V6.kernel, 9101).to_string();
+    let out = Command::new(PEG)
+        .args(["tcp", "recv"])
+        .arg(&target)
+        .args(["--from", &from, "--setup", "--netns", ns.name(), "-q"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(sender.join().unwrap(), LAB_V6.stack);
+    assert_eq!(std::fs::read(&target).unwrap(), data);
+    assert_eq!(digest_in(&String::from_utf8_lossy(&out.stdout)), sha(&data));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn errors_are_clear() {
+    if !can_run() {
+        return;
+    }
+    let ns = namespace("err");
+    let run = |args: &[&str]| {
+        let out = Command::new(PEG)
+            .args(args)
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} should fail");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // No device and no --setup.
+    let e = run(&["tcp", "sink", "--netns", ns.name(), "--dev", "nosuch"]);
+    assert!(e.contains("no device `nosuch`"), "{e}");
+    // Bad addresses.
+    let e = run(&[
+        "tcp",
+        "sink",
+        "--setup",
+        "--netns",
+        ns.name(),
+        "--addr",
+        "224.0.0.9",
+    ]);
+    assert!(e.contains("bad address 224.0.0.9"), "{e}");
+    let e = run(&[
+        "tcp",
+        "send",
+        "/dev/null",
+        "--to",
+        "10.77.0.2:80",
+        "--netns",
+        ns.name(),
+    ]);
+    assert!(e.contains("the stack's own address"), "{e}");
+    let e = run(&[
+        "tcp",
+        "sink",
+        "--setup",
+        "--netns",
+        ns.name(),
+        "--kernel-addr",
+        "10.0.0.1",
+    ]);
+    assert!(e.contains("expected IP/PREFIX"), "{e}");
+    let e = run(&[
+        "tcp",
+        "sink",
+        "--setup",
+        "--netns",
+        ns.name(),
+        "--impair",
+        "loss=1",
+    ]);
+    assert!(e.contains("needs a % suffix"), "{e}");
+    // A busy device: a second peg on the device the first one holds.
+    let mut first = Peg::spawn(&["tcp", "sink", "--setup", "--netns", ns.name(), "-q"]);
+    first.wait_for("sink on");
+    let e = run(&["tcp", "echo", "--netns", ns.name()]);
+    assert!(e.contains("is busy"), "{e}");
+    let e = run(&["tcp", "echo", "--setup", "--netns", ns.name()]);
+    assert!(e.contains("exists already"), "{e}");
+    drop(first);
+    // Not root: an unprivileged user cannot create a device.
+    if Command::new("setpriv").arg("--version").output().is_ok() {
+        let out = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", PEG])
+            .args(["tcp", "sink", "--setup", "--netns", ns.name()])
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && e.contains("run as root"), "{e}");
+    }
+}
