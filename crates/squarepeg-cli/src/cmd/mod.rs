@@ -5,3 +5,4 @@ pub mod connect;
 pub mod lab;
 pub mod listen;
 mod peer;
+pub mod voip;
