@@ -16,17 +16,17 @@ pub struct VoipConfig {
     /// and send time).
     pub message_bytes: usize,
     /// Time between messages.
-    #[serde(serialize_with = "super::report::ser_ms")]
+    #[serde(rename = "interval_ms", serialize_with = "super::report::ser_ms")]
     pub interval: Duration,
     /// Messages sent.
     pub count: u64,
     /// Time between the start of the run and the first message: the connection is set up
     /// and, in the contention scenario, the first bulk flow is running.
-    #[serde(serialize_with = "super::report::ser_ms")]
+    #[serde(rename = "lead_in_ms", serialize_with = "super::report::ser_ms")]
     pub lead_in: Duration,
     /// Time after the last message during which late arrivals are still recorded; a message
     /// that has not arrived by then is "never delivered".
-    #[serde(serialize_with = "super::report::ser_ms")]
+    #[serde(rename = "drain_ms", serialize_with = "super::report::ser_ms")]
     pub drain: Duration,
 }
 
@@ -131,7 +131,7 @@ pub struct Scenario {
     #[serde(serialize_with = "ser_bottleneck")]
     pub bottleneck: Bottleneck,
     /// De-jitter playout delay (Hollywood's T_playout).
-    #[serde(serialize_with = "super::report::ser_ms")]
+    #[serde(rename = "playout_delay_ms", serialize_with = "super::report::ser_ms")]
     pub playout_delay: Duration,
     /// Competing bulk transfers, if any.
     pub bulk: Option<BulkFlows>,
