@@ -18,16 +18,39 @@ fn sim_run_prints_json_and_writes_files() {
     let _ = std::fs::remove_dir_all(&dir);
     let out = dir.to_str().expect("utf-8 path");
     let output = peg(&[
-        "lab", "voip", "--sim", "--scenario", "hollywood-70ms", "--duration", "2s", "--drain",
-        "1s", "--seed", "5", "--out", out, "--json", "--no-plots",
+        "lab",
+        "voip",
+        "--sim",
+        "--scenario",
+        "hollywood-70ms",
+        "--duration",
+        "2s",
+        "--drain",
+        "1s",
+        "--seed",
+        "5",
+        "--out",
+        out,
+        "--json",
+        "--no-plots",
     ]);
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let summary: Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
     assert_eq!(summary["schema"], "squarepeg.voip/1");
     let runs = summary["runs"].as_array().expect("runs");
-    let names: Vec<&str> = runs.iter().filter_map(|r| r["transport"].as_str()).collect();
+    let names: Vec<&str> = runs
+        .iter()
+        .filter_map(|r| r["transport"].as_str())
+        .collect();
     assert_eq!(names, ["udp", "tcp", "squarepeg"]);
-    assert!(runs.iter().all(|r| r["messages_sent"] == 100 && r["seed"] == 5));
+    assert!(
+        runs.iter()
+            .all(|r| r["messages_sent"] == 100 && r["seed"] == 5)
+    );
     let on_disk: Value =
         serde_json::from_slice(&std::fs::read(dir.join("summary.json")).expect("summary.json"))
             .expect("JSON");
@@ -36,8 +59,18 @@ fn sim_run_prints_json_and_writes_files() {
 
     // The table, one line per transport.
     let output = peg(&[
-        "lab", "voip", "--sim", "--scenario", "hollywood-15ms", "--transport", "udp",
-        "--duration", "1s", "--out", out, "--no-plots",
+        "lab",
+        "voip",
+        "--sim",
+        "--scenario",
+        "hollywood-15ms",
+        "--transport",
+        "udp",
+        "--duration",
+        "1s",
+        "--out",
+        out,
+        "--no-plots",
     ]);
     assert!(output.status.success());
     let table = String::from_utf8_lossy(&output.stdout);
@@ -54,7 +87,14 @@ fn bad_input_is_refused_clearly() {
         (vec!["--duration", "10ms"], "sends no message"),
         (vec!["--message-bytes", "8"], "message size 8"),
     ] {
-        let mut all = vec!["lab", "voip", "--sim", "--no-plots", "--out", "/nonexistent/x"];
+        let mut all = vec![
+            "lab",
+            "voip",
+            "--sim",
+            "--no-plots",
+            "--out",
+            "/nonexistent/x",
+        ];
         all.extend(args);
         let output = peg(&all);
         assert!(!output.status.success());

@@ -48,7 +48,12 @@ fn short_call_on_the_real_lab() {
     let mut runs: Vec<RunResult> = Vec::new();
     for transport in lab::transports() {
         let result = lab::run(&scenario, transport.as_ref(), &config, 3, &|_| {});
-        assert_eq!(our_namespaces(), 0, "the lab of {} is gone", transport.name());
+        assert_eq!(
+            our_namespaces(),
+            0,
+            "the lab of {} is gone",
+            transport.name()
+        );
         let r = result.unwrap_or_else(|e| panic!("{}: {e}", transport.name()));
         let s = &r.analysis.summary;
         assert_eq!(s.messages_sent, 250);
@@ -57,10 +62,18 @@ fn short_call_on_the_real_lab() {
         // One-way delay is measured on one clock: never below the 35 ms of propagation,
         // and the median within a few ms of it (0.2 ms to send, host stacks, emulator).
         let p50 = s.latency_ms.p50.expect("delivered");
-        assert!((35.0..45.0).contains(&p50), "{}: median {p50} ms", transport.name());
+        assert!(
+            (35.0..45.0).contains(&p50),
+            "{}: median {p50} ms",
+            transport.name()
+        );
         for rec in &r.analysis.records {
             if let Some(d) = rec.transport_delay() {
-                assert!(d >= Duration::from_millis(35), "{}: {d:?}", transport.name());
+                assert!(
+                    d >= Duration::from_millis(35),
+                    "{}: {d:?}",
+                    transport.name()
+                );
             }
         }
         match transport.name() {
@@ -69,7 +82,9 @@ fn short_call_on_the_real_lab() {
             // Reliable: everything arrives.
             _ => assert_eq!(s.never_delivered, 0, "{}", transport.name()),
         }
-        let voice = r.engine_stats["voice_packets_sent"].as_u64().expect("count");
+        let voice = r.engine_stats["voice_packets_sent"]
+            .as_u64()
+            .expect("count");
         assert!(voice >= 250, "the capture saw the voice packets: {voice}");
         runs.push(r);
     }

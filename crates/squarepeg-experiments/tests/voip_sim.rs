@@ -30,7 +30,11 @@ fn run(scenario: &Scenario, transport: &str, seed: u64, seconds: u64) -> RunResu
 /// arrives later than the path's delay (propagation plus one packet's transmission).
 fn check_udp(r: &RunResult) {
     let s = &r.analysis.summary;
-    assert!(s.lost_by_network >= 1, "{}: the seed loses packets", r.scenario.name);
+    assert!(
+        s.lost_by_network >= 1,
+        "{}: the seed loses packets",
+        r.scenario.name
+    );
     assert_eq!(s.delivered_late, 0);
     assert_eq!(s.never_delivered, s.lost_by_network);
     assert_eq!(s.late_loss_count, s.lost_by_network);
@@ -40,14 +44,21 @@ fn check_udp(r: &RunResult) {
     }
     let max = s.latency_ms.max.expect("delivered");
     let bound = ms(r.scenario.playout_offset());
-    assert!(max < bound, "{max} ms is beyond the playout offset {bound} ms");
+    assert!(
+        max < bound,
+        "{max} ms is beyond the playout offset {bound} ms"
+    );
     assert!(max >= ms(r.scenario.one_way_delay()));
 }
 
 /// TCP is reliable: every message arrives, none twice.
 fn check_reliable(r: &RunResult) {
     let s = &r.analysis.summary;
-    assert_eq!(s.never_delivered, 0, "{} over {}", r.transport, r.scenario.name);
+    assert_eq!(
+        s.never_delivered, 0,
+        "{} over {}",
+        r.transport, r.scenario.name
+    );
     assert_eq!(s.delivered_on_time + s.delivered_late, s.messages_sent);
     assert_eq!(s.duplicate_arrivals + s.unknown_arrivals, 0);
     assert!(r.warnings.is_empty(), "{:?}", r.warnings);
@@ -94,7 +105,10 @@ fn contention_every_transport() {
         assert!(s.lost_by_network >= 1, "bulk flows overflow the queue");
         assert!(s.late_loss_count >= s.lost_by_network);
         let engine = &r.engine_stats["down"];
-        assert_eq!(engine["dropped_random_loss"], 0, "losses come from contention only");
+        assert_eq!(
+            engine["dropped_random_loss"], 0,
+            "losses come from contention only"
+        );
         assert!(engine["dropped_queue_full"].as_u64().expect("count") > 0);
     }
 }

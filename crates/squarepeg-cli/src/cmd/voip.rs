@@ -82,7 +82,10 @@ pub fn run(args: VoipArgs) -> Result<()> {
     }
     .with_duration(args.duration)?;
     let scenarios: Vec<Scenario> = if args.scenarios.is_empty() {
-        SCENARIOS.iter().map(|n| voip::scenario(n)).collect::<Result<_, _>>()?
+        SCENARIOS
+            .iter()
+            .map(|n| voip::scenario(n))
+            .collect::<Result<_, _>>()?
     } else {
         args.scenarios
             .iter()
@@ -131,9 +134,10 @@ fn run_sim(args: &VoipArgs, config: &VoipConfig, scenarios: &[Scenario]) -> Resu
     let mut runs = Vec::new();
     for scenario in scenarios {
         for transport in &transports {
-            let run = sim::run(scenario, transport.as_ref(), config, args.seed).with_context(
-                || format!("simulating {} over {}", transport.name(), scenario.name),
-            )?;
+            let run =
+                sim::run(scenario, transport.as_ref(), config, args.seed).with_context(|| {
+                    format!("simulating {} over {}", transport.name(), scenario.name)
+                })?;
             runs.push(run);
         }
     }
@@ -184,7 +188,13 @@ fn run_lab(args: &VoipArgs, config: &VoipConfig, scenarios: &[Scenario]) -> Resu
             }
             let progress = |p: lab::Progress| bar.set_position(p.sent);
             let run = lab::run(scenario, transport.as_ref(), config, args.seed, &progress)
-                .with_context(|| format!("running {} over {} on the lab", transport.name(), scenario.name))?;
+                .with_context(|| {
+                    format!(
+                        "running {} over {} on the lab",
+                        transport.name(),
+                        scenario.name
+                    )
+                })?;
             bar.finish_and_clear();
             if !args.json {
                 let s = &run.analysis.summary;

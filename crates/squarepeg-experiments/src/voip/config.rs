@@ -69,12 +69,16 @@ impl VoipConfig {
 
     /// How long the messages span.
     pub fn duration(&self) -> Duration {
-        self.interval.saturating_mul(u32::try_from(self.count).unwrap_or(u32::MAX))
+        self.interval
+            .saturating_mul(u32::try_from(self.count).unwrap_or(u32::MAX))
     }
 
     /// The offset from the run's start at which message `number` is due.
     pub fn due(&self, number: u64) -> Duration {
-        self.lead_in + self.interval.saturating_mul(u32::try_from(number).unwrap_or(u32::MAX))
+        self.lead_in
+            + self
+                .interval
+                .saturating_mul(u32::try_from(number).unwrap_or(u32::MAX))
     }
 
     /// The offset from the run's start at which the run ends.
@@ -172,7 +176,9 @@ pub const SCENARIOS: &[&str] = &["hollywood-15ms", "hollywood-70ms", "minion-con
 pub fn hollywood_15ms() -> Scenario {
     Scenario {
         name: "hollywood-15ms".into(),
-        description: "ADSL 8/1 Mbit/s, RTT 15 ms, 0.1 % random loss, 110 ms playout (Hollywood §5.1.2)".into(),
+        description:
+            "ADSL 8/1 Mbit/s, RTT 15 ms, 0.1 % random loss, 110 ms playout (Hollywood §5.1.2)"
+                .into(),
         bottleneck: presets::hollywood_adsl_15ms(),
         playout_delay: Duration::from_millis(110),
         bulk: None,
@@ -184,7 +190,8 @@ pub fn hollywood_15ms() -> Scenario {
 pub fn hollywood_70ms() -> Scenario {
     Scenario {
         name: "hollywood-70ms".into(),
-        description: "ADSL 8/1 Mbit/s, RTT 70 ms, 0.1 % random loss, 30 ms playout (Hollywood §5.1.2)".into(),
+        description:
+            "ADSL 8/1 Mbit/s, RTT 70 ms, 0.1 % random loss, 30 ms playout (Hollywood §5.1.2)".into(),
         bottleneck: presets::hollywood_adsl_70ms(),
         playout_delay: Duration::from_millis(30),
         bulk: None,
@@ -242,7 +249,10 @@ mod tests {
         assert_eq!(s.one_way_delay(), Duration::from_millis(35));
         assert_eq!(s.playout_offset(), Duration::from_millis(65));
         assert_eq!(s.bottleneck.right_to_left.rate_bps, Some(8_000_000));
-        assert_eq!(hollywood_15ms().playout_offset(), Duration::from_micros(117_500));
+        assert_eq!(
+            hollywood_15ms().playout_offset(),
+            Duration::from_micros(117_500)
+        );
         for name in SCENARIOS {
             let s = scenario(name).expect("known");
             assert_eq!(&s.name, name);

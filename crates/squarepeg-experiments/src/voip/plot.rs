@@ -48,7 +48,10 @@ fn font_loaded() -> bool {
     static LOADED: OnceLock<bool> = OnceLock::new();
     *LOADED.get_or_init(|| {
         let env = std::env::var("SQUAREPEG_PLOT_FONT").ok();
-        let candidates = env.iter().map(String::as_str).chain(FONT_PATHS.iter().copied());
+        let candidates = env
+            .iter()
+            .map(String::as_str)
+            .chain(FONT_PATHS.iter().copied());
         for path in candidates {
             if let Ok(bytes) = std::fs::read(path) {
                 // Registered fonts live as long as the process: leak the bytes once.
@@ -75,7 +78,9 @@ pub fn zoom_window(records: &[MessageRecord]) -> Range<u64> {
         .find(|r| r.state != MessageState::OnTime)
         .or_else(|| records.iter().find(|r| r.lost_by_network))
         .map_or(n / 2, |r| r.number);
-    let start = centre.saturating_sub(10).min(n.saturating_sub(ZOOM_MESSAGES));
+    let start = centre
+        .saturating_sub(10)
+        .min(n.saturating_sub(ZOOM_MESSAGES));
     start..(start + ZOOM_MESSAGES).min(n)
 }
 
@@ -164,7 +169,11 @@ fn delay_chart<DB: DrawingBackend>(
     let green = RGBColor(44, 160, 44);
     // Lines broken where a message never arrived.
     for (series, colour, label) in [
-        (&delay as &dyn Fn(&MessageRecord) -> Option<f64>, blue, "transport delay"),
+        (
+            &delay as &dyn Fn(&MessageRecord) -> Option<f64>,
+            blue,
+            "transport delay",
+        ),
         (&buffered, green, "buffered time (playout - arrival)"),
     ] {
         let mut first = true;
@@ -203,7 +212,10 @@ fn delay_chart<DB: DrawingBackend>(
         .map(|r| (r.number as f64, 0.0))
         .collect();
     chart
-        .draw_series(lost.into_iter().map(|p| Cross::new(p, 5, RED.stroke_width(2))))
+        .draw_series(
+            lost.into_iter()
+                .map(|p| Cross::new(p, 5, RED.stroke_width(2))),
+        )
         .map_err(plot_err)?
         .label("never delivered")
         .legend(|(x, y)| Cross::new((x + 10, y), 5, RED.stroke_width(2)));

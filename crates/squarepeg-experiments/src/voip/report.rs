@@ -66,7 +66,12 @@ pub fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Erro
 
 /// A run's file stem: `<engine>-<scenario>-<transport>`.
 pub fn stem(run: &RunResult) -> String {
-    format!("{}-{}-{}", run.engine.name(), run.scenario.name, run.transport)
+    format!(
+        "{}-{}-{}",
+        run.engine.name(),
+        run.scenario.name,
+        run.transport
+    )
 }
 
 /// The summary of one run as JSON, with the paths of its records and plots.
@@ -127,10 +132,12 @@ pub fn record_json(r: &MessageRecord) -> Value {
 
 /// Writes a run's records as JSON lines.
 pub fn write_records(path: &Path, run: &RunResult) -> Result<(), VoipError> {
-    let file = std::fs::File::create(path).map_err(VoipError::io(format!("creating {}", path.display())))?;
+    let file = std::fs::File::create(path)
+        .map_err(VoipError::io(format!("creating {}", path.display())))?;
     let mut out = std::io::BufWriter::new(file);
     for r in &run.analysis.records {
-        writeln!(out, "{}", record_json(r)).map_err(VoipError::io(format!("writing {}", path.display())))?;
+        writeln!(out, "{}", record_json(r))
+            .map_err(VoipError::io(format!("writing {}", path.display())))?;
     }
     out.flush()
         .map_err(VoipError::io(format!("writing {}", path.display())))
@@ -182,7 +189,8 @@ pub fn write_outputs(
     let path = dir.join("summary.json");
     let text = serde_json::to_string_pretty(&summary)
         .map_err(|e| VoipError::Wire(format!("serialising the summary: {e}")))?;
-    std::fs::write(&path, text + "\n").map_err(VoipError::io(format!("writing {}", path.display())))?;
+    std::fs::write(&path, text + "\n")
+        .map_err(VoipError::io(format!("writing {}", path.display())))?;
     files.push(path);
     Ok(Written { summary, files })
 }

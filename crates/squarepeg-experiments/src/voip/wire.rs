@@ -161,7 +161,9 @@ fn stream_losses(log: &[WirePacket], framing: Framing) -> Result<BTreeSet<u64>, 
         .iter()
         .find(|s| s.syn)
         .map(|s| s.seq)
-        .ok_or_else(|| VoipError::Wire("no SYN from the sender: the handshake is missing".into()))?;
+        .ok_or_else(|| {
+            VoipError::Wire("no SYN from the sender: the handshake is missing".into())
+        })?;
     // Stream offset of each data segment (RFC 9293 §3.4: the SYN takes one sequence number).
     let ranges: Vec<(Range<u64>, &Segment)> = segments
         .iter()

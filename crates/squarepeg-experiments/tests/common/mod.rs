@@ -6,7 +6,13 @@ use serde_json::Value;
 /// Every field of schema `squarepeg.voip/1` (report.rs documents them). A test fails if one
 /// disappears: readers of summary.json depend on them.
 pub const SUMMARY_FIELDS: &[&str] = &["schema", "config", "runs"];
-pub const CONFIG_FIELDS: &[&str] = &["message_bytes", "interval_ms", "count", "lead_in_ms", "drain_ms"];
+pub const CONFIG_FIELDS: &[&str] = &[
+    "message_bytes",
+    "interval_ms",
+    "count",
+    "lead_in_ms",
+    "drain_ms",
+];
 pub const RUN_FIELDS: &[&str] = &[
     "engine",
     "scenario",
@@ -70,7 +76,11 @@ pub fn check_summary_shape(summary: &Value) {
     for run in runs {
         has_all(run, RUN_FIELDS, "run");
         has_all(&run["scenario"], SCENARIO_FIELDS, "scenario");
-        has_all(&run["scenario"]["bottleneck"], &["down", "up"], "bottleneck");
+        has_all(
+            &run["scenario"]["bottleneck"],
+            &["down", "up"],
+            "bottleneck",
+        );
         has_all(&run["latency_ms"], LATENCY_FIELDS, "latency_ms");
         assert!(run["burst_lengths"].is_object());
         assert!(run["plots"].is_array());
@@ -82,14 +92,21 @@ pub fn check_summary_shape(summary: &Value) {
             "never_delivered",
             "late_loss_count",
         ] {
-            assert!(run[counter].is_u64(), "{counter} is a count: {}", run[counter]);
+            assert!(
+                run[counter].is_u64(),
+                "{counter} is a count: {}",
+                run[counter]
+            );
         }
         let n = |k: &str| run[k].as_u64().expect("count");
         assert_eq!(
             n("delivered_on_time") + n("delivered_late") + n("never_delivered"),
             n("messages_sent")
         );
-        assert_eq!(n("late_loss_count"), n("delivered_late") + n("never_delivered"));
+        assert_eq!(
+            n("late_loss_count"),
+            n("delivered_late") + n("never_delivered")
+        );
     }
 }
 
@@ -97,5 +114,8 @@ pub fn check_summary_shape(summary: &Value) {
 pub fn check_record_shape(line: &str) {
     let v: Value = serde_json::from_str(line).expect("a record is JSON");
     has_all(&v, RECORD_FIELDS, "record");
-    assert!(matches!(v["state"].as_str(), Some("on_time" | "late" | "lost")));
+    assert!(matches!(
+        v["state"].as_str(),
+        Some("on_time" | "late" | "lost")
+    ));
 }

@@ -43,6 +43,13 @@ use super::{Engine, RunResult, VoipError};
 
 /// Port of the call at both ends.
 pub const VOICE_PORT: u16 = 5004;
+/// The congestion control of the bulk senders: loss-based like Minion's competing
+/// transfers and the simulator's TCP, whatever the kernel's default is (BBR on the machine
+/// of docs/results.md). The voice sockets keep the default: a call of 64 kbit/s is
+/// application-limited, so its congestion window never binds, and the `squarepeg` crate
+/// creates its own sockets.
+pub const BULK_CONGESTION: &str = "cubic";
+
 /// Port of the bulk transfers' server.
 pub const BULK_PORT: u16 = 5001;
 
@@ -145,10 +152,8 @@ pub fn run(
 ) -> Result<RunResult, VoipError> {
     config.validate()?;
     let index = LABS.fetch_add(1, Ordering::Relaxed);
-    let captures = TempDir(std::env::temp_dir().join(format!(
-        "sqpg-voip-{}-{index}",
-        std::process::id()
-    )));
+    let captures =
+        TempDir(std::env::temp_dir().join(format!("sqpg-voip-{}-{index}", std::process::id())));
     let lab_config = LabConfig::new(&format!("voip{index}"))
         .with_bottleneck(scenario.bottleneck.clone())
         .with_seed(seed)
@@ -447,12 +452,17 @@ impl Bulk {
 
 fn write_bulk(mut stream: TcpStream, stop: &AtomicBool) -> std::io::Result<()> {
     use std::io::Write;
+    socket2::SockRef::from(&stream).set_tcp_congestion(BULK_CONGESTION.as_bytes())?;
     stream.set_write_timeout(Some(BULK_POLL))?;
     let chunk = vec![0u8; 64 * 1024];
     while !stop.load(Ordering::Relaxed) {
         match stream.write(&chunk) {
             Ok(_) => {}
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
             // The client went away at the end of the run.
             Err(_) => break,
         }
@@ -468,7 +478,11 @@ fn read_bulk(mut stream: TcpStream, stop: &AtomicBool) {
         match stream.read(&mut buf) {
             Ok(0) => break,
             Ok(_) => {}
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
             Err(_) => break,
         }
     }

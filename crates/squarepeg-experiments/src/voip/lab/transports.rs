@@ -172,7 +172,7 @@ impl LabTransport for LabTcp {
         "tcp"
     }
     fn description(&self) -> &'static str {
-        "kernel TCP (Linux, CUBIC): length-prefixed records, TCP_NODELAY"
+        "kernel TCP (Linux, default congestion control): length-prefixed records, TCP_NODELAY"
     }
     fn framing(&self) -> Framing {
         Framing::LengthPrefixed
@@ -348,7 +348,11 @@ impl LabTransport for LabSquarepeg {
         match bound_rx.recv_timeout(OPEN_TIMEOUT) {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(VoipError::Transport(format!("squarepeg sender: {e}"))),
-            Err(_) => return Err(VoipError::Transport("squarepeg sender did not start".into())),
+            Err(_) => {
+                return Err(VoipError::Transport(
+                    "squarepeg sender did not start".into(),
+                ));
+            }
         }
         // Receiver: connect and forward every message with its arrival time.
         let (messages_tx, messages_rx) = mpsc::channel();
@@ -382,12 +386,20 @@ impl LabTransport for LabSquarepeg {
         match connected_rx.recv_timeout(OPEN_TIMEOUT) {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(VoipError::Transport(format!("squarepeg receiver: {e}"))),
-            Err(_) => return Err(VoipError::Transport("squarepeg receiver did not connect".into())),
+            Err(_) => {
+                return Err(VoipError::Transport(
+                    "squarepeg receiver did not connect".into(),
+                ));
+            }
         }
         let connection = match accepted_rx.recv_timeout(OPEN_TIMEOUT) {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => return Err(VoipError::Transport(format!("squarepeg sender: {e}"))),
-            Err(_) => return Err(VoipError::Transport("squarepeg sender accepted nothing".into())),
+            Err(_) => {
+                return Err(VoipError::Transport(
+                    "squarepeg sender accepted nothing".into(),
+                ));
+            }
         };
         Ok(LabEnds {
             sender: Box::new(SquarepegSender {

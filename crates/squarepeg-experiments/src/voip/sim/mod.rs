@@ -77,7 +77,12 @@ pub trait SimTransport {
     /// Adds the sender (right side) and the receiver (left side) to the simulator.
     fn install(&self, sim: &mut Simulator, call: &SimCall) -> Result<SimEnds, VoipError>;
     /// Reads back what the ends recorded after the run.
-    fn collect(&self, sim: &Simulator, ends: SimEnds, call: &SimCall) -> Result<Recorded, VoipError>;
+    fn collect(
+        &self,
+        sim: &Simulator,
+        ends: SimEnds,
+        call: &SimCall,
+    ) -> Result<Recorded, VoipError>;
 }
 
 /// The lab's UDP host: no retransmissions, the reference for what the network lost.
@@ -111,7 +116,12 @@ impl SimTransport for SimUdp {
         let receiver = sim.add_host(Side::Left, UdpHost::new(call.receiver.ip(), start))?;
         Ok(SimEnds { sender, receiver })
     }
-    fn collect(&self, sim: &Simulator, ends: SimEnds, call: &SimCall) -> Result<Recorded, VoipError> {
+    fn collect(
+        &self,
+        sim: &Simulator,
+        ends: SimEnds,
+        call: &SimCall,
+    ) -> Result<Recorded, VoipError> {
         let start = sim.start();
         let receiver = sim
             .host::<UdpHost>(ends.receiver)
@@ -197,7 +207,12 @@ impl SimTransport for SimTcp {
     fn install(&self, sim: &mut Simulator, call: &SimCall) -> Result<SimEnds, VoipError> {
         install_tcp(sim, call, StreamCodec::records)
     }
-    fn collect(&self, sim: &Simulator, ends: SimEnds, call: &SimCall) -> Result<Recorded, VoipError> {
+    fn collect(
+        &self,
+        sim: &Simulator,
+        ends: SimEnds,
+        call: &SimCall,
+    ) -> Result<Recorded, VoipError> {
         collect_tcp(sim, ends, call)
     }
 }
@@ -216,7 +231,12 @@ impl SimTransport for SimSession {
         let lifetime = Some(call.scenario.playout_delay);
         install_tcp(sim, call, || StreamCodec::session(lifetime))
     }
-    fn collect(&self, sim: &Simulator, ends: SimEnds, call: &SimCall) -> Result<Recorded, VoipError> {
+    fn collect(
+        &self,
+        sim: &Simulator,
+        ends: SimEnds,
+        call: &SimCall,
+    ) -> Result<Recorded, VoipError> {
         collect_tcp(sim, ends, call)
     }
 }
@@ -260,6 +280,9 @@ pub fn bulk_start(config: &VoipConfig, k: u32, flows: u32) -> Duration {
     config.lead_in + config.duration() / (flows + 1) * (k + 1)
 }
 
+/// The voice packets seen by the trace hooks: as sent, and as delivered.
+type WireCapture = (Vec<Vec<u8>>, Vec<Vec<u8>>);
+
 /// Runs one transport over one scenario on the simulator.
 pub fn run(
     scenario: &Scenario,
@@ -290,14 +313,13 @@ pub fn run(
         )?;
     }
     // The voice flow's packets, sender to receiver, as sent and as delivered.
-    let wire: Rc<RefCell<(Vec<Vec<u8>>, Vec<Vec<u8>>)>> = Rc::default();
+    let wire: Rc<RefCell<WireCapture>> = Rc::default();
     let hook = Rc::clone(&wire);
     let sender_ip = call.sender.ip();
     let receiver_ip = call.receiver.ip();
     sim.on_trace(move |event| {
-        let voice = || {
-            parse_ip(event.packet).is_ok_and(|ip| ip.src == sender_ip && ip.dst == receiver_ip)
-        };
+        let voice =
+            || parse_ip(event.packet).is_ok_and(|ip| ip.src == sender_ip && ip.dst == receiver_ip);
         match event.kind {
             TraceKind::Sent { host } if host == ends.sender && voice() => {
                 hook.borrow_mut().0.push(event.packet.to_vec());

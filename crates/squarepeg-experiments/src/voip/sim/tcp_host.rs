@@ -328,8 +328,7 @@ impl TcpVoiceHost {
         {
             // The session binds frames as late as the endpoint lets it: only while the
             // endpoint has taken everything before.
-            while self.unsent.is_empty() && session.poll_transmit(now, &mut self.unsent).is_some()
-            {
+            while self.unsent.is_empty() && session.poll_transmit(now, &mut self.unsent).is_some() {
                 if let Ok(n) = self.ep.write(h, &self.unsent) {
                     self.unsent.drain(..n);
                 }
@@ -500,9 +499,9 @@ impl BulkClient {
     fn process(&mut self, now: Instant) {
         while self.starts.last().is_some_and(|&t| t <= now) {
             self.starts.pop();
-            if let Ok(h) = self
-                .ep
-                .connect(now, self.local, self.server, ConnectionConfig::default())
+            if let Ok(h) =
+                self.ep
+                    .connect(now, self.local, self.server, ConnectionConfig::default())
             {
                 self.conns.push(h);
             }
