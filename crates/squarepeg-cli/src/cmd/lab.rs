@@ -62,6 +62,9 @@ enum Verb {
     List,
     /// Remove the namespaces and state of labs whose daemon is gone.
     Cleanup,
+    /// Run the VoIP late-loss experiment (Hollywood §5, Minion §8.2) on labs of its own, or
+    /// on the simulator with --sim.
+    Voip(super::voip::VoipArgs),
     /// Run a lab in the foreground (what `up` starts in the background).
     #[command(hide = true)]
     Daemon(NameArg),
@@ -186,6 +189,7 @@ pub fn run(args: LabArgs) -> Result<()> {
         Verb::Status(name) => cmd_status(&name.name),
         Verb::List => cmd_list(),
         Verb::Cleanup => cmd_cleanup(),
+        Verb::Voip(args) => super::voip::run(args),
         Verb::Daemon(name) => cmd_daemon(&name.name),
     }
 }

@@ -6,3 +6,4 @@ pub mod lab;
 pub mod listen;
 mod peer;
 pub mod tcp;
+pub mod voip;

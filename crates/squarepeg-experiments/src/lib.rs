@@ -1,0 +1,15 @@
+//! Experiments that run squarepeg's transports and their rivals over the lab and report.
+//!
+//! Each experiment runs on both of the lab's engines (`squarepeg_lab`): the deterministic
+//! simulator, where sans-IO transports (squarepeg's userspace TCP, the session core, the lab's
+//! UDP host) run in virtual time and a seed replays a run exactly, and the real network of
+//! namespaces joined through the userspace link emulator, where the kernel's TCP and UDP and
+//! the `squarepeg` crate run in real time.
+//!
+//! | module | experiment |
+//! |---|---|
+//! | [`voip`] | the VoIP late-loss experiment: Hollywood §5.1-5.2 (ADSL 8/1 Mbit/s, RTT 15 ms with 110 ms playout and RTT 70 ms with 30 ms playout, 0.1 % loss) and Minion §8.2 (a call competing with bulk TCP transfers) |
+
+#![warn(missing_docs)]
+
+pub mod voip;

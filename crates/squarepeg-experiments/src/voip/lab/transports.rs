@@ -1,0 +1,420 @@
+//! The lab's transports: kernel UDP, kernel TCP with length-prefixed records, and the
+//! `squarepeg` crate's messages over kernel TCP.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use squarepeg::{Connection, ConnectionConfig, Endpoint, MessageProps, SendError};
+use squarepeg_lab::net::{Lab, NetNs};
+
+use super::{LabCall, LabEnds, LabTransport, VoiceReceiver, VoiceSender};
+use crate::voip::VoipError;
+use crate::voip::config::MAX_MESSAGE_BYTES;
+use crate::voip::wire::{Framing, encode_record, take_records};
+
+/// The longest a receive call blocks, so that the deadline is checked.
+const RECEIVE_POLL: Duration = Duration::from_millis(50);
+/// How long opening a call may take.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn wait_for(deadline: Instant) -> Option<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    (!left.is_zero()).then(|| left.min(RECEIVE_POLL))
+}
+
+fn timed_out(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
+}
+
+/// Kernel UDP: one datagram per message, never retransmitted.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LabUdp;
+
+struct UdpSender(UdpSocket);
+struct UdpReceiver {
+    socket: UdpSocket,
+    buf: Vec<u8>,
+}
+
+impl VoiceSender for UdpSender {
+    fn send(&mut self, message: &[u8]) -> Result<bool, VoipError> {
+        match self.0.send(message) {
+            Ok(_) => Ok(true),
+            // A full socket buffer drops the datagram, as a real-time sender would.
+            Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(false),
+            Err(e) => Err(VoipError::io("sending a datagram")(e)),
+        }
+    }
+    fn close(self: Box<Self>) -> Result<(), VoipError> {
+        Ok(())
+    }
+}
+
+impl VoiceReceiver for UdpReceiver {
+    fn receive(&mut self, deadline: Instant) -> Result<Option<(Vec<u8>, Instant)>, VoipError> {
+        while let Some(wait) = wait_for(deadline) {
+            self.socket
+                .set_read_timeout(Some(wait))
+                .map_err(VoipError::io("UDP receiver"))?;
+            match self.socket.recv(&mut self.buf) {
+                Ok(n) => return Ok(Some((self.buf[..n].to_vec(), Instant::now()))),
+                Err(e) if timed_out(&e) => {}
+                Err(e) => return Err(VoipError::io("receiving a datagram")(e)),
+            }
+        }
+        Ok(None)
+    }
+}
+
+impl LabTransport for LabUdp {
+    fn name(&self) -> &'static str {
+        "udp"
+    }
+    fn description(&self) -> &'static str {
+        "kernel UDP: one datagram per message, never retransmitted"
+    }
+    fn framing(&self) -> Framing {
+        Framing::Datagram
+    }
+    fn open(&self, lab: &Lab, call: &LabCall) -> Result<LabEnds, VoipError> {
+        let receiver = lab
+            .client()
+            .run(|| UdpSocket::bind(call.receiver))?
+            .map_err(VoipError::io("binding the UDP receiver"))?;
+        let sender = lab
+            .server()
+            .run(|| {
+                let s = UdpSocket::bind(call.sender)?;
+                s.connect(call.receiver)?;
+                Ok::<_, std::io::Error>(s)
+            })?
+            .map_err(VoipError::io("binding the UDP sender"))?;
+        Ok(LabEnds {
+            sender: Box::new(UdpSender(sender)),
+            receiver: Box::new(UdpReceiver {
+                socket: receiver,
+                buf: vec![0; 65_536],
+            }),
+        })
+    }
+}
+
+/// Kernel TCP: length-prefixed records, `TCP_NODELAY`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LabTcp;
+
+struct TcpSender {
+    stream: TcpStream,
+    record: Vec<u8>,
+}
+struct TcpReceiver {
+    stream: TcpStream,
+    partial: Vec<u8>,
+    ready: std::collections::VecDeque<(Vec<u8>, Instant)>,
+    buf: Vec<u8>,
+    closed: bool,
+}
+
+impl VoiceSender for TcpSender {
+    fn send(&mut self, message: &[u8]) -> Result<bool, VoipError> {
+        self.record.clear();
+        encode_record(message, &mut self.record);
+        // A 164-byte record always fits the socket buffer of a call that keeps up; if the
+        // buffer is full the write blocks, as an application's would.
+        self.stream
+            .write_all(&self.record)
+            .map_err(VoipError::io("writing a record"))?;
+        Ok(true)
+    }
+    fn close(self: Box<Self>) -> Result<(), VoipError> {
+        // FIN after the queued data; the receiver reads to the end.
+        self.stream
+            .shutdown(std::net::Shutdown::Write)
+            .map_err(VoipError::io("closing the TCP sender"))
+    }
+}
+
+impl VoiceReceiver for TcpReceiver {
+    fn receive(&mut self, deadline: Instant) -> Result<Option<(Vec<u8>, Instant)>, VoipError> {
+        loop {
+            if let Some(next) = self.ready.pop_front() {
+                return Ok(Some(next));
+            }
+            if self.closed {
+                return Ok(None);
+            }
+            let Some(wait) = wait_for(deadline) else {
+                return Ok(None);
+            };
+            self.stream
+                .set_read_timeout(Some(wait))
+                .map_err(VoipError::io("TCP receiver"))?;
+            match self.stream.read(&mut self.buf) {
+                Ok(0) => self.closed = true,
+                Ok(n) => {
+                    let at = Instant::now();
+                    self.partial.extend_from_slice(&self.buf[..n]);
+                    for record in take_records(&mut self.partial, MAX_MESSAGE_BYTES)? {
+                        self.ready.push_back((record, at));
+                    }
+                }
+                Err(e) if timed_out(&e) => {}
+                Err(e) => return Err(VoipError::io("reading records")(e)),
+            }
+        }
+    }
+}
+
+impl LabTransport for LabTcp {
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+    fn description(&self) -> &'static str {
+        "kernel TCP (Linux, default congestion control): length-prefixed records, TCP_NODELAY"
+    }
+    fn framing(&self) -> Framing {
+        Framing::LengthPrefixed
+    }
+    fn open(&self, lab: &Lab, call: &LabCall) -> Result<LabEnds, VoipError> {
+        let listener = lab
+            .server()
+            .run(|| TcpListener::bind(call.sender))?
+            .map_err(VoipError::io("binding the TCP sender"))?;
+        let receiver = lab
+            .client()
+            .run(|| TcpStream::connect_timeout(&call.sender, OPEN_TIMEOUT))?
+            .map_err(VoipError::io("connecting the TCP receiver"))?;
+        let (sender, _) = listener
+            .accept()
+            .map_err(VoipError::io("accepting the TCP receiver"))?;
+        sender
+            .set_nodelay(true)
+            .map_err(VoipError::io("TCP_NODELAY"))?;
+        receiver
+            .set_nodelay(true)
+            .map_err(VoipError::io("TCP_NODELAY"))?;
+        Ok(LabEnds {
+            sender: Box::new(TcpSender {
+                stream: sender,
+                record: Vec::new(),
+            }),
+            receiver: Box::new(TcpReceiver {
+                stream: receiver,
+                partial: Vec::new(),
+                ready: std::collections::VecDeque::new(),
+                buf: vec![0; 64 * 1024],
+                closed: false,
+            }),
+        })
+    }
+}
+
+/// The `squarepeg` crate over kernel TCP: session messages in uCOBS frames, each with its
+/// playout budget as lifetime, `TCP_NODELAY` and `TCP_NOTSENT_LOWAT` as the crate sets them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LabSquarepeg;
+
+/// Runs a current-thread tokio runtime on a thread inside `ns`, so that the sockets it
+/// creates belong to that namespace.
+fn spawn_in<F>(
+    ns: &NetNs,
+    name: &str,
+    f: impl FnOnce() -> F + Send + 'static,
+) -> Result<std::thread::JoinHandle<()>, VoipError>
+where
+    F: std::future::Future<Output = ()>,
+{
+    let ns = ns.try_clone()?;
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            if ns.enter_current_thread().is_err() {
+                return;
+            }
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(f());
+        })
+        .map_err(VoipError::io("spawning a runtime thread"))
+}
+
+struct SquarepegSender {
+    connection: Connection,
+    props: MessageProps,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl VoiceSender for SquarepegSender {
+    fn send(&mut self, message: &[u8]) -> Result<bool, VoipError> {
+        match self
+            .connection
+            .try_send_message(message.to_vec(), self.props.clone())
+        {
+            Ok(_) => Ok(true),
+            Err(SendError::QueueFull { .. }) => Ok(false),
+            Err(e) => Err(VoipError::Transport(format!("squarepeg send: {e}"))),
+        }
+    }
+    fn close(mut self: Box<Self>) -> Result<(), VoipError> {
+        if let Some(s) = self.shutdown.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            t.join()
+                .map_err(|_| VoipError::Transport("the sender runtime panicked".into()))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SquarepegSender {
+    fn drop(&mut self) {
+        if let Some(s) = self.shutdown.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+struct SquarepegReceiver {
+    messages: mpsc::Receiver<(Vec<u8>, Instant)>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl VoiceReceiver for SquarepegReceiver {
+    fn receive(&mut self, deadline: Instant) -> Result<Option<(Vec<u8>, Instant)>, VoipError> {
+        while let Some(wait) = wait_for(deadline) {
+            match self.messages.recv_timeout(wait) {
+                Ok(m) => return Ok(Some(m)),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(None),
+            }
+        }
+        Ok(None)
+    }
+}
+
+impl Drop for SquarepegReceiver {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+impl LabTransport for LabSquarepeg {
+    fn name(&self) -> &'static str {
+        "squarepeg"
+    }
+    fn description(&self) -> &'static str {
+        "squarepeg crate: session messages (uCOBS) over kernel TCP, lifetime = playout delay"
+    }
+    fn framing(&self) -> Framing {
+        Framing::Ucobs
+    }
+    fn open(&self, lab: &Lab, call: &LabCall) -> Result<LabEnds, VoipError> {
+        // Sender: listen, accept one connection, hand it over, wait for the end of the call.
+        let (bound_tx, bound_rx) = mpsc::channel::<Result<(), String>>();
+        let (accepted_tx, accepted_rx) = mpsc::channel::<Result<Connection, String>>();
+        let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
+        let address = call.sender;
+        let sender_thread = spawn_in(lab.server(), "voip-sender", move || async move {
+            let endpoint = match Endpoint::bind(address, ConnectionConfig::default()).await {
+                Ok(e) => e,
+                Err(e) => {
+                    let _ = bound_tx.send(Err(format!("bind: {e}")));
+                    return;
+                }
+            };
+            let _ = bound_tx.send(Ok(()));
+            let connection = match endpoint.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = accepted_tx.send(Err(format!("accept: {e}")));
+                    return;
+                }
+            };
+            let _ = accepted_tx.send(Ok(connection.clone()));
+            let _ = shutdown_rx.await;
+            // Deliver what is queued, then close; bounded so a dead peer cannot hang us.
+            let _ = tokio::time::timeout(Duration::from_secs(5), connection.close()).await;
+        })?;
+        match bound_rx.recv_timeout(OPEN_TIMEOUT) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(VoipError::Transport(format!("squarepeg sender: {e}"))),
+            Err(_) => {
+                return Err(VoipError::Transport(
+                    "squarepeg sender did not start".into(),
+                ));
+            }
+        }
+        // Receiver: connect and forward every message with its arrival time.
+        let (messages_tx, messages_rx) = mpsc::channel();
+        let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (connected_tx, connected_rx) = mpsc::channel::<Result<(), String>>();
+        spawn_in(lab.client(), "voip-receiver", move || async move {
+            let connection = match Connection::connect(address, ConnectionConfig::default()).await {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = connected_tx.send(Err(format!("connect: {e}")));
+                    return;
+                }
+            };
+            let _ = connected_tx.send(Ok(()));
+            loop {
+                tokio::select! {
+                    m = connection.recv_message() => match m {
+                        Ok(m) => {
+                            let at = Instant::now();
+                            if messages_tx.send((m.payload, at)).is_err() {
+                                break;
+                            }
+                        }
+                        Err(_) => break,
+                    },
+                    _ = &mut stop_rx => break,
+                }
+            }
+            connection.abort(0, b"");
+        })?;
+        match connected_rx.recv_timeout(OPEN_TIMEOUT) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(VoipError::Transport(format!("squarepeg receiver: {e}"))),
+            Err(_) => {
+                return Err(VoipError::Transport(
+                    "squarepeg receiver did not connect".into(),
+                ));
+            }
+        }
+        let connection = match accepted_rx.recv_timeout(OPEN_TIMEOUT) {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(VoipError::Transport(format!("squarepeg sender: {e}"))),
+            Err(_) => {
+                return Err(VoipError::Transport(
+                    "squarepeg sender accepted nothing".into(),
+                ));
+            }
+        };
+        Ok(LabEnds {
+            sender: Box::new(SquarepegSender {
+                connection,
+                props: MessageProps {
+                    lifetime: Some(call.scenario.playout_delay),
+                    ..MessageProps::default()
+                },
+                shutdown: Some(shutdown_tx),
+                thread: Some(sender_thread),
+            }),
+            receiver: Box::new(SquarepegReceiver {
+                messages: messages_rx,
+                stop: Some(stop_tx),
+            }),
+        })
+    }
+}

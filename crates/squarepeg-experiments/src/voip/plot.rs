@@ -1,0 +1,372 @@
+//! Plots: per message in the style of Hollywood figures 5.4-5.16 (transport delay and
+//! buffered time of every message, messages that missed their playout in red, plus a window
+//! of 100 messages around the first miss), and the latency CDF of every transport of a
+//! scenario (Minion figure 7). Each is written as SVG and PNG.
+//!
+//! Text is measured and (in PNG) drawn with `ab_glyph` from a system TrueType font: DejaVu
+//! Sans (Debian package `fonts-dejavu-core`, which `.ci/run` installs), or the file named by
+//! `SQUAREPEG_PLOT_FONT`. Without a font no plot can be laid out, and plotting fails with a
+//! clear error (`--no-plots` skips them).
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use super::analysis::{MessageRecord, MessageState, ms};
+use super::report::stem;
+use super::{RunResult, VoipError};
+
+/// Where the PNG font is looked for, in order (after `SQUAREPEG_PLOT_FONT`).
+pub const FONT_PATHS: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+];
+
+const FONT: &str = "sans-serif";
+const SIZE: (u32, u32) = (1200, 600);
+/// Messages shown in the zoomed plot (Hollywood's zooms show 100).
+pub const ZOOM_MESSAGES: u64 = 100;
+
+/// Loads and registers the font once, or says why it cannot.
+pub fn ensure_font() -> Result<(), VoipError> {
+    if font_loaded() {
+        Ok(())
+    } else {
+        Err(VoipError::Plot(format!(
+            "no TrueType font for the plots: install fonts-dejavu-core (looked in {}) or set \
+             SQUAREPEG_PLOT_FONT to a .ttf file",
+            FONT_PATHS.join(", ")
+        )))
+    }
+}
+
+fn font_loaded() -> bool {
+    static LOADED: OnceLock<bool> = OnceLock::new();
+    *LOADED.get_or_init(|| {
+        let env = std::env::var("SQUAREPEG_PLOT_FONT").ok();
+        let candidates = env
+            .iter()
+            .map(String::as_str)
+            .chain(FONT_PATHS.iter().copied());
+        for path in candidates {
+            if let Ok(bytes) = std::fs::read(path) {
+                // Registered fonts live as long as the process: leak the bytes once.
+                let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+                if plotters::style::register_font(FONT, FontStyle::Normal, bytes).is_ok() {
+                    return true;
+                }
+            }
+        }
+        false
+    })
+}
+
+fn plot_err<E: std::fmt::Debug>(e: E) -> VoipError {
+    VoipError::Plot(format!("{e:?}"))
+}
+
+/// The message range of the zoomed plot: 100 messages starting 10 before the first message
+/// that missed its playout (or the first one the network lost, or the middle of the call).
+pub fn zoom_window(records: &[MessageRecord]) -> Range<u64> {
+    let n = records.len() as u64;
+    let centre = records
+        .iter()
+        .find(|r| r.state != MessageState::OnTime)
+        .or_else(|| records.iter().find(|r| r.lost_by_network))
+        .map_or(n / 2, |r| r.number);
+    let start = centre
+        .saturating_sub(10)
+        .min(n.saturating_sub(ZOOM_MESSAGES));
+    start..(start + ZOOM_MESSAGES).min(n)
+}
+
+/// Writes the per-message plot and its zoom for one run; returns the files.
+pub fn per_message(dir: &Path, run: &RunResult) -> Result<Vec<PathBuf>, VoipError> {
+    ensure_font()?;
+    let name = stem(run);
+    let records = &run.analysis.records;
+    let mut files = Vec::new();
+    let title = format!(
+        "{} over {} ({}): {} — playout delay {} ms",
+        run.transport,
+        run.scenario.name,
+        run.engine.name(),
+        "transport delay and buffered time",
+        ms(run.scenario.playout_delay)
+    );
+    let all = 0..records.len() as u64;
+    let zoom = zoom_window(records);
+    for (suffix, range) in [("delay", all), ("zoom", zoom)] {
+        let base = dir.join(format!("{name}-{suffix}"));
+        let svg = base.with_extension("svg");
+        {
+            let root = SVGBackend::new(&svg, SIZE).into_drawing_area();
+            delay_chart(&root, &title, records, range.clone())?;
+            root.present().map_err(plot_err)?;
+        }
+        files.push(svg);
+        let png = base.with_extension("png");
+        {
+            let root = BitMapBackend::new(&png, SIZE).into_drawing_area();
+            delay_chart(&root, &title, records, range)?;
+            root.present().map_err(plot_err)?;
+        }
+        files.push(png);
+    }
+    Ok(files)
+}
+
+fn delay_chart<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+    records: &[MessageRecord],
+    range: Range<u64>,
+) -> Result<(), VoipError> {
+    root.fill(&WHITE).map_err(plot_err)?;
+    let shown: Vec<&MessageRecord> = records
+        .iter()
+        .filter(|r| range.contains(&r.number))
+        .collect();
+    let delay = |r: &MessageRecord| r.transport_delay().map(ms);
+    let buffered = |r: &MessageRecord| r.buffered_ns().map(|ns| ns as f64 / 1e6);
+    let mut lo: f64 = 0.0;
+    let mut hi: f64 = 10.0;
+    for r in &shown {
+        for v in [delay(r), buffered(r)].into_iter().flatten() {
+            lo = lo.min(v);
+            hi = hi.max(v);
+        }
+    }
+    let pad = (hi - lo) * 0.05 + 1.0;
+    let x_end = range.end.max(range.start + 1);
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, (FONT, 20))
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(range.start as f64..x_end as f64, (lo - pad)..(hi + pad))
+        .map_err(plot_err)?;
+    chart
+        .configure_mesh()
+        .x_desc("message number")
+        .y_desc("milliseconds")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .label_style((FONT, 14))
+        .draw()
+        .map_err(plot_err)?;
+    chart
+        .draw_series(LineSeries::new(
+            [(range.start as f64, 0.0), (x_end as f64, 0.0)],
+            BLACK.mix(0.4),
+        ))
+        .map_err(plot_err)?;
+    let blue = RGBColor(31, 119, 180);
+    let green = RGBColor(44, 160, 44);
+    // Lines broken where a message never arrived.
+    for (series, colour, label) in [
+        (
+            &delay as &dyn Fn(&MessageRecord) -> Option<f64>,
+            blue,
+            "transport delay",
+        ),
+        (&buffered, green, "buffered time (playout - arrival)"),
+    ] {
+        let mut first = true;
+        for run in shown.split(|r| series(r).is_none()) {
+            let points: Vec<(f64, f64)> = run
+                .iter()
+                .filter_map(|r| Some((r.number as f64, series(r)?)))
+                .collect();
+            if points.is_empty() {
+                continue;
+            }
+            let s = chart
+                .draw_series(LineSeries::new(points, colour.stroke_width(1)))
+                .map_err(plot_err)?;
+            if first {
+                s.label(label).legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2))
+                });
+                first = false;
+            }
+        }
+    }
+    let late: Vec<(f64, f64)> = shown
+        .iter()
+        .filter(|r| r.state == MessageState::Late)
+        .filter_map(|r| Some((r.number as f64, buffered(r)?)))
+        .collect();
+    chart
+        .draw_series(late.into_iter().map(|p| Circle::new(p, 3, RED.filled())))
+        .map_err(plot_err)?
+        .label("late (buffered < 0)")
+        .legend(|(x, y)| Circle::new((x + 10, y), 3, RED.filled()));
+    let lost: Vec<(f64, f64)> = shown
+        .iter()
+        .filter(|r| r.state == MessageState::Lost)
+        .map(|r| (r.number as f64, 0.0))
+        .collect();
+    chart
+        .draw_series(
+            lost.into_iter()
+                .map(|p| Cross::new(p, 5, RED.stroke_width(2))),
+        )
+        .map_err(plot_err)?
+        .label("never delivered")
+        .legend(|(x, y)| Cross::new((x + 10, y), 5, RED.stroke_width(2)));
+    let network: Vec<(f64, f64)> = shown
+        .iter()
+        .filter(|r| r.lost_by_network)
+        .map(|r| (r.number as f64, delay(r).unwrap_or(0.0)))
+        .collect();
+    chart
+        .draw_series(
+            network
+                .into_iter()
+                .map(|p| TriangleMarker::new(p, 6, BLACK.stroke_width(1))),
+        )
+        .map_err(plot_err)?
+        .label("first transmission lost by the network")
+        .legend(|(x, y)| TriangleMarker::new((x + 10, y), 6, BLACK.stroke_width(1)));
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font((FONT, 14))
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(plot_err)?;
+    Ok(())
+}
+
+/// Writes one latency CDF per engine and scenario, every transport on it; returns the
+/// files.
+pub fn cdfs(dir: &Path, runs: &[RunResult]) -> Result<Vec<PathBuf>, VoipError> {
+    ensure_font()?;
+    let mut groups: Vec<(String, Vec<&RunResult>)> = Vec::new();
+    for run in runs {
+        let key = format!("{}-{}", run.engine.name(), run.scenario.name);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, g)) => g.push(run),
+            None => groups.push((key, vec![run])),
+        }
+    }
+    let mut files = Vec::new();
+    for (key, group) in groups {
+        let base = dir.join(format!("{key}-cdf"));
+        let svg = base.with_extension("svg");
+        {
+            let root = SVGBackend::new(&svg, SIZE).into_drawing_area();
+            cdf_chart(&root, &group)?;
+            root.present().map_err(plot_err)?;
+        }
+        files.push(svg);
+        let png = base.with_extension("png");
+        {
+            let root = BitMapBackend::new(&png, SIZE).into_drawing_area();
+            cdf_chart(&root, &group)?;
+            root.present().map_err(plot_err)?;
+        }
+        files.push(png);
+    }
+    Ok(files)
+}
+
+const PALETTE: [RGBColor; 6] = [
+    RGBColor(214, 39, 40),
+    RGBColor(31, 119, 180),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(255, 127, 14),
+    RGBColor(140, 86, 75),
+];
+
+fn cdf_chart<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    runs: &[&RunResult],
+) -> Result<(), VoipError> {
+    root.fill(&WHITE).map_err(plot_err)?;
+    let Some(first) = runs.first() else {
+        return Ok(());
+    };
+    let deadline = ms(first.scenario.playout_offset());
+    let mut curves = Vec::new();
+    let mut hi: f64 = deadline * 1.5;
+    for run in runs {
+        let total = run.analysis.records.len().max(1) as f64;
+        let mut delays: Vec<f64> = run
+            .analysis
+            .records
+            .iter()
+            .filter_map(|r| r.transport_delay().map(ms))
+            .collect();
+        delays.sort_by(f64::total_cmp);
+        if let Some(&last) = delays.last() {
+            hi = hi.max(last);
+        }
+        let points: Vec<(f64, f64)> = delays
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| (d, (i + 1) as f64 / total))
+            .collect();
+        curves.push((run.transport.clone(), points));
+    }
+    let mut chart = ChartBuilder::on(root)
+        .caption(
+            format!(
+                "latency CDF: {} ({}), playout deadline {:.1} ms after send",
+                first.scenario.name,
+                first.engine.name(),
+                deadline
+            ),
+            (FONT, 20),
+        )
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..hi * 1.05, 0.0..1.0)
+        .map_err(plot_err)?;
+    chart
+        .configure_mesh()
+        .x_desc("transport delay (ms)")
+        .y_desc("fraction of messages sent")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.1}"))
+        .label_style((FONT, 14))
+        .draw()
+        .map_err(plot_err)?;
+    chart
+        .draw_series(LineSeries::new(
+            [(deadline, 0.0), (deadline, 1.0)],
+            BLACK.stroke_width(2),
+        ))
+        .map_err(plot_err)?
+        .label("playout deadline")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.stroke_width(2)));
+    for (i, (name, mut points)) in curves.into_iter().enumerate() {
+        let colour = PALETTE[i % PALETTE.len()];
+        // A step function: hold each fraction until the next delay.
+        if let Some(&(_, y)) = points.last() {
+            points.push((hi * 1.05, y));
+        }
+        chart
+            .draw_series(LineSeries::new(points, colour.stroke_width(2)))
+            .map_err(plot_err)?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font((FONT, 14))
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()
+        .map_err(plot_err)?;
+    Ok(())
+}

@@ -1,0 +1,543 @@
+//! Simulator hosts built on squarepeg's userspace TCP (`squarepeg_tcp::Endpoint`): the voice
+//! endpoints of the TCP transports and the bulk transfers of the contention scenario.
+//!
+//! A host owns one sans-IO endpoint and plays the application on top of it: the simulator
+//! feeds it packets and timer expiries, the host moves bytes between the endpoint and its
+//! application after each, and hands the endpoint's packets to the simulator.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use squarepeg_framing::StreamDecoder;
+use squarepeg_lab::sim::{Host, KIND_DATA, decode_payload, encode_payload};
+use squarepeg_session::{MAX_FRAME_BODY, MessageProps, Role, Session};
+use squarepeg_tcp::{
+    ConnectionConfig, ConnectionHandle, Endpoint, EndpointConfig, Event, ListenerHandle,
+};
+
+use crate::voip::config::{MAX_MESSAGE_BYTES, VoipConfig};
+use crate::voip::wire::{encode_record, take_records};
+
+/// Largest packet the hosts send (the lab's links have no smaller MTU).
+const PACKET_BUFFER: usize = 1500;
+/// Bytes read from an endpoint per call.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// An endpoint secret derived from the run's seed and a host index, so that a seed fixes
+/// every ISN and timestamp offset.
+pub fn secret(seed: u64, host: u8) -> [u8; 32] {
+    let mut s = [0u8; 32];
+    s[..8].copy_from_slice(&seed.to_le_bytes());
+    s[8] = host;
+    s[31] = 0x5a;
+    s
+}
+
+fn endpoint(address: IpAddr, seed: u64, host: u8, now: Instant) -> Endpoint {
+    Endpoint::new(
+        EndpointConfig {
+            secret: secret(seed, host),
+            local_addresses: vec![address],
+            ..EndpointConfig::default()
+        },
+        now,
+    )
+}
+
+/// How the voice messages are carried over the TCP byte stream.
+#[derive(Debug)]
+pub enum StreamCodec {
+    /// Length-prefixed records (the plain-TCP baseline); the receive buffer holds a partial
+    /// record.
+    Records {
+        /// Bytes received but not yet a whole record.
+        partial: Vec<u8>,
+    },
+    /// squarepeg session messages in uCOBS frames.
+    Session {
+        /// The session, once the connection is established.
+        session: Option<Box<Session>>,
+        /// The in-order frame decoder of the receive side.
+        decoder: Box<StreamDecoder>,
+        /// The lifetime given to each message (Hollywood §7.2): its playout budget.
+        lifetime: Option<Duration>,
+    },
+}
+
+impl StreamCodec {
+    /// Length-prefixed records.
+    pub fn records() -> Self {
+        Self::Records {
+            partial: Vec::new(),
+        }
+    }
+
+    /// Session messages with `lifetime`.
+    pub fn session(lifetime: Option<Duration>) -> Self {
+        Self::Session {
+            session: None,
+            decoder: Box::new(StreamDecoder::new(MAX_FRAME_BODY)),
+            lifetime,
+        }
+    }
+}
+
+/// Which end of the call a host is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallEnd {
+    /// Listens and sends the voice.
+    Sender,
+    /// Connects at the start of the run and receives the voice.
+    Receiver,
+}
+
+/// One end of a voice call over squarepeg's TCP in standard mode.
+#[derive(Debug)]
+pub struct TcpVoiceHost {
+    ep: Endpoint,
+    address: IpAddr,
+    end: CallEnd,
+    epoch: Instant,
+    config: VoipConfig,
+    codec: StreamCodec,
+    listener: Option<ListenerHandle>,
+    conn: Option<ConnectionHandle>,
+    next_number: u64,
+    sent: Vec<Option<Duration>>,
+    arrivals: Vec<(u64, Duration)>,
+    /// Bytes the endpoint has not taken yet (its send buffer was full).
+    unsent: Vec<u8>,
+    packet: Vec<u8>,
+    read_buf: Vec<u8>,
+    errors: Vec<String>,
+}
+
+impl TcpVoiceHost {
+    /// The sending end, listening on `local`.
+    pub fn sender(
+        local: SocketAddr,
+        epoch: Instant,
+        config: VoipConfig,
+        codec: StreamCodec,
+        seed: u64,
+    ) -> Self {
+        let mut host = Self::new(local.ip(), CallEnd::Sender, epoch, config, codec, seed, 1);
+        match host.ep.listen(local, 4, ConnectionConfig::default()) {
+            Ok(l) => host.listener = Some(l),
+            Err(e) => host.errors.push(format!("listen on {local}: {e}")),
+        }
+        host
+    }
+
+    /// The receiving end at `local`, connecting to `remote` at the epoch.
+    pub fn receiver(
+        local: SocketAddr,
+        remote: SocketAddr,
+        epoch: Instant,
+        config: VoipConfig,
+        codec: StreamCodec,
+        seed: u64,
+    ) -> Self {
+        let mut host = Self::new(local.ip(), CallEnd::Receiver, epoch, config, codec, seed, 2);
+        match host
+            .ep
+            .connect(epoch, local, remote, ConnectionConfig::default())
+        {
+            Ok(c) => host.conn = Some(c),
+            Err(e) => host.errors.push(format!("connect to {remote}: {e}")),
+        }
+        host
+    }
+
+    fn new(
+        address: IpAddr,
+        end: CallEnd,
+        epoch: Instant,
+        config: VoipConfig,
+        codec: StreamCodec,
+        seed: u64,
+        index: u8,
+    ) -> Self {
+        Self {
+            ep: endpoint(address, seed, index, epoch),
+            address,
+            end,
+            epoch,
+            config,
+            codec,
+            listener: None,
+            conn: None,
+            next_number: 0,
+            sent: Vec::new(),
+            arrivals: Vec::new(),
+            unsent: Vec::new(),
+            packet: vec![0; PACKET_BUFFER],
+            read_buf: vec![0; READ_CHUNK],
+            errors: Vec::new(),
+        }
+    }
+
+    /// Per message number, when it was handed to the transport (from the epoch).
+    pub fn sent(&self) -> &[Option<Duration>] {
+        &self.sent
+    }
+
+    /// Messages received: number and arrival (from the epoch).
+    pub fn arrivals(&self) -> &[(u64, Duration)] {
+        &self.arrivals
+    }
+
+    /// What went wrong, if anything (errors from the endpoint, the session or the peer).
+    pub fn errors(&self) -> &[String] {
+        &self.errors
+    }
+
+    fn established(&self) -> bool {
+        match &self.codec {
+            // Only the sender sends, and its connection is set once accepted (established).
+            StreamCodec::Records { .. } => self.conn.is_some(),
+            StreamCodec::Session { session, .. } => session.is_some(),
+        }
+    }
+
+    fn next_due(&self) -> Option<Instant> {
+        (self.end == CallEnd::Sender && self.next_number < self.config.count)
+            .then(|| self.epoch + self.config.due(self.next_number))
+    }
+
+    /// Sends every message due by `now`.
+    fn send_due(&mut self, now: Instant) {
+        while let Some(due) = self.next_due() {
+            if due > now {
+                break;
+            }
+            let number = self.next_number;
+            self.next_number += 1;
+            let at = now.saturating_duration_since(self.epoch);
+            let message = encode_payload(KIND_DATA, number, at, self.config.message_bytes);
+            let accepted = self.established()
+                && match &mut self.codec {
+                    StreamCodec::Records { .. } => {
+                        encode_record(&message, &mut self.unsent);
+                        true
+                    }
+                    StreamCodec::Session {
+                        session: Some(session),
+                        lifetime,
+                        ..
+                    } => {
+                        let props = MessageProps {
+                            lifetime: *lifetime,
+                            ..MessageProps::default()
+                        };
+                        session.send_message(now, message, props).is_ok()
+                    }
+                    StreamCodec::Session { session: None, .. } => false,
+                };
+            self.sent.push(accepted.then_some(at));
+        }
+    }
+
+    /// Moves bytes and events between the endpoint and the application.
+    fn process(&mut self, now: Instant) {
+        while let Some(event) = self.ep.poll_event() {
+            match event {
+                Event::Connected(h) => {
+                    self.conn = Some(h);
+                    self.start_session(Role::Client);
+                }
+                Event::Incoming(l) => {
+                    if let Some(h) = self.ep.accept(l) {
+                        if self.conn.is_none() {
+                            self.conn = Some(h);
+                            self.start_session(Role::Server);
+                        } else {
+                            let _ = self.ep.abort(now, h);
+                        }
+                    }
+                }
+                Event::Closed(_, reason) => self.errors.push(format!("closed: {reason:?}")),
+                Event::Readable(_) | Event::Writable(_) | Event::PeerFin(_) => {}
+            }
+        }
+        self.read(now);
+        self.write(now);
+    }
+
+    fn start_session(&mut self, role: Role) {
+        if let StreamCodec::Session { session, .. } = &mut self.codec {
+            match Session::new(role, squarepeg_session::Config::default()) {
+                Ok(s) => *session = Some(Box::new(s)),
+                Err(e) => self.errors.push(format!("session: {e}")),
+            }
+        }
+    }
+
+    fn read(&mut self, now: Instant) {
+        let Some(h) = self.conn else { return };
+        let at = now.saturating_duration_since(self.epoch);
+        loop {
+            let n = match self.ep.read(h, &mut self.read_buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let data = &self.read_buf[..n];
+            match &mut self.codec {
+                StreamCodec::Records { partial } => {
+                    partial.extend_from_slice(data);
+                    match take_records(partial, MAX_MESSAGE_BYTES) {
+                        Ok(records) => {
+                            for r in records {
+                                if let Some((KIND_DATA, number, _)) = decode_payload(&r) {
+                                    self.arrivals.push((number, at));
+                                }
+                            }
+                        }
+                        Err(e) => self.errors.push(e.to_string()),
+                    }
+                }
+                StreamCodec::Session {
+                    session: Some(session),
+                    decoder,
+                    ..
+                } => {
+                    decoder.push(data);
+                    while let Some(frame) = decoder.next_frame() {
+                        match frame {
+                            Ok(frame) => session.handle_frame(now, frame),
+                            Err(e) => session.handle_decode_error(now, e),
+                        }
+                    }
+                    while let Some(m) = session.poll_message() {
+                        if let Some((KIND_DATA, number, _)) = decode_payload(&m.payload) {
+                            self.arrivals.push((number, at));
+                        }
+                    }
+                }
+                StreamCodec::Session { session: None, .. } => {}
+            }
+        }
+    }
+
+    fn write(&mut self, now: Instant) {
+        let Some(h) = self.conn else { return };
+        if let StreamCodec::Session {
+            session: Some(session),
+            ..
+        } = &mut self.codec
+        {
+            // The session binds frames as late as the endpoint lets it: only while the
+            // endpoint has taken everything before.
+            while self.unsent.is_empty() && session.poll_transmit(now, &mut self.unsent).is_some() {
+                if let Ok(n) = self.ep.write(h, &self.unsent) {
+                    self.unsent.drain(..n);
+                }
+            }
+            while let Some(event) = session.poll_event() {
+                if let squarepeg_session::Event::ConnectionLost(e) = event {
+                    self.errors.push(format!("session lost: {e}"));
+                }
+            }
+        }
+        if !self.unsent.is_empty()
+            && let Ok(n) = self.ep.write(h, &self.unsent)
+        {
+            self.unsent.drain(..n);
+        }
+    }
+}
+
+impl Host for TcpVoiceHost {
+    fn addresses(&self) -> Vec<IpAddr> {
+        vec![self.address]
+    }
+
+    fn handle_packet(&mut self, now: Instant, packet: Vec<u8>) {
+        let _ = self.ep.handle_packet(now, &packet);
+        self.process(now);
+    }
+
+    fn poll_transmit(&mut self, now: Instant) -> Option<Vec<u8>> {
+        let n = self.ep.poll_transmit(now, &mut self.packet)?;
+        Some(self.packet[..n].to_vec())
+    }
+
+    fn poll_timeout(&mut self) -> Option<Instant> {
+        let session = match &self.codec {
+            StreamCodec::Session {
+                session: Some(s), ..
+            } => s.poll_timeout(),
+            _ => None,
+        };
+        [self.ep.poll_timeout(), self.next_due(), session]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        self.ep.handle_timeout(now);
+        if let StreamCodec::Session {
+            session: Some(s), ..
+        } = &mut self.codec
+            && s.poll_timeout().is_some_and(|t| t <= now)
+        {
+            s.handle_timeout(now);
+        }
+        self.process(now);
+        self.send_due(now);
+        self.write(now);
+    }
+}
+
+/// Bulk TCP downloads for the contention scenario: the server end, which writes as fast as
+/// TCP takes data on every connection it accepts, until `stop`.
+#[derive(Debug)]
+pub struct BulkServer {
+    ep: Endpoint,
+    address: IpAddr,
+    conns: Vec<ConnectionHandle>,
+    stop: Instant,
+    chunk: Vec<u8>,
+    packet: Vec<u8>,
+}
+
+impl BulkServer {
+    /// Listens on `local`; stops writing at `stop`.
+    pub fn new(local: SocketAddr, epoch: Instant, stop: Instant, seed: u64) -> Self {
+        let mut ep = endpoint(local.ip(), seed, 3, epoch);
+        // Listening on a fresh endpoint cannot fail but for a zero backlog.
+        let _ = ep.listen(local, 16, ConnectionConfig::default());
+        Self {
+            ep,
+            address: local.ip(),
+            conns: Vec::new(),
+            stop,
+            chunk: vec![0; READ_CHUNK],
+            packet: vec![0; PACKET_BUFFER],
+        }
+    }
+
+    fn process(&mut self, now: Instant) {
+        while let Some(event) = self.ep.poll_event() {
+            if let Event::Incoming(l) = event {
+                while let Some(h) = self.ep.accept(l) {
+                    self.conns.push(h);
+                }
+            }
+        }
+        if now < self.stop {
+            for &h in &self.conns {
+                while matches!(self.ep.write(h, &self.chunk), Ok(n) if n > 0) {}
+            }
+        }
+    }
+}
+
+impl Host for BulkServer {
+    fn addresses(&self) -> Vec<IpAddr> {
+        vec![self.address]
+    }
+    fn handle_packet(&mut self, now: Instant, packet: Vec<u8>) {
+        let _ = self.ep.handle_packet(now, &packet);
+        self.process(now);
+    }
+    fn poll_transmit(&mut self, now: Instant) -> Option<Vec<u8>> {
+        let n = self.ep.poll_transmit(now, &mut self.packet)?;
+        Some(self.packet[..n].to_vec())
+    }
+    fn poll_timeout(&mut self) -> Option<Instant> {
+        self.ep.poll_timeout()
+    }
+    fn handle_timeout(&mut self, now: Instant) {
+        self.ep.handle_timeout(now);
+        self.process(now);
+    }
+}
+
+/// The client end of the bulk downloads: opens one connection at each start time and reads
+/// and discards everything.
+#[derive(Debug)]
+pub struct BulkClient {
+    ep: Endpoint,
+    local: SocketAddr,
+    server: SocketAddr,
+    starts: Vec<Instant>,
+    conns: Vec<ConnectionHandle>,
+    received: u64,
+    buf: Vec<u8>,
+    packet: Vec<u8>,
+}
+
+impl BulkClient {
+    /// Connects from `local` (port 0: ephemeral ports) to `server` at each of `starts`.
+    pub fn new(
+        local: SocketAddr,
+        server: SocketAddr,
+        epoch: Instant,
+        mut starts: Vec<Instant>,
+        seed: u64,
+    ) -> Self {
+        starts.sort_unstable_by(|a, b| b.cmp(a)); // popped from the end, earliest first
+        Self {
+            ep: endpoint(local.ip(), seed, 4, epoch),
+            local,
+            server,
+            starts,
+            conns: Vec::new(),
+            received: 0,
+            buf: vec![0; READ_CHUNK],
+            packet: vec![0; PACKET_BUFFER],
+        }
+    }
+
+    /// Bytes received over all flows.
+    pub fn received(&self) -> u64 {
+        self.received
+    }
+
+    fn process(&mut self, now: Instant) {
+        while self.starts.last().is_some_and(|&t| t <= now) {
+            self.starts.pop();
+            if let Ok(h) =
+                self.ep
+                    .connect(now, self.local, self.server, ConnectionConfig::default())
+            {
+                self.conns.push(h);
+            }
+        }
+        while self.ep.poll_event().is_some() {}
+        for &h in &self.conns {
+            while let Ok(n) = self.ep.read(h, &mut self.buf) {
+                if n == 0 {
+                    break;
+                }
+                self.received += n as u64;
+            }
+        }
+    }
+}
+
+impl Host for BulkClient {
+    fn addresses(&self) -> Vec<IpAddr> {
+        vec![self.local.ip()]
+    }
+    fn handle_packet(&mut self, now: Instant, packet: Vec<u8>) {
+        let _ = self.ep.handle_packet(now, &packet);
+        self.process(now);
+    }
+    fn poll_transmit(&mut self, now: Instant) -> Option<Vec<u8>> {
+        let n = self.ep.poll_transmit(now, &mut self.packet)?;
+        Some(self.packet[..n].to_vec())
+    }
+    fn poll_timeout(&mut self) -> Option<Instant> {
+        [self.ep.poll_timeout(), self.starts.last().copied()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+    fn handle_timeout(&mut self, now: Instant) {
+        self.ep.handle_timeout(now);
+        self.process(now);
+    }
+}

@@ -1,0 +1,380 @@
+//! Which messages the network itself lost: the voice flow's packets as the sender sent them,
+//! matched with those the receiver's side of the path delivered, mapped to messages.
+//!
+//! Both engines produce the same input — the sender-to-receiver packets of the voice flow in
+//! the order the sender sent them, and those the path delivered — so one piece of code
+//! decides for both: the simulator from its trace hooks, the real lab from the emulator's
+//! captures on its server-facing interface (before the impairments) and client-facing
+//! interface (after them). The path is FIFO in every scenario (no reordering, no
+//! duplication, no middlebox), so the delivered packets are the sent ones, byte for byte and
+//! in order, minus the drops; [`match_delivered`] checks exactly that.
+//!
+//! A message is *lost by the network* when the first transmission of any of its bytes was
+//! dropped. For a datagram transport every message is one datagram, sent once. For a TCP
+//! byte stream the bytes of a data segment above the highest sequence number sent before it
+//! are being sent for the first time (TCP sends new data in sequence order); the stream is
+//! rebuilt from the sent segments and cut into messages by the transport's [`Framing`].
+
+use std::collections::BTreeSet;
+use std::ops::Range;
+
+use etherparse::{SlicedPacket, TransportSlice};
+use squarepeg_framing::{FrameHeader, decode_frame};
+use squarepeg_lab::sim::{KIND_DATA, decode_payload};
+use squarepeg_session::MAX_FRAME_BODY;
+
+use super::VoipError;
+
+/// The largest voice stream rebuilt (the voice flow carries about 10 kB/s).
+pub const MAX_STREAM_BYTES: u64 = 256 << 20;
+
+/// How a transport lays messages on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// One UDP datagram per message, its payload the message.
+    Datagram,
+    /// A TCP byte stream of records: a 4-byte big-endian length, then the message.
+    LengthPrefixed,
+    /// A TCP byte stream of uCOBS frames (squarepeg sessions): message frames carry the
+    /// message as their payload; control and padding frames carry none.
+    Ucobs,
+}
+
+/// Bytes of a record's length prefix in [`Framing::LengthPrefixed`].
+pub const LENGTH_PREFIX: usize = 4;
+
+/// Appends one length-prefixed record.
+pub fn encode_record(message: &[u8], out: &mut Vec<u8>) {
+    let len = u32::try_from(message.len()).unwrap_or(u32::MAX);
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(message);
+}
+
+/// Splits complete length-prefixed records off the front of `buf` (the receive side of
+/// [`Framing::LengthPrefixed`]); records longer than `max` are an error.
+pub fn take_records(buf: &mut Vec<u8>, max: usize) -> Result<Vec<Vec<u8>>, VoipError> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(prefix) = buf.get(at..at + LENGTH_PREFIX) {
+        let len = u32::from_be_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize;
+        if len > max {
+            return Err(VoipError::Wire(format!(
+                "record of {len} bytes is longer than the largest message ({max})"
+            )));
+        }
+        let Some(record) = buf.get(at + LENGTH_PREFIX..at + LENGTH_PREFIX + len) else {
+            break;
+        };
+        out.push(record.to_vec());
+        at += LENGTH_PREFIX + len;
+    }
+    buf.drain(..at);
+    Ok(out)
+}
+
+/// One packet of the voice flow, sender to receiver, in sending order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WirePacket {
+    /// The IP packet.
+    pub bytes: Vec<u8>,
+    /// Whether the path delivered it.
+    pub delivered: bool,
+}
+
+/// Marks which sent packets were delivered: the delivered packets must be the sent ones in
+/// the same order with some left out (a FIFO path that drops). Anything else — a delivered
+/// packet that was never sent, or one out of order — is an error, since the mapping to
+/// messages would then be a guess.
+pub fn match_delivered(
+    sent: Vec<Vec<u8>>,
+    delivered: &[Vec<u8>],
+) -> Result<Vec<WirePacket>, VoipError> {
+    let mut next = 0;
+    let log: Vec<WirePacket> = sent
+        .into_iter()
+        .map(|bytes| {
+            let hit = delivered.get(next).is_some_and(|d| *d == bytes);
+            next += usize::from(hit);
+            WirePacket {
+                bytes,
+                delivered: hit,
+            }
+        })
+        .collect();
+    if next != delivered.len() {
+        return Err(VoipError::Wire(format!(
+            "{} of {} delivered packets do not match the sent ones in order (a path that \
+             reorders, duplicates or rewrites packets, or an incomplete capture)",
+            delivered.len() - next,
+            delivered.len()
+        )));
+    }
+    Ok(log)
+}
+
+/// The numbers of the messages whose first transmission the path dropped.
+pub fn lost_by_network(log: &[WirePacket], framing: Framing) -> Result<BTreeSet<u64>, VoipError> {
+    match framing {
+        Framing::Datagram => Ok(log
+            .iter()
+            .filter(|p| !p.delivered)
+            .filter_map(|p| datagram_number(&p.bytes))
+            .collect()),
+        Framing::LengthPrefixed | Framing::Ucobs => stream_losses(log, framing),
+    }
+}
+
+fn datagram_number(packet: &[u8]) -> Option<u64> {
+    let sliced = SlicedPacket::from_ip(packet).ok()?;
+    let TransportSlice::Udp(udp) = sliced.transport? else {
+        return None;
+    };
+    match decode_payload(udp.payload())? {
+        (KIND_DATA, number, _) => Some(number),
+        _ => None,
+    }
+}
+
+struct Segment {
+    seq: u32,
+    syn: bool,
+    payload: Vec<u8>,
+    delivered: bool,
+}
+
+fn tcp_segment(p: &WirePacket) -> Option<Segment> {
+    let sliced = SlicedPacket::from_ip(&p.bytes).ok()?;
+    let TransportSlice::Tcp(tcp) = sliced.transport? else {
+        return None;
+    };
+    Some(Segment {
+        seq: tcp.sequence_number(),
+        syn: tcp.syn(),
+        payload: tcp.payload().to_vec(),
+        delivered: p.delivered,
+    })
+}
+
+fn stream_losses(log: &[WirePacket], framing: Framing) -> Result<BTreeSet<u64>, VoipError> {
+    let segments: Vec<Segment> = log.iter().filter_map(tcp_segment).collect();
+    let isn = segments
+        .iter()
+        .find(|s| s.syn)
+        .map(|s| s.seq)
+        .ok_or_else(|| {
+            VoipError::Wire("no SYN from the sender: the handshake is missing".into())
+        })?;
+    // Stream offset of each data segment (RFC 9293 §3.4: the SYN takes one sequence number).
+    let ranges: Vec<(Range<u64>, &Segment)> = segments
+        .iter()
+        .filter(|s| !s.payload.is_empty())
+        .map(|s| {
+            let start = u64::from(s.seq.wrapping_sub(isn.wrapping_add(1)));
+            (start..start + s.payload.len() as u64, s)
+        })
+        .collect();
+    let end = ranges.iter().map(|(r, _)| r.end).max().unwrap_or(0);
+    if end > MAX_STREAM_BYTES {
+        return Err(VoipError::Wire(format!(
+            "voice stream of {end} bytes is above the limit of {MAX_STREAM_BYTES}"
+        )));
+    }
+    let mut stream = vec![0u8; end as usize];
+    let mut first_lost: Vec<Range<u64>> = Vec::new();
+    let mut highest = 0u64;
+    for (range, segment) in &ranges {
+        stream[range.start as usize..range.end as usize].copy_from_slice(&segment.payload);
+        if range.end > highest {
+            let fresh = range.start.max(highest)..range.end;
+            if !segment.delivered {
+                first_lost.push(fresh);
+            }
+            highest = range.end;
+        }
+    }
+    let messages = locate(&stream, framing)?;
+    // Both lists ascend: fresh ranges start at the previous high-water mark.
+    let mut lost = BTreeSet::new();
+    let mut i = 0;
+    for (number, range) in messages {
+        while i < first_lost.len() && first_lost[i].end <= range.start {
+            i += 1;
+        }
+        if first_lost.get(i).is_some_and(|l| l.start < range.end) {
+            lost.insert(number);
+        }
+    }
+    Ok(lost)
+}
+
+/// The messages in a rebuilt stream with the byte ranges they occupy (prefix or markers
+/// included: every byte the receiver needs before it can deliver the message in order).
+pub fn locate(stream: &[u8], framing: Framing) -> Result<Vec<(u64, Range<u64>)>, VoipError> {
+    let number = |message: &[u8]| match decode_payload(message) {
+        Some((KIND_DATA, number, _)) => Some(number),
+        _ => None,
+    };
+    let mut out = Vec::new();
+    match framing {
+        Framing::Datagram => {
+            return Err(VoipError::Wire("datagrams are not a stream".into()));
+        }
+        Framing::LengthPrefixed => {
+            let mut at = 0usize;
+            while let Some(prefix) = stream.get(at..at + LENGTH_PREFIX) {
+                let len = u32::from_be_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize;
+                let Some(message) = stream.get(at + LENGTH_PREFIX..at + LENGTH_PREFIX + len) else {
+                    break;
+                };
+                let n = number(message).ok_or_else(|| {
+                    VoipError::Wire(format!("no voice message at stream offset {at}"))
+                })?;
+                let end = at + LENGTH_PREFIX + len;
+                out.push((n, at as u64..end as u64));
+                at = end;
+            }
+        }
+        Framing::Ucobs => {
+            let mut at = 0usize;
+            while at < stream.len() {
+                let Some(zero) = stream[at..].iter().position(|&b| b == 0) else {
+                    break;
+                };
+                let start = at + zero + 1;
+                let Some(len) = stream[start..].iter().position(|&b| b == 0) else {
+                    break;
+                };
+                let end = start + len;
+                if len > 0
+                    && let Ok(frame) = decode_frame(&stream[start..end], MAX_FRAME_BODY)
+                    && let FrameHeader::Message { .. } = frame.header
+                    && let Some(n) = number(&frame.payload)
+                {
+                    out.push((n, (start - 1) as u64..(end + 1) as u64));
+                }
+                // The closing marker may open the next frame only if the sender shares
+                // markers; squarepeg writes two, so resume at the closing one.
+                at = end;
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use etherparse::PacketBuilder;
+    use squarepeg_lab::sim::encode_payload;
+    use std::time::Duration;
+
+    fn message(n: u64) -> Vec<u8> {
+        encode_payload(KIND_DATA, n, Duration::from_millis(20 * n), 160)
+    }
+
+    fn tcp(seq: u32, syn: bool, payload: &[u8]) -> Vec<u8> {
+        let b = PacketBuilder::ipv4([10, 0, 1, 1], [10, 0, 0, 1], 64).tcp(5000, 40000, seq, 1000);
+        let b = if syn { b.syn() } else { b };
+        let mut out = Vec::new();
+        b.write(&mut out, payload).expect("build");
+        out
+    }
+
+    fn udp(payload: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        PacketBuilder::ipv4([10, 0, 1, 1], [10, 0, 0, 1], 64)
+            .udp(5000, 4000)
+            .write(&mut out, payload)
+            .expect("build");
+        out
+    }
+
+    #[test]
+    fn records_round_trip() {
+        let mut buf = Vec::new();
+        encode_record(&message(0), &mut buf);
+        encode_record(&message(1), &mut buf);
+        buf.truncate(buf.len() - 3);
+        let got = take_records(&mut buf, 1400).expect("records");
+        assert_eq!(got, vec![message(0)]);
+        assert_eq!(buf.len(), 4 + 157);
+        let mut huge = vec![0xff; 8];
+        assert!(take_records(&mut huge, 1400).is_err());
+    }
+
+    #[test]
+    fn matching_needs_order() {
+        let sent = vec![vec![1], vec![2], vec![3]];
+        let log = match_delivered(sent.clone(), &[vec![1], vec![3]]).expect("fifo");
+        let delivered: Vec<bool> = log.iter().map(|p| p.delivered).collect();
+        assert_eq!(delivered, [true, false, true]);
+        assert!(match_delivered(sent.clone(), &[vec![3], vec![1]]).is_err());
+        assert!(match_delivered(sent, &[vec![4]]).is_err());
+    }
+
+    #[test]
+    fn datagram_losses() {
+        let sent: Vec<Vec<u8>> = (0..4).map(|n| udp(&message(n))).collect();
+        let delivered = vec![sent[0].clone(), sent[2].clone()];
+        let log = match_delivered(sent, &delivered).expect("fifo");
+        let lost = lost_by_network(&log, Framing::Datagram).expect("map");
+        assert_eq!(lost, [1, 3].into_iter().collect());
+    }
+
+    #[test]
+    fn first_transmissions_of_a_stream() {
+        // Records of 164 bytes; the sequence space wraps. Messages 1 and 3 lose their first
+        // transmission; message 1's first retransmission is lost too (not a first
+        // transmission, so nothing new), then both are retransmitted together with a part
+        // of message 2 that was delivered the first time (coalesced retransmission).
+        let isn = 0xffff_ff00u32;
+        let mut stream = Vec::new();
+        for n in 0..4 {
+            encode_record(&message(n), &mut stream);
+        }
+        let seg = |from: usize, to: usize| {
+            tcp(isn.wrapping_add(1 + from as u32), false, &stream[from..to])
+        };
+        let sent = vec![
+            tcp(isn, true, &[]),
+            seg(0, 164),
+            seg(164, 328),
+            seg(328, 492),
+            seg(492, 656),
+            seg(164, 328),
+            seg(164, 656),
+        ];
+        let delivered: Vec<Vec<u8>> = [0, 1, 3, 6].iter().map(|&i| sent[i].clone()).collect();
+        let log = match_delivered(sent, &delivered).expect("fifo");
+        let lost = lost_by_network(&log, Framing::LengthPrefixed).expect("map");
+        assert_eq!(lost, [1, 3].into_iter().collect());
+        // Without a SYN the stream cannot be placed.
+        assert!(lost_by_network(&log[1..], Framing::LengthPrefixed).is_err());
+    }
+
+    #[test]
+    fn ucobs_frames_are_found() {
+        let mut stream = Vec::new();
+        // A control frame, then two message frames.
+        squarepeg_framing::encode_frame(&FrameHeader::Control, &[1, 2, 3], &mut stream)
+            .expect("frame");
+        let first = stream.len();
+        for n in 0..2 {
+            squarepeg_framing::encode_frame(
+                &FrameHeader::Message {
+                    substream: 0,
+                    number: n,
+                },
+                &message(n),
+                &mut stream,
+            )
+            .expect("frame");
+        }
+        let found = locate(&stream, Framing::Ucobs).expect("locate");
+        assert_eq!(found.len(), 2);
+        assert_eq!(found[0].0, 0);
+        assert_eq!(found[0].1.start, first as u64);
+        assert_eq!(found[1].1.end, stream.len() as u64);
+        assert_eq!(found[0].1.end, found[1].1.start);
+    }
+}

@@ -1,0 +1,182 @@
+//! The VoIP experiment on the simulator, end to end, for every transport on a shortened
+//! call: the properties the model must have (Hollywood §5.1-5.2, design.md §6), determinism,
+//! and the stability of the JSON schema.
+
+mod common;
+
+use std::time::Duration;
+
+use squarepeg_experiments::voip::analysis::ms;
+use squarepeg_experiments::voip::config::{hollywood_15ms, hollywood_70ms, minion_contention};
+use squarepeg_experiments::voip::{MessageState, RunResult, Scenario, VoipConfig, report, sim};
+
+/// A seed whose first 10 s lose two voice packets on the downlink of both Hollywood
+/// scenarios (the simulator is deterministic, so this is a fixed fact of the seed).
+const SEED: u64 = 12;
+
+fn config(seconds: u64) -> VoipConfig {
+    VoipConfig {
+        drain: Duration::from_secs(3),
+        ..VoipConfig::for_duration(Duration::from_secs(seconds)).expect("config")
+    }
+}
+
+fn run(scenario: &Scenario, transport: &str, seed: u64, seconds: u64) -> RunResult {
+    let t = sim::transport(transport).expect("transport");
+    sim::run(scenario, t.as_ref(), &config(seconds), seed).expect("run")
+}
+
+/// UDP never retransmits: exactly the network's losses miss their playout, and nothing
+/// arrives later than the path's delay (propagation plus one packet's transmission).
+fn check_udp(r: &RunResult) {
+    let s = &r.analysis.summary;
+    assert!(
+        s.lost_by_network >= 1,
+        "{}: the seed loses packets",
+        r.scenario.name
+    );
+    assert_eq!(s.delivered_late, 0);
+    assert_eq!(s.never_delivered, s.lost_by_network);
+    assert_eq!(s.late_loss_count, s.lost_by_network);
+    assert_eq!(s.missed_not_lost_by_network, 0);
+    for rec in &r.analysis.records {
+        assert_eq!(rec.state == MessageState::Lost, rec.lost_by_network);
+    }
+    let max = s.latency_ms.max.expect("delivered");
+    let bound = ms(r.scenario.playout_offset());
+    assert!(
+        max < bound,
+        "{max} ms is beyond the playout offset {bound} ms"
+    );
+    assert!(max >= ms(r.scenario.one_way_delay()));
+}
+
+/// TCP is reliable: every message arrives, none twice.
+fn check_reliable(r: &RunResult) {
+    let s = &r.analysis.summary;
+    assert_eq!(
+        s.never_delivered, 0,
+        "{} over {}",
+        r.transport, r.scenario.name
+    );
+    assert_eq!(s.delivered_on_time + s.delivered_late, s.messages_sent);
+    assert_eq!(s.duplicate_arrivals + s.unknown_arrivals, 0);
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+}
+
+#[test]
+fn hollywood_scenarios_every_transport() {
+    for scenario in [hollywood_15ms(), hollywood_70ms()] {
+        let udp = run(&scenario, "udp", SEED, 10);
+        check_udp(&udp);
+        for transport in ["tcp", "squarepeg"] {
+            let r = run(&scenario, transport, SEED, 10);
+            check_reliable(&r);
+            let s = &r.analysis.summary;
+            assert_eq!(s.messages_sent, 500);
+            // The same link seed drops the same voice packets whatever the transport.
+            assert_eq!(s.lost_by_network, udp.analysis.summary.lost_by_network);
+            if scenario.name == "hollywood-70ms" {
+                // Hollywood §5.1.3 / eq. 5.6-5.7: T_playout (30 ms) < T_rtt + 3·T_framing
+                // (130 ms), so every retransmission is late and drags a head-of-line tail
+                // of messages that arrived in time but were held.
+                assert!(s.late_loss_count >= s.lost_by_network);
+                assert_eq!(s.lost_by_network_recovered, 0);
+                assert!(s.missed_not_lost_by_network >= 1, "a head-of-line tail");
+                assert!(s.longest_burst >= 2);
+            } else {
+                // Eq. 5.4: 15 + 80 ms <= 110 ms: retransmissions arrive in time.
+                assert_eq!(s.late_loss_count, 0, "{transport}");
+                assert_eq!(s.lost_by_network_recovered, s.lost_by_network);
+            }
+        }
+    }
+}
+
+#[test]
+fn contention_every_transport() {
+    let scenario = minion_contention();
+    let udp = run(&scenario, "udp", 1, 10);
+    check_udp(&udp);
+    for transport in ["tcp", "squarepeg"] {
+        let r = run(&scenario, transport, 1, 10);
+        check_reliable(&r);
+        let s = &r.analysis.summary;
+        assert!(s.lost_by_network >= 1, "bulk flows overflow the queue");
+        assert!(s.late_loss_count >= s.lost_by_network);
+        let engine = &r.engine_stats["down"];
+        assert_eq!(
+            engine["dropped_random_loss"], 0,
+            "losses come from contention only"
+        );
+        assert!(engine["dropped_queue_full"].as_u64().expect("count") > 0);
+    }
+}
+
+#[test]
+fn same_seed_same_json() {
+    let scenario = hollywood_70ms();
+    for transport in ["udp", "tcp", "squarepeg"] {
+        let a = run(&scenario, transport, SEED, 5);
+        let b = run(&scenario, transport, SEED, 5);
+        assert_eq!(
+            report::run_json(&a, None, &[]),
+            report::run_json(&b, None, &[]),
+            "{transport}"
+        );
+        let records = |r: &RunResult| -> Vec<String> {
+            r.analysis
+                .records
+                .iter()
+                .map(|x| report::record_json(x).to_string())
+                .collect()
+        };
+        assert_eq!(records(&a), records(&b));
+    }
+    // And a different seed is a different run.
+    let c = run(&scenario, "udp", SEED + 1, 5);
+    let d = run(&scenario, "udp", SEED, 5);
+    assert_ne!(
+        report::run_json(&c, None, &[])["engine_stats"],
+        report::run_json(&d, None, &[])["engine_stats"]
+    );
+}
+
+#[test]
+fn outputs_keep_their_schema() {
+    let dir = std::env::temp_dir().join(format!("sqpg-voip-schema-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cfg = config(2);
+    let runs: Vec<RunResult> = ["udp", "tcp"]
+        .iter()
+        .map(|t| run(&hollywood_70ms(), t, SEED, 2))
+        .collect();
+    let written = report::write_outputs(&dir, &cfg, &runs, true).expect("write");
+    let text = std::fs::read_to_string(dir.join("summary.json")).expect("summary.json");
+    let summary: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(summary, written.summary);
+    common::check_summary_shape(&summary);
+    for run in summary["runs"].as_array().expect("runs") {
+        let records = dir.join(run["records_file"].as_str().expect("path"));
+        let lines = std::fs::read_to_string(&records).expect("records");
+        assert_eq!(lines.lines().count(), 100);
+        lines.lines().for_each(common::check_record_shape);
+        let plots = run["plots"].as_array().expect("plots");
+        assert_eq!(plots.len(), 4, "delay and zoom, SVG and PNG");
+        for p in plots {
+            let path = dir.join(p.as_str().expect("path"));
+            let bytes = std::fs::read(&path).expect("plot exists");
+            if path.extension().is_some_and(|e| e == "png") {
+                assert_eq!(&bytes[1..4], b"PNG");
+            } else {
+                assert!(bytes.starts_with(b"<svg") || bytes.starts_with(b"<?xml"));
+            }
+        }
+    }
+    assert!(dir.join("plots/sim-hollywood-70ms-cdf.png").exists());
+    assert!(dir.join("plots/sim-hollywood-70ms-cdf.svg").exists());
+    let table = report::table(&runs);
+    assert_eq!(table.lines().count(), 3);
+    assert!(table.contains("hollywood-70ms"));
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
