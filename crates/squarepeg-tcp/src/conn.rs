@@ -2161,8 +2161,12 @@ impl Connection {
                 return None;
             }
         }
-        // Nagle (RFC 896, RFC 9293 §3.7.4): with data in flight, hold back a partial segment.
-        if self.cfg.nagle && len < full && self.flight() > 0 && len > 0 {
+        // Nagle (RFC 896, RFC 9293 §3.7.4): with data in flight, hold back a partial segment
+        // until a full segment's worth is queued. With consistent segmentation writes are never
+        // packed together, so once that much is queued waiting cannot make the segment fuller
+        // and would only send one write per round trip.
+        let packing_possible = !self.cfg.consistent_segmentation || unsent < full as u64;
+        if self.cfg.nagle && len < full && self.flight() > 0 && len > 0 && packing_possible {
             return None;
         }
         let fin = fin_wanted && all_fits;
