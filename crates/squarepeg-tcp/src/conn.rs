@@ -1502,7 +1502,12 @@ impl Connection {
                     });
                 }
             }
-            if self.writable_armed && self.queue.free() > 0 && self.fin_seq.is_none() {
+            // Wake a blocked writer once a third of the send buffer is free (Linux's
+            // sk_stream_min_wspace), not on every ACK: a writer woken for each few freed bytes
+            // writes them at once and, without Nagle, sends them as tiny segments (found by the
+            // simulator, seed 1064).
+            let wake_at = (self.cfg.send_buffer / 3).max(1);
+            if self.writable_armed && self.queue.free() >= wake_at && self.fin_seq.is_none() {
                 self.writable_armed = false;
                 self.events.push(ConnEvent::Writable);
             }

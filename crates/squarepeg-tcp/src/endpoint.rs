@@ -38,7 +38,8 @@ pub enum Event {
     /// New in-order data can be read (edge-triggered: sent again only after `read` drained the
     /// buffer or returned `WouldBlock`).
     Readable(ConnectionHandle),
-    /// Send-buffer space freed after a short or refused write.
+    /// Send-buffer space freed after a short or refused write: sent once at least a third of
+    /// the send buffer is free, so that a writer is not woken for every few acknowledged bytes.
     Writable(ConnectionHandle),
     /// The peer sent FIN: after the buffered data, `read` returns 0.
     PeerFin(ConnectionHandle),

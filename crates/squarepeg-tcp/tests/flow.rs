@@ -322,3 +322,27 @@ fn duplicate_data_gets_dsack() {
     assert!(h.out1().sack().is_empty());
     assert_eq!(h.read_all(c).len(), 510);
 }
+
+#[test]
+fn writable_is_reported_once_a_third_of_the_send_buffer_is_free() {
+    // Found by the simulator (seed 1064): a writer woken for every few acknowledged bytes wrote
+    // them at once and, without Nagle, sent them as tiny segments.
+    let cfg = ConnectionConfig {
+        send_buffer: 30_000,
+        ..Default::default()
+    };
+    let (mut h, c, iss) = open(cfg, 1000, None, 65535);
+    assert_eq!(h.ep.write(c, &[7u8; 40_000]).unwrap(), 30_000);
+    assert_eq!(h.ep.write(c, &[7u8; 10]), Err(squarepeg_tcp::Error::WouldBlock));
+    let sent = h.out().len();
+    assert_eq!(sent, 10, "IW10");
+    // 5000 bytes acknowledged: free space below a third of the buffer, no wake-up.
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 1 + 5000)).unwrap();
+    h.out();
+    assert!(!h.events().contains(&Event::Writable(c)));
+    // 10 000 bytes acknowledged: a third of the buffer is free.
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 1 + 10_000)).unwrap();
+    h.out();
+    assert_eq!(h.events(), vec![Event::Writable(c)]);
+    assert_eq!(h.ep.connection(c).unwrap().writable(), 10_000);
+}
