@@ -418,6 +418,20 @@ impl Endpoint {
             .ok_or(Error::UnknownConnection)
     }
 
+    /// Drains the connection's trace log (empty unless
+    /// [`ConnectionConfig::trace_capacity`] is set; see [`crate::trace`]).
+    pub fn take_trace(
+        &mut self,
+        h: ConnectionHandle,
+    ) -> Result<Vec<crate::trace::TraceRecord>, Error> {
+        let idx = self.slot_index(h)?;
+        let conn = self.slots[idx]
+            .conn
+            .as_mut()
+            .ok_or(Error::UnknownConnection)?;
+        Ok(conn.take_trace())
+    }
+
     /// Reads in-order data. `Ok(0)` means end of stream (peer FIN); `Err(WouldBlock)` means no
     /// data yet.
     pub fn read(&mut self, h: ConnectionHandle, buf: &mut [u8]) -> Result<usize, Error> {

@@ -77,6 +77,7 @@ mod scoreboard;
 mod secret;
 mod send_queue;
 mod syncookie;
+pub mod trace;
 pub mod wire;
 
 pub use config::{
@@ -89,3 +90,4 @@ pub use endpoint::{
 pub use error::{DropReason, Error};
 pub use rtt::RttEstimator;
 pub use send_queue::{CommittedWrite, SendQueue, WriteTag};
+pub use trace::{TraceEvent, TraceRecord};

@@ -333,7 +333,10 @@ fn writable_is_reported_once_a_third_of_the_send_buffer_is_free() {
     };
     let (mut h, c, iss) = open(cfg, 1000, None, 65535);
     assert_eq!(h.ep.write(c, &[7u8; 40_000]).unwrap(), 30_000);
-    assert_eq!(h.ep.write(c, &[7u8; 10]), Err(squarepeg_tcp::Error::WouldBlock));
+    assert_eq!(
+        h.ep.write(c, &[7u8; 10]),
+        Err(squarepeg_tcp::Error::WouldBlock)
+    );
     let sent = h.out().len();
     assert_eq!(sent, 10, "IW10");
     // 5000 bytes acknowledged: free space below a third of the buffer, no wake-up.

@@ -104,9 +104,10 @@ fn newreno_fast_retransmit_limited_transmit_and_partial_ack() {
     let st = h.ep.stats_of(c).unwrap();
     assert_eq!(st.fast_retransmits, 1);
     assert!(st.in_recovery);
-    // FlightSize was 13 segments: ssthresh = 6.5 segments (RFC 5681 eq. 4).
-    assert_eq!(st.ssthresh, 6500);
-    assert_eq!(st.cwnd, 6500);
+    // FlightSize was 13 segments, 2 of them sent by limited transmit, which RFC 5681 §3.2
+    // step 2 leaves out: ssthresh = 11 / 2 = 5.5 segments (eq. 4).
+    assert_eq!(st.ssthresh, 5500);
+    assert_eq!(st.cwnd, 5500);
     // Partial ACK up to segment 5 (segment 5 also lost): retransmit it at once (RFC 6582).
     h.inject(&ack(&h, iss, 5)).unwrap();
     let o = h.out();
@@ -117,7 +118,7 @@ fn newreno_fast_retransmit_limited_transmit_and_partial_ack() {
     h.inject(&ack(&h, iss, high)).unwrap();
     let st = h.ep.stats_of(c).unwrap();
     assert!(!st.in_recovery);
-    assert_eq!(st.cwnd, 6500);
+    assert_eq!(st.cwnd, 5500);
     assert_eq!(st.packets_retransmitted, 2);
     assert_eq!(st.rto_timeouts, 0);
 }
@@ -220,7 +221,14 @@ fn rto_retransmits_everything_in_slow_start() {
     );
     h.ep.write(c, &[0u8; 10_000]).unwrap();
     assert_eq!(h.out().len(), 10);
-    h.fire_next_timer();
+    // The tail loss probe (RFC 8985 §7.3) comes first, after 2 SRTT: the last segment again.
+    assert_eq!(
+        h.fire_next_timer(),
+        Duration::from_millis(200) + Duration::from_millis(2)
+    );
+    assert_eq!(h.out1().seq, seg(iss, 9));
+    // No answer: the RTO, restarted when the probe went out (RFC 8985 §7.3), fires.
+    assert_eq!(h.fire_next_timer(), Duration::from_millis(300));
     // cwnd = 1 SMSS: one segment.
     assert_eq!(h.out1().seq, seg(iss, 0));
     h.inject(&ack(&h, iss, 1)).unwrap();
@@ -258,10 +266,10 @@ fn cubic_and_newreno_reduce_differently() {
         assert!(st.in_recovery);
         got.push((st.cwnd, st.ssthresh));
     }
-    // CUBIC: beta 0.7 of cwnd (10 segments). NewReno: half of FlightSize (12 segments, with
-    // two limited-transmit segments).
+    // CUBIC: beta 0.7 of cwnd (10 segments). NewReno: half of FlightSize (12 segments, less
+    // the two sent by limited transmit, RFC 5681 §3.2 step 2).
     assert_eq!(got[0], (7000, 7000));
-    assert_eq!(got[1], (6000, 6000));
+    assert_eq!(got[1], (5000, 5000));
 }
 
 #[test]

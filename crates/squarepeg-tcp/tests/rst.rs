@@ -321,11 +321,12 @@ fn paws_rejects_old_timestamps() {
     .unwrap();
     h.advance(Duration::from_millis(100));
     h.out();
-    // TS.Recent is 2000 now; an older TSval is rejected even with a good sequence number.
+    // TS.Recent is 2000 now; a TSval older by more than one tick is rejected even with a
+    // good sequence number.
     assert_eq!(
         h.inject(
             &h.pkt(ACK, IRS.wrapping_add(4), ack)
-                .opt(Opt::Ts(1999, 0))
+                .opt(Opt::Ts(1998, 0))
                 .data(b"old")
         ),
         Err(DropReason::Paws)
@@ -335,8 +336,19 @@ fn paws_rejects_old_timestamps() {
     assert_eq!(dup.ts().unwrap().1, 2000);
     assert_eq!(h.read_all(c), b"new");
     assert_eq!(h.ep.stats_of(c).unwrap().paws_rejected, 1);
+    // One tick older is reordering within the clock's granularity (Linux TCP_PAWS_WINDOW):
+    // accepted.
+    h.inject(
+        &h.pkt(ACK, IRS.wrapping_add(4), ack)
+            .opt(Opt::Ts(1999, 0))
+            .data(b"late"),
+    )
+    .unwrap();
+    h.out();
+    assert_eq!(h.read_all(c), b"late");
+    assert_eq!(h.ep.stats_of(c).unwrap().paws_rejected, 1);
     // RST is exempt from PAWS (RFC 7323 §5.3): an exact RST with an old TS resets.
-    h.inject(&h.pkt(RST, IRS.wrapping_add(4), 0).opt(Opt::Ts(5, 0)))
+    h.inject(&h.pkt(RST, IRS.wrapping_add(8), 0).opt(Opt::Ts(5, 0)))
         .unwrap();
     assert_eq!(h.ep.connection(c).unwrap().state(), State::Closed);
 }
