@@ -1649,7 +1649,10 @@ impl Connection {
         // Window update (SND.WL1 < SEG.SEQ or (SND.WL1 = SEG.SEQ and SND.WL2 =< SEG.ACK)).
         if self.snd_wl1 < seq || (self.snd_wl1 == seq && self.snd_wl2 <= ack) {
             window_changed = window != self.snd_wnd;
-            if window > self.snd_wnd && self.snd_wnd == 0 {
+            // The persist back-off starts afresh whenever the window closes or reopens, so the
+            // first zero-window probe waits one RTO (RFC 9293 §3.8.6.1) even after sender SWS
+            // override probes of a small window.
+            if (window > 0) != (self.snd_wnd > 0) {
                 self.persist_backoff = 0;
             }
             self.snd_wnd = window;

@@ -637,6 +637,27 @@ fn scenarios() {
     }
 }
 
+/// Seeds that found bugs (see the git log and the regression tests named after them), run
+/// on every CI pass whatever the seed range.
+const REGRESSION_SEEDS: [u64; 14] = [
+    83, 173, 288, 443, 550, 746, 757, 883, 1064, 1179, 1775, 4079, 6614, 8057,
+];
+
+#[test]
+fn regression_seeds() {
+    let failures: Vec<(u64, String)> = REGRESSION_SEEDS
+        .iter()
+        .filter_map(|&seed| run_catching(seed).err().map(|e| (seed, e)))
+        .collect();
+    if let Some((seed, e)) = failures.first() {
+        panic!(
+            "{} regression seeds failed, first {seed}: {e}\n  replay: {}",
+            failures.len(),
+            replay_command(*seed)
+        );
+    }
+}
+
 /// Replays one seed (`SQUAREPEG_SEED`, default 1): prints the scenario and writes pcaps; with
 /// `SQUAREPEG_TRACE=1` also prints each sender's trace of retransmissions, probes, timeouts
 /// and recovery episodes.

@@ -1024,3 +1024,65 @@ impl Middlebox for Script {
         });
     }
 }
+
+// ------------------------------------------------------------------ one connection
+
+/// The client's and the server's address in [`World::pair`].
+pub const CLIENT: &str = "10.0.0.1:40000";
+pub const SERVER: &str = "10.0.1.1:443";
+
+impl World {
+    /// One connection from a client (left) to a server (right) over `bottleneck`, both
+    /// endpoints keeping a trace of up to `trace` records per connection (0: none).
+    pub fn pair(
+        seed: u64,
+        bottleneck: Bottleneck,
+        client_config: ConnectionConfig,
+        server_config: ConnectionConfig,
+        client_plan: Plan,
+        server_plan: Plan,
+        trace: usize,
+    ) -> World {
+        let start = Instant::now();
+        let (ca, sa): (SocketAddr, SocketAddr) = (
+            CLIENT.parse().expect("address"),
+            SERVER.parse().expect("address"),
+        );
+        let mut client = TcpHost::new("client", ca.ip(), 1, start);
+        let mut server = TcpHost::new("server", sa.ip(), 2, start);
+        client.trace_limit = trace;
+        server.trace_limit = trace;
+        let traced = |c: ConnectionConfig| ConnectionConfig {
+            trace_capacity: if trace > 0 { 1 << 16 } else { 0 },
+            ..c
+        };
+        server.listen(sa.port(), traced(server_config));
+        server.expect_client(sa.port(), ca, server_plan);
+        client.add_client(
+            ca.port(),
+            sa,
+            traced(client_config),
+            Duration::ZERO,
+            client_plan,
+        );
+        World::new(seed, bottleneck, start, client, server)
+    }
+
+    /// The trace of the client's (`client` true) or the server's connection.
+    pub fn trace_of(&mut self, client: bool) -> Vec<squarepeg_tcp::TraceRecord> {
+        let id = if client { self.client } else { self.server };
+        let host = self.sim.host_mut::<TcpHost>(id).expect("host");
+        host.collect_traces();
+        host.traces.iter().map(|(_, r)| *r).collect()
+    }
+
+    /// Stats of the client's (`client` true) or the server's connection.
+    pub fn stats_of(&self, client: bool) -> ConnectionStats {
+        let host = if client { self.client() } else { self.server() };
+        let c = &host.conns[0];
+        c.handle
+            .and_then(|h| host.ep.stats_of(h).ok())
+            .or_else(|| c.stats.clone())
+            .expect("connection stats")
+    }
+}
