@@ -1318,16 +1318,22 @@ impl Connection {
             // Our SYN is acknowledged: ESTABLISHED (RFC 9293 §3.10.7.3).
             self.snd_una = 1;
             self.sb.ack(1, &mut Delivered::default());
-            if let Some((_, tsecr)) = seg.options.timestamps.filter(|_| self.ts_ok) {
-                let ms = self.ts_now(now).wrapping_sub(tsecr);
-                if (ms as i32) >= 0 && self.rto_count == 0 {
-                    self.rtt.on_sample(Duration::from_millis(ms as u64));
-                }
-            }
+            // The SYN's round trip: timed exactly if it was sent once, else from the echoed
+            // timestamp, which names the transmission (RFC 7323 §4.2) but only to the
+            // millisecond.
+            let echo = seg
+                .options
+                .timestamps
+                .filter(|_| self.ts_ok)
+                .map(|(_, tsecr)| self.ts_now(now).wrapping_sub(tsecr))
+                .filter(|&ms| (ms as i32) >= 0);
             if self.rto_count == 0
                 && let Some(sent) = self.syn_sent_at
             {
                 self.rtt.on_sample(now.saturating_duration_since(sent));
+            } else if let Some(ms) = echo {
+                self.rtt
+                    .on_coarse_sample(Duration::from_millis(u64::from(ms)));
             } else if self.rto_count > 0 && self.rtt.srtt().is_none() {
                 // RFC 6298 §5.7: after a SYN timeout, start data transfer with RTO = 3 s.
                 self.rtt = RttEstimator::new(
@@ -1688,7 +1694,7 @@ impl Connection {
             // RTT sample: from an unambiguous segment send time (Karn's rule), otherwise from
             // the echoed timestamp, which identifies the transmission (RFC 7323 §4.2).
             let sample = match res.rtt_sent_at {
-                Some(sent) => Some(now.saturating_duration_since(sent)),
+                Some(sent) => Some((now.saturating_duration_since(sent), true)),
                 // The echo must refer to a transmission this ACK covers: an echo older than all
                 // of them (the receiver did not update TS.Recent, e.g. for a duplicate) would
                 // measure the time the data spent waiting, not a round trip.
@@ -1696,15 +1702,20 @@ impl Connection {
                     (Some((_, tsecr)), Some(earliest)) if self.ts_ok && tsecr != 0 => {
                         let ms = self.ts_now(now).wrapping_sub(tsecr);
                         let echo_fresh = (tsecr.wrapping_sub(self.ts_now(earliest)) as i32) >= 0;
-                        ((ms as i32) >= 0 && echo_fresh).then(|| Duration::from_millis(ms as u64))
+                        ((ms as i32) >= 0 && echo_fresh)
+                            .then(|| (Duration::from_millis(ms as u64), false))
                     }
                     _ => None,
                 },
             };
-            if let Some(r) = sample {
-                self.rtt.on_sample(r);
-                sampled = true;
+            match sample {
+                Some((r, true)) => self.rtt.on_sample(r),
+                // Millisecond timestamps would put min_RTT at 0 on a sub-millisecond path,
+                // and RACK's reordering window with it (found by the simulator, seed 1179).
+                Some((r, false)) => self.rtt.on_coarse_sample(r),
+                None => {}
             }
+            sampled |= sample.is_some();
             self.dupacks = 0;
             self.plain_dupacks = 0;
             self.rto_count = 0;
@@ -1900,7 +1911,11 @@ impl Connection {
     fn rack_update(&mut self, now: Instant, delivered: &Delivered, dsack: Option<(i64, i64)>) {
         // A retransmitted segment delivered within min_RTT of its retransmission was most
         // likely delivered by its original transmission: not a RACK sample (§6.1).
-        let min_rtt = self.rtt.min_rtt().unwrap_or(Duration::ZERO);
+        let min_rtt = self
+            .rtt
+            .min_rtt()
+            .or(self.rtt.srtt())
+            .unwrap_or(Duration::ZERO);
         let retransmitted = delivered
             .newest_retransmitted
             .filter(|t| now.saturating_duration_since(t.sent_at) >= min_rtt);
@@ -1910,7 +1925,13 @@ impl Connection {
             self.rack.xmit = Some(candidate);
             self.rack.rtt = now.saturating_duration_since(candidate.sent_at);
         }
-        if delivered.reordering {
+        // Reordering shows as a never-retransmitted segment delivered below the highest one
+        // (§6.2 step 2), or as a D-SACK: the receiver got both the original and a
+        // retransmission, so the original was only late. Without the second signal a path
+        // that reorders every flight keeps reo_wnd at zero during recovery, so each late
+        // segment is retransmitted before it can show the reordering (found by the simulator,
+        // seed 1179; Linux marks reordering on D-SACK too).
+        if delivered.reordering || dsack.is_some() {
             self.rack.reordering_seen = true;
         }
         // Step 3: widen the window once per round trip in which a D-SACK shows a spurious
@@ -1932,7 +1953,11 @@ impl Connection {
         {
             return Duration::ZERO;
         }
-        let min_rtt = self.rtt.min_rtt().unwrap_or(Duration::ZERO);
+        let min_rtt = self
+            .rtt
+            .min_rtt()
+            .or(self.rtt.srtt())
+            .unwrap_or(Duration::ZERO);
         let wnd = (min_rtt / 4).saturating_mul(self.rack.reo_wnd_mult.max(1));
         wnd.min(self.rtt.srtt().unwrap_or(wnd))
     }

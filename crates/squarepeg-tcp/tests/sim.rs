@@ -183,6 +183,11 @@ impl Scenario {
         });
         let mut client_config = endpoint_config(&mut d);
         let mut server_config = endpoint_config(&mut d);
+        // For comparisons: SQUAREPEG_SIM_RACK_TLP=0 runs the same scenarios without RACK-TLP.
+        if std::env::var("SQUAREPEG_SIM_RACK_TLP").is_ok_and(|v| v == "0") {
+            client_config.rack_tlp = false;
+            server_config.rack_tlp = false;
+        }
         let n = if d.chance(0.75) { 1 } else { d.range(2, 4) };
         let mut conns = Vec::new();
         let abort = d.chance(0.04);
@@ -434,6 +439,9 @@ struct Figures {
     virtual_time: Duration,
     retransmissions: u64,
     rtos: u64,
+    rto_wait: Duration,
+    tail_loss_probes: u64,
+    dsacks: u64,
     fast_retransmits: u64,
     packet_ratio: f64,
 }
@@ -523,6 +531,9 @@ fn storm_check(world: &World) -> Result<Figures, String> {
             f.bytes += c.received;
             f.retransmissions += s.packets_retransmitted;
             f.rtos += s.rto_timeouts;
+            f.rto_wait += s.rto_wait;
+            f.tail_loss_probes += s.tail_loss_probes;
+            f.dsacks += s.dsacks_received;
             f.fast_retransmits += s.fast_retransmits;
         }
         f.packets += host.counters.packets_sent;
@@ -598,6 +609,9 @@ fn scenarios() {
                             t.0.virtual_time += f.virtual_time;
                             t.0.retransmissions += f.retransmissions;
                             t.0.rtos += f.rtos;
+                            t.0.rto_wait += f.rto_wait;
+                            t.0.tail_loss_probes += f.tail_loss_probes;
+                            t.0.dsacks += f.dsacks;
                             t.0.fast_retransmits += f.fast_retransmits;
                             t.1 += 1;
                             if f.packet_ratio > t.2 {
@@ -613,8 +627,8 @@ fn scenarios() {
     let (t, ok, worst_ratio) = totals.into_inner().unwrap();
     eprintln!(
         "{ok} scenarios passed in {:.1} s: {:.1} MiB delivered, {} packets, {} timer wake-ups, \
-         {:.0} s of virtual time, {} retransmissions ({} fast retransmits, {} RTOs); \
-         worst packets per needed segment {worst_ratio:.2}",
+         {:.0} s of virtual time, {} retransmissions ({} fast retransmits, {} RTOs waited \
+         {:.0} s, {} tail loss probes, {} D-SACKs); worst packets per needed segment {worst_ratio:.2}",
         wall.elapsed().as_secs_f64(),
         t.bytes as f64 / MIB as f64,
         t.packets,
@@ -623,6 +637,9 @@ fn scenarios() {
         t.retransmissions,
         t.fast_retransmits,
         t.rtos,
+        t.rto_wait.as_secs_f64(),
+        t.tail_loss_probes,
+        t.dsacks,
     );
     let mut failures = failures.into_inner().unwrap();
     failures.sort_by_key(|f| f.0);
