@@ -349,3 +349,28 @@ fn writable_is_reported_once_a_third_of_the_send_buffer_is_free() {
     assert_eq!(h.events(), vec![Event::Writable(c)]);
     assert_eq!(h.ep.connection(c).unwrap().writable(), 10_000);
 }
+
+#[test]
+fn a_run_of_small_segments_is_acknowledged_every_second_segment() {
+    // Found by the simulator (seed 22357): a peer sending 8-byte messages, a few per window,
+    // got one ACK per 40 ms delayed-ACK timeout, because only full-sized segments counted.
+    // After two segments of the same size the receiver takes it as the peer's segment size
+    // (as Linux's tcp_measure_rcv_mss does).
+    let (mut h, _c, iss) = open(ConnectionConfig::default(), 1000, None, 65535);
+    let mut seq = IRS + 1;
+    let mut send = |h: &mut Harness, len: usize| {
+        h.inject(&h.pkt(ACK, seq, iss + 1).data(&vec![3u8; len]))
+            .unwrap();
+        seq += len as u32;
+        h.out()
+    };
+    // The first small segment waits for the timer or a second one of its size...
+    assert!(send(&mut h, 100).is_empty());
+    // ...which makes 100 bytes the peer's segment size: every second one is acknowledged at
+    // once.
+    assert_eq!(send(&mut h, 100)[0].ack, IRS + 1 + 200);
+    assert!(send(&mut h, 100).is_empty());
+    assert_eq!(send(&mut h, 100)[0].ack, IRS + 1 + 400);
+    assert!(send(&mut h, 100).is_empty());
+    assert_eq!(send(&mut h, 100)[0].ack, IRS + 1 + 600);
+}

@@ -443,3 +443,30 @@ fn new_syn_in_passive_syn_received_returns_to_listen() {
     assert_eq!(h.out1().ack, IRS.wrapping_add(1_000_001));
     let _ = l;
 }
+
+#[test]
+fn paws_lets_a_reordered_duplicate_ack_through() {
+    // Found by the simulator (seed 27749): with jitter, PAWS dropped duplicate ACKs that an
+    // ACK sent a few milliseconds later had overtaken; a pure duplicate ACK stamped within an
+    // RTO of TS.Recent is not an old duplicate of data (Linux tcp_disordered_ack).
+    let (mut h, c, iss, _) = established_ts();
+    let una = iss.wrapping_add(1);
+    h.ep.write(c, &[5u8; 3000]).unwrap();
+    h.out();
+    h.inject(&h.pkt(ACK, IRS.wrapping_add(1), una).opt(Opt::Ts(2000, 0)))
+        .unwrap();
+    // Ten ticks older, same ACK, no window change: a disordered duplicate ACK.
+    h.inject(&h.pkt(ACK, IRS.wrapping_add(1), una).opt(Opt::Ts(1990, 0)))
+        .unwrap();
+    let st = h.ep.stats_of(c).unwrap();
+    assert_eq!((st.paws_rejected, st.dup_acks_received), (0, 2));
+    // Data with that stamp is still rejected.
+    assert_eq!(
+        h.inject(
+            &h.pkt(ACK, IRS.wrapping_add(1), una)
+                .opt(Opt::Ts(1990, 0))
+                .data(b"old")
+        ),
+        Err(DropReason::Paws)
+    );
+}

@@ -1,14 +1,37 @@
 //! Seeded scenarios: two squarepeg endpoints over the lab's simulated link, in virtual time.
 //!
-//! Each seed builds one scenario (path, middlebox, endpoint options, traffic; see
-//! [`Scenario::from_seed`]) and checks that every byte arrived exactly once and in order, that
-//! every connection finished as TCP says it must, that nothing stalled and that no timer or
-//! packet storm happened.
+//! Each seed builds one scenario ([`Scenario::from_seed`]):
+//! - **path**, per direction (asymmetric on 30 % of seeds): one-way delay from 50 µs to
+//!   300 ms; jitter (uniform or normal, order-preserving or reordering) on 25 %; a rate limit
+//!   from 0.5 Mbit/s to 1 Gbit/s on 65 % with a shallow queue (4-32 packets), the netem
+//!   default of 1000 packets (bufferbloat at low rates) or a byte limit of 0.25-4 BDP; random
+//!   loss up to 5 % on 35 % and Gilbert-Elliott burst loss on 25 %; reordering on 15 %;
+//!   duplication on 10 %; the lab's resegmenting middlebox on 15 %; IPv6 on 20 %;
+//! - **endpoints**, each side on its own: MTU 1500/1280/576/9000 or an MSS of 88 to 1000,
+//!   SACK, timestamps and window scaling on or off, CUBIC or NewReno, delayed ACKs, Nagle,
+//!   consistent segmentation, IW 1-10, receive and send buffers from 16 KiB to 4 MiB;
+//! - **traffic**: 1 connection (75 %) or 2-4 started up to 0.5 s apart; uploads, downloads,
+//!   both ways at once, or request/response; each direction from 0 bytes to 4 MiB
+//!   (log-uniform), at most 8 MiB per scenario; writes of 64 KiB, 1-1500 or 1500-20 000 bytes;
+//!   fast, slow (chunks at intervals) or paused readers; on 4 %, one side aborts (RST).
 //!
-//! - `cargo test -p squarepeg-tcp --test sim` runs seeds 1..=1000
-//!   (`SQUAREPEG_SIM_SEEDS=n` and `SQUAREPEG_SIM_FIRST=k` choose others, e.g. for a soak);
+//! Every scenario must: deliver every byte exactly once and in order (each byte checked at its
+//! offset, then lengths and SHA-256 digests compared); end every connection as TCP says (both
+//! FINs, `Closed(Normal)`, one side through TIME-WAIT, every connection CLOSED once the
+//! network is idle; an abort must reach the peer as a reset; no RST but the aborting one or
+//! answers to segments that arrive after a connection closed); finish within a virtual-time
+//! bound ([`Scenario::limits`]); never go 130 s without progress unless waiting on a backed
+//! off RTO; never pass the simulator's livelock limit; and keep packets and timer wake-ups in
+//! proportion to the data ([`storm_check`]).
+//!
+//! - `cargo test -p squarepeg-tcp --test sim` runs seeds 1..=2000
+//!   (`SQUAREPEG_SIM_SEEDS=n` and `SQUAREPEG_SIM_FIRST=k` choose others, e.g. for a soak;
+//!   `SQUAREPEG_SIM_VERBOSE=1` prints each seed's figures; `SQUAREPEG_SIM_RACK_TLP=0` runs
+//!   the same scenarios without RACK-TLP);
 //! - `SQUAREPEG_SEED=1234 cargo test -p squarepeg-tcp --test sim replay -- --nocapture` reruns
-//!   one seed, prints its parameters and writes pcap captures of both hosts.
+//!   one seed, prints its parameters and writes pcap captures of both hosts
+//!   (`SQUAREPEG_PCAP_DIR`, default `target/tmp`); `SQUAREPEG_TRACE=1` adds the senders'
+//!   traces (`SQUAREPEG_TRACE_ALL=1`: every record).
 
 mod simnet;
 
@@ -335,7 +358,18 @@ impl Scenario {
                 .rate_bps
                 .map_or(0.0, |r| bytes as f64 * (mss + 80.0) / mss * 8.0 / r as f64);
             // Under random loss p a TCP moves about MSS/RTT * 1.22/sqrt(p) (Mathis et al. 1997).
-            let p = l.loss + l.gilbert_elliott.map_or(0.0, |g| g.stationary_loss());
+            // Without SACK or timestamps a reordered segment costs what a loss does (a
+            // spurious fast retransmit halves the window), so reordering counts as loss.
+            // Jitter that may reorder swaps about every other pair of packets sent together.
+            let jitter_reorder = if !l.jitter.preserve_order && !l.jitter.amount.is_zero() {
+                0.5
+            } else {
+                0.0
+            };
+            let p = l.loss
+                + l.gilbert_elliott.map_or(0.0, |g| g.stationary_loss())
+                + l.reorder.map_or(0.0, |r| r.probability)
+                + jitter_reorder;
             let lossy = if p > 0.0 {
                 bytes as f64 * rtt.max(0.001) * p.sqrt() / (1.22 * mss)
             } else {
@@ -582,7 +616,7 @@ fn run_catching(seed: u64) -> Result<Figures, String> {
 
 #[test]
 fn scenarios() {
-    let count = env_u64("SQUAREPEG_SIM_SEEDS", 1000);
+    let count = env_u64("SQUAREPEG_SIM_SEEDS", 2000);
     let first = env_u64("SQUAREPEG_SIM_FIRST", 1);
     let next = AtomicU64::new(first);
     let failures = Mutex::new(Vec::new());
@@ -656,8 +690,8 @@ fn scenarios() {
 
 /// Seeds that found bugs (see the git log and the regression tests named after them), run
 /// on every CI pass whatever the seed range.
-const REGRESSION_SEEDS: [u64; 14] = [
-    83, 173, 288, 443, 550, 746, 757, 883, 1064, 1179, 1775, 4079, 6614, 8057,
+const REGRESSION_SEEDS: [u64; 17] = [
+    83, 173, 288, 443, 550, 746, 757, 883, 1064, 1179, 1775, 4079, 6614, 8057, 19277, 22357, 27749,
 ];
 
 #[test]
