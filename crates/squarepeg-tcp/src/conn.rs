@@ -2594,7 +2594,12 @@ impl Connection {
         self.sb.on_retransmit(index, now);
         self.counters.packets_retransmitted += 1;
         self.counters.bytes_retransmitted += payload_len as u64;
-        if self.rto_at.is_none() {
+        // With SACK, resending the first unacknowledged segment restarts the timer (as Linux
+        // does): armed at the last cumulative ACK, it could expire before the retransmission,
+        // sent later (RACK waits out reordering first), has had a round trip (found by the
+        // simulator, seed 866). NewReno keeps RFC 6582's timer ("Impatient").
+        if self.rto_at.is_none() || (self.sack_ok && start == self.snd_una) {
+            self.rto_at = None;
             self.arm_rto(now);
         }
         Some(n)

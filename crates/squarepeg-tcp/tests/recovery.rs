@@ -601,3 +601,27 @@ fn newreno_restarts_the_rto_only_on_the_first_partial_ack() {
     h.out();
     assert_eq!(h.ep.poll_timeout(), Some(restarted_at + rto));
 }
+
+#[test]
+fn retransmitting_the_first_unacknowledged_segment_restarts_the_rto() {
+    // Found by the simulator (seed 866): armed at the last cumulative ACK, the RTO expired
+    // before a retransmission sent later (after RACK's reordering wait) could be acknowledged.
+    let (mut h, c, iss) = open(
+        ConnectionConfig::default(),
+        true,
+        Duration::from_millis(100),
+    );
+    h.ep.write(c, &[0u8; 10_000]).unwrap();
+    h.out();
+    let sent_at = h.now;
+    h.now += Duration::from_millis(100);
+    h.inject(&ack(&h, iss, 0).opt(Opt::Sack(vec![(seg(iss, 1), seg(iss, 3))])))
+        .unwrap();
+    h.out();
+    // RACK's reordering timer (min_RTT / 4), then segment 0 goes again.
+    assert_eq!(h.fire_next_timer(), Duration::from_millis(25));
+    assert_eq!(segs(iss, &h.out())[0], 0);
+    let rto = h.ep.stats_of(c).unwrap().rto;
+    assert_eq!(h.ep.poll_timeout(), Some(h.now + rto));
+    assert!(h.now + rto > sent_at + rto);
+}
