@@ -690,8 +690,9 @@ fn scenarios() {
 
 /// Seeds that found bugs (see the git log and the regression tests named after them), run
 /// on every CI pass whatever the seed range.
-const REGRESSION_SEEDS: [u64; 17] = [
-    83, 173, 288, 443, 550, 746, 757, 883, 1064, 1179, 1775, 4079, 6614, 8057, 19277, 22357, 27749,
+const REGRESSION_SEEDS: [u64; 18] = [
+    83, 173, 288, 443, 550, 746, 757, 866, 883, 1064, 1179, 1775, 4079, 6614, 8057, 19277, 22357,
+    27749,
 ];
 
 #[test]
