@@ -352,6 +352,7 @@ impl Scenario {
             &self.server_config,
             &mut self.conns.iter().map(|c| &c.server),
         );
+        let sack = self.client_config.sack && self.server_config.sack;
         let direction = |bytes: u64, l: &LinkConfig, mss: f64| {
             // Serialisation at the bottleneck, headers counted.
             let serial = l
@@ -366,10 +367,23 @@ impl Scenario {
             } else {
                 0.0
             };
+            // Without SACK, a window that overflows a shallow queue loses many segments at
+            // once, which NewReno repairs one per round trip or by go-back-N after an RTO (and
+            // without timestamps Karn's rule keeps that RTO backed off): count about one loss
+            // per queue-full of packets.
+            let queue_packets = l.rate_bps.map(|_| {
+                let by_bytes = l.queue.bytes.map_or(u64::MAX, |b| b / 1500);
+                l.queue.packets.unwrap_or(u64::MAX).min(by_bytes).max(1)
+            });
+            let shallow = match queue_packets {
+                Some(q) if !sack && q <= 32 => 1.0 / q as f64,
+                _ => 0.0,
+            };
             let p = l.loss
                 + l.gilbert_elliott.map_or(0.0, |g| g.stationary_loss())
                 + l.reorder.map_or(0.0, |r| r.probability)
-                + jitter_reorder;
+                + jitter_reorder
+                + shallow;
             let lossy = if p > 0.0 {
                 bytes as f64 * rtt.max(0.001) * p.sqrt() / (1.22 * mss)
             } else {
