@@ -94,9 +94,17 @@ pub struct ConnectionConfig {
     pub initial_window: u32,
     /// Duplicate-ACK threshold for fast retransmit (RFC 5681 §3.2, RFC 6675 DupThresh).
     pub dupack_threshold: u32,
+    /// RACK-TLP loss detection (RFC 8985) when SACK is negotiated: losses are found by time
+    /// (a segment sent before one that was delivered, and older than an RTT plus a reordering
+    /// window, is lost; lost retransmissions are found too), and a tail loss probe draws the
+    /// ACK that reveals losses at the end of a flight instead of waiting for the RTO. Off: the
+    /// DupThresh rule of RFC 6675 and the RTO alone.
+    pub rack_tlp: bool,
     /// Most challenge ACKs per second (RFC 5961 §7). Counted per connection, which avoids the
     /// global-counter side channel of CVE-2016-5696.
     pub challenge_ack_limit: u32,
+    /// Trace log capacity in records (see [`crate::trace`]); 0, the default, keeps no trace.
+    pub trace_capacity: usize,
     /// Consistent segmentation (Hollywood §4.2): never pack bytes of two writes into one
     /// segment, so that each small write starts a new segment. Off: MSS-packing across writes.
     pub consistent_segmentation: bool,
@@ -131,7 +139,9 @@ impl Default for ConnectionConfig {
             congestion: CongestionAlgorithm::Cubic,
             initial_window: 10,
             dupack_threshold: 3,
+            rack_tlp: true,
             challenge_ack_limit: 1000,
+            trace_capacity: 0,
             consistent_segmentation: false,
         }
     }

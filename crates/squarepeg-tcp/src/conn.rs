@@ -13,8 +13,9 @@ use crate::config::ConnectionConfig;
 use crate::error::{DropReason, Error};
 use crate::recv_buf::RecvBuffer;
 use crate::rtt::RttEstimator;
-use crate::scoreboard::Scoreboard;
+use crate::scoreboard::{Delivered, Scoreboard, Transmission};
 use crate::send_queue::{SendQueue, WriteTag};
+use crate::trace::{TraceEvent, TraceLog, TraceRecord};
 use crate::wire::{self, MAX_SACK_BLOCKS, OutHeader, OutOptions, Segment, TcpFlags};
 
 /// Connection states (RFC 9293 §3.3.2). LISTEN belongs to listeners, not connections.
@@ -100,6 +101,9 @@ pub struct ConnectionStats {
     pub bytes_retransmitted: u64,
     pub fast_retransmits: u64,
     pub rto_timeouts: u64,
+    /// Time spent waiting for retransmission timeouts that fired (from arming to expiry),
+    /// SYN timeouts included: what timeouts cost this connection.
+    pub rto_wait: Duration,
     pub sack_holes: usize,
     pub dup_acks_received: u64,
     pub dsacks_received: u64,
@@ -109,11 +113,16 @@ pub struct ConnectionStats {
     pub recv_window: u64,
     pub send_window: u64,
     pub zero_window_probes: u64,
+    /// Tail loss probes sent (RFC 8985 §7), and those that repaired a loss.
+    pub tail_loss_probes: u64,
+    pub tail_loss_repairs: u64,
     pub keepalive_probes: u64,
     pub challenge_acks: u64,
     pub paws_rejected: u64,
     pub send_buffered: usize,
     pub recv_buffered: usize,
+    /// Trace records dropped because the trace log was full (see [`crate::trace`]).
+    pub trace_dropped: u64,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -132,6 +141,9 @@ struct Counters {
     keepalive_probes: u64,
     challenge_acks: u64,
     paws_rejected: u64,
+    tail_loss_probes: u64,
+    tail_loss_repairs: u64,
+    rto_wait: Duration,
 }
 
 /// Events a connection reports to its endpoint.
@@ -144,10 +156,78 @@ pub(crate) enum ConnEvent {
     Closed(CloseReason),
 }
 
+/// RACK state (RFC 8985 §6).
+#[derive(Clone, Copy, Debug)]
+struct Rack {
+    /// RACK.xmit_ts and RACK.end_seq: the most recently sent segment delivered so far.
+    xmit: Option<Transmission>,
+    /// RACK.rtt: the round trip of that segment.
+    rtt: Duration,
+    /// RACK.reordering_seen.
+    reordering_seen: bool,
+    /// RACK.reo_wnd_mult and RACK.reo_wnd_persist (§6.2 step 3).
+    reo_wnd_mult: u32,
+    reo_wnd_persist: u32,
+    /// RACK.dsack_round: SND.NXT when the window was last widened.
+    dsack_round: Option<u64>,
+    /// The reordering timer: when segments sent before RACK.xmit_ts may be deemed lost.
+    timer: Option<Instant>,
+}
+
+impl Default for Rack {
+    fn default() -> Self {
+        Rack {
+            xmit: None,
+            rtt: Duration::ZERO,
+            reordering_seen: false,
+            reo_wnd_mult: 1,
+            reo_wnd_persist: 0,
+            dsack_round: None,
+            timer: None,
+        }
+    }
+}
+
+/// Tail loss probe state (RFC 8985 §7).
+#[derive(Clone, Copy, Debug)]
+struct Tlp {
+    /// TLP.end_seq: SND.NXT after the probe, while a probe episode is open.
+    end_seq: Option<u64>,
+    /// TLP.is_retrans: the probe resent the last segment.
+    is_retrans: bool,
+    /// The probe timeout (PTO).
+    pto_at: Option<Instant>,
+    /// The PTO fired: send a probe.
+    pending: bool,
+    /// An RTT sample arrived since the last probe (§7.3 condition 2).
+    sampled: bool,
+}
+
+impl Default for Tlp {
+    fn default() -> Self {
+        Tlp {
+            end_seq: None,
+            is_retrans: false,
+            pto_at: None,
+            pending: false,
+            sampled: true,
+        }
+    }
+}
+
+/// Worst-case delayed-ACK timer of the peer, added to the PTO of a one-segment flight whose
+/// ACK the peer may delay (RFC 8985 §7.2 WCDelAckT).
+const WC_DEL_ACK: Duration = Duration::from_millis(200);
+/// Added to 2*SRTT in the PTO of a longer flight so that timer granularity and small jitter
+/// on very short paths do not trigger probes (Linux TCP_TIMEOUT_MIN).
+const PTO_SLACK: Duration = Duration::from_millis(2);
+
 #[derive(Clone, Copy, Debug)]
 struct Recovery {
     /// RecoveryPoint (RFC 6675) / `recover` (RFC 6582): HighData at entry.
     point: u64,
+    /// Partial ACKs so far (RFC 6582 §3.2 step 5).
+    partial_acks: u32,
 }
 
 /// What the handshake learned from the peer's SYN.
@@ -168,6 +248,8 @@ pub(crate) struct Shared {
     pub ttl: u8,
 }
 
+/// Timestamp ticks by which a segment may be older than TS.Recent and still pass PAWS.
+const PAWS_WINDOW: u32 = 1;
 /// 24 days, after which TS.Recent is considered stale (RFC 7323 §5.5).
 const PAWS_IDLE: Duration = Duration::from_secs(24 * 24 * 3600);
 /// Rate limit for ACKs answering out-of-window segments (Linux `tcp_invalid_ratelimit`),
@@ -241,6 +323,11 @@ pub struct Connection {
     peer_fin_processed: bool,
     /// Estimate of the peer's segment size, for delayed ACKs (largest payload seen).
     rcv_mss: usize,
+    /// The peer's current segment size, for "every second segment" ACKs: follows smaller
+    /// segments too once two in a row have the same size (Linux tcp_measure_rcv_mss).
+    ack_mss: usize,
+    /// Payload of the last data segment received.
+    last_seg_len: usize,
     /// RCV.NXT when we last sent an ACK (for "every second full-sized segment").
     rcv_acked: u64,
 
@@ -268,15 +355,23 @@ pub struct Connection {
     // Loss recovery and congestion control.
     sb: Scoreboard,
     dupacks: u32,
+    /// Duplicate ACKs without any SACK block although SACK was negotiated.
+    plain_dupacks: u32,
     recovery: Option<Recovery>,
     /// RFC 6582 `recover`: no new recovery until SND.UNA passes it.
     recover: u64,
     /// Bytes by which the last cumulative ACK advanced SND.UNA (RFC 6582 §4.1 heuristic).
     last_ack_advance: u64,
+    /// Segments that cumulative ACK covered (the RFC 6582 §4.1 heuristic counts segments).
+    last_ack_segments: u64,
     /// NewReno window inflation in bytes (RFC 6582 §3.2), used without SACK.
     reno_inflation: i64,
     /// One retransmission allowed regardless of cwnd (fast retransmit, RTO).
     force_retransmit: bool,
+    /// After an RTO, until everything then outstanding is acknowledged (RFC 6675 §5.1).
+    rto_recovery: bool,
+    rack: Rack,
+    tlp: Tlp,
     rtt: RttEstimator,
     cc: Box<dyn CongestionControl>,
     /// Largest flight since the last ACK (decides whether cwnd limited the sender).
@@ -284,6 +379,8 @@ pub struct Connection {
 
     // Timers.
     rto_at: Option<Instant>,
+    /// When the retransmission timer was last armed (to count the time spent waiting for it).
+    rto_armed_at: Instant,
     persist_at: Option<Instant>,
     persist_backoff: u32,
     /// Position of an outstanding zero-window probe byte.
@@ -323,6 +420,10 @@ pub struct Connection {
     events: Vec<ConnEvent>,
     ip_id: u32,
     counters: Counters,
+    /// The latest time the connection was called with (for trace records of calls that take
+    /// no time, such as state changes inside `write`).
+    clock: Instant,
+    trace: Option<Box<TraceLog>>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -384,6 +485,8 @@ impl Connection {
             peer_fin_at: None,
             peer_fin_processed: false,
             rcv_mss: 536.min(offered_mss as usize),
+            ack_mss: 536.min(offered_mss as usize),
+            last_seg_len: 0,
             rcv_acked: 0,
             snd_wscale: 0,
             rcv_wscale,
@@ -401,15 +504,21 @@ impl Connection {
             dsack: None,
             sb: Scoreboard::default(),
             dupacks: 0,
+            plain_dupacks: 0,
             recovery: None,
             recover: 0,
             last_ack_advance: 0,
+            last_ack_segments: 0,
             reno_inflation: 0,
             force_retransmit: false,
+            rto_recovery: false,
+            rack: Rack::default(),
+            tlp: Tlp::default(),
             rtt,
             cc,
             max_flight_recent: 0,
             rto_at: None,
+            rto_armed_at: n.now,
             persist_at: None,
             persist_backoff: 0,
             zwp_seq: None,
@@ -439,6 +548,8 @@ impl Connection {
             events: Vec::new(),
             ip_id: n.ip_id,
             counters: Counters::default(),
+            clock: n.now,
+            trace: (cfg.trace_capacity > 0).then(|| Box::new(TraceLog::new(cfg.trace_capacity))),
             cfg,
         }
     }
@@ -478,7 +589,7 @@ impl Connection {
         if our_tsval.is_none() {
             c.ts_ok = false;
         }
-        c.state = State::Established;
+        c.set_state(State::Established);
         c.update_keepalive(now);
         c
     }
@@ -613,6 +724,7 @@ impl Connection {
             bytes_retransmitted: self.counters.bytes_retransmitted,
             fast_retransmits: self.counters.fast_retransmits,
             rto_timeouts: self.counters.rto_timeouts,
+            rto_wait: self.counters.rto_wait,
             sack_holes: self.sb.holes(),
             dup_acks_received: self.counters.dup_acks,
             dsacks_received: self.counters.dsacks,
@@ -622,16 +734,60 @@ impl Connection {
             recv_window: self.rcv_adv.saturating_sub(self.rcv_nxt),
             send_window: self.snd_wnd,
             zero_window_probes: self.counters.zero_window_probes,
+            tail_loss_probes: self.counters.tail_loss_probes,
+            tail_loss_repairs: self.counters.tail_loss_repairs,
             keepalive_probes: self.counters.keepalive_probes,
             challenge_acks: self.counters.challenge_acks,
             paws_rejected: self.counters.paws_rejected,
             send_buffered: self.queue.len(),
             recv_buffered: self.recv.used(),
+            trace_dropped: self.trace.as_ref().map_or(0, |t| t.dropped),
         }
     }
 
     pub(crate) fn take_events(&mut self) -> std::vec::Drain<'_, ConnEvent> {
         self.events.drain(..)
+    }
+
+    /// Drains the trace log (empty when tracing is off).
+    pub(crate) fn take_trace(&mut self) -> Vec<TraceRecord> {
+        self.trace.as_mut().map_or_else(Vec::new, |t| t.take())
+    }
+
+    /// Appends a trace record, if tracing is on.
+    fn trace(&mut self, event: TraceEvent) {
+        if self.trace.is_none() {
+            return;
+        }
+        let flight = self.flight();
+        let record = TraceRecord {
+            time: self.clock,
+            event,
+            state: self.state,
+            cwnd: self.cc.cwnd(),
+            ssthresh: self.cc.ssthresh(),
+            srtt: self.rtt.srtt(),
+            rttvar: self.rtt.rttvar(),
+            rto: self.rtt.current_rto(),
+            bytes_in_flight: flight,
+            pipe: self.sb.pipe(flight),
+            snd_una: self.snd_una.saturating_sub(1),
+            snd_nxt: self.snd_nxt.saturating_sub(1),
+            send_window: self.snd_wnd,
+            retransmissions: self.counters.packets_retransmitted,
+            in_recovery: self.recovery.is_some(),
+        };
+        if let Some(log) = self.trace.as_mut() {
+            log.push(record);
+        }
+    }
+
+    fn set_state(&mut self, to: State) {
+        if self.state != to {
+            let from = self.state;
+            self.state = to;
+            self.trace(TraceEvent::State { from, to });
+        }
     }
 
     pub(crate) fn is_passive(&self) -> bool {
@@ -745,7 +901,8 @@ impl Connection {
     }
 
     /// Half-close: FIN after the queued data (RFC 9293 §3.10.4).
-    pub(crate) fn shutdown(&mut self, _now: Instant) -> Result<(), Error> {
+    pub(crate) fn shutdown(&mut self, now: Instant) -> Result<(), Error> {
+        self.clock = self.clock.max(now);
         if let Some(r) = self.close_reason {
             return Err(r.error());
         }
@@ -758,8 +915,8 @@ impl Connection {
             // before it (RFC 9293 §3.10.4 allows queuing until then; FIN-WAIT-1 is entered when
             // the handshake completes).
             State::SynSent | State::SynReceived => {}
-            State::Established => self.state = State::FinWait1,
-            State::CloseWait => self.state = State::LastAck,
+            State::Established => self.set_state(State::FinWait1),
+            State::CloseWait => self.set_state(State::LastAck),
             _ => {}
         }
         Ok(())
@@ -768,6 +925,7 @@ impl Connection {
     /// Full close by the application: FIN, and the handle is released. Unread data or data
     /// arriving later makes it an abort with RST (RFC 9293 §3.6.1, RFC 2525 §2.17).
     pub(crate) fn close(&mut self, now: Instant) {
+        self.clock = self.clock.max(now);
         self.user_closed = true;
         if self.close_reason.is_some() {
             return;
@@ -784,7 +942,8 @@ impl Connection {
 
     /// Abort: RST to the peer (unless not yet synchronized with it) and CLOSED
     /// (RFC 9293 §3.10.5).
-    pub(crate) fn abort(&mut self, _now: Instant) {
+    pub(crate) fn abort(&mut self, now: Instant) {
+        self.clock = self.clock.max(now);
         if self.close_reason.is_some() {
             return;
         }
@@ -803,8 +962,11 @@ impl Connection {
                 self.events.push(ConnEvent::Closed(reason));
             }
         }
-        self.state = State::Closed;
+        self.set_state(State::Closed);
         self.rto_at = None;
+        self.tlp.pto_at = None;
+        self.tlp.pending = false;
+        self.rack.timer = None;
         self.persist_at = None;
         self.delack_at = None;
         self.keepalive_at = None;
@@ -818,8 +980,11 @@ impl Connection {
 
     fn enter_time_wait(&mut self, now: Instant) {
         tracing::debug!(local = %self.local, remote = %self.remote, from = ?self.state, "TIME-WAIT");
-        self.state = State::TimeWait;
+        self.set_state(State::TimeWait);
         self.rto_at = None;
+        self.tlp.pto_at = None;
+        self.tlp.pending = false;
+        self.rack.timer = None;
         self.persist_at = None;
         self.keepalive_at = None;
         self.finwait2_at = None;
@@ -837,11 +1002,11 @@ impl Connection {
             negotiated = ?self.negotiated(),
             "established"
         );
-        self.state = if self.fin_queued {
+        self.set_state(if self.fin_queued {
             State::FinWait1
         } else {
             State::Established
-        };
+        });
         self.syn_pending = false;
         self.rto_count = 0;
         self.update_keepalive(now);
@@ -866,6 +1031,8 @@ impl Connection {
     pub(crate) fn next_timeout(&self) -> Option<Instant> {
         [
             self.rto_at,
+            self.tlp.pto_at,
+            self.rack.timer,
             self.persist_at,
             self.delack_at,
             self.keepalive_at,
@@ -878,6 +1045,7 @@ impl Connection {
     }
 
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        self.clock = self.clock.max(now);
         if self.timewait_at.is_some_and(|t| t <= now) {
             self.timewait_at = None;
             self.enter_closed(CloseReason::Normal, false);
@@ -894,8 +1062,25 @@ impl Connection {
             self.delack_at = None;
             self.ack_now = true;
         }
+        if self.rack.timer.is_some_and(|t| t <= now) {
+            // RACK's reordering timer (RFC 8985 §6.2): segments sent before the last delivered
+            // one whose time has come are lost.
+            self.rack.timer = None;
+            if self.rack_enabled() && self.state.is_synchronized() && self.rack_detect(now) {
+                self.maybe_enter_recovery(now);
+            }
+        }
+        if self.tlp.pto_at.is_some_and(|t| t <= now) {
+            self.tlp.pto_at = None;
+            if self.tlp_may_probe() {
+                // The probe goes out next; the RTO restarts when it does (RFC 8985 §7.3).
+                self.tlp.pending = true;
+                self.rto_at = None;
+            }
+        }
         if self.rto_at.is_some_and(|t| t <= now) {
             self.rto_at = None;
+            self.counters.rto_wait += now.saturating_duration_since(self.rto_armed_at);
             self.on_rto(now);
         }
         if self.persist_at.is_some_and(|t| t <= now) {
@@ -954,13 +1139,25 @@ impl Connection {
                 self.counters.rto_timeouts += 1;
                 // RFC 6298 §5.5: back off the timer.
                 self.rtt.back_off();
+                self.trace(TraceEvent::Rto {
+                    backoff: self.rto_count,
+                });
                 self.sb.mark_all_lost();
                 self.recovery = None;
                 self.reno_inflation = 0;
                 self.dupacks = 0;
+                self.plain_dupacks = 0;
                 // RFC 6582 §4 / RFC 6675 §5.1: no fast recovery for data sent before the RTO.
                 self.recover = self.snd_nxt;
+                self.rto_recovery = true;
                 self.force_retransmit = true;
+                // RFC 8985 §7.4: an RTO ends any loss probe episode; every outstanding segment
+                // is already deemed lost, so RACK has nothing to wait for.
+                self.tlp = Tlp {
+                    sampled: self.tlp.sampled,
+                    ..Tlp::default()
+                };
+                self.rack.timer = None;
                 // A zero-window probe byte is now plain retransmittable data.
                 self.zwp_seq = None;
             }
@@ -1004,6 +1201,7 @@ impl Connection {
         if blocked && only_probe_out && has_unsent && self.fin_seq.is_none() {
             // Persist timer (RFC 9293 §3.8.6.1): first probe after one RTO, then exponential.
             self.rto_at = None;
+            self.tlp.pto_at = None;
             if self.persist_at.is_none() && !self.zwp_pending {
                 let shift = self.persist_backoff.min(16);
                 let d = self
@@ -1019,9 +1217,54 @@ impl Connection {
         self.zwp_pending = false;
         if self.flight() == 0 {
             self.rto_at = None;
-        } else if self.rto_at.is_none() {
+        } else if self.rto_at.is_none() && !self.tlp.pending {
             self.arm_rto(now);
         }
+        // The loss probe timer runs while a probe could help (RFC 8985 §7.2).
+        if self.tlp_may_probe() && !self.tlp.pending {
+            if self.tlp.pto_at.is_none() {
+                self.tlp.pto_at = Some(self.pto_deadline(now));
+            }
+        } else {
+            self.tlp.pto_at = None;
+        }
+    }
+
+    /// Whether a tail loss probe may be sent (RFC 8985 §7.2, §7.3): SACK and RACK in use, data
+    /// outstanding, no recovery under way (fast recovery, RTO recovery, or SACKed data that
+    /// RACK is already watching), no probe episode open, and an RTT sample since the last probe.
+    fn tlp_may_probe(&self) -> bool {
+        self.rack_enabled()
+            && self.state.is_synchronized()
+            && self.state != State::TimeWait
+            && self.flight() > 0
+            && self.recovery.is_none()
+            && !self.rto_recovery
+            && self.sb.sacked_bytes() == 0
+            && self.tlp.end_seq.is_none()
+            && self.tlp.sampled
+            && self.snd_wnd > 0
+            && self.zwp_seq.is_none()
+    }
+
+    /// When the probe timeout expires (RFC 8985 §7.2): two SRTTs, plus the peer's worst-case
+    /// delayed ACK when only one segment is out (its ACK may be delayed), never after the RTO.
+    fn pto_deadline(&self, now: Instant) -> Instant {
+        let pto = match self.rtt.srtt() {
+            Some(srtt) => {
+                let extra = if self.flight() <= self.effective_mss() as u64 {
+                    WC_DEL_ACK
+                } else {
+                    PTO_SLACK
+                };
+                srtt.saturating_mul(2).saturating_add(extra)
+            }
+            None => Duration::from_secs(1),
+        };
+        let rto_at = self
+            .rto_at
+            .unwrap_or_else(|| later(now, self.rtt.current_rto()));
+        later(now, pto).min(rto_at)
     }
 
     fn arm_rto(&mut self, now: Instant) {
@@ -1032,6 +1275,7 @@ impl Connection {
             at = at.min(later(since, limit).max(now));
         }
         self.rto_at = Some(at);
+        self.rto_armed_at = now;
     }
 
     // ---------------------------------------------------------------- input
@@ -1080,17 +1324,23 @@ impl Connection {
         if ack_ok {
             // Our SYN is acknowledged: ESTABLISHED (RFC 9293 §3.10.7.3).
             self.snd_una = 1;
-            self.sb.ack(1);
-            if let Some((_, tsecr)) = seg.options.timestamps.filter(|_| self.ts_ok) {
-                let ms = self.ts_now(now).wrapping_sub(tsecr);
-                if (ms as i32) >= 0 && self.rto_count == 0 {
-                    self.rtt.on_sample(Duration::from_millis(ms as u64));
-                }
-            }
+            self.sb.ack(1, &mut Delivered::default());
+            // The SYN's round trip: timed exactly if it was sent once, else from the echoed
+            // timestamp, which names the transmission (RFC 7323 §4.2) but only to the
+            // millisecond.
+            let echo = seg
+                .options
+                .timestamps
+                .filter(|_| self.ts_ok)
+                .map(|(_, tsecr)| self.ts_now(now).wrapping_sub(tsecr))
+                .filter(|&ms| (ms as i32) >= 0);
             if self.rto_count == 0
                 && let Some(sent) = self.syn_sent_at
             {
                 self.rtt.on_sample(now.saturating_duration_since(sent));
+            } else if let Some(ms) = echo {
+                self.rtt
+                    .on_coarse_sample(Duration::from_millis(u64::from(ms)));
             } else if self.rto_count > 0 && self.rtt.srtt().is_none() {
                 // RFC 6298 §5.7: after a SYN timeout, start data transfer with RTO = 3 s.
                 self.rtt = RttEstimator::new(
@@ -1112,11 +1362,29 @@ impl Connection {
         } else {
             // Simultaneous open (RFC 9293 §3.10.7.3, figure 8): SYN-RECEIVED, send SYN,ACK
             // with our original ISS.
-            self.state = State::SynReceived;
+            self.set_state(State::SynReceived);
             self.syn_pending = true;
             self.rto_at = None;
             Ok(())
         }
+    }
+
+    /// A duplicate ACK overtaken by a later segment (Linux tcp_disordered_ack): a pure ACK at
+    /// RCV.NXT that acknowledges nothing new and would not update the window, stamped less
+    /// than an RTO before TS.Recent. PAWS guards against old duplicates of data; dropping
+    /// such an ACK only loses a duplicate-ACK signal (found by the simulator, seed 27749: with
+    /// jitter, PAWS dropped a third of the duplicate ACKs a NewReno sender needed).
+    fn disordered_ack(&self, seg: &Segment<'_>, seq: i64, tsval: u32) -> bool {
+        let pure = seg.flags.ack()
+            && seg.payload.is_empty()
+            && !seg.flags.syn()
+            && !seg.flags.fin()
+            && seq == self.rcv_nxt as i64;
+        let duplicate = unwrap(self.iss, self.snd_una, seg.ack) == self.snd_una as i64;
+        let no_window_update = ((seg.window as u64) << self.snd_wscale) <= self.snd_wnd;
+        let age_ms = self.ts_recent.wrapping_sub(tsval);
+        let recent = u128::from(age_ms) <= self.rtt.current_rto().as_millis();
+        pure && duplicate && no_window_update && recent
     }
 
     /// RFC 6191: in TIME-WAIT, a new SYN may reopen the 4-tuple if its timestamp is newer
@@ -1149,6 +1417,7 @@ impl Connection {
         seg: &Segment<'_>,
     ) -> Result<(), DropReason> {
         self.counters.packets_received += 1;
+        self.clock = self.clock.max(now);
         match self.state {
             State::Closed => return Err(DropReason::InvalidForState),
             State::SynSent => return self.on_segment_syn_sent(now, seg),
@@ -1177,7 +1446,7 @@ impl Connection {
             && unwrap(self.iss, self.snd_una, seg.ack) == self.snd_nxt as i64
         {
             self.snd_una = 1;
-            self.sb.ack(1);
+            self.sb.ack(1, &mut Delivered::default());
             self.rto_at = None;
             self.snd_wnd = (seg.window as u64) << self.snd_wscale;
             self.max_snd_wnd = self.max_snd_wnd.max(self.snd_wnd);
@@ -1197,12 +1466,16 @@ impl Connection {
         }
         let seq = unwrap(self.irs, self.rcv_nxt, seg.seq);
         let seg_len = seg.seg_len() as i64;
-        // PAWS (RFC 7323 §5.3 R1), before the sequence check.
+        // PAWS (RFC 7323 §5.3 R1), before the sequence check. A segment stamped one tick
+        // before TS.Recent is reordering within the peer's clock granularity, not an old
+        // duplicate (Linux TCP_PAWS_WINDOW; found by the simulator, seeds 443 and 1179: with
+        // jitter, PAWS dropped segments and ACKs sent a millisecond apart).
         if self.ts_ok
             && !flags.rst()
             && let Some((tsval, _)) = seg.options.timestamps
             && self.ts_recent_valid
-            && ts_before(tsval, self.ts_recent)
+            && ts_before(tsval.wrapping_add(PAWS_WINDOW), self.ts_recent)
+            && !self.disordered_ack(seg, seq, tsval)
         {
             if now.saturating_duration_since(self.ts_recent_age) > PAWS_IDLE {
                 // R1 exception (RFC 7323 §5.5): TS.Recent is stale, forget it.
@@ -1324,7 +1597,7 @@ impl Connection {
         if self.state == State::SynReceived {
             if ack > self.snd_una as i64 && ack <= self.snd_nxt as i64 {
                 self.snd_una = 1;
-                self.sb.ack(1);
+                self.sb.ack(1, &mut Delivered::default());
                 if self.rto_count == 0
                     && let Some(sent) = self.syn_sent_at
                 {
@@ -1408,7 +1681,10 @@ impl Connection {
         // Window update (SND.WL1 < SEG.SEQ or (SND.WL1 = SEG.SEQ and SND.WL2 =< SEG.ACK)).
         if self.snd_wl1 < seq || (self.snd_wl1 == seq && self.snd_wl2 <= ack) {
             window_changed = window != self.snd_wnd;
-            if window > self.snd_wnd && self.snd_wnd == 0 {
+            // The persist back-off starts afresh whenever the window closes or reopens, so the
+            // first zero-window probe waits one RTO (RFC 9293 §3.8.6.1) even after sender SWS
+            // override probes of a small window.
+            if (window > 0) != (self.snd_wnd > 0) {
                 self.persist_backoff = 0;
             }
             self.snd_wnd = window;
@@ -1418,13 +1694,17 @@ impl Connection {
         }
         // SACK blocks.
         let mut new_sack = 0u64;
+        let mut dsack = None;
+        let mut delivered = Delivered::default();
         if self.sack_ok && seg.options.sack_block_count > 0 {
-            new_sack = self.process_sack(seg, ack);
+            (new_sack, dsack) = self.process_sack(seg, ack, &mut delivered);
         }
         let mss = self.effective_mss() as u64;
+        let newly_acked_before = ack.saturating_sub(self.snd_una);
+        let mut sampled = false;
         if ack > self.snd_una {
             let acked_total = ack - self.snd_una;
-            let res = self.sb.ack(ack);
+            let res = self.sb.ack(ack, &mut delivered);
             // Stream bytes acknowledged (the FIN is not a stream byte).
             let data_upto = match self.fin_seq {
                 Some(f) if ack > f => f - 1,
@@ -1432,6 +1712,7 @@ impl Connection {
             };
             self.queue.ack(data_upto);
             self.last_ack_advance = ack - self.snd_una;
+            self.last_ack_segments = res.segments;
             self.snd_una = ack;
             if self.zwp_seq.is_some_and(|z| z < ack) {
                 self.zwp_seq = None;
@@ -1439,7 +1720,7 @@ impl Connection {
             // RTT sample: from an unambiguous segment send time (Karn's rule), otherwise from
             // the echoed timestamp, which identifies the transmission (RFC 7323 §4.2).
             let sample = match res.rtt_sent_at {
-                Some(sent) => Some(now.saturating_duration_since(sent)),
+                Some(sent) => Some((now.saturating_duration_since(sent), true)),
                 // The echo must refer to a transmission this ACK covers: an echo older than all
                 // of them (the receiver did not update TS.Recent, e.g. for a duplicate) would
                 // measure the time the data spent waiting, not a round trip.
@@ -1447,19 +1728,41 @@ impl Connection {
                     (Some((_, tsecr)), Some(earliest)) if self.ts_ok && tsecr != 0 => {
                         let ms = self.ts_now(now).wrapping_sub(tsecr);
                         let echo_fresh = (tsecr.wrapping_sub(self.ts_now(earliest)) as i32) >= 0;
-                        ((ms as i32) >= 0 && echo_fresh).then(|| Duration::from_millis(ms as u64))
+                        ((ms as i32) >= 0 && echo_fresh)
+                            .then(|| (Duration::from_millis(ms as u64), false))
                     }
                     _ => None,
                 },
             };
-            if let Some(r) = sample {
-                self.rtt.on_sample(r);
+            match sample {
+                Some((r, true)) => self.rtt.on_sample(r),
+                // Millisecond timestamps would put min_RTT at 0 on a sub-millisecond path,
+                // and RACK's reordering window with it (found by the simulator, seed 1179).
+                Some((r, false)) => self.rtt.on_coarse_sample(r),
+                None => {}
             }
+            sampled |= sample.is_some();
             self.dupacks = 0;
+            self.plain_dupacks = 0;
             self.rto_count = 0;
             self.unacked_since = (self.snd_nxt > self.snd_una).then_some(now);
-            // RFC 6298 §5.2/5.3: stop the timer when all is acknowledged, else restart it.
-            self.rto_at = None;
+            // RFC 6298 §5.2/5.3: stop the timer when all is acknowledged, else restart it; the
+            // loss probe timer restarts with it (RFC 8985 §7.2). In NewReno recovery only the
+            // first partial ACK restarts it (RFC 6582 §3.2 step 5, the "Impatient" variant of
+            // §4.3): NewReno repairs one hole per round trip, and when a window lost many
+            // segments the RTO's go-back-N is faster than that crawl (found by the simulator,
+            // seeds 1775 and 4079: hundreds of queue drops in one window without SACK).
+            let crawling = !self.sack_ok
+                && self
+                    .recovery
+                    .is_some_and(|rec| ack < rec.point && rec.partial_acks > 0);
+            if !crawling {
+                self.rto_at = None;
+            }
+            self.tlp.pto_at = None;
+            if self.rto_recovery && ack >= self.recover {
+                self.rto_recovery = false;
+            }
             let cwnd_limited = {
                 let f = self.max_flight_recent.max(flight_before);
                 let cwnd = self.cc.cwnd();
@@ -1472,8 +1775,17 @@ impl Connection {
                     self.recovery = None;
                     self.reno_inflation = 0;
                     self.cc.on_recovery_exit(now);
+                    // RFC 8985 §6.2 step 3: a widened reordering window lasts 16 recoveries.
+                    if self.rack.reo_wnd_persist > 0 {
+                        self.rack.reo_wnd_persist -= 1;
+                        if self.rack.reo_wnd_persist == 0 {
+                            self.rack.reo_wnd_mult = 1;
+                        }
+                    }
+                    self.trace(TraceEvent::RecoveryEnd);
                 }
-                Some(_) => {
+                Some(ref mut rec) => {
+                    rec.partial_acks += 1;
                     if !self.sack_ok {
                         // Partial ACK (RFC 6582 §3.2 step 5): retransmit the next unacknowledged
                         // segment, deflate by the amount acknowledged, add back one SMSS.
@@ -1493,16 +1805,23 @@ impl Connection {
                         ssthresh = self.cc.ssthresh(),
                         "ack"
                     );
+                    // Bytes, but each segment acknowledged counts as at least one SMSS, so a
+                    // window counted in segments grows as one of full-sized segments would.
                     self.cc.on_ack(&AckEvent {
                         now,
-                        acked: acked_total,
+                        acked: acked_total.max(res.whole_segments * mss),
                         cwnd_limited,
                         srtt: self.rtt.srtt(),
                         min_rtt: self.rtt.min_rtt(),
                     });
                 }
             }
-            if self.writable_armed && self.queue.free() > 0 && self.fin_seq.is_none() {
+            // Wake a blocked writer once a third of the send buffer is free (Linux's
+            // sk_stream_min_wspace), not on every ACK: a writer woken for each few freed bytes
+            // writes them at once and, without Nagle, sends them as tiny segments (found by the
+            // simulator, seed 1064).
+            let wake_at = (self.cfg.send_buffer / 3).max(1);
+            if self.writable_armed && self.queue.free() >= wake_at && self.fin_seq.is_none() {
                 self.writable_armed = false;
                 self.events.push(ConnEvent::Writable);
             }
@@ -1512,7 +1831,7 @@ impl Connection {
             {
                 match self.state {
                     State::FinWait1 => {
-                        self.state = State::FinWait2;
+                        self.set_state(State::FinWait2);
                         if self.user_closed {
                             self.finwait2_at = Some(later(now, self.cfg.fin_wait2_timeout));
                         }
@@ -1537,11 +1856,28 @@ impl Connection {
             if !self.sack_ok || new_sack > 0 {
                 self.dupacks += 1;
             }
+            if self.sack_ok && seg.options.sack_block_count == 0 {
+                self.plain_dupacks += 1;
+            }
             if self.recovery.is_some() && !self.sack_ok {
                 // RFC 6582 §3.2 step 4: inflate cwnd by one SMSS per additional dupack.
                 self.reno_inflation += mss as i64;
             }
         }
+        // A newly SACKed segment that was never retransmitted is a clean RTT sample (Karn's
+        // rule holds; the receiver acknowledges out-of-order data at once), as Linux takes. It
+        // also ends an RTO back-off when no cumulative ACK can (RFC 6298 §5.7 note).
+        if !sampled && let Some(sent) = delivered.sacked_sample_sent_at {
+            self.rtt.on_sample(now.saturating_duration_since(sent));
+            sampled = true;
+        }
+        if sampled {
+            self.tlp.sampled = true;
+        }
+        if self.rack_enabled() {
+            self.rack_update(now, &delivered, dsack);
+        }
+        self.tlp_process_ack(now, ack, dsack);
         // The window reopened with our probe byte unacknowledged: the receiver dropped it, so
         // send it again first.
         if self.snd_wnd > 0
@@ -1553,39 +1889,178 @@ impl Connection {
                 self.force_retransmit = true;
             }
         }
-        if self.sack_ok && new_sack > 0 {
+        if self.rack_enabled() {
+            // RACK (RFC 8985 §6.2) replaces the DupThresh rule of RFC 6675 IsLost.
+            if delivered.newest_original.is_some() || delivered.newest_retransmitted.is_some() {
+                self.rack_detect(now);
+            }
+        } else if self.sack_ok && new_sack > 0 {
             self.sb.mark_lost(self.cfg.dupack_threshold, mss);
         }
-        // Enter loss recovery (RFC 6675 §5 step 4 / RFC 6582 §3.2 step 2).
-        if self.recovery.is_none() && self.state.is_synchronized() && self.flight() > 0 {
-            let threshold_hit =
-                self.dupacks >= self.cfg.dupack_threshold || (self.sack_ok && self.sb.head_lost());
-            if threshold_hit {
-                self.enter_recovery(now);
-            }
-        }
+        self.maybe_enter_recovery(now);
         self.update_send_timers(now);
+        self.trace(TraceEvent::Ack {
+            acked_offset: self.snd_una.saturating_sub(1),
+            newly_acked: newly_acked_before,
+            newly_sacked: new_sack,
+            duplicate: newly_acked_before == 0 && (new_sack > 0 || self.dupacks > 0),
+        });
     }
 
-    fn enter_recovery(&mut self, now: Instant) {
-        // Only when SND.UNA is beyond the previous recovery's point (RFC 6582 §3.2 step 2),
-        // unless the ACK heuristic (RFC 6582 §4.1) says the duplicate ACKs show a new loss
-        // rather than unnecessary retransmissions: cwnd above one SMSS and the last advance of
-        // the cumulative ACK at most 4 SMSS.
-        if self.snd_una <= self.recover {
+    /// Enters loss recovery when loss is detected (RFC 6675 §5 step 4 / RFC 6582 §3.2 step 2,
+    /// or a loss RACK marked, RFC 8985 §6.2).
+    fn maybe_enter_recovery(&mut self, now: Instant) {
+        if self.recovery.is_some() || !self.state.is_synchronized() || self.flight() == 0 {
+            return;
+        }
+        let threshold = self.cfg.dupack_threshold;
+        if self.rack_enabled() {
+            // RACK decides (it tolerates reordering that DupThresh would take for loss,
+            // found by the simulator, seed 443); duplicate ACKs that carry no SACK block at
+            // all (a peer, or a middlebox, that stopped sending them) fall back to DupThresh.
+            if self.sb.lost_bytes() > 0 && !self.rto_recovery {
+                self.enter_recovery(now, false);
+            } else if self.plain_dupacks >= threshold {
+                self.enter_recovery(now, true);
+            }
+        } else if self.dupacks >= threshold || (self.sack_ok && self.sb.head_lost()) {
+            self.enter_recovery(now, true);
+        }
+    }
+
+    fn rack_enabled(&self) -> bool {
+        self.cfg.rack_tlp && self.sack_ok
+    }
+
+    /// RFC 8985 §6.1 and §6.2 steps 2-3: the most recently sent delivered segment, reordering,
+    /// and the D-SACK driven widening of the reordering window.
+    fn rack_update(&mut self, now: Instant, delivered: &Delivered, dsack: Option<(i64, i64)>) {
+        // A retransmitted segment delivered within min_RTT of its retransmission was most
+        // likely delivered by its original transmission: not a RACK sample (§6.1).
+        let min_rtt = self
+            .rtt
+            .min_rtt()
+            .or(self.rtt.srtt())
+            .unwrap_or(Duration::ZERO);
+        let retransmitted = delivered
+            .newest_retransmitted
+            .filter(|t| now.saturating_duration_since(t.sent_at) >= min_rtt);
+        if let Some(candidate) = delivered.newest_original.max(retransmitted)
+            && self.rack.xmit.is_none_or(|current| candidate > current)
+        {
+            self.rack.xmit = Some(candidate);
+            self.rack.rtt = now.saturating_duration_since(candidate.sent_at);
+        }
+        // Reordering shows as a never-retransmitted segment delivered below the highest one
+        // (§6.2 step 2), or as a D-SACK: the receiver got both the original and a
+        // retransmission, so the original was only late. Without the second signal a path
+        // that reorders every flight keeps reo_wnd at zero during recovery, so each late
+        // segment is retransmitted before it can show the reordering (found by the simulator,
+        // seed 1179; Linux marks reordering on D-SACK too).
+        if delivered.reordering || dsack.is_some() {
+            self.rack.reordering_seen = true;
+        }
+        // Step 3: widen the window once per round trip in which a D-SACK shows a spurious
+        // retransmission; keep it for 16 recoveries.
+        if dsack.is_some() && self.rack.dsack_round.is_none_or(|r| self.snd_una >= r) {
+            self.rack.dsack_round = Some(self.snd_nxt);
+            self.rack.reo_wnd_mult = self.rack.reo_wnd_mult.saturating_add(1);
+            self.rack.reo_wnd_persist = 16;
+        }
+    }
+
+    /// RACK.reo_wnd (RFC 8985 §6.2 step 4).
+    fn rack_reo_wnd(&self) -> Duration {
+        let mss = self.effective_mss() as u64;
+        let dupthresh_sacked =
+            self.sb.sacked_bytes() > u64::from(self.cfg.dupack_threshold.saturating_sub(1)) * mss;
+        if !self.rack.reordering_seen
+            && (self.recovery.is_some() || self.rto_recovery || dupthresh_sacked)
+        {
+            return Duration::ZERO;
+        }
+        let min_rtt = self
+            .rtt
+            .min_rtt()
+            .or(self.rtt.srtt())
+            .unwrap_or(Duration::ZERO);
+        let wnd = (min_rtt / 4).saturating_mul(self.rack.reo_wnd_mult.max(1));
+        wnd.min(self.rtt.srtt().unwrap_or(wnd))
+    }
+
+    /// RFC 8985 §6.2 step 5 and the reordering timer; returns whether a loss was marked.
+    fn rack_detect(&mut self, now: Instant) -> bool {
+        let Some(rack) = self.rack.xmit else {
+            return false;
+        };
+        let reo_wnd = self.rack_reo_wnd();
+        let (newly, wait) = self.sb.rack_detect(rack, self.rack.rtt, reo_wnd, now);
+        self.rack.timer = wait.map(|w| later(now, w));
+        newly
+    }
+
+    /// RFC 8985 §7.4: whether the ACK ends a loss probe episode, and whether the probe repaired
+    /// a loss (which needs a congestion response).
+    fn tlp_process_ack(&mut self, now: Instant, ack: u64, dsack: Option<(i64, i64)>) {
+        let Some(end) = self.tlp.end_seq else { return };
+        if ack < end {
+            return;
+        }
+        if !self.tlp.is_retrans {
+            // New data as the probe: RACK takes care of any loss.
+            self.tlp.end_seq = None;
+        } else if dsack.is_some_and(|(_, right)| right == end as i64) {
+            // The receiver had the original: nothing was lost.
+            self.tlp.end_seq = None;
+        } else if ack > end {
+            // The probe, not the original, delivered the last segment: it repaired a loss.
+            self.tlp.end_seq = None;
+            let flight = self.flight().min(self.cc.cwnd());
+            self.cc.on_congestion_event(now, flight);
+            self.cc.on_recovery_exit(now);
+            self.counters.tail_loss_repairs += 1;
+            self.trace(TraceEvent::TailLossRepaired);
+        }
+        // SEG.ACK == TLP.end_seq without D-SACK: the D-SACK of a duplicate may still come.
+    }
+
+    /// Starts a recovery episode; `mark_head` deems the first unacknowledged segment lost (a
+    /// DupThresh trigger, RFC 5681 §3.2 / RFC 6675 §5 step 4.2).
+    fn enter_recovery(&mut self, now: Instant, mark_head: bool) {
+        // Only once everything sent before the previous recovery or RTO is acknowledged
+        // (RFC 6582 §3.2 step 2, RFC 6675 §5.1). Without SACK, the ACK heuristic of RFC 6582
+        // §4.1 may start one earlier: the duplicate ACKs show a new loss rather than
+        // go-back-N retransmissions the receiver already had when cwnd is above one SMSS and
+        // the last advance of the cumulative ACK was at most 4 SMSS. With SACK the scoreboard
+        // knows what the receiver has, so no heuristic is needed (found by the simulator, seed
+        // 883: a second reduction right after an RTO, computed from the stale FlightSize of
+        // the timed-out window, let a burst of retransmissions overflow a small queue).
+        if self.snd_una < self.recover {
             let mss = self.effective_mss() as u64;
-            let heuristic = self.cc.cwnd() > mss && self.last_ack_advance <= 4 * mss;
+            // The heuristic's "4*SMSS" stands for four segments: with small segments (small
+            // writes, consistent segmentation) a jump over many buffered segments is still a
+            // few SMSS of bytes, and counting bytes took go-back-N duplicates for new losses
+            // (found by the simulator, seed 288: a crawl of one retransmission per RTT).
+            let advance_small = self.last_ack_advance <= 4 * mss && self.last_ack_segments <= 4;
+            let heuristic = !self.sack_ok && self.cc.cwnd() > mss && advance_small;
             if !heuristic {
                 return;
             }
         }
-        let flight = self.flight();
+        // FlightSize for the new ssthresh (RFC 5681 eq. 4), but never more than cwnd: after an
+        // RTO the outstanding window is stale (most of it is presumed lost), and halving it
+        // would raise cwnd far above what the network just carried (Linux halves cwnd).
+        let flight = self.flight().min(self.cc.cwnd());
+        // A new recovery episode ends any loss probe episode (RFC 8985 §7.4).
+        self.tlp.end_seq = None;
         self.recovery = Some(Recovery {
             point: self.snd_nxt,
+            partial_acks: 0,
         });
         self.recover = self.snd_nxt;
         self.cc.on_congestion_event(now, flight);
         self.counters.fast_retransmits += 1;
+        self.trace(TraceEvent::RecoveryStart);
         tracing::debug!(
             local = %self.local,
             remote = %self.remote,
@@ -1596,7 +2071,9 @@ impl Connection {
             sack = self.sack_ok,
             "fast retransmit, entering recovery"
         );
-        self.sb.mark_head_lost();
+        if mark_head {
+            self.sb.mark_head_lost();
+        }
         if !self.sack_ok {
             // RFC 6582 §3.2 step 2: cwnd = ssthresh + 3*SMSS.
             self.reno_inflation = 3 * self.effective_mss() as i64;
@@ -1604,9 +2081,17 @@ impl Connection {
         self.force_retransmit = true;
     }
 
-    /// Applies SACK blocks to the scoreboard; returns bytes newly SACKed.
-    fn process_sack(&mut self, seg: &Segment<'_>, ack_wire_unwrapped: u64) -> u64 {
+    /// Applies SACK blocks to the scoreboard, noting what they deliver in `delivered`; returns
+    /// bytes newly SACKed and the range a D-SACK block reported, if any.
+    fn process_sack(
+        &mut self,
+        seg: &Segment<'_>,
+        ack_wire_unwrapped: u64,
+        delivered: &mut Delivered,
+    ) -> (u64, Option<(i64, i64)>) {
         let mut newly = 0;
+        let mut dsack = None;
+        let fack_before = self.sb.fack();
         for (i, &(l, r)) in seg.options.sack().iter().enumerate() {
             let left = unwrap(self.iss, self.snd_una, l);
             let right = unwrap(self.iss, self.snd_una, r);
@@ -1621,6 +2106,7 @@ impl Connection {
                 });
                 if below_ack || inside_second {
                     self.counters.dsacks += 1;
+                    dsack = Some((left, right));
                     continue;
                 }
             }
@@ -1628,9 +2114,11 @@ impl Connection {
             if left >= right || left < self.snd_una as i64 || right > self.snd_nxt as i64 {
                 continue;
             }
-            newly += self.sb.sack(left as u64, right as u64);
+            newly += self
+                .sb
+                .sack(left as u64, right as u64, fack_before, delivered);
         }
-        newly
+        (newly, dsack)
     }
 
     /// Accepts segment text and FIN (RFC 9293 §3.10.7.4 seventh and eighth checks).
@@ -1658,7 +2146,12 @@ impl Connection {
         }
         if !data.is_empty() {
             self.counters.bytes_received += data.len() as u64;
-            self.rcv_mss = self.rcv_mss.max(data.len().min(self.offered_mss as usize));
+            let len = data.len().min(self.offered_mss as usize);
+            self.rcv_mss = self.rcv_mss.max(len);
+            if len >= self.ack_mss || len == self.last_seg_len {
+                self.ack_mss = len;
+            }
+            self.last_seg_len = len;
         }
         let had_ooo = self.recv.ooo_bytes() > 0;
         // Stream offset of the segment: position 1 is stream offset 0.
@@ -1687,12 +2180,12 @@ impl Connection {
             self.ack_now = true;
             self.events.push(ConnEvent::PeerFin);
             match self.state {
-                State::SynReceived | State::Established => self.state = State::CloseWait,
+                State::SynReceived | State::Established => self.set_state(State::CloseWait),
                 State::FinWait1 => {
                     if self.fin_seq.is_some_and(|f| self.snd_una > f) {
                         self.enter_time_wait(now);
                     } else {
-                        self.state = State::Closing;
+                        self.set_state(State::Closing);
                     }
                 }
                 State::FinWait2 => self.enter_time_wait(now),
@@ -1719,7 +2212,11 @@ impl Connection {
             match self.cfg.delayed_ack {
                 None => self.ack_now = true,
                 Some(delay) => {
-                    if self.rcv_nxt - self.rcv_acked >= 2 * self.rcv_mss as u64 {
+                    // Every second segment: full-sized ones (RFC 5681 §4.2), or, when the peer
+                    // sends a run of smaller segments (messages without Nagle), those, so
+                    // that a sender held to a few segments per window is not held to one
+                    // window per delayed-ACK timeout (found by the simulator, seed 22357).
+                    if self.rcv_nxt - self.rcv_acked >= 2 * self.ack_mss as u64 {
                         self.ack_now = true;
                     } else if self.delack_at.is_none() {
                         self.delack_at = Some(later(now, delay));
@@ -1903,6 +2400,7 @@ impl Connection {
 
     /// Writes the next segment this connection wants to send into `buf`.
     pub(crate) fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        self.clock = self.clock.max(now);
         if self.rst_pending {
             // RFC 9293 §3.10.5 ABORT: <SEQ=SND.NXT><CTL=RST>; Linux adds the ACK.
             let flags = if self.rcv_nxt > 0 {
@@ -1933,6 +2431,16 @@ impl Connection {
             _ => {}
         }
         if self.state.is_synchronized() {
+            if self.tlp.pending {
+                self.tlp.pending = false;
+                if let Some(n) = self.send_tail_loss_probe(now, buf) {
+                    return Some(n);
+                }
+                // Nothing to probe with: the RTO stays in charge.
+                if self.flight() > 0 && self.rto_at.is_none() {
+                    self.arm_rto(now);
+                }
+            }
             if let Some(n) = self.send_retransmission(now, buf) {
                 return Some(n);
             }
@@ -2008,6 +2516,7 @@ impl Connection {
         }
         self.counters.packets_sent += 1;
         self.rto_at = Some(later(now, self.rtt.current_rto()));
+        self.rto_armed_at = now;
         Some(n)
     }
 
@@ -2020,25 +2529,47 @@ impl Connection {
         by_mss.min(buf_len.saturating_sub(headers))
     }
 
-    /// Usable congestion window (bytes we may still put in flight).
-    fn cwnd_allowance(&self) -> u64 {
+    /// The congestion window in force (bytes) and what counts against it.
+    fn window_and_use(&self) -> (u64, u64) {
         let cwnd = self.cc.cwnd();
         let flight = self.flight();
+        let mss = self.effective_mss() as u64;
         match self.recovery {
-            Some(_) if self.sack_ok => cwnd.saturating_sub(self.sb.pipe(flight)),
-            Some(_) => ((cwnd as i64 + self.reno_inflation).max(self.effective_mss() as i64)
-                as u64)
-                .saturating_sub(flight),
+            Some(_) if self.sack_ok => (cwnd, self.sb.pipe(flight)),
+            Some(_) => (
+                (cwnd as i64 + self.reno_inflation).max(mss as i64) as u64,
+                flight,
+            ),
             // With SACK, limited transmit falls out of the pipe estimate (RFC 6675 §5 step 1).
-            None if self.sack_ok => cwnd.saturating_sub(self.sb.pipe(flight)),
-            None => {
-                // Limited transmit (RFC 3042): one new segment for each of the first two
-                // duplicate ACKs. After an RTO everything outstanding is presumed lost, so what
-                // is in the network is the pipe estimate (retransmissions), not FlightSize.
-                let extra = self.dupacks.min(2) as u64 * self.effective_mss() as u64;
-                (cwnd + extra).saturating_sub(self.sb.pipe(flight))
-            }
+            None if self.sack_ok => (cwnd, self.sb.pipe(flight)),
+            // Limited transmit (RFC 3042): one new segment for each of the first two duplicate
+            // ACKs. After an RTO everything outstanding is presumed lost, so what is in the
+            // network is the pipe estimate (retransmissions), not FlightSize.
+            None => (
+                cwnd + self.dupacks.min(2) as u64 * mss,
+                self.sb.pipe(flight),
+            ),
         }
+    }
+
+    /// Whether the segments in the network already fill the window counted in segments.
+    /// RFC 5681 sizes windows in SMSS, assuming segments of about that size; small segments
+    /// (small writes without Nagle, consistent segmentation) must not multiply the packets a
+    /// window lets loose, as Linux, which counts cwnd in packets, never does (found by the
+    /// simulator, seed 1179: IW10 of 3-byte messages was a burst of 4000 packets).
+    fn segments_full(&self) -> bool {
+        let (window, _) = self.window_and_use();
+        let segments = (window / self.effective_mss() as u64).max(1);
+        self.sb.pipe_segments() >= segments
+    }
+
+    /// Usable congestion window (bytes we may still put in flight).
+    fn cwnd_allowance(&self) -> u64 {
+        if self.segments_full() {
+            return 0;
+        }
+        let (window, used) = self.window_and_use();
+        window.saturating_sub(used)
     }
 
     fn send_retransmission(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
@@ -2059,17 +2590,23 @@ impl Connection {
         }
         self.force_retransmit = false;
         let payload_len = (seg_len - fin as u64) as usize;
-        let n = self.emit_data(now, buf, start, payload_len, fin, &opts)?;
+        let n = self.emit_data(now, buf, start, payload_len, fin, &opts, true)?;
         self.sb.on_retransmit(index, now);
         self.counters.packets_retransmitted += 1;
         self.counters.bytes_retransmitted += payload_len as u64;
-        if self.rto_at.is_none() {
+        // With SACK, resending the first unacknowledged segment restarts the timer (as Linux
+        // does): armed at the last cumulative ACK, it could expire before the retransmission,
+        // sent later (RACK waits out reordering first), has had a round trip (found by the
+        // simulator, seed 866). NewReno keeps RFC 6582's timer ("Impatient").
+        if self.rto_at.is_none() || (self.sack_ok && start == self.snd_una) {
+            self.rto_at = None;
             self.arm_rto(now);
         }
         Some(n)
     }
 
     /// Writes a data/FIN segment covering `[start, start + payload_len)` (+FIN).
+    #[allow(clippy::too_many_arguments)]
     fn emit_data(
         &mut self,
         now: Instant,
@@ -2078,6 +2615,7 @@ impl Connection {
         payload_len: usize,
         fin: bool,
         opts: &OutOptions,
+        retransmission: bool,
     ) -> Option<usize> {
         let stream_start = start - 1;
         let mut flags = TcpFlags::ACK;
@@ -2098,6 +2636,12 @@ impl Connection {
         self.counters.packets_sent += 1;
         self.counters.bytes_sent += payload_len as u64;
         self.last_send = Some(now);
+        self.trace(TraceEvent::Sent {
+            offset: stream_start,
+            len: payload_len as u32,
+            fin,
+            retransmission,
+        });
         Some(n)
     }
 
@@ -2146,7 +2690,13 @@ impl Connection {
         let all_fits = len as u64 == unsent;
         if len == 0 && !(unsent == 0 && fin_wanted) {
             if cwnd_room < full as u64 && wnd_room > 0 {
-                self.max_flight_recent = self.max_flight_recent.max(self.flight());
+                // Held back by cwnd: the window was used up (in bytes or in segments).
+                let used = if self.segments_full() {
+                    self.cc.cwnd()
+                } else {
+                    self.flight()
+                };
+                self.max_flight_recent = self.max_flight_recent.max(used);
             }
             return None;
         }
@@ -2161,13 +2711,17 @@ impl Connection {
                 return None;
             }
         }
-        // Nagle (RFC 896, RFC 9293 §3.7.4): with data in flight, hold back a partial segment.
-        if self.cfg.nagle && len < full && self.flight() > 0 && len > 0 {
+        // Nagle (RFC 896, RFC 9293 §3.7.4): with data in flight, hold back a partial segment
+        // until a full segment's worth is queued. With consistent segmentation writes are never
+        // packed together, so once that much is queued waiting cannot make the segment fuller
+        // and would only send one write per round trip.
+        let packing_possible = !self.cfg.consistent_segmentation || unsent < full as u64;
+        if self.cfg.nagle && len < full && self.flight() > 0 && len > 0 && packing_possible {
             return None;
         }
         let fin = fin_wanted && all_fits;
         let start = self.snd_nxt;
-        let n = self.emit_data(now, buf, start, len, fin, &opts)?;
+        let n = self.emit_data(now, buf, start, len, fin, &opts, false)?;
         let end = start + len as u64 + fin as u64;
         self.sb.on_send(start, end, fin, now);
         if self.flight() == 0 {
@@ -2181,7 +2735,70 @@ impl Connection {
         if self.rto_at.is_none() {
             self.arm_rto(now);
         }
+        // New data restarts the loss probe timer (RFC 8985 §7.2).
+        self.tlp.pto_at = None;
         self.persist_at = None;
+        Some(n)
+    }
+
+    /// Tail loss probe (RFC 8985 §7.3): one segment of new data if there is any and the peer's
+    /// window allows, else the last segment sent once more; either way regardless of cwnd.
+    /// The ACK it draws lets RACK find losses at the tail of a flight, which no later segment
+    /// would reveal, in about two round trips instead of an RTO.
+    fn send_tail_loss_probe(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        let mut opts = self.base_options(now);
+        self.sack_blocks(&mut opts);
+        let limit = self.payload_limit(&opts, buf.len());
+        if limit == 0 {
+            return None;
+        }
+        let data_next = self.snd_nxt - 1;
+        let unsent = self.queue.end().saturating_sub(data_next);
+        let wnd_room = self.send_right_edge().saturating_sub(self.snd_nxt);
+        let room = wnd_room.min(limit as u64).min(self.effective_mss() as u64) as usize;
+        let new_len = if self.can_send_data_state() && unsent > 0 {
+            self.queue
+                .segment_len(data_next, room, self.cfg.consistent_segmentation)
+        } else {
+            0
+        };
+        let n = if new_len > 0 {
+            let fin_wanted = self.fin_queued
+                && matches!(
+                    self.state,
+                    State::FinWait1 | State::LastAck | State::Closing
+                );
+            let fin = fin_wanted && new_len as u64 == unsent;
+            let start = self.snd_nxt;
+            let n = self.emit_data(now, buf, start, new_len, fin, &opts, false)?;
+            let end = start + new_len as u64 + fin as u64;
+            self.sb.on_send(start, end, fin, now);
+            self.snd_nxt = end;
+            if fin {
+                self.fin_seq = Some(end - 1);
+            }
+            self.tlp.is_retrans = false;
+            n
+        } else {
+            let last = self.sb.last_unsacked()?;
+            let (index, start, end, fin) = self.sb.limit_segment_tail(last, limit as u64)?;
+            let payload_len = (end - start - fin as u64) as usize;
+            let n = self.emit_data(now, buf, start, payload_len, fin, &opts, true)?;
+            self.sb.on_retransmit(index, now);
+            self.counters.packets_retransmitted += 1;
+            self.counters.bytes_retransmitted += payload_len as u64;
+            self.tlp.is_retrans = true;
+            n
+        };
+        self.tlp.end_seq = Some(self.snd_nxt);
+        self.tlp.sampled = false;
+        self.counters.tail_loss_probes += 1;
+        self.trace(TraceEvent::TailLossProbe {
+            retransmission: self.tlp.is_retrans,
+        });
+        // After a probe the RTO, not another probe, guards the flight (RFC 8985 §7.3).
+        self.rto_at = None;
+        self.arm_rto(now);
         Some(n)
     }
 
@@ -2216,8 +2833,10 @@ impl Connection {
                 s
             }
         };
-        let n = self.emit_data(now, buf, start, 1, false, &opts)?;
+        let repeated = start < self.snd_nxt - 1;
+        let n = self.emit_data(now, buf, start, 1, false, &opts, repeated)?;
         self.counters.zero_window_probes += 1;
+        self.trace(TraceEvent::WindowProbe);
         self.persist_backoff += 1;
         self.update_send_timers(now);
         Some(n)

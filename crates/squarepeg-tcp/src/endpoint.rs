@@ -38,7 +38,8 @@ pub enum Event {
     /// New in-order data can be read (edge-triggered: sent again only after `read` drained the
     /// buffer or returned `WouldBlock`).
     Readable(ConnectionHandle),
-    /// Send-buffer space freed after a short or refused write.
+    /// Send-buffer space freed after a short or refused write: sent once at least a third of
+    /// the send buffer is free, so that a writer is not woken for every few acknowledged bytes.
     Writable(ConnectionHandle),
     /// The peer sent FIN: after the buffered data, `read` returns 0.
     PeerFin(ConnectionHandle),
@@ -415,6 +416,20 @@ impl Endpoint {
         self.connection(h)
             .map(|c| c.stats())
             .ok_or(Error::UnknownConnection)
+    }
+
+    /// Drains the connection's trace log (empty unless
+    /// [`ConnectionConfig::trace_capacity`] is set; see [`crate::trace`]).
+    pub fn take_trace(
+        &mut self,
+        h: ConnectionHandle,
+    ) -> Result<Vec<crate::trace::TraceRecord>, Error> {
+        let idx = self.slot_index(h)?;
+        let conn = self.slots[idx]
+            .conn
+            .as_mut()
+            .ok_or(Error::UnknownConnection)?;
+        Ok(conn.take_trace())
     }
 
     /// Reads in-order data. `Ok(0)` means end of stream (peer FIN); `Err(WouldBlock)` means no

@@ -8,14 +8,24 @@
 //! RFC 9293 (state machine, RST rules, TIME-WAIT, silly window avoidance, delayed ACKs,
 //! keepalive), RFC 7323 (window scale, timestamps, PAWS), RFC 2018/2883 (SACK, D-SACK
 //! tolerance), RFC 6298 (RTO), RFC 6675 (SACK loss recovery) with RFC 6582 (NewReno) when SACK
-//! is off, RFC 3042 (limited transmit), RFC 5681 / RFC 9438 (NewReno and CUBIC congestion
-//! control), RFC 3465 (byte counting), RFC 6928 (IW10), RFC 6528 (ISNs), RFC 5961 (challenge
-//! ACKs), RFC 4987 (SYN cookies), RFC 6191 (TIME-WAIT reuse), RFC 896 (Nagle, off by default).
+//! is off, RFC 8985 (RACK-TLP loss detection and tail loss probes, with SACK), RFC 3042
+//! (limited transmit), RFC 5681 / RFC 9438 (NewReno and CUBIC congestion control), RFC 3465
+//! (byte counting), RFC 6928 (IW10), RFC 6528 (ISNs), RFC 5961 (challenge ACKs), RFC 4987
+//! (SYN cookies), RFC 6191 (TIME-WAIT reuse), RFC 896 (Nagle, off by default).
 //!
-//! Loss recovery is RFC 6675 (SACK scoreboard, `pipe`) rather than RACK-TLP (RFC 8985): it is
-//! deterministic per ACK (no reordering-window timers), so scripted tests can assert exact
-//! retransmissions, and it keeps one record per transmitted segment, which RACK can later
-//! reuse.
+//! Loss recovery keeps one record per transmitted segment (its send time and transmission
+//! order): the RFC 6675 scoreboard and `pipe` decide what to send; with SACK, RACK (RFC 8985
+//! §6) decides what is lost by time, which tolerates reordering and finds lost
+//! retransmissions, and a tail loss probe (§7) draws the ACK that reveals losses at the end of
+//! a flight instead of waiting for the RTO. [`ConnectionConfig::rack_tlp`] switches back to the
+//! DupThresh rule for scripted comparisons. Windows are sized in bytes (RFC 5681) but also
+//! counted in segments, so that small segments (message traffic without Nagle) cannot
+//! multiply the packets a window lets loose, as Linux, which counts cwnd in packets, never
+//! does.
+//!
+//! A per-connection [`trace`] (off by default) records every transmission, acknowledgment,
+//! timeout, probe and state change with the congestion state after it; the simulation tests
+//! and `examples/trace.rs` read it.
 //!
 //! Extension points for the uTCP / Hollywood layers: the [`SendQueue`] keeps writes as tagged
 //! records split into committed (sequence numbers fixed) and pending parts, with priority
@@ -23,8 +33,8 @@
 //! one receive-buffer insertion with its stream offset, where an "every segment at once" mode
 //! can hook in; stream offsets, SRTT and RTTVAR are exposed on [`Connection`].
 //!
-//! Not implemented (yet): the uTCP "every segment at once" receive mode itself, RACK-TLP,
-//! PRR, HyStart++, spurious-retransmission undo (Eifel/D-SACK), ECN, TCP Fast Open, urgent data
+//! Not implemented (yet): the uTCP "every segment at once" receive mode itself, PRR,
+//! HyStart++, spurious-retransmission undo (Eifel/D-SACK), ECN, TCP Fast Open, urgent data
 //! (URG is ignored and data delivered inline, RFC 6093), path MTU discovery / ICMP, receive
 //! buffer auto-tuning, pacing and segmentation offloads.
 //!
@@ -77,6 +87,7 @@ mod scoreboard;
 mod secret;
 mod send_queue;
 mod syncookie;
+pub mod trace;
 pub mod wire;
 
 pub use config::{
@@ -89,3 +100,4 @@ pub use endpoint::{
 pub use error::{DropReason, Error};
 pub use rtt::RttEstimator;
 pub use send_queue::{CommittedWrite, SendQueue, WriteTag};
+pub use trace::{TraceEvent, TraceRecord};

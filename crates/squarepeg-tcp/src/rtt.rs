@@ -39,8 +39,15 @@ impl RttEstimator {
     /// Feeds one RTT measurement (RFC 6298 §2.2, §2.3). The caller applies Karn's rule
     /// (RFC 6298 §3): no samples from retransmitted segments unless timestamps disambiguate.
     pub fn on_sample(&mut self, r: Duration) {
-        self.latest = Some(r);
         self.min_rtt = Some(self.min_rtt.map_or(r, |m| m.min(r)));
+        self.on_coarse_sample(r);
+    }
+
+    /// Feeds a measurement of coarse resolution (a millisecond timestamp echo, RFC 7323
+    /// §4.2): good for SRTT and the RTO, whose formula allows for the clock granularity, but
+    /// not for the minimum RTT, which it could put at zero on a sub-millisecond path.
+    pub fn on_coarse_sample(&mut self, r: Duration) {
+        self.latest = Some(r);
         match self.srtt {
             None => {
                 // (2.2) first measurement.

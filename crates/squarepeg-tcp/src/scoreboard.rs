@@ -1,12 +1,13 @@
 //! Sender-side record of segments in flight: SACK scoreboard, loss marking and `pipe`
-//! (RFC 6675 §4), Karn-safe RTT sampling (RFC 6298 §3).
+//! (RFC 6675 §4), Karn-safe RTT sampling (RFC 6298 §3), and the per-segment send times that
+//! RACK's time-based loss detection needs (RFC 8985 §6).
 //!
 //! Positions are in the connection's unwrapped send sequence space (0 = ISS). One entry per
 //! transmitted segment, so that retransmissions keep the original boundaries (what Hollywood's
 //! inconsistent retransmissions need) and each segment's send time is known.
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(Clone, Debug)]
 pub(crate) struct SentSegment {
@@ -15,7 +16,13 @@ pub(crate) struct SentSegment {
     pub end: u64,
     pub fin: bool,
     pub sent_at: Instant,
+    /// Transmission number of the latest transmission (increasing in send order, so that RACK
+    /// orders transmissions exactly even when many share one clock reading).
+    pub xmit: u64,
     pub retransmits: u32,
+    /// The last piece of a transmission (pieces split off in front of it do not count, so that
+    /// a receiver acknowledging a segment piecemeal cannot make it count more than once).
+    pub whole: bool,
     pub sacked: bool,
     pub lost: bool,
     /// Retransmitted since last marked lost, and that retransmission is presumed in flight.
@@ -38,6 +45,57 @@ pub(crate) struct AckResult {
     pub newly_acked: u64,
     /// Earliest (latest-transmission) send time among the segments newly acknowledged.
     pub earliest_sent_at: Option<Instant>,
+    /// Segments removed (acknowledged in full).
+    pub segments: u64,
+    /// Transmissions acknowledged in full and never SACKed before (each counted once).
+    pub whole_segments: u64,
+}
+
+/// A transmission as RACK orders them: transmission number, then end (RFC 8985 §6.2
+/// RACK_sent_after with exact ordering instead of timestamps), and its send time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Transmission {
+    pub xmit: u64,
+    pub end: u64,
+    pub sent_at: Instant,
+}
+
+/// What the segments newly delivered (cumulatively acknowledged or SACKed) by one ACK tell
+/// RACK (RFC 8985 §6.1, §6.2) and the RTT estimator.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Delivered {
+    /// The most recently sent delivered segment that was never retransmitted.
+    pub newest_original: Option<Transmission>,
+    /// The most recently sent delivered segment that was retransmitted (its delivery may be
+    /// that of an earlier transmission).
+    pub newest_retransmitted: Option<Transmission>,
+    /// Send time of the newest never-retransmitted segment newly SACKed (an RTT sample: the
+    /// receiver acknowledges out-of-order data at once).
+    pub sacked_sample_sent_at: Option<Instant>,
+    /// A never-retransmitted segment was delivered below the highest end delivered before this
+    /// ACK: the network reordered (RFC 8985 §6.2 step 2).
+    pub reordering: bool,
+}
+
+impl Delivered {
+    fn note(&mut self, seg: &SentSegment, fack_before: u64, sacked: bool) {
+        let key = Transmission {
+            xmit: seg.xmit,
+            end: seg.end,
+            sent_at: seg.sent_at,
+        };
+        if seg.retransmits == 0 {
+            self.newest_original = self.newest_original.max(Some(key));
+            if sacked {
+                self.sacked_sample_sent_at = self.sacked_sample_sent_at.max(Some(seg.sent_at));
+            }
+            if seg.end < fack_before {
+                self.reordering = true;
+            }
+        } else {
+            self.newest_retransmitted = self.newest_retransmitted.max(Some(key));
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -46,12 +104,28 @@ pub(crate) struct Scoreboard {
     sacked_bytes: u64,
     lost_bytes: u64,
     retrans_out_bytes: u64,
+    /// Highest end of any segment delivered so far (RACK.fack).
+    fack: u64,
+    /// Next transmission number.
+    next_xmit: u64,
+    /// Segment counts matching the byte counters above (for the pipe in segments).
+    sacked_segs: u64,
+    lost_segs: u64,
+    retrans_out_segs: u64,
 }
 
 impl Scoreboard {
-    #[cfg(test)]
     pub fn lost_bytes(&self) -> u64 {
         self.lost_bytes
+    }
+
+    pub fn sacked_bytes(&self) -> u64 {
+        self.sacked_bytes
+    }
+
+    /// Highest end of any segment delivered so far (RACK.fack).
+    pub fn fack(&self) -> u64 {
+        self.fack
     }
 
     /// RFC 6675 §4 SetPipe, kept incrementally: in flight = not SACKed and not lost, plus
@@ -60,13 +134,22 @@ impl Scoreboard {
         (flight + self.retrans_out_bytes).saturating_sub(self.sacked_bytes + self.lost_bytes)
     }
 
+    /// The pipe counted in segments (each scoreboard entry once).
+    pub fn pipe_segments(&self) -> u64 {
+        (self.segs.len() as u64 + self.retrans_out_segs)
+            .saturating_sub(self.sacked_segs + self.lost_segs)
+    }
+
     pub fn on_send(&mut self, start: u64, end: u64, fin: bool, now: Instant) {
+        self.next_xmit += 1;
         self.segs.push_back(SentSegment {
             start,
             end,
             fin,
             sent_at: now,
+            xmit: self.next_xmit,
             retransmits: 0,
+            whole: true,
             sacked: false,
             lost: false,
             retrans_out: false,
@@ -95,7 +178,15 @@ impl Scoreboard {
         let mut tail = seg.clone();
         seg.end = at;
         seg.fin = false;
+        seg.whole = false;
         tail.start = at;
+        // The new piece has the flags of the old one: count it.
+        if tail.sacked {
+            self.sacked_segs += 1;
+        } else {
+            self.lost_segs += u64::from(tail.lost);
+            self.retrans_out_segs += u64::from(tail.retrans_out);
+        }
         self.segs.insert(i + 1, tail);
     }
 
@@ -110,8 +201,27 @@ impl Scoreboard {
         self.segs.get(index).map(|s| (s.start, s.end, s.fin))
     }
 
-    /// Removes everything below `upto`.
-    pub fn ack(&mut self, upto: u64) -> AckResult {
+    /// Splits the segment at `index` so that at most its last `max` payload bytes (and its FIN)
+    /// form a segment of their own; returns that segment's index and bounds.
+    pub fn limit_segment_tail(
+        &mut self,
+        index: usize,
+        max: u64,
+    ) -> Option<(usize, u64, u64, bool)> {
+        let seg = self.segs.get(index)?;
+        let payload = seg.len() - seg.fin as u64;
+        let mut index = index;
+        if payload > max && max > 0 {
+            let at = seg.start + (payload - max);
+            self.split_at(at);
+            index += 1;
+        }
+        self.segs.get(index).map(|s| (index, s.start, s.end, s.fin))
+    }
+
+    /// Removes everything below `upto`, noting newly delivered segments in `delivered`.
+    pub fn ack(&mut self, upto: u64, delivered: &mut Delivered) -> AckResult {
+        let fack_before = self.fack;
         let mut res = AckResult::default();
         let mut newest: Option<(Instant, bool)> = None;
         let mut latest_retransmission: Option<Instant> = None;
@@ -123,10 +233,15 @@ impl Scoreboard {
             let Some(seg) = self.segs.pop_front() else {
                 break;
             };
+            res.segments += 1;
             let len = seg.len();
             if seg.sacked {
                 self.sacked_bytes -= len;
+                self.sacked_segs -= 1;
             } else {
+                res.whole_segments += u64::from(seg.whole);
+                delivered.note(&seg, fack_before, false);
+                self.fack = self.fack.max(seg.end);
                 res.newly_acked += len;
                 if seg.retransmits > 0 {
                     latest_retransmission = latest_retransmission.max(Some(seg.sent_at));
@@ -138,9 +253,11 @@ impl Scoreboard {
                 );
                 if seg.lost {
                     self.lost_bytes -= len;
+                    self.lost_segs -= 1;
                 }
                 if seg.retrans_out {
                     self.retrans_out_bytes -= len;
+                    self.retrans_out_segs -= 1;
                 }
             }
         }
@@ -155,8 +272,15 @@ impl Scoreboard {
         res
     }
 
-    /// Marks `[left, right)` as SACKed; returns bytes newly SACKed.
-    pub fn sack(&mut self, left: u64, right: u64) -> u64 {
+    /// Marks `[left, right)` as SACKed, noting newly delivered segments in `delivered`
+    /// (`fack_before`: [`fack`](Scoreboard::fack) before this ACK); returns bytes newly SACKed.
+    pub fn sack(
+        &mut self,
+        left: u64,
+        right: u64,
+        fack_before: u64,
+        delivered: &mut Delivered,
+    ) -> u64 {
         if left >= right {
             return 0;
         }
@@ -170,15 +294,20 @@ impl Scoreboard {
             }
             if !seg.sacked && seg.start >= left && seg.end <= right {
                 let len = seg.end - seg.start;
+                delivered.note(seg, fack_before, true);
+                self.fack = self.fack.max(seg.end);
                 seg.sacked = true;
                 newly += len;
                 self.sacked_bytes += len;
+                self.sacked_segs += 1;
                 if seg.lost {
                     self.lost_bytes -= len;
+                    self.lost_segs -= 1;
                 }
                 if seg.retrans_out {
                     seg.retrans_out = false;
                     self.retrans_out_bytes -= len;
+                    self.retrans_out_segs -= 1;
                 }
             }
             i += 1;
@@ -206,10 +335,12 @@ impl Scoreboard {
                     seg.lost = true;
                     newly = true;
                     self.lost_bytes += seg.len();
+                    self.lost_segs += 1;
                     if seg.retrans_out {
                         // Marked lost again: its retransmission is no longer presumed in flight.
                         seg.retrans_out = false;
                         self.retrans_out_bytes -= seg.len();
+                        self.retrans_out_segs -= 1;
                     }
                 } else if seg.retrans_out {
                     // Already retransmitted; leave it to the RTO (RFC 6675 §5 uses HighRxt).
@@ -217,6 +348,61 @@ impl Scoreboard {
             }
         }
         newly
+    }
+
+    /// RFC 8985 §6.2 step 5: every segment sent before the RACK segment and not delivered is lost once `rtt + reo_wnd` has passed since it was
+    /// sent; a retransmission counts from its own send time, so a lost retransmission is found
+    /// too. Returns whether any segment was newly marked, and the longest wait for those whose
+    /// time has not come (the reordering timer).
+    pub fn rack_detect(
+        &mut self,
+        rack: Transmission,
+        rtt: Duration,
+        reo_wnd: Duration,
+        now: Instant,
+    ) -> (bool, Option<Duration>) {
+        let mut newly = false;
+        let mut wait: Option<Duration> = None;
+        for seg in self.segs.iter_mut() {
+            if (seg.xmit, seg.end) >= (rack.xmit, rack.end) {
+                // Sent after the RACK segment. Original transmissions go out in sequence
+                // order, and a retransmission is later than its original, so every segment
+                // after a never-retransmitted one was sent after it too.
+                if seg.retransmits == 0 {
+                    break;
+                }
+                continue;
+            }
+            // Delivered, or already lost and waiting for its retransmission.
+            if seg.sacked || (seg.lost && !seg.retrans_out) {
+                continue;
+            }
+            let deadline = seg.sent_at + rtt + reo_wnd;
+            if deadline <= now {
+                let len = seg.end - seg.start;
+                if seg.lost {
+                    // Its retransmission is lost too.
+                    seg.retrans_out = false;
+                    self.retrans_out_bytes -= len;
+                    self.retrans_out_segs -= 1;
+                } else {
+                    seg.lost = true;
+                    self.lost_bytes += len;
+                    self.lost_segs += 1;
+                }
+                newly = true;
+            } else {
+                let left = deadline - now;
+                wait = Some(wait.map_or(left, |w| w.max(left)));
+            }
+        }
+        (newly, wait)
+    }
+
+    /// Index of the last segment sent, if it is not SACKed (the tail loss probe resends it).
+    pub fn last_unsacked(&self) -> Option<usize> {
+        let i = self.segs.len().checked_sub(1)?;
+        (!self.segs[i].sacked).then_some(i)
     }
 
     /// Whether the first unacknowledged segment is marked lost.
@@ -234,10 +420,12 @@ impl Scoreboard {
             if !seg.lost {
                 seg.lost = true;
                 self.lost_bytes += len;
+                self.lost_segs += 1;
             }
             if seg.retrans_out {
                 seg.retrans_out = false;
                 self.retrans_out_bytes -= len;
+                self.retrans_out_segs -= 1;
             }
         }
     }
@@ -248,6 +436,9 @@ impl Scoreboard {
         self.sacked_bytes = 0;
         self.retrans_out_bytes = 0;
         self.lost_bytes = 0;
+        self.sacked_segs = 0;
+        self.retrans_out_segs = 0;
+        self.lost_segs = self.segs.len() as u64;
         for seg in &mut self.segs {
             seg.sacked = false;
             seg.retrans_out = false;
@@ -268,12 +459,15 @@ impl Scoreboard {
 
     /// Records a retransmission of the segment at `index`.
     pub fn on_retransmit(&mut self, index: usize, now: Instant) {
+        self.next_xmit += 1;
         if let Some(seg) = self.segs.get_mut(index) {
             seg.retransmits += 1;
             seg.sent_at = now;
+            seg.xmit = self.next_xmit;
             if seg.lost && !seg.retrans_out {
                 seg.retrans_out = true;
                 self.retrans_out_bytes += seg.end - seg.start;
+                self.retrans_out_segs += 1;
             }
         }
     }
@@ -296,24 +490,30 @@ impl Scoreboard {
 
     #[cfg(test)]
     pub fn check_invariants(&self) {
-        let mut sacked = 0;
-        let mut lost = 0;
-        let mut rout = 0;
+        let (mut sacked, mut lost, mut rout) = (0, 0, 0);
+        let (mut sacked_n, mut lost_n, mut rout_n) = (0, 0, 0);
         for s in &self.segs {
             if s.sacked {
                 sacked += s.len();
+                sacked_n += 1;
             } else {
                 if s.lost {
                     lost += s.len();
+                    lost_n += 1;
                 }
                 if s.retrans_out {
                     rout += s.len();
+                    rout_n += 1;
                 }
             }
         }
         assert_eq!(
             (sacked, lost, rout),
             (self.sacked_bytes, self.lost_bytes, self.retrans_out_bytes)
+        );
+        assert_eq!(
+            (sacked_n, lost_n, rout_n),
+            (self.sacked_segs, self.lost_segs, self.retrans_out_segs)
         );
     }
 }
@@ -330,7 +530,10 @@ mod tests {
             sb.on_send(1 + i * 100, 1 + (i + 1) * 100, false, now);
         }
         // Segment 0 lost; 1..=3 SACKed.
-        sb.sack(101, 401);
+        let mut d = Delivered::default();
+        sb.sack(101, 401, 0, &mut d);
+        assert_eq!(d.sacked_sample_sent_at, Some(now));
+        assert!(!d.reordering);
         assert!(sb.mark_lost(3, 100));
         assert!(sb.head_lost());
         assert_eq!(sb.next_lost(), Some(0));
@@ -340,7 +543,7 @@ mod tests {
         assert_eq!(sb.pipe(600), 300);
         assert_eq!(sb.holes(), 1);
         sb.check_invariants();
-        let r = sb.ack(401);
+        let r = sb.ack(401, &mut d);
         assert_eq!(r.newly_acked, 100);
         assert!(r.rtt_sent_at.is_none());
         sb.check_invariants();
@@ -348,12 +551,44 @@ mod tests {
     }
 
     #[test]
+    fn segment_counts_follow_splits_and_pieces_count_once() {
+        let now = Instant::now();
+        let mut sb = Scoreboard::default();
+        for i in 0..4u64 {
+            sb.on_send(1 + i * 100, 1 + (i + 1) * 100, false, now);
+        }
+        assert_eq!(sb.pipe_segments(), 4);
+        let mut d = Delivered::default();
+        // A SACK of half of segment 1 splits it: 5 entries, one SACKed.
+        sb.sack(151, 201, 0, &mut d);
+        sb.check_invariants();
+        assert_eq!(sb.pipe_segments(), 4);
+        sb.mark_lost(1, 100);
+        sb.check_invariants();
+        let i = sb.next_lost().expect("segment 0 is lost");
+        sb.on_retransmit(i, now);
+        sb.check_invariants();
+        // A receiver acknowledging segment 2 byte by byte makes it count once.
+        let mut whole = 0;
+        for upto in 202..=301 {
+            whole += sb.ack(upto, &mut d).whole_segments;
+            sb.check_invariants();
+        }
+        // Segments 0 and 2 (and the SACKed tail of 1, already counted as delivered).
+        assert_eq!(whole, 2);
+        sb.mark_all_lost();
+        sb.check_invariants();
+        assert_eq!(sb.pipe_segments(), 0);
+    }
+
+    #[test]
     fn partial_sack_and_ack_split_segments() {
         let now = Instant::now();
         let mut sb = Scoreboard::default();
         sb.on_send(1, 1001, false, now);
-        assert_eq!(sb.sack(501, 1001), 500);
-        let r = sb.ack(301);
+        let mut d = Delivered::default();
+        assert_eq!(sb.sack(501, 1001, 0, &mut d), 500);
+        let r = sb.ack(301, &mut d);
         assert_eq!(r.newly_acked, 300);
         sb.check_invariants();
         sb.mark_all_lost();

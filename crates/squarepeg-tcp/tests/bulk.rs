@@ -216,16 +216,18 @@ fn bulk_mss_536_with_losses_no_sack() {
     assert_eq!(st.rto_timeouts, 0, "{st:#?}");
 }
 
-#[test]
-fn bulk_v6_mtu_1280_lost_retransmission_needs_rto() {
-    // The segment holding stream offset 200_000 is lost twice: its fast retransmission is lost
-    // too, so only the retransmission timeout recovers it.
+/// The segment holding stream offset 200_000 is lost twice: its fast retransmission is lost
+/// too. Returns the sender's stats.
+fn lost_retransmission(rack_tlp: bool) -> squarepeg_tcp::ConnectionStats {
     let mut isn = None;
     let mut drops_left = 2;
     let (pump, t) = transfer(
         true,
         2 << 20,
-        with_mss(1280),
+        ConnectionConfig {
+            rack_tlp,
+            ..with_mss(1280)
+        },
         Duration::from_millis(5),
         move |from_a, _, p| {
             if !from_a {
@@ -245,7 +247,23 @@ fn bulk_v6_mtu_1280_lost_retransmission_needs_rto() {
         },
     );
     check(&t);
-    let st = pump.a.stats_of(t.client.unwrap()).unwrap();
+    pump.a.stats_of(t.client.unwrap()).unwrap()
+}
+
+#[test]
+fn bulk_v6_mtu_1280_lost_retransmission_found_by_rack() {
+    // RACK (RFC 8985 §6.2): segments sent after the retransmission are delivered, so the
+    // retransmission is lost too once an RTT has passed; no RTO.
+    let st = lost_retransmission(true);
+    assert_eq!(st.fast_retransmits, 1, "{st:#?}");
+    assert_eq!(st.rto_timeouts, 0, "{st:#?}");
+    assert_eq!(st.packets_retransmitted, 2, "{st:#?}");
+}
+
+#[test]
+fn bulk_v6_mtu_1280_lost_retransmission_needs_rto_without_rack() {
+    // RFC 6675 alone cannot see a lost retransmission: only the RTO recovers it.
+    let st = lost_retransmission(false);
     assert_eq!(st.fast_retransmits, 1, "{st:#?}");
     assert_eq!(st.rto_timeouts, 1, "{st:#?}");
     assert!(st.packets_retransmitted >= 2, "{st:#?}");

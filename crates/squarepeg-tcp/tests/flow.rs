@@ -322,3 +322,55 @@ fn duplicate_data_gets_dsack() {
     assert!(h.out1().sack().is_empty());
     assert_eq!(h.read_all(c).len(), 510);
 }
+
+#[test]
+fn writable_is_reported_once_a_third_of_the_send_buffer_is_free() {
+    // Found by the simulator (seed 1064): a writer woken for every few acknowledged bytes wrote
+    // them at once and, without Nagle, sent them as tiny segments.
+    let cfg = ConnectionConfig {
+        send_buffer: 30_000,
+        ..Default::default()
+    };
+    let (mut h, c, iss) = open(cfg, 1000, None, 65535);
+    assert_eq!(h.ep.write(c, &[7u8; 40_000]).unwrap(), 30_000);
+    assert_eq!(
+        h.ep.write(c, &[7u8; 10]),
+        Err(squarepeg_tcp::Error::WouldBlock)
+    );
+    let sent = h.out().len();
+    assert_eq!(sent, 10, "IW10");
+    // 5000 bytes acknowledged: free space below a third of the buffer, no wake-up.
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 1 + 5000)).unwrap();
+    h.out();
+    assert!(!h.events().contains(&Event::Writable(c)));
+    // 10 000 bytes acknowledged: a third of the buffer is free.
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 1 + 10_000)).unwrap();
+    h.out();
+    assert_eq!(h.events(), vec![Event::Writable(c)]);
+    assert_eq!(h.ep.connection(c).unwrap().writable(), 10_000);
+}
+
+#[test]
+fn a_run_of_small_segments_is_acknowledged_every_second_segment() {
+    // Found by the simulator (seed 22357): a peer sending 8-byte messages, a few per window,
+    // got one ACK per 40 ms delayed-ACK timeout, because only full-sized segments counted.
+    // After two segments of the same size the receiver takes it as the peer's segment size
+    // (as Linux's tcp_measure_rcv_mss does).
+    let (mut h, _c, iss) = open(ConnectionConfig::default(), 1000, None, 65535);
+    let mut seq = IRS + 1;
+    let mut send = |h: &mut Harness, len: usize| {
+        h.inject(&h.pkt(ACK, seq, iss + 1).data(&vec![3u8; len]))
+            .unwrap();
+        seq += len as u32;
+        h.out()
+    };
+    // The first small segment waits for the timer or a second one of its size...
+    assert!(send(&mut h, 100).is_empty());
+    // ...which makes 100 bytes the peer's segment size: every second one is acknowledged at
+    // once.
+    assert_eq!(send(&mut h, 100)[0].ack, IRS + 1 + 200);
+    assert!(send(&mut h, 100).is_empty());
+    assert_eq!(send(&mut h, 100)[0].ack, IRS + 1 + 400);
+    assert!(send(&mut h, 100).is_empty());
+    assert_eq!(send(&mut h, 100)[0].ack, IRS + 1 + 600);
+}

@@ -467,3 +467,27 @@ fn ipv6_handshake_and_mss() {
     assert_eq!(segs[0].payload.len(), 1440 - 12);
     assert!(segs.iter().all(|p| p.src == h.local && p.dst == h.remote));
 }
+
+#[test]
+fn millisecond_timestamps_do_not_set_the_minimum_rtt() {
+    // Found by the simulator (seed 1179): on a path with a sub-millisecond RTT the timestamp
+    // echo reads 0 ms; taken as a sample it put min_RTT, and RACK's reordering window
+    // (min_RTT / 4), at zero, and every reordered segment was retransmitted.
+    let mut h = client();
+    let c = h.connect(ConnectionConfig::default());
+    let syn = h.out1();
+    let (tsval, _) = syn.ts().unwrap();
+    h.now += Duration::from_micros(300);
+    h.inject(
+        &h.pkt(SYN | ACK, IRS, syn.seq + 1)
+            .opt(Opt::Mss(1400))
+            .opt(Opt::SackOk)
+            .opt(Opt::Ts(777, tsval))
+            .opt(Opt::Ws(8)),
+    )
+    .unwrap();
+    h.out();
+    let st = h.ep.stats_of(c).unwrap();
+    assert_eq!(st.min_rtt, Some(Duration::from_micros(300)));
+    assert_eq!(st.srtt, Some(Duration::from_micros(300)));
+}

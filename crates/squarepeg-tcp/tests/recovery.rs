@@ -104,9 +104,10 @@ fn newreno_fast_retransmit_limited_transmit_and_partial_ack() {
     let st = h.ep.stats_of(c).unwrap();
     assert_eq!(st.fast_retransmits, 1);
     assert!(st.in_recovery);
-    // FlightSize was 13 segments: ssthresh = 6.5 segments (RFC 5681 eq. 4).
-    assert_eq!(st.ssthresh, 6500);
-    assert_eq!(st.cwnd, 6500);
+    // FlightSize was 13 segments, 2 of them sent by limited transmit, which RFC 5681 §3.2
+    // step 2 leaves out: ssthresh = 11 / 2 = 5.5 segments (eq. 4).
+    assert_eq!(st.ssthresh, 5500);
+    assert_eq!(st.cwnd, 5500);
     // Partial ACK up to segment 5 (segment 5 also lost): retransmit it at once (RFC 6582).
     h.inject(&ack(&h, iss, 5)).unwrap();
     let o = h.out();
@@ -117,7 +118,7 @@ fn newreno_fast_retransmit_limited_transmit_and_partial_ack() {
     h.inject(&ack(&h, iss, high)).unwrap();
     let st = h.ep.stats_of(c).unwrap();
     assert!(!st.in_recovery);
-    assert_eq!(st.cwnd, 6500);
+    assert_eq!(st.cwnd, 5500);
     assert_eq!(st.packets_retransmitted, 2);
     assert_eq!(st.rto_timeouts, 0);
 }
@@ -220,7 +221,14 @@ fn rto_retransmits_everything_in_slow_start() {
     );
     h.ep.write(c, &[0u8; 10_000]).unwrap();
     assert_eq!(h.out().len(), 10);
-    h.fire_next_timer();
+    // The tail loss probe (RFC 8985 §7.3) comes first, after 2 SRTT: the last segment again.
+    assert_eq!(
+        h.fire_next_timer(),
+        Duration::from_millis(200) + Duration::from_millis(2)
+    );
+    assert_eq!(h.out1().seq, seg(iss, 9));
+    // No answer: the RTO, restarted when the probe went out (RFC 8985 §7.3), fires.
+    assert_eq!(h.fire_next_timer(), Duration::from_millis(300));
     // cwnd = 1 SMSS: one segment.
     assert_eq!(h.out1().seq, seg(iss, 0));
     h.inject(&ack(&h, iss, 1)).unwrap();
@@ -258,10 +266,10 @@ fn cubic_and_newreno_reduce_differently() {
         assert!(st.in_recovery);
         got.push((st.cwnd, st.ssthresh));
     }
-    // CUBIC: beta 0.7 of cwnd (10 segments). NewReno: half of FlightSize (12 segments, with
-    // two limited-transmit segments).
+    // CUBIC: beta 0.7 of cwnd (10 segments). NewReno: half of FlightSize (12 segments, less
+    // the two sent by limited transmit, RFC 5681 §3.2 step 2).
     assert_eq!(got[0], (7000, 7000));
-    assert_eq!(got[1], (6000, 6000));
+    assert_eq!(got[1], (5000, 5000));
 }
 
 #[test]
@@ -292,4 +300,328 @@ fn custom_congestion_controller_can_be_plugged_in() {
     h.ep.write(c, &[0u8; 50_000]).unwrap();
     assert_eq!(h.out().len(), 3);
     assert_eq!(h.ep.stats_of(c).unwrap().congestion, "fixed");
+}
+
+/// Segment numbers of the data segments among `pkts`.
+fn segs(iss: u32, pkts: &[Pkt]) -> Vec<u32> {
+    pkts.iter()
+        .filter(|p| !p.payload.is_empty())
+        .map(|p| (p.seq - iss - 1) / MSS)
+        .collect()
+}
+
+#[test]
+fn tail_loss_probe_and_rack_repair_a_lost_tail_without_rto() {
+    // RFC 8985 §7: the last three segments of a flight are lost; no ACK would ever reveal
+    // that but the probe's.
+    let (mut h, c, iss) = open(
+        ConnectionConfig::default(),
+        true,
+        Duration::from_millis(100),
+    );
+    h.ep.write(c, &[0u8; 10_000]).unwrap();
+    assert_eq!(h.out().len(), 10);
+    h.now += Duration::from_millis(100);
+    h.inject(&ack(&h, iss, 7)).unwrap();
+    assert!(h.out().is_empty());
+    // PTO = 2 SRTT + 2 ms from that ACK (RFC 8985 §7.2), well before the 300 ms RTO.
+    assert_eq!(h.fire_next_timer(), Duration::from_millis(202));
+    let probe = h.out1();
+    assert_eq!(
+        segs(iss, std::slice::from_ref(&probe)),
+        vec![9],
+        "the last segment again"
+    );
+    // The probe's ACK SACKs it: RACK finds segments 7 and 8, sent before it and an RTT old,
+    // lost, and recovery retransmits them at once.
+    h.now += Duration::from_millis(100);
+    h.inject(&ack(&h, iss, 7).opt(Opt::Sack(vec![(seg(iss, 9), seg(iss, 10))])))
+        .unwrap();
+    assert_eq!(segs(iss, &h.out()), vec![7, 8]);
+    let st = h.ep.stats_of(c).unwrap();
+    assert_eq!(
+        (st.tail_loss_probes, st.fast_retransmits, st.rto_timeouts),
+        (1, 1, 0)
+    );
+    h.now += Duration::from_millis(100);
+    h.inject(&ack(&h, iss, 10)).unwrap();
+    let st = h.ep.stats_of(c).unwrap();
+    assert!(!st.in_recovery);
+    assert_eq!(st.bytes_in_flight, 0);
+    // Without RACK-TLP the same tail waits for the RTO.
+    let (mut h, c, iss) = open(
+        ConnectionConfig {
+            rack_tlp: false,
+            ..Default::default()
+        },
+        true,
+        Duration::from_millis(100),
+    );
+    h.ep.write(c, &[0u8; 10_000]).unwrap();
+    h.out();
+    h.now += Duration::from_millis(100);
+    h.inject(&ack(&h, iss, 7)).unwrap();
+    // RTO = 100 ms + 4 * 37.5 ms after the ACK's sample.
+    assert_eq!(h.fire_next_timer(), Duration::from_millis(250));
+    assert_eq!(segs(iss, &h.out()), vec![7]);
+    assert_eq!(h.ep.stats_of(c).unwrap().rto_timeouts, 1);
+}
+
+#[test]
+fn tail_loss_probe_repair_and_duplicate_are_told_apart() {
+    // RFC 8985 §7.4: a retransmitted probe that delivered the last segment repaired a loss and
+    // costs a congestion response; one the receiver already had (D-SACK) costs nothing.
+    for original_arrived in [false, true] {
+        let (mut h, c, iss) = open(
+            ConnectionConfig::default(),
+            true,
+            Duration::from_millis(100),
+        );
+        h.ep.write(c, &[0u8; 10_000]).unwrap();
+        h.out();
+        h.now += Duration::from_millis(100);
+        h.inject(&ack(&h, iss, 9)).unwrap();
+        let cwnd = h.ep.stats_of(c).unwrap().cwnd;
+        // One segment out: PTO = 2 SRTT + the worst-case delayed ACK (200 ms), but never later
+        // than the RTO (250 ms).
+        assert_eq!(h.fire_next_timer(), Duration::from_millis(250));
+        assert_eq!(segs(iss, &h.out()), vec![9]);
+        h.now += Duration::from_millis(100);
+        h.inject(&ack(&h, iss, 10)).unwrap();
+        if original_arrived {
+            // The second copy draws a D-SACK.
+            h.inject(&ack(&h, iss, 10).opt(Opt::Sack(vec![(seg(iss, 9), seg(iss, 10))])))
+                .unwrap();
+        }
+        // More data: its ACK passes TLP.end_seq and closes the episode.
+        h.ep.write(c, &[0u8; 1000]).unwrap();
+        h.out();
+        h.now += Duration::from_millis(100);
+        h.inject(&ack(&h, iss, 11)).unwrap();
+        let st = h.ep.stats_of(c).unwrap();
+        if original_arrived {
+            assert_eq!(st.tail_loss_repairs, 0);
+            assert!(st.cwnd >= cwnd, "{st:#?}");
+        } else {
+            assert_eq!(st.tail_loss_repairs, 1);
+            assert_eq!(st.ssthresh, cwnd * 7 / 10, "CUBIC beta (RFC 9438 §4.6)");
+        }
+    }
+}
+
+#[test]
+fn rack_waits_out_reordering_it_has_seen_before() {
+    // Found by the simulator (seed 443): three duplicate ACKs with SACK started a recovery
+    // although RACK knew the path reorders; now RACK alone decides (RFC 8985 §6.2).
+    let (mut h, c, iss) = open(
+        ConnectionConfig::default(),
+        true,
+        Duration::from_millis(100),
+    );
+    h.ep.write(c, &[0u8; 100_000]).unwrap();
+    assert_eq!(h.out().len(), 10);
+    h.now += Duration::from_millis(100);
+    // Segment 1 arrives after segment 2: a never-retransmitted segment delivered below the
+    // highest SACKed one shows reordering.
+    h.inject(&ack(&h, iss, 1)).unwrap();
+    h.inject(&ack(&h, iss, 1).opt(Opt::Sack(vec![(seg(iss, 2), seg(iss, 3))])))
+        .unwrap();
+    h.inject(&ack(&h, iss, 3)).unwrap();
+    let mut sent = h.out();
+    // Segment 3 is late: 4, 5, 6 and 7 arrive first (four duplicate ACKs with SACK).
+    for k in 5..=8 {
+        h.inject(&ack(&h, iss, 3).opt(Opt::Sack(vec![(seg(iss, 4), seg(iss, k))])))
+            .unwrap();
+        sent.extend(h.out());
+    }
+    assert!(
+        !segs(iss, &sent).contains(&3),
+        "no retransmission within reo_wnd"
+    );
+    // It arrives within min_RTT/4 (25 ms), before the reordering timer.
+    h.advance(Duration::from_millis(10));
+    h.inject(&ack(&h, iss, 8)).unwrap();
+    sent.extend(h.out());
+    let st = h.ep.stats_of(c).unwrap();
+    assert_eq!(st.packets_retransmitted, 0, "{:?}", segs(iss, &sent));
+    assert_eq!(st.fast_retransmits, 0);
+}
+
+#[test]
+fn rack_reordering_timer_marks_the_late_segment_lost() {
+    let (mut h, c, iss) = open(
+        ConnectionConfig::default(),
+        true,
+        Duration::from_millis(100),
+    );
+    h.ep.write(c, &[0u8; 100_000]).unwrap();
+    h.out();
+    h.now += Duration::from_millis(100);
+    // Two segments SACKed above a hole: not yet DupThresh, so RACK allows min_RTT/4.
+    h.inject(&ack(&h, iss, 0).opt(Opt::Sack(vec![(seg(iss, 1), seg(iss, 3))])))
+        .unwrap();
+    assert!(segs(iss, &h.out()).iter().all(|&s| s >= 10));
+    let waited = h.fire_next_timer();
+    assert_eq!(
+        waited,
+        Duration::from_millis(25),
+        "RACK.reo_wnd = min_RTT / 4"
+    );
+    assert_eq!(segs(iss, &h.out())[0], 0);
+    assert_eq!(h.ep.stats_of(c).unwrap().fast_retransmits, 1);
+}
+
+#[test]
+fn small_segments_count_against_the_window() {
+    // Found by the simulator (seed 1179): with consistent segmentation, IW10 in bytes let
+    // 3-byte writes out as a burst of thousands of packets. The window counts segments too.
+    let (mut h, c, iss) = open(
+        ConnectionConfig {
+            consistent_segmentation: true,
+            ..Default::default()
+        },
+        true,
+        Duration::from_millis(100),
+    );
+    for _ in 0..100 {
+        h.ep.write(c, &[7u8; 10]).unwrap();
+    }
+    let first = h.out();
+    assert_eq!(first.len(), 10, "IW10 counts segments (RFC 6928)");
+    assert!(first.iter().all(|p| p.payload.len() == 10));
+    // Each acknowledged segment grows the window as a full-sized one would (slow start).
+    h.now += Duration::from_millis(100);
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 1 + 20).win(4096))
+        .unwrap();
+    assert_eq!(h.out().len(), 4, "two freed, two from growth");
+    assert_eq!(h.ep.stats_of(c).unwrap().cwnd, 12 * MSS as u64);
+}
+
+#[test]
+fn sacked_original_segments_are_rtt_samples_and_end_back_off() {
+    // Found by the simulator (seed 550): without timestamps, an RTO back-off lasted as long
+    // as no cumulative ACK covered a never-retransmitted segment.
+    let (mut h, c, iss) = open(
+        ConnectionConfig {
+            rack_tlp: false,
+            ..Default::default()
+        },
+        true,
+        Duration::from_millis(100),
+    );
+    h.ep.write(c, &[0u8; 10_000]).unwrap();
+    h.out();
+    assert_eq!(h.fire_next_timer(), Duration::from_millis(300));
+    h.out();
+    assert_eq!(h.ep.stats_of(c).unwrap().rto, Duration::from_millis(600));
+    // Segment 5 (sent once, 400 ms ago) is SACKed: a valid sample (Karn's rule holds).
+    h.now += Duration::from_millis(100);
+    h.inject(&ack(&h, iss, 0).opt(Opt::Sack(vec![(seg(iss, 5), seg(iss, 6))])))
+        .unwrap();
+    let st = h.ep.stats_of(c).unwrap();
+    // SRTT = 7/8 100 + 1/8 400 = 137.5 ms; RTTVAR = 3/4 50 + 1/4 300 = 112.5 ms.
+    assert_eq!(st.srtt, Some(Duration::from_micros(137_500)));
+    assert_eq!(st.rto, Duration::from_micros(137_500 + 4 * 112_500));
+}
+
+#[test]
+fn no_second_recovery_right_after_an_rto() {
+    // Found by the simulator (seed 883): after an RTO, SACKed duplicate ACKs started a fast
+    // recovery whose ssthresh came from the stale FlightSize of the timed-out window; RFC 6675
+    // §5.1 allows no new recovery before everything outstanding at the RTO is acknowledged.
+    for rack_tlp in [false, true] {
+        let (mut h, c, iss) = open(
+            ConnectionConfig {
+                rack_tlp,
+                congestion: CongestionAlgorithm::NewReno,
+                ..Default::default()
+            },
+            true,
+            Duration::from_millis(100),
+        );
+        h.ep.write(c, &[0u8; 20_000]).unwrap();
+        h.out();
+        let mut flight = 0;
+        while h.ep.stats_of(c).unwrap().rto_timeouts == 0 {
+            flight = h.ep.stats_of(c).unwrap().bytes_in_flight;
+            h.fire_next_timer();
+            h.out();
+        }
+        // With RACK-TLP a probe of new data went out first.
+        assert_eq!(flight, if rack_tlp { 11_000 } else { 10_000 });
+        let after_rto = h.ep.stats_of(c).unwrap();
+        assert_eq!((after_rto.cwnd, after_rto.ssthresh), (1000, flight / 2));
+        // The retransmitted head arrives; the receiver already held 2..=6.
+        h.now += Duration::from_millis(100);
+        for k in 0..4 {
+            h.inject(&ack(&h, iss, 1).opt(Opt::Sack(vec![(seg(iss, 2), seg(iss, 4 + k))])))
+                .unwrap();
+            h.out();
+        }
+        let st = h.ep.stats_of(c).unwrap();
+        assert!(!st.in_recovery, "rack_tlp {rack_tlp}");
+        assert_eq!(st.fast_retransmits, 0);
+        assert_eq!(st.ssthresh, flight / 2);
+    }
+}
+
+#[test]
+fn newreno_restarts_the_rto_only_on_the_first_partial_ack() {
+    // RFC 6582 §3.2 step 5 ("Impatient", §4.3). Found by the simulator (seeds 1775, 4079):
+    // restarting it on every partial ACK let NewReno crawl through hundreds of holes at one
+    // per round trip.
+    let (mut h, c, iss) = open(
+        ConnectionConfig {
+            congestion: CongestionAlgorithm::NewReno,
+            ..Default::default()
+        },
+        false,
+        Duration::from_millis(100),
+    );
+    h.ep.write(c, &[0u8; 10_000]).unwrap();
+    h.out();
+    h.now += Duration::from_millis(100);
+    // Segments 1, 3 and 5 are lost.
+    h.inject(&ack(&h, iss, 1)).unwrap();
+    for _ in 0..3 {
+        h.inject(&ack(&h, iss, 1)).unwrap();
+    }
+    assert_eq!(segs(iss, &h.out()).first(), Some(&1));
+    assert!(h.ep.stats_of(c).unwrap().in_recovery);
+    // First partial ACK: the RTO restarts.
+    h.now += Duration::from_millis(100);
+    h.inject(&ack(&h, iss, 3)).unwrap();
+    h.out();
+    let restarted_at = h.now;
+    let rto = h.ep.stats_of(c).unwrap().rto;
+    assert_eq!(h.ep.poll_timeout(), Some(restarted_at + rto));
+    // Second partial ACK: it does not.
+    h.now += Duration::from_millis(100);
+    h.inject(&ack(&h, iss, 5)).unwrap();
+    h.out();
+    assert_eq!(h.ep.poll_timeout(), Some(restarted_at + rto));
+}
+
+#[test]
+fn retransmitting_the_first_unacknowledged_segment_restarts_the_rto() {
+    // Found by the simulator (seed 866): armed at the last cumulative ACK, the RTO expired
+    // before a retransmission sent later (after RACK's reordering wait) could be acknowledged.
+    let (mut h, c, iss) = open(
+        ConnectionConfig::default(),
+        true,
+        Duration::from_millis(100),
+    );
+    h.ep.write(c, &[0u8; 10_000]).unwrap();
+    h.out();
+    let sent_at = h.now;
+    h.now += Duration::from_millis(100);
+    h.inject(&ack(&h, iss, 0).opt(Opt::Sack(vec![(seg(iss, 1), seg(iss, 3))])))
+        .unwrap();
+    h.out();
+    // RACK's reordering timer (min_RTT / 4), then segment 0 goes again.
+    assert_eq!(h.fire_next_timer(), Duration::from_millis(25));
+    assert_eq!(segs(iss, &h.out())[0], 0);
+    let rto = h.ep.stats_of(c).unwrap().rto;
+    assert_eq!(h.ep.poll_timeout(), Some(h.now + rto));
+    assert!(h.now + rto > sent_at + rto);
 }

@@ -321,11 +321,12 @@ fn paws_rejects_old_timestamps() {
     .unwrap();
     h.advance(Duration::from_millis(100));
     h.out();
-    // TS.Recent is 2000 now; an older TSval is rejected even with a good sequence number.
+    // TS.Recent is 2000 now; a TSval older by more than one tick is rejected even with a
+    // good sequence number.
     assert_eq!(
         h.inject(
             &h.pkt(ACK, IRS.wrapping_add(4), ack)
-                .opt(Opt::Ts(1999, 0))
+                .opt(Opt::Ts(1998, 0))
                 .data(b"old")
         ),
         Err(DropReason::Paws)
@@ -335,8 +336,19 @@ fn paws_rejects_old_timestamps() {
     assert_eq!(dup.ts().unwrap().1, 2000);
     assert_eq!(h.read_all(c), b"new");
     assert_eq!(h.ep.stats_of(c).unwrap().paws_rejected, 1);
+    // One tick older is reordering within the clock's granularity (Linux TCP_PAWS_WINDOW):
+    // accepted.
+    h.inject(
+        &h.pkt(ACK, IRS.wrapping_add(4), ack)
+            .opt(Opt::Ts(1999, 0))
+            .data(b"late"),
+    )
+    .unwrap();
+    h.out();
+    assert_eq!(h.read_all(c), b"late");
+    assert_eq!(h.ep.stats_of(c).unwrap().paws_rejected, 1);
     // RST is exempt from PAWS (RFC 7323 §5.3): an exact RST with an old TS resets.
-    h.inject(&h.pkt(RST, IRS.wrapping_add(4), 0).opt(Opt::Ts(5, 0)))
+    h.inject(&h.pkt(RST, IRS.wrapping_add(8), 0).opt(Opt::Ts(5, 0)))
         .unwrap();
     assert_eq!(h.ep.connection(c).unwrap().state(), State::Closed);
 }
@@ -430,4 +442,31 @@ fn new_syn_in_passive_syn_received_returns_to_listen() {
         .unwrap();
     assert_eq!(h.out1().ack, IRS.wrapping_add(1_000_001));
     let _ = l;
+}
+
+#[test]
+fn paws_lets_a_reordered_duplicate_ack_through() {
+    // Found by the simulator (seed 27749): with jitter, PAWS dropped duplicate ACKs that an
+    // ACK sent a few milliseconds later had overtaken; a pure duplicate ACK stamped within an
+    // RTO of TS.Recent is not an old duplicate of data (Linux tcp_disordered_ack).
+    let (mut h, c, iss, _) = established_ts();
+    let una = iss.wrapping_add(1);
+    h.ep.write(c, &[5u8; 3000]).unwrap();
+    h.out();
+    h.inject(&h.pkt(ACK, IRS.wrapping_add(1), una).opt(Opt::Ts(2000, 0)))
+        .unwrap();
+    // Ten ticks older, same ACK, no window change: a disordered duplicate ACK.
+    h.inject(&h.pkt(ACK, IRS.wrapping_add(1), una).opt(Opt::Ts(1990, 0)))
+        .unwrap();
+    let st = h.ep.stats_of(c).unwrap();
+    assert_eq!((st.paws_rejected, st.dup_acks_received), (0, 2));
+    // Data with that stamp is still rejected.
+    assert_eq!(
+        h.inject(
+            &h.pkt(ACK, IRS.wrapping_add(1), una)
+                .opt(Opt::Ts(1990, 0))
+                .data(b"old")
+        ),
+        Err(DropReason::Paws)
+    );
 }
