@@ -76,6 +76,7 @@
 //! assert_eq!(got, b"hello");
 //! ```
 
+pub mod audit;
 pub mod cc;
 mod config;
 mod conn;
@@ -104,5 +105,5 @@ pub use send_queue::{
     CommittedWrite, MAX_DEPENDENCY_DEPTH, MessageReport, Padder, SendQueue, SendQueueStats,
     WriteTag,
 };
-pub use utcp::{ReceivedSegment, UnorderedStats};
 pub use trace::{TraceEvent, TraceRecord};
+pub use utcp::{ReceivedSegment, UnorderedStats};

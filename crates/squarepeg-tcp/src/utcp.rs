@@ -333,9 +333,12 @@ pub mod record {
         out.extend_from_slice(data);
     }
 
+    /// A parsed message record: its metadata, its bytes and the record's length.
+    pub type DecodedMessage<'a> = (MessageMeta, &'a [u8], usize);
+
     /// Parses the message record at the start of `buf`: its metadata, its bytes and the
     /// record's length. `Ok(None)` if `buf` ends before the record does.
-    pub fn decode_message(buf: &[u8]) -> Result<Option<(MessageMeta, &[u8], usize)>, RecordError> {
+    pub fn decode_message(buf: &[u8]) -> Result<Option<DecodedMessage<'_>>, RecordError> {
         let Some(&kind) = buf.first() else {
             return Ok(None);
         };
@@ -544,10 +547,7 @@ mod tests {
         );
         assert_eq!(
             u.read(&mut big),
-            Some(ReceivedSegment {
-                offset: 0,
-                len: 10
-            })
+            Some(ReceivedSegment { offset: 0, len: 10 })
         );
         assert_eq!(u.consumed_to(0, 15), 15);
         // A duplicate within the limit is queued whole; beyond it only new bytes are.
@@ -555,8 +555,14 @@ mod tests {
         assert!(!u.deliver(0, b"01234", &[]));
         assert!(u.deliver(13, b"nopq", &[(15, 17)]));
         assert_eq!(u.stats().duplicate_bytes_dropped, 5 + 2);
-        assert_eq!(u.read(&mut big), Some(ReceivedSegment { offset: 12, len: 2 }));
-        assert_eq!(u.read(&mut big), Some(ReceivedSegment { offset: 15, len: 2 }));
+        assert_eq!(
+            u.read(&mut big),
+            Some(ReceivedSegment { offset: 12, len: 2 })
+        );
+        assert_eq!(
+            u.read(&mut big),
+            Some(ReceivedSegment { offset: 15, len: 2 })
+        );
         assert_eq!(u.read(&mut big), None);
         assert!(u.is_empty());
         assert_eq!(u.bytes(), 0);
