@@ -3,6 +3,7 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use squarepeg_framing::{Frame, FrameError, FrameHeader, encode_frame};
 
 use crate::config::{
@@ -43,12 +44,14 @@ pub struct MessageProps {
     pub squash_key: Option<u64>,
 }
 
-/// A received message.
+/// A received message. The payload is a slice of the buffer it was
+/// decoded into (no copy per message); `Vec::from(payload)` or
+/// `payload.to_vec()` gives an owned vector.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Message {
     pub substream: u64,
     pub number: MessageNumber,
-    pub payload: Vec<u8>,
+    pub payload: Bytes,
 }
 
 /// What became of a sent message (Transport Services' Sent/Expired).
@@ -140,7 +143,7 @@ pub struct Stats {
 struct QueuedMessage {
     substream: u64,
     priority: Priority,
-    payload: Vec<u8>,
+    payload: Bytes,
     deadline: Option<Instant>,
     depends_on: Option<MessageNumber>,
     squash_key: Option<u64>,
@@ -425,7 +428,16 @@ impl Session {
     pub fn send_message(
         &mut self,
         now: Instant,
-        payload: Vec<u8>,
+        payload: impl Into<Bytes>,
+        props: MessageProps,
+    ) -> Result<MessageNumber, SendError> {
+        self.queue_message(now, payload.into(), props)
+    }
+
+    fn queue_message(
+        &mut self,
+        now: Instant,
+        payload: Bytes,
         props: MessageProps,
     ) -> Result<MessageNumber, SendError> {
         match &self.state {
@@ -1118,7 +1130,7 @@ impl Session {
         &mut self,
         id: StreamId,
         offset: u64,
-        data: Vec<u8>,
+        data: Bytes,
         fin: bool,
     ) -> Result<(), ProtocolError> {
         let Some(s) = self.peer_stream(id)? else {

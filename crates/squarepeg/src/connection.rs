@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 use std::time::Instant;
 
+use bytes::Bytes;
 use squarepeg_session::{
     ConnectionError, Event, Message, MessageNumber, MessageProps, MessageStatus, SendError,
     Session, Stats, StreamError, StreamId,
@@ -222,10 +223,12 @@ impl Connection {
     }
 
     /// Queues a message; waits while the send queue is full. Returns the
-    /// message's number (per connection, from 0).
+    /// message's number (per connection, from 0). The payload is any
+    /// `Into<Bytes>`: a `Vec<u8>` or `String` is taken without a copy, and a
+    /// shared `Bytes` (one payload sent many times) costs a reference count.
     pub async fn send_message(
         &self,
-        payload: impl Into<Vec<u8>>,
+        payload: impl Into<Bytes>,
         props: MessageProps,
     ) -> Result<MessageNumber, SendError> {
         // An application that sends in a tight loop never waits, so without
@@ -238,7 +241,7 @@ impl Connection {
             .wait(
                 |s| &s.send_space,
                 |st| {
-                    let len = payload.as_ref().map_or(0, Vec::len);
+                    let len = payload.as_ref().map_or(0, Bytes::len);
                     if !st.session.message_queue_has_room(len) {
                         return None;
                     }
@@ -256,7 +259,7 @@ impl Connection {
     /// Queues a message, or fails with [`SendError::QueueFull`] at once.
     pub fn try_send_message(
         &self,
-        payload: impl Into<Vec<u8>>,
+        payload: impl Into<Bytes>,
         props: MessageProps,
     ) -> Result<MessageNumber, SendError> {
         let sh = self.shared();
