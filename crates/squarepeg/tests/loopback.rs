@@ -94,7 +94,7 @@ async fn exchange_mixed(client: Connection, server: Connection) {
     let mut got = HashMap::new();
     for _ in 0..2000 {
         let m = no_hang(server.recv_message()).await.unwrap();
-        let text = String::from_utf8(m.payload).unwrap();
+        let text = String::from_utf8(m.payload.to_vec()).unwrap();
         assert_eq!(text, format!("msg {}", m.number));
         assert_eq!(m.substream, m.number % 3);
         assert!(got.insert(m.number, ()).is_none());
@@ -320,7 +320,7 @@ async fn graceful_close_delivers_everything() {
     assert_eq!(Sha256::digest(&got), Sha256::digest(&data));
     for i in 0..5000u32 {
         let m = no_hang(server.recv_message()).await.unwrap();
-        assert_eq!(m.payload, i.to_be_bytes());
+        assert_eq!(m.payload, &i.to_be_bytes()[..]);
     }
     assert!(matches!(
         no_hang(server.recv_message()).await,
@@ -348,7 +348,7 @@ async fn abort_gives_typed_errors_on_both_ends() {
         .unwrap();
     assert_eq!(
         no_hang(server.recv_message()).await.unwrap().payload,
-        b"first"
+        &b"first"[..]
     );
     let mut peer_stream = server.accept_stream().await.unwrap();
     client.abort(77, b"user cancelled");
