@@ -143,7 +143,7 @@ impl StreamDecoder {
                 self.scanned -= self.start;
                 self.start = 0;
             }
-            if self.buf.len() - self.filled < self.read_size {
+            if self.buf.len() < self.filled + self.read_size {
                 self.buf.resize(self.filled + self.read_size, 0);
             }
         }

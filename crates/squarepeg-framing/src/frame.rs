@@ -57,7 +57,7 @@ pub fn encode_frame(
     {
         return Err(FrameError::OffsetOverflow);
     }
-    let crc = crc32c::crc32c_append(crc32c::crc32c(head), payload).to_be_bytes();
+    let crc = crate::crc::crc32c(&[head, payload]).to_be_bytes();
     let start = out.len();
     out.reserve(cobs::max_encoded_len(head_len + payload.len() + CRC_LEN) + 2);
     out.push(0);
@@ -164,7 +164,7 @@ pub(crate) fn decode_run_to_slice(
     let mut crc = [0u8; CRC_LEN];
     crc.copy_from_slice(&body[crc_at..]);
     let expected = u32::from_be_bytes(crc);
-    let computed = crc32c::crc32c(&body[..crc_at]);
+    let computed = crate::crc::crc32c(&[&body[..crc_at]]);
     if expected != computed {
         return Err(FrameError::ChecksumMismatch { expected, computed });
     }
@@ -225,7 +225,7 @@ pub(crate) fn decode_zero_free(
     let mut crc = [0u8; CRC_LEN];
     crc.copy_from_slice(&payload[crc_at..]);
     let expected = u32::from_be_bytes(crc);
-    let computed = crc32c::crc32c_append(crc32c::crc32c(&head[..head_len]), &payload[..crc_at]);
+    let computed = crate::crc::crc32c(&[&head[..head_len], &payload[..crc_at]]);
     if expected != computed {
         return Err(FrameError::ChecksumMismatch { expected, computed });
     }
@@ -316,7 +316,7 @@ fn encode_padding_frame(wire_len: usize, out: &mut Vec<u8>) {
     const ZEROS: [u8; MAX_PADDING_FRAME] = [0; MAX_PADDING_FRAME];
     let zeros = wire_len - MIN_PADDING_FRAME;
     let head = [(crate::VERSION << 4) | FrameKind::Padding as u8, 0];
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&head), &ZEROS[..zeros]).to_be_bytes();
+    let crc = crate::crc::crc32c(&[&head, &ZEROS[..zeros]]).to_be_bytes();
     let start = out.len();
     out.push(0);
     let mut enc = cobs::Encoder::new(out);
@@ -359,7 +359,7 @@ pub mod reference {
         let mut crc = [0u8; CRC_LEN];
         crc.copy_from_slice(&body[crc_at..]);
         let expected = u32::from_be_bytes(crc);
-        let computed = crc32c::crc32c(&body[..crc_at]);
+        let computed = crate::crc::crc32c(&[&body[..crc_at]]);
         if expected != computed {
             return Err(FrameError::ChecksumMismatch { expected, computed });
         }

@@ -35,6 +35,7 @@
 //! a value, and every buffer a peer can grow is bounded.
 
 pub mod cobs;
+mod crc;
 pub mod decoder;
 pub mod frame;
 pub mod header;

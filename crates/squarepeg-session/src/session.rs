@@ -424,7 +424,10 @@ impl Session {
 
     /// Queues a message; returns its number. Fails with `QueueFull` when the
     /// queue holds `Config::message_send_queue` bytes (the driver may wait
-    /// for `Event::SendQueueAvailable` and retry).
+    /// for `Event::SendQueueAvailable` and retry). `now` only sets the
+    /// deadline of a message with a lifetime; for one without, any instant
+    /// will do (a driver queueing many messages need not read the clock
+    /// for each).
     pub fn send_message(
         &mut self,
         now: Instant,
