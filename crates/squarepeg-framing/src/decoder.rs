@@ -42,8 +42,10 @@ pub const DEFAULT_READ_SIZE: usize = 64 * 1024;
 /// Default bound on the bytes of output chunks kept alive by payloads.
 pub const DEFAULT_PINNED_LIMIT: usize = 16 << 20;
 
-/// Idle chunks kept for reuse.
-const POOL_KEEP: usize = 8;
+/// Idle chunks kept for reuse: enough to cover a receive queue of a few
+/// MiB that the application drains in bursts (each chunk freed and then
+/// allocated again costs a page-fault or memset pass over it).
+const POOL_KEEP: usize = 32;
 
 /// Splits an in-order byte stream into frames.
 ///
@@ -123,8 +125,9 @@ impl StreamDecoder {
                 free: Mutex::new(Vec::new()),
                 live: AtomicUsize::new(0),
                 // A read's frames plus the window slack of the last one,
-                // with room for a frame carried over from the last read.
-                chunk_size: 2 * read_size + cobs::WINDOW,
+                // with some room for a frame carried over from the last
+                // read (a longer batch gets a buffer of its own).
+                chunk_size: read_size + read_size / 4 + cobs::WINDOW,
             }),
             pinned_limit,
             offset: 0,

@@ -3,13 +3,16 @@
 //! (contender `peg` or `raw`, message size, payload bytes). Prints wall
 //! time, process CPU time, context switches and heap allocations per
 //! message, so that `perf record`, `strace -c -f` and `valgrind` runs see
-//! only the contender under study.
+//! only the contender under study. `PEG_READ`, `PEG_BATCH` and `PEG_LOWAT`
+//! (bytes; `PEG_LOWAT=0` leaves the system default) override the
+//! connection's read size, write batch and `TCP_NOTSENT_LOWAT`, for both
+//! contenders where they apply.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use squarepeg::ConnectionConfig;
-use squarepeg::bench::{raw_tcp_messages, squarepeg_messages};
+use squarepeg::bench::{raw_tcp_messages_with, squarepeg_messages};
 
 /// Counts heap allocations (a figure per message is what matters).
 struct Counting;
@@ -58,6 +61,17 @@ fn main() -> std::io::Result<()> {
     let bytes: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(256 << 20);
     let runs: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(1);
     let count = (bytes / size).max(1);
+    let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<usize>().ok());
+    let mut config = ConnectionConfig::default();
+    if let Some(v) = env("PEG_READ") {
+        config.read_buffer = v;
+    }
+    if let Some(v) = env("PEG_BATCH") {
+        config.write_batch = v;
+    }
+    if let Some(v) = env("PEG_LOWAT") {
+        config.notsent_lowat = (v > 0).then_some(v as u32);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -66,12 +80,8 @@ fn main() -> std::io::Result<()> {
         let before = rusage();
         let allocs = ALLOCS.load(Ordering::Relaxed);
         let m = match contender.as_str() {
-            "raw" => rt.block_on(raw_tcp_messages(size, count))?,
-            _ => rt.block_on(squarepeg_messages(
-                size,
-                count,
-                ConnectionConfig::default(),
-            ))?,
+            "raw" => rt.block_on(raw_tcp_messages_with(size, count, &config))?,
+            _ => rt.block_on(squarepeg_messages(size, count, config.clone()))?,
         };
         let after = rusage();
         let allocs = ALLOCS.load(Ordering::Relaxed) - allocs;

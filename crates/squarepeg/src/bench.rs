@@ -84,8 +84,19 @@ pub async fn squarepeg_messages(
     })
 }
 
-/// The same payload as length-prefixed records over plain tokio TCP.
+/// The same payload as length-prefixed records over plain tokio TCP, with
+/// the write and read sizes of the default [`ConnectionConfig`].
 pub async fn raw_tcp_messages(size: usize, count: usize) -> std::io::Result<Measurement> {
+    raw_tcp_messages_with(size, count, &ConnectionConfig::default()).await
+}
+
+/// [`raw_tcp_messages`] with the write batch and read size of `config`, to
+/// compare with squarepeg running `config`.
+pub async fn raw_tcp_messages_with(
+    size: usize,
+    count: usize,
+    config: &ConnectionConfig,
+) -> std::io::Result<Measurement> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let (client, server) = tokio::join!(TcpStream::connect(addr), listener.accept());
@@ -93,8 +104,7 @@ pub async fn raw_tcp_messages(size: usize, count: usize) -> std::io::Result<Meas
     let (server, _) = server?;
     client.set_nodelay(true)?;
     server.set_nodelay(true)?;
-    let defaults = ConnectionConfig::default();
-    let (write_batch, read_size) = (defaults.write_batch, defaults.read_buffer);
+    let (write_batch, read_size) = (config.write_batch, config.read_buffer);
     let payload = Bytes::from(vec![0x5au8; size]);
     let start = Instant::now();
     let sender = tokio::spawn(async move {
