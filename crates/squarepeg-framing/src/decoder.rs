@@ -565,6 +565,59 @@ mod tests {
         assert_eq!(got, vec![big.clone(), big.clone(), big]);
     }
 
+    proptest::proptest! {
+        /// On any bytes (noise, valid frames, damaged frames), cut into
+        /// any pieces, with limits that force both output paths: the same
+        /// reports as the reassembler, in the same order, and never more
+        /// than one frame held.
+        #[test]
+        fn any_bytes_like_the_reassembler(
+            frames in proptest::collection::vec(
+                (0u64..5, proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)),
+                0..12,
+            ),
+            noise in proptest::collection::vec(
+                proptest::prop_oneof![proptest::prelude::Just(0u8), proptest::prelude::any::<u8>()],
+                0..300,
+            ),
+            noise_at in 0usize..4000,
+            flips in proptest::collection::vec((0usize..4000, 1u8..=255), 0..3),
+            cut in 1usize..600,
+            max_body in proptest::prop_oneof![proptest::prelude::Just(200usize), proptest::prelude::Just(1 << 16)],
+        ) {
+            let mut wire = Vec::new();
+            for (n, payload) in &frames {
+                let h = FrameHeader::Message { substream: 0, number: *n };
+                encode_frame(&h, payload, &mut wire).unwrap();
+            }
+            let at = noise_at.min(wire.len());
+            wire.splice(at..at, noise);
+            for (i, x) in flips {
+                if let Some(b) = wire.get_mut(i) {
+                    *b ^= x;
+                }
+            }
+            let norm = |r: Result<Frame, FrameError>| match r {
+                Err(FrameError::Oversize { limit, .. }) => Err(FrameError::Oversize { len: 0, limit }),
+                other => other,
+            };
+            let mut d = StreamDecoder::with_buffers(max_body, 1024, 4096);
+            let mut r = crate::Reassembler::new(max_body, crate::Reassembler::min_limit(max_body)).unwrap();
+            let mut off = 0u64;
+            for piece in wire.chunks(cut) {
+                d.push(piece);
+                r.insert(off, piece).unwrap();
+                off += piece.len() as u64;
+                while let Some(f) = d.next_frame() {
+                    let g = r.next_frame().map(|g| g.map(|g| g.frame).map_err(|e| e.error));
+                    proptest::prop_assert_eq!(Some(norm(f)), g.map(norm));
+                }
+                proptest::prop_assert!(r.next_frame().is_none());
+                proptest::prop_assert!(d.buffered() <= cobs::max_encoded_len(max_body));
+            }
+        }
+    }
+
     /// Mirrors the reassembler: the same frames and errors, in the same
     /// order, for any cut of a stream of valid and damaged frames. (An
     /// oversize run is reported as soon as it is too long, so its length

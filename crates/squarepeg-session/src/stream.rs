@@ -336,11 +336,14 @@ mod tests {
     fn overlap_and_gaps() {
         let data: Vec<u8> = (0..100u8).collect();
         let mut r = RecvHalf::new(1000);
-        r.insert(0, 50, data[50..80].to_vec().into(), false).unwrap();
-        r.insert(0, 10, data[10..60].to_vec().into(), false).unwrap();
+        r.insert(0, 50, data[50..80].to_vec().into(), false)
+            .unwrap();
+        r.insert(0, 10, data[10..60].to_vec().into(), false)
+            .unwrap();
         assert!(!r.is_readable());
         r.insert(0, 0, data[0..20].to_vec().into(), false).unwrap();
-        r.insert(0, 70, data[70..100].to_vec().into(), true).unwrap();
+        r.insert(0, 70, data[70..100].to_vec().into(), true)
+            .unwrap();
         assert_eq!(r.buffered(), 100);
         assert_eq!(read_all(&mut r), data);
         assert_eq!(r.read(&mut [0; 4]), ReadOutcome::Finished);

@@ -58,10 +58,17 @@ fn main() -> std::io::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let contender = args.get(1).map_or("peg", String::as_str).to_string();
     let size: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1024);
-    let bytes: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(256 << 20);
+    let bytes: usize = args
+        .get(3)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(256 << 20);
     let runs: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(1);
     let count = (bytes / size).max(1);
-    let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<usize>().ok());
+    let env = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+    };
     let mut config = ConnectionConfig::default();
     if let Some(v) = env("PEG_READ") {
         config.read_buffer = v;

@@ -257,7 +257,9 @@ impl Connection {
                         return None;
                     }
                     let p = payload.take()?;
-                    let r = st.session.send_message(queue_time(&props), p, props.clone());
+                    let r = st
+                        .session
+                        .send_message(queue_time(&props), p, props.clone());
                     sh.dispatch(st);
                     Some(r)
                 },

@@ -441,7 +441,10 @@ fn any_frame() -> impl Strategy<Value = Frame> {
             },
             _ => FrameHeader::Control,
         };
-        Frame { header, payload: payload.into() }
+        Frame {
+            header,
+            payload: payload.into(),
+        }
     })
 }
 
