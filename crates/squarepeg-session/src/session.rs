@@ -13,6 +13,7 @@ use crate::config::{
 use crate::control::{ControlFrame, Params};
 use crate::error::{ConnectionError, ProtocolError, SendError, StreamError};
 use crate::hash::{IntMap, IntSet};
+use crate::table::MessageTable;
 use crate::scheduler::{Flow, Scheduler};
 use crate::stream::{ReadOutcome, RecvHalf, SendHalf, initiated_by_client};
 use crate::window::NumberWindow;
@@ -254,7 +255,7 @@ pub struct Session {
 
     // Messages, send side.
     next_message: MessageNumber,
-    messages: IntMap<MessageNumber, QueuedMessage>,
+    messages: MessageTable<QueuedMessage>,
     /// Queued message numbers per (class, sub-stream), in number order.
     /// Entries of messages removed out of turn (squash, expiry) stay until
     /// they reach the front or the queue is compacted.
@@ -312,7 +313,7 @@ impl Session {
             control_queue: VecDeque::new(),
             control_body: Vec::with_capacity(64),
             next_message: 0,
-            messages: IntMap::default(),
+            messages: MessageTable::default(),
             message_flows: IntMap::default(),
             deadlines: BTreeSet::new(),
             squash: IntMap::default(),
@@ -472,7 +473,7 @@ impl Session {
         self.next_message += 1;
         // Hollywood §7.2: a message whose dependency expired has expired.
         if let Some(d) = props.depends_on
-            && !self.messages.contains_key(&d)
+            && !self.messages.contains(d)
             && self.dropped.contains(d) == Some(true)
         {
             self.dropped.insert(number);
@@ -481,12 +482,12 @@ impl Session {
         }
         if let Some(key) = props.squash_key
             && let Some(old) = self.squash.insert(key, number)
-            && self.messages.get(&old).is_some_and(|m| m.droppable())
+            && self.messages.get(old).is_some_and(|m| m.droppable())
         {
             self.remove_message(old, MessageStatus::Squashed);
         }
         if let Some(d) = props.depends_on
-            && let Some(dep) = self.messages.get_mut(&d)
+            && let Some(dep) = self.messages.get_mut(d)
         {
             dep.dependents += 1;
         }
@@ -495,16 +496,22 @@ impl Session {
             self.deadlines.insert((t, number));
         }
         self.queued_message_bytes += payload.len();
-        self.message_flows
+        let flow = self
+            .message_flows
             .entry((props.priority, props.substream))
-            .or_default()
-            .push(number);
-        self.scheduler.activate(
-            props.priority,
-            Flow::Messages {
-                substream: props.substream,
-            },
-        );
+            .or_default();
+        flow.push(number);
+        // A flow with queued messages is in the scheduler already (it
+        // leaves only once empty): only a flow that just became non-empty
+        // needs activating.
+        if flow.live == 1 {
+            self.scheduler.activate(
+                props.priority,
+                Flow::Messages {
+                    substream: props.substream,
+                },
+            );
+        }
         self.messages.insert(
             number,
             QueuedMessage {
@@ -547,7 +554,7 @@ impl Session {
             // The receiver will need everything this message builds on.
             let mut decrement = true;
             while let Some(d) = dep {
-                let Some(m) = self.messages.get_mut(&d) else {
+                let Some(m) = self.messages.get_mut(d) else {
                     break;
                 };
                 if std::mem::take(&mut decrement) {
@@ -563,7 +570,7 @@ impl Session {
             // A dropped message releases its dependency, which may itself
             // be expired and now unneeded, and so on down the chain.
             while let Some(d) = dep {
-                let Some(m) = self.messages.get_mut(&d) else {
+                let Some(m) = self.messages.get_mut(d) else {
                     break;
                 };
                 m.dependents = m.dependents.saturating_sub(1);
@@ -583,11 +590,11 @@ impl Session {
         number: MessageNumber,
         status: MessageStatus,
     ) -> Option<QueuedMessage> {
-        let msg = self.messages.remove(&number)?;
+        let msg = self.messages.remove(number)?;
         let key = (msg.priority, msg.substream);
         let messages = &self.messages;
         if let Some(q) = self.message_flows.get_mut(&key) {
-            q.remove(number, |k| messages.contains_key(&k));
+            q.remove(number, |k| messages.contains(k));
             if q.live == 0 {
                 self.message_flows.remove(&key);
             }
@@ -621,7 +628,7 @@ impl Session {
                 break;
             }
             self.deadlines.pop_first();
-            let droppable = match self.messages.get_mut(&n) {
+            let droppable = match self.messages.get_mut(n) {
                 Some(m) => {
                     m.expired = true;
                     m.droppable()
@@ -1018,10 +1025,8 @@ impl Session {
             return;
         }
         // Nothing queued will be sent now.
-        let mut numbers: Vec<MessageNumber> = self.messages.keys().copied().collect();
-        numbers.sort_unstable();
-        for n in numbers {
-            if let Some(m) = self.messages.remove(&n) {
+        for n in self.messages.numbers() {
+            if let Some(m) = self.messages.remove(n) {
                 self.queued_message_bytes -= m.payload.len();
                 self.report(n, MessageStatus::Discarded);
             }
@@ -1392,7 +1397,7 @@ impl Session {
         let number = self
             .message_flows
             .get_mut(&(priority, substream))?
-            .front(|n| messages.contains_key(&n))?;
+            .front(|n| messages.contains(n))?;
         let msg = self.remove_message(number, MessageStatus::Sent)?;
         let header = FrameHeader::Message { substream, number };
         // Message numbers and sub-streams below 2^62 always encode.
