@@ -57,18 +57,34 @@ pub fn encode_frame(
     {
         return Err(FrameError::OffsetOverflow);
     }
-    let crc = crate::crc::crc32c(&[head, payload]).to_be_bytes();
     let start = out.len();
     out.reserve(cobs::max_encoded_len(head_len + payload.len() + CRC_LEN) + 2);
     out.push(0);
-    let mut enc = cobs::Encoder::new(out);
-    enc.push(head);
-    enc.push(payload);
-    enc.push(&crc);
-    enc.finish();
+    if payload.len() <= SMALL_PAYLOAD {
+        // A small frame: gather the body on the stack, so that the
+        // checksum and the encoder each make one call, not three.
+        let mut body = [0u8; MAX_HEADER_LEN + SMALL_PAYLOAD + CRC_LEN];
+        let crc_at = head_len + payload.len();
+        body[..head_len].copy_from_slice(head);
+        body[head_len..crc_at].copy_from_slice(payload);
+        let crc = crate::crc::crc32c(&[&body[..crc_at]]).to_be_bytes();
+        body[crc_at..crc_at + CRC_LEN].copy_from_slice(&crc);
+        cobs::encode(&body[..crc_at + CRC_LEN], out);
+    } else {
+        let crc = crate::crc::crc32c(&[head, payload]).to_be_bytes();
+        let mut enc = cobs::Encoder::new(out);
+        enc.push(head);
+        enc.push(payload);
+        enc.push(&crc);
+        enc.finish();
+    }
     out.push(0);
     Ok(out.len() - start)
 }
+
+/// Payloads up to this size are encoded from one contiguous copy of the
+/// body (see [`encode_frame`]); larger ones in place, as parts.
+const SMALL_PAYLOAD: usize = 128;
 
 /// Decodes the bytes between two markers (no zero byte inside) into a frame,
 /// checking the CRC. `max_body` bounds the decoded body.

@@ -13,9 +13,9 @@ use crate::config::{
 use crate::control::{ControlFrame, Params};
 use crate::error::{ConnectionError, ProtocolError, SendError, StreamError};
 use crate::hash::{IntMap, IntSet};
-use crate::table::MessageTable;
 use crate::scheduler::{Flow, Scheduler};
 use crate::stream::{ReadOutcome, RecvHalf, SendHalf, initiated_by_client};
+use crate::table::MessageTable;
 use crate::window::NumberWindow;
 use crate::{MessageNumber, Priority, StreamId};
 
