@@ -3,9 +3,11 @@
 //! (contender `peg` or `raw`, message size, payload bytes). Prints wall
 //! time, process CPU time, context switches and heap allocations per
 //! message, so that `perf record`, `strace -c -f` and `valgrind` runs see
-//! only the contender under study. `PEG_READ`, `PEG_BATCH` and `PEG_LOWAT`
+//! only the contender under study. `PEG_READ`, `PEG_BATCH`, `PEG_QUEUES` (both message queues), `PEG_STATUS`
+//! and `PEG_LOWAT`
 //! (bytes; `PEG_LOWAT=0` leaves the system default) override the
-//! connection's read size, write batch and `TCP_NOTSENT_LOWAT`, for both
+//! connection's read size, write batch, message queues, status queue and
+//! `TCP_NOTSENT_LOWAT`, for both
 //! contenders where they apply.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -75,6 +77,13 @@ fn main() -> std::io::Result<()> {
     }
     if let Some(v) = env("PEG_BATCH") {
         config.write_batch = v;
+    }
+    if let Some(v) = env("PEG_QUEUES") {
+        config.session.message_send_queue = v;
+        config.session.message_receive_queue = v;
+    }
+    if let Some(v) = env("PEG_STATUS") {
+        config.status_queue = v;
     }
     if let Some(v) = env("PEG_LOWAT") {
         config.notsent_lowat = (v > 0).then_some(v as u32);
