@@ -18,7 +18,7 @@ use squarepeg_session::{Config, MAX_FRAME_BODY, MessageProps, Role, Session};
 const BATCH: usize = 256;
 const ROUNDS: usize = 400;
 
-const PHASES: [&str; 11] = [
+const PHASES: [&str; 13] = [
     "session: send_message (queue)",
     "session: poll_transmit (schedule + encode)",
     "  of which encode_frame alone",
@@ -30,6 +30,8 @@ const PHASES: [&str; 11] = [
     "pass: COBS decode of the payload",
     "pass: memchr scan of the encoding",
     "pass: CRC32C of the payload",
+    "frame: encode_frame into a cache-hot buffer",
+    "frame: decode_frame of one cache-hot frame",
 ];
 
 fn main() {
@@ -120,6 +122,20 @@ fn main() {
                 black_box(d.finalize());
             }
             marks[11] = Instant::now();
+            for _ in 0..BATCH {
+                scratch.clear();
+                let h = FrameHeader::Message {
+                    substream: 0,
+                    number,
+                };
+                encode_frame(&h, black_box(&payload), &mut scratch).expect("encodes");
+            }
+            marks[12] = Instant::now();
+            let one = &scratch[1..scratch.len() - 1];
+            for _ in 0..BATCH {
+                black_box(squarepeg_framing::decode_frame(black_box(one), MAX_FRAME_BODY).ok());
+            }
+            marks[13] = Instant::now();
             for (k, span) in marks.windows(2).enumerate() {
                 t[k] += span[1] - span[0];
             }
