@@ -28,13 +28,14 @@
 //! chunk (interactive traffic).
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
 use crate::frame::{Frame, decode_run_to_slice};
-use crate::{FrameError, cobs};
+use crate::{FrameError, FrameHeader, cobs};
 
 /// Default bytes offered per read ([`StreamDecoder::unfilled`]).
 pub const DEFAULT_READ_SIZE: usize = 64 * 1024;
@@ -71,6 +72,8 @@ pub struct StreamDecoder {
     mode: Mode,
     /// The complete runs and errors of the latest bytes, in stream order.
     found: Vec<Found>,
+    /// Where each decoded frame of a chunk lies in it (reused per read).
+    spans: Vec<Result<(FrameHeader, Range<usize>), FrameError>>,
     ready: VecDeque<Result<Frame, FrameError>>,
     /// Scratch output for frames copied out instead of sliced.
     scratch: Vec<u8>,
@@ -119,6 +122,7 @@ impl StreamDecoder {
             scanned: 0,
             mode: Mode::Start,
             found: Vec::new(),
+            spans: Vec::new(),
             ready: VecDeque::new(),
             scratch: Vec::new(),
             pool: Arc::new(ChunkPool {
@@ -287,10 +291,9 @@ impl StreamDecoder {
 
     fn decode_into_chunk(&mut self, total: usize) {
         let mut out = self.pool.take(total + cobs::WINDOW);
-        let mut spans = Vec::with_capacity(self.found.len());
         let mut o = 0;
         for f in &self.found {
-            spans.push(match *f {
+            self.spans.push(match *f {
                 Found::Run(a, b) => {
                     match decode_run_to_slice(&self.buf[a..b], self.max_body, &mut out[o..]) {
                         Ok((header, payload)) => {
@@ -308,7 +311,7 @@ impl StreamDecoder {
             buf: out,
             pool: self.pool.clone(),
         });
-        for span in spans {
+        for span in self.spans.drain(..) {
             self.ready.push_back(span.map(|(header, range)| Frame {
                 header,
                 payload: chunk.slice(range),
@@ -403,7 +406,7 @@ impl Drop for Chunk {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{FrameHeader, encode_frame, encode_padding};
+    use crate::{encode_frame, encode_padding};
 
     fn frames(n: u64) -> Vec<Frame> {
         (0..n)
