@@ -2781,6 +2781,20 @@ impl Connection {
     }
 
     /// Largest payload for a data segment carrying these options.
+    /// Leaves SACK blocks out of a retransmission of segment `index` as far as needed for it
+    /// to go out whole: a retransmission keeps the original segment's boundaries (Hollywood
+    /// §4.5, so that an inconsistent retransmission looks like any other, and a receiver
+    /// sees each range with the same layout). RFC 2018 §4 lets a segment carry fewer blocks
+    /// than it could; the ACKs that follow carry them all.
+    fn fit_sack_blocks(&self, opts: &mut OutOptions, index: usize, buf_len: usize) {
+        let Some(want) = self.sb.payload_len(index) else {
+            return;
+        };
+        while opts.sack_block_count > 0 && (self.payload_limit(opts, buf_len) as u64) < want {
+            opts.sack_block_count -= 1;
+        }
+    }
+
     fn payload_limit(&self, opts: &OutOptions, buf_len: usize) -> usize {
         let base = self.snd_mss as usize;
         let opt_len = opts.len();
@@ -2840,6 +2854,7 @@ impl Connection {
         let index = self.sb.next_lost()?;
         let mut opts = self.base_options(now);
         self.sack_blocks(&mut opts);
+        self.fit_sack_blocks(&mut opts, index, buf.len());
         let limit = self.payload_limit(&opts, buf.len());
         if limit == 0 {
             return None;
@@ -3105,6 +3120,8 @@ impl Connection {
             n
         } else {
             let last = self.sb.last_unsacked()?;
+            self.fit_sack_blocks(&mut opts, last, buf.len());
+            let limit = self.payload_limit(&opts, buf.len());
             let (index, start, end, fin) = self.sb.limit_segment_tail(last, limit as u64)?;
             let payload_len = (end - start - fin as u64) as usize;
             self.replace_expired(now, start - 1, payload_len);

@@ -831,13 +831,17 @@ impl SendQueue {
         let start = self.committed[a].start;
         let end = self.committed[b - 1].end();
         let len = (end - start) as usize;
-        // Candidates: live pending messages, closest to expiry first (no deadline last), then
-        // in queue order.
+        // Candidates: live pending messages with a deadline, closest to expiry first, then in
+        // queue order. A message without a deadline must arrive, and a replacement may not: a
+        // retransmission-caching middlebox restores the original bytes (Hollywood §4.5), and
+        // after a spurious retransmission the receiver already holds the original range.
         let mut candidates: Vec<(Option<Instant>, usize, usize)> = self
             .pending
             .iter()
             .enumerate()
-            .filter(|(_, r)| r.kind == Kind::Message && r.data.len() <= len)
+            .filter(|(_, r)| {
+                r.kind == Kind::Message && r.deadline() != Deadline::Never && r.data.len() <= len
+            })
             .filter_map(|(i, r)| {
                 let until = self.keep_until(r.deadline(), r.tag.message_id, 0);
                 match until {

@@ -68,6 +68,7 @@ mod connection;
 mod driver;
 mod endpoint;
 mod stream;
+pub mod utcp;
 
 pub use config::ConnectionConfig;
 pub use connection::{Connection, ConnectionStats};
