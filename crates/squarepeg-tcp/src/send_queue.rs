@@ -765,7 +765,8 @@ impl SendQueue {
 
     /// Before a retransmission of `[from, to)`: replaces each run of whole messages in it that
     /// will have expired on `arrival`, that nothing live depends on and of which no part is
-    /// known received, by live pending messages — closest to expiry first, no more than fit —
+    /// known received, by live pending messages with a deadline (a message without one must
+    /// arrive, and a replacement may not) — closest to expiry first, no more than fit —
     /// followed by padding to exactly the run's length (Hollywood §4.2 inconsistent
     /// retransmissions). Padding from an earlier replacement counts as expired. A run no live
     /// message fits into is left as it is (retransmitted unchanged). Never changes the length

@@ -34,6 +34,21 @@
 //! write batch of bulk data (192 KiB with the defaults), not behind the
 //! socket buffer.
 //!
+//! # Over the userspace TCP
+//!
+//! [`utcp::UtcpConnection`] runs the same session over a connection of
+//! `squarepeg-tcp`'s userspace TCP (sans-IO: a simulator host or a driver
+//! over `squarepeg-io`'s TUN stack owns the endpoint). There, messages are
+//! delivered as soon as their frame is complete, out of order, once each;
+//! streams are ordered per stream only; and late binding moves into the
+//! TCP's tagged send queue (priority insertion, squash, deadlines,
+//! inconsistent retransmissions, Minion §4 and Hollywood §4.2). The wire is
+//! the same TCP carrying uCOBS, so either end may be a kernel-TCP squarepeg
+//! endpoint. See the module docs for what is delivered when and how message
+//! statuses are reported. The tokio `Connection` type here is the kernel
+//! substrate's; the uTCP substrate exposes the `Session` API through the
+//! glue.
+//!
 //! # Backpressure
 //!
 //! - Messages: [`Connection::send_message`] waits while the session's send
