@@ -84,6 +84,7 @@ mod driver;
 mod endpoint;
 mod stream;
 pub mod utcp;
+mod utcp_driver;
 
 pub use config::ConnectionConfig;
 pub use connection::{Connection, ConnectionStats};

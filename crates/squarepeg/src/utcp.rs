@@ -73,6 +73,7 @@ use squarepeg_session::{
     Config, ConfigError, Event, MAX_FRAME_BODY, MessageNumber, MessageStatus, Role, Session,
     TransmitContent,
 };
+use squarepeg_tcp::utcp::record;
 use squarepeg_tcp::{ConnectionHandle, Endpoint, MessageReport, Padder, WriteTag};
 
 /// Bytes read from the TCP connection per `read_segment` call.
@@ -127,19 +128,11 @@ enum InTcp {
 pub struct UtcpConnection {
     handle: ConnectionHandle,
     session: Session,
-    reassembler: Reassembler,
+    glue: Glue,
     read_buf: Vec<u8>,
-    frame_buf: Vec<u8>,
-    /// A frame taken from the session that the TCP send buffer had no room for yet.
+    /// A frame taken from the session (in `glue.frame_buf`) that the TCP send buffer had no
+    /// room for yet.
     pending: Option<WriteTag>,
-    /// Messages in the TCP queue whose final status is not known yet.
-    in_tcp: HashMap<MessageNumber, InTcp>,
-    events: VecDeque<Event>,
-    /// The peer's CLOSE, held until the stream before it is complete.
-    held_close: Option<ReassembledFrame>,
-    fin_sent: bool,
-    transport_closed: bool,
-    stats: UtcpStats,
 }
 
 impl UtcpConnection {
@@ -165,8 +158,7 @@ impl UtcpConnection {
         recv_buffer: usize,
     ) -> Result<Self, UtcpError> {
         let session = Session::new(role, config)?;
-        let limit = recv_buffer + Reassembler::min_limit(MAX_FRAME_BODY);
-        let reassembler = Reassembler::new(MAX_FRAME_BODY, limit)?;
+        let glue = Glue::new(recv_buffer)?;
         if ep
             .connection(handle)
             .is_some_and(|c| !c.unordered_receive())
@@ -177,16 +169,9 @@ impl UtcpConnection {
         Ok(UtcpConnection {
             handle,
             session,
-            reassembler,
+            glue,
             read_buf: vec![0; READ_CHUNK],
-            frame_buf: Vec::new(),
             pending: None,
-            in_tcp: HashMap::new(),
-            events: VecDeque::new(),
-            held_close: None,
-            fin_sent: false,
-            transport_closed: false,
-            stats: UtcpStats::default(),
         })
     }
 
@@ -204,7 +189,7 @@ impl UtcpConnection {
     }
 
     pub fn stats(&self) -> UtcpStats {
-        self.stats
+        self.glue.stats
     }
 
     /// Whether the session is done and the TCP connection has ended or been shut down.
@@ -226,25 +211,7 @@ impl UtcpConnection {
 
     /// The next event for the application, message statuses corrected as the module docs say.
     pub fn poll_event(&mut self) -> Option<Event> {
-        loop {
-            if let Some(e) = self.events.pop_front() {
-                return Some(e);
-            }
-            let e = self.session.poll_event()?;
-            if let Event::MessageStatus {
-                number,
-                status: MessageStatus::Sent,
-            } = e
-                && self.in_tcp.contains_key(&number)
-            {
-                // The TCP queue decides (see `take_reports`).
-                continue;
-            }
-            if matches!(e, Event::ConnectionLost(_)) {
-                self.settle_all();
-            }
-            return Some(e);
-        }
+        self.glue.poll_event(&mut self.session)
     }
 
     /// Moves data both ways: segments from TCP into the reassembler and the session, the TCP
@@ -255,134 +222,271 @@ impl UtcpConnection {
         self.receive(now, ep);
         self.send(now, ep);
         self.take_reports(ep);
-        if ep.connection(self.handle).is_none() && !self.transport_closed {
-            self.transport_closed = true;
-            self.session
-                .handle_transport_closed(now, "TCP connection closed");
+        if ep.connection(self.handle).is_none() && !self.glue.transport_closed {
+            self.glue
+                .transport_closed(now, &mut self.session, "TCP connection closed");
         }
     }
 
     fn receive(&mut self, now: Instant, ep: &mut Endpoint) {
-        while !self.transport_closed && !self.session.receive_blocked() {
+        while !self.glue.transport_closed && !self.session.receive_blocked() {
             match ep.read_segment(self.handle, &mut self.read_buf) {
                 Ok(seg) if seg.len == 0 => {
-                    self.transport_closed = true;
-                    self.session
-                        .handle_transport_closed(now, "peer closed the TCP connection");
+                    self.glue.transport_closed(
+                        now,
+                        &mut self.session,
+                        "peer closed the TCP connection",
+                    );
                 }
                 Ok(seg) => {
-                    self.stats.segments_read += 1;
-                    self.stats.bytes_read += seg.len as u64;
                     let data = &self.read_buf[..seg.len];
-                    if let Err(e) = self.reassembler.insert(seg.offset, data) {
-                        tracing::debug!("segment refused: {e}");
-                        self.stats.segments_refused += 1;
-                    }
-                    while let Some(frame) = self.reassembler.next_frame() {
-                        match frame {
-                            Ok(f) if is_close(&f.frame) => self.held_close = Some(f),
-                            Ok(f) => self.session.handle_frame(now, f.frame),
-                            Err(rejected) => {
-                                // A mix of two transmissions, or a middlebox's doing: over an
-                                // unordered substrate not the peer's fault (Hollywood §4.5).
-                                tracing::debug!("{rejected}");
-                                self.stats.frames_rejected += 1;
-                            }
-                        }
-                    }
+                    self.glue
+                        .handle_segment(now, &mut self.session, seg.offset, data);
                 }
                 Err(squarepeg_tcp::Error::WouldBlock) => break,
                 Err(e) => {
-                    self.transport_closed = true;
-                    self.session.handle_transport_closed(now, &e.to_string());
+                    self.glue
+                        .transport_closed(now, &mut self.session, &e.to_string());
                 }
-            }
-            // The peer's CLOSE ends the session, so it is taken only once everything sent
-            // before it has arrived: it must not overtake frames still being retransmitted.
-            if self
-                .held_close
-                .as_ref()
-                .is_some_and(|f| self.reassembler.in_order_offset() > f.offset)
-                && let Some(f) = self.held_close.take()
-            {
-                self.session.handle_frame(now, f.frame);
             }
         }
     }
 
     fn send(&mut self, now: Instant, ep: &mut Endpoint) {
-        if self.fin_sent || self.transport_closed {
+        if self.glue.fin_sent || self.glue.transport_closed {
             return;
         }
         loop {
             if let Some(tag) = self.pending {
-                match ep.write_message(self.handle, &self.frame_buf, tag) {
+                match ep.write_message(self.handle, &self.glue.frame_buf, tag) {
                     Ok(()) => {
-                        self.stats.frames_written += 1;
+                        self.glue.stats.frames_written += 1;
                         self.pending = None;
-                        self.frame_buf.clear();
                     }
                     Err(squarepeg_tcp::Error::WouldBlock) => return,
                     Err(e) => {
                         self.pending = None;
-                        self.frame_buf.clear();
-                        self.transport_closed = true;
-                        self.session.handle_transport_closed(now, &e.to_string());
+                        self.glue
+                            .transport_closed(now, &mut self.session, &e.to_string());
                         return;
                     }
                 }
             }
-            self.frame_buf.clear();
-            let Some(t) = self.session.poll_transmit(now, &mut self.frame_buf) else {
+            let Some(tag) = self.glue.next_frame(now, &mut self.session) else {
                 break;
             };
-            let priority = match t.priority {
-                Some(p) => 8 - i32::from(p.urgency()),
-                // The CLOSE must not overtake data queued before it.
-                None if self.session.is_closing() => i32::MIN,
-                None => CONTROL_PRIORITY,
-            };
-            let (tag, number) = match t.content {
-                TransmitContent::Message {
-                    number,
-                    deadline,
-                    depends_on,
-                    squash_key,
-                    ..
-                } => (
-                    WriteTag {
-                        priority,
-                        squash_key,
-                        deadline,
-                        depends_on,
-                        message_id: Some(number),
-                    },
-                    Some(number),
-                ),
-                _ => (
-                    WriteTag {
-                        priority,
-                        ..Default::default()
-                    },
-                    None,
-                ),
-            };
-            if let Some(n) = number {
-                // From here the TCP queue decides its status (set before the session's `Sent`
-                // can be polled).
-                self.in_tcp.insert(
-                    n,
-                    InTcp::Queued {
-                        deadline: tag.deadline.is_some(),
-                    },
-                );
-            }
             self.pending = Some(tag);
         }
-        if self.session.is_send_finished() && self.pending.is_none() {
-            self.fin_sent = true;
+        if self.glue.wants_fin(&self.session) {
+            self.glue.fin_sent = true;
             let _ = ep.shutdown(now, self.handle);
         }
+    }
+
+    fn take_reports(&mut self, ep: &mut Endpoint) {
+        while let Ok(Some(report)) = ep.poll_report(self.handle) {
+            self.glue.handle_report(report);
+        }
+    }
+}
+
+/// The glue without its transport: what [`UtcpConnection`] (on an endpoint it is given) and
+/// the tokio driver (through `squarepeg-io`'s `TcpStream` in record mode) share. Every method
+/// takes the session, so that the tokio driver can keep the session where the application's
+/// handles reach it.
+#[derive(Debug)]
+pub(crate) struct Glue {
+    reassembler: Reassembler,
+    /// The frame taken last from the session.
+    frame_buf: Vec<u8>,
+    /// Messages in the TCP queue whose final status is not known yet.
+    in_tcp: HashMap<MessageNumber, InTcp>,
+    events: VecDeque<Event>,
+    /// The peer's CLOSE, held until the stream before it is complete.
+    held_close: Option<ReassembledFrame>,
+    pub(crate) fin_sent: bool,
+    pub(crate) transport_closed: bool,
+    pub(crate) stats: UtcpStats,
+}
+
+impl Glue {
+    /// `recv_buffer` is the TCP receive buffer, which sizes the reassembler.
+    pub(crate) fn new(recv_buffer: usize) -> Result<Self, UtcpError> {
+        let limit = recv_buffer + Reassembler::min_limit(MAX_FRAME_BODY);
+        Ok(Glue {
+            reassembler: Reassembler::new(MAX_FRAME_BODY, limit)?,
+            frame_buf: Vec::new(),
+            in_tcp: HashMap::new(),
+            events: VecDeque::new(),
+            held_close: None,
+            fin_sent: false,
+            transport_closed: false,
+            stats: UtcpStats::default(),
+        })
+    }
+
+    /// The next event of `session`, message statuses corrected as the module docs say.
+    pub(crate) fn poll_event(&mut self, session: &mut Session) -> Option<Event> {
+        loop {
+            if let Some(e) = self.events.pop_front() {
+                return Some(e);
+            }
+            let e = session.poll_event()?;
+            if let Event::MessageStatus {
+                number,
+                status: MessageStatus::Sent,
+            } = e
+                && self.in_tcp.contains_key(&number)
+            {
+                // The TCP queue decides (see `handle_report`).
+                continue;
+            }
+            if matches!(e, Event::ConnectionLost(_)) {
+                self.settle_all();
+            }
+            return Some(e);
+        }
+    }
+
+    /// The TCP connection ended (or failed): tell the session, once.
+    pub(crate) fn transport_closed(&mut self, now: Instant, session: &mut Session, why: &str) {
+        if !self.transport_closed {
+            self.transport_closed = true;
+            session.handle_transport_closed(now, why);
+        }
+    }
+
+    /// A received segment (or piece of one) at stream offset `offset`.
+    pub(crate) fn handle_segment(
+        &mut self,
+        now: Instant,
+        session: &mut Session,
+        offset: u64,
+        data: &[u8],
+    ) {
+        self.stats.segments_read += 1;
+        self.stats.bytes_read += data.len() as u64;
+        if let Err(e) = self.reassembler.insert(offset, data) {
+            tracing::debug!("segment refused: {e}");
+            self.stats.segments_refused += 1;
+        }
+        while let Some(frame) = self.reassembler.next_frame() {
+            match frame {
+                Ok(f) if is_close(&f.frame) => self.held_close = Some(f),
+                Ok(f) => session.handle_frame(now, f.frame),
+                Err(rejected) => {
+                    // A mix of two transmissions, or a middlebox's doing: over an
+                    // unordered substrate not the peer's fault (Hollywood §4.5).
+                    tracing::debug!("{rejected}");
+                    self.stats.frames_rejected += 1;
+                }
+            }
+        }
+        // The peer's CLOSE ends the session, so it is taken only once everything sent
+        // before it has arrived: it must not overtake frames still being retransmitted.
+        if self
+            .held_close
+            .as_ref()
+            .is_some_and(|f| self.reassembler.in_order_offset() > f.offset)
+            && let Some(f) = self.held_close.take()
+        {
+            session.handle_frame(now, f.frame);
+        }
+    }
+
+    /// Takes the next frame from the session into `frame_buf`; returns its TCP tag.
+    fn next_frame(&mut self, now: Instant, session: &mut Session) -> Option<WriteTag> {
+        self.frame_buf.clear();
+        let t = session.poll_transmit(now, &mut self.frame_buf)?;
+        let priority = match t.priority {
+            Some(p) => 8 - i32::from(p.urgency()),
+            // The CLOSE must not overtake data queued before it.
+            None if session.is_closing() => i32::MIN,
+            None => CONTROL_PRIORITY,
+        };
+        let tag = match t.content {
+            TransmitContent::Message {
+                number,
+                deadline,
+                depends_on,
+                squash_key,
+                ..
+            } => {
+                // From here the TCP queue decides its status (set before the session's
+                // `Sent` can be polled).
+                self.in_tcp.insert(
+                    number,
+                    InTcp::Queued {
+                        deadline: deadline.is_some(),
+                    },
+                );
+                WriteTag {
+                    priority,
+                    squash_key,
+                    deadline,
+                    depends_on,
+                    message_id: Some(number),
+                }
+            }
+            _ => WriteTag {
+                priority,
+                ..Default::default()
+            },
+        };
+        Some(tag)
+    }
+
+    /// Whether the session has sent its last frame and the TCP FIN is due.
+    pub(crate) fn wants_fin(&self, session: &Session) -> bool {
+        !self.fin_sent && !self.transport_closed && session.is_send_finished()
+    }
+
+    /// Appends `record::MESSAGE` records of frames from the session to `out` until it holds
+    /// `max` bytes or the session has nothing to send (record mode: the write side of
+    /// `squarepeg-io`'s `TcpStream` with `message_writes`). A deadline becomes a lifetime
+    /// counted from `now`: encode just before writing.
+    pub(crate) fn poll_records(
+        &mut self,
+        now: Instant,
+        session: &mut Session,
+        out: &mut Vec<u8>,
+        max: usize,
+    ) {
+        if self.fin_sent || self.transport_closed {
+            return;
+        }
+        while out.len() < max {
+            let Some(tag) = self.next_frame(now, session) else {
+                break;
+            };
+            let meta = record::MessageMeta {
+                priority: tag.priority,
+                squash_key: tag.squash_key,
+                lifetime: tag.deadline.map(|d| d.saturating_duration_since(now)),
+                depends_on: tag.depends_on,
+                message_id: tag.message_id,
+            };
+            record::encode_message(&meta, &self.frame_buf, out);
+            self.stats.frames_written += 1;
+        }
+    }
+
+    /// What one `read` of a `TcpStream` in record mode (unordered receive) returned.
+    pub(crate) fn handle_records(
+        &mut self,
+        now: Instant,
+        session: &mut Session,
+        buf: &[u8],
+    ) -> Result<(), record::RecordError> {
+        for r in record::decode_read(buf) {
+            match r? {
+                record::ReadRecord::Segment { offset, data } => {
+                    self.handle_segment(now, session, offset, data)
+                }
+                record::ReadRecord::Report(report) => self.handle_report(report),
+            }
+        }
+        Ok(())
     }
 
     fn status(&mut self, number: MessageNumber, status: MessageStatus) {
@@ -390,43 +494,42 @@ impl UtcpConnection {
             .push_back(Event::MessageStatus { number, status });
     }
 
-    fn take_reports(&mut self, ep: &mut Endpoint) {
-        while let Ok(Some(report)) = ep.poll_report(self.handle) {
-            let id = report.id();
-            let Some(&state) = self.in_tcp.get(&id) else {
-                continue;
-            };
-            match report {
-                MessageReport::Sent { replacement, .. } => {
-                    if replacement {
-                        self.stats.sent_as_replacement += 1;
-                    }
-                    if state == (InTcp::Queued { deadline: true }) {
-                        self.in_tcp.insert(id, InTcp::Transmitted);
-                    } else {
-                        self.in_tcp.remove(&id);
-                        self.status(id, MessageStatus::Sent);
-                    }
+    /// A report of the TCP queue about a message written to it.
+    pub(crate) fn handle_report(&mut self, report: MessageReport) {
+        let id = report.id();
+        let Some(&state) = self.in_tcp.get(&id) else {
+            return;
+        };
+        match report {
+            MessageReport::Sent { replacement, .. } => {
+                if replacement {
+                    self.stats.sent_as_replacement += 1;
                 }
-                MessageReport::Acked { .. } => {
+                if state == (InTcp::Queued { deadline: true }) {
+                    self.in_tcp.insert(id, InTcp::Transmitted);
+                } else {
                     self.in_tcp.remove(&id);
                     self.status(id, MessageStatus::Sent);
                 }
-                MessageReport::Expired { .. } => {
-                    self.stats.expired_in_tcp += 1;
-                    self.in_tcp.remove(&id);
-                    self.status(id, MessageStatus::Expired);
-                }
-                MessageReport::Squashed { .. } => {
-                    self.stats.squashed_in_tcp += 1;
-                    self.in_tcp.remove(&id);
-                    self.status(id, MessageStatus::Squashed);
-                }
-                MessageReport::Replaced { .. } => {
-                    self.stats.replaced += 1;
-                    self.in_tcp.remove(&id);
-                    self.status(id, MessageStatus::Expired);
-                }
+            }
+            MessageReport::Acked { .. } => {
+                self.in_tcp.remove(&id);
+                self.status(id, MessageStatus::Sent);
+            }
+            MessageReport::Expired { .. } => {
+                self.stats.expired_in_tcp += 1;
+                self.in_tcp.remove(&id);
+                self.status(id, MessageStatus::Expired);
+            }
+            MessageReport::Squashed { .. } => {
+                self.stats.squashed_in_tcp += 1;
+                self.in_tcp.remove(&id);
+                self.status(id, MessageStatus::Squashed);
+            }
+            MessageReport::Replaced { .. } => {
+                self.stats.replaced += 1;
+                self.in_tcp.remove(&id);
+                self.status(id, MessageStatus::Expired);
             }
         }
     }
