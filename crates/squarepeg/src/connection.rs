@@ -214,6 +214,9 @@ pub struct ConnectionStats {
     /// Message statuses dropped because the application did not take them
     /// (see `ConnectionConfig::status_queue`).
     pub statuses_lagged: u64,
+    /// Over the userspace TCP: the glue's counters (segments read, frames rejected,
+    /// messages expired, squashed or replaced in the TCP queue, sent as replacements).
+    pub utcp: Option<crate::utcp::UtcpStats>,
 }
 
 /// A squarepeg connection: messages and streams over one transport
@@ -461,6 +464,7 @@ impl Connection {
         ConnectionStats {
             session: st.session.stats(),
             statuses_lagged: st.statuses_lagged,
+            utcp: st.utcp.as_ref().map(|g| g.stats),
         }
     }
 }

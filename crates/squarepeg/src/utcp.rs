@@ -400,8 +400,9 @@ impl Glue {
         let t = session.poll_transmit(now, &mut self.frame_buf)?;
         let priority = match t.priority {
             Some(p) => 8 - i32::from(p.urgency()),
-            // The CLOSE must not overtake data queued before it.
-            None if session.is_closing() => i32::MIN,
+            // The CLOSE must not overtake data queued before it. (Handing out the CLOSE
+            // moves the session from closing to closed, so both states count.)
+            None if session.is_closing() || session.is_send_finished() => i32::MIN,
             None => CONTROL_PRIORITY,
         };
         let tag = match t.content {

@@ -112,11 +112,8 @@ impl Driver {
                 let notified = pin!(self.shared.driver.notified());
                 let mut notified = notified;
                 let mut sleep = timeout.map(|t| Box::pin(tokio::time::sleep_until(t.into())));
-                let (stream, rbuf, pending) = (
-                    &mut self.stream,
-                    &mut self.rbuf,
-                    &self.out[self.out_pos..],
-                );
+                let (stream, rbuf, pending) =
+                    (&mut self.stream, &mut self.rbuf, &self.out[self.out_pos..]);
                 std::future::poll_fn(|cx| {
                     // Each poll registers the stack's waker for what would block, so any of
                     // them wakes this one future.
