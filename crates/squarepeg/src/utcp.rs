@@ -2,12 +2,16 @@
 //! one connection, `Session` ↔ [`Reassembler`] ↔ a [`squarepeg_tcp`] connection.
 //!
 //! [`UtcpConnection`] does no I/O and reads no clock. It works on a connection of a
-//! [`squarepeg_tcp::Endpoint`] that the caller owns (a simulator host, or a driver over
-//! `squarepeg-io`'s TUN stack, may hold many connections on one endpoint): after anything
+//! [`squarepeg_tcp::Endpoint`] that the caller owns (a simulator host may hold many
+//! connections on one endpoint): after anything
 //! happened to the endpoint (a packet, a timer, an application call), call
 //! [`UtcpConnection::drive`]; poll [`UtcpConnection::poll_event`] for the application's
 //! events; and wake at the earlier of the endpoint's timer and
 //! [`UtcpConnection::poll_timeout`].
+//!
+//! The tokio API ([`crate::Connection::connect_utcp`], [`crate::Endpoint::listen_utcp`]) runs
+//! the same glue over `squarepeg-io`'s `TcpStream` in record mode instead (see the crate docs,
+//! "Over the userspace TCP", for why).
 //!
 //! # What is delivered when (receive)
 //!
