@@ -15,14 +15,17 @@
 //! Needs root, /dev/net/tun and iproute2; skipped with a message otherwise. Tests assert
 //! outcomes, never durations.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use squarepeg::{Connection, ConnectionConfig, ConnectionError, Endpoint, MessageProps};
+use squarepeg::{
+    Connection, ConnectionConfig, ConnectionError, Endpoint, MessageNumber, MessageProps,
+    MessageStatus,
+};
 use squarepeg_io::StackConfig;
 use squarepeg_io::lab::LabStack;
 use squarepeg_lab::middlebox::{MiddleboxConfig, ResegmentConfig, RetransmitCacheConfig};
@@ -133,6 +136,10 @@ struct Received {
     stream_sha: Option<[u8; 32]>,
     close: ConnectionError,
     stats: squarepeg::ConnectionStats,
+    /// Indices of the peer's messages delivered.
+    delivered: HashSet<u32>,
+    /// The final status of each of our messages, by index (checked: exactly one each).
+    statuses: HashMap<u32, MessageStatus>,
 }
 
 /// Sends `me`'s traffic and takes `peer`'s: every message must be one the peer sent
@@ -140,6 +147,7 @@ struct Received {
 async fn exchange(conn: Connection, me: Plan, peer: Plan) -> Received {
     let c = conn.clone();
     let sender = tokio::spawn(async move {
+        let mut numbers = HashMap::new();
         for i in 0..me.messages {
             // One sub-stream: the sender's session hands them to TCP in index order, so
             // any out-of-order delivery is the receiving transport's doing.
@@ -147,13 +155,16 @@ async fn exchange(conn: Connection, me: Plan, peer: Plan) -> Received {
                 lifetime: me.lifetime,
                 ..Default::default()
             };
-            c.send_message(payload(me.seed, i), props)
+            let n = c
+                .send_message(payload(me.seed, i), props)
                 .await
                 .expect("send");
+            numbers.insert(n, i);
             if let Some(g) = me.gap {
                 tokio::time::sleep(g).await;
             }
         }
+        numbers
     });
     let c = conn.clone();
     let writer = tokio::spawn(async move {
@@ -210,25 +221,28 @@ async fn exchange(conn: Connection, me: Plan, peer: Plan) -> Received {
             }
             highest = highest.max(Some(i));
         }
-        (seen.len() as u32, out_of_order)
+        (seen, out_of_order)
     });
-    sender.await.expect("sender");
+    let numbers = sender.await.expect("sender");
     writer.await.expect("writer");
     // Who closes: a side whose messages have lifetimes, once they are sent and have had time
     // to arrive; a side receiving only reliable data, once it has it all. A side receiving
     // messages with lifetimes waits for the peer's close.
-    let (messages, out_of_order) = if me.lifetime.is_some() {
+    let (delivered, out_of_order) = if me.lifetime.is_some() {
         tokio::time::sleep(Duration::from_millis(400)).await;
         let stats = conn.stats();
         conn.close().await;
         let r = receiver.await.expect("receiver");
         let stream_sha = reader.await.expect("reader");
+        let close = conn.closed().await;
         return Received {
-            messages: r.0,
+            messages: r.0.len() as u32,
             out_of_order: r.1,
             stream_sha,
-            close: conn.closed().await,
+            close,
             stats,
+            delivered: r.0,
+            statuses: final_statuses(&conn, &numbers),
         };
     } else {
         receiver.await.expect("receiver")
@@ -238,13 +252,34 @@ async fn exchange(conn: Connection, me: Plan, peer: Plan) -> Received {
     if peer.lifetime.is_none() {
         conn.close().await;
     }
+    let close = conn.closed().await;
     Received {
-        messages,
+        messages: delivered.len() as u32,
         out_of_order,
         stream_sha,
-        close: conn.closed().await,
+        close,
         stats,
+        delivered,
+        statuses: final_statuses(&conn, &numbers),
     }
+}
+
+/// The statuses reported for our messages (after the close, so all are final): exactly one
+/// each.
+fn final_statuses(
+    conn: &Connection,
+    numbers: &HashMap<MessageNumber, u32>,
+) -> HashMap<u32, MessageStatus> {
+    let mut out = HashMap::new();
+    while let Some((n, status)) = conn.try_next_message_status() {
+        let i = *numbers.get(&n).expect("a status for a message we sent");
+        assert!(
+            out.insert(i, status).is_none(),
+            "two statuses for message {i}"
+        );
+    }
+    assert_eq!(out.len(), numbers.len(), "a final status for every message");
+    out
 }
 
 fn sha(seed: u8, len: usize) -> [u8; 32] {
@@ -350,6 +385,12 @@ fn utcp_kernel(utcp_connects: bool, seed: u64) {
         "losses on the path, yet the uTCP side received every message in order"
     );
     assert_eq!(kernel.out_of_order, 0, "kernel TCP delivers in order");
+    for r in [&utcp, &kernel] {
+        assert!(
+            r.statuses.values().all(|&s| s == MessageStatus::Sent),
+            "reliable messages all end Sent"
+        );
+    }
     let glue = utcp.stats.utcp.expect("uTCP stats");
     assert!(glue.segments_read > 0);
     assert_eq!(glue.frames_rejected, 0, "no middlebox mixes here");
@@ -474,6 +515,26 @@ fn emulator_capture_of_utcp_sender_with_deadlines_passes_wire_audit_and_tshark()
         glue.replaced > 0 && glue.sent_as_replacement > 0,
         "no inconsistent retransmission happened: {glue:?}"
     );
+
+    // Statuses stay true: a message reported Sent was acknowledged, so the kernel side,
+    // which read the whole stream, delivered it; Expired counts every drop and replacement.
+    let count = |st| utcp.statuses.values().filter(|&&s| s == st).count() as u64;
+    assert_eq!(
+        count(MessageStatus::Expired),
+        glue.expired_in_tcp + glue.replaced
+    );
+    assert_eq!(
+        count(MessageStatus::Sent) + count(MessageStatus::Expired),
+        u64::from(sender.messages)
+    );
+    for (i, s) in &utcp.statuses {
+        if *s == MessageStatus::Sent {
+            assert!(
+                kernel.delivered.contains(i),
+                "message {i} reported Sent, never delivered"
+            );
+        }
+    }
 
     let pcap = capture_path(&dir.0, CaptureSide::Client);
     let bytes = std::fs::read(&pcap).expect("read capture");
