@@ -421,6 +421,13 @@ impl Stack {
         self.mtu
     }
 
+    /// The configuration new connections get by default ([`StackConfig::connection`], with
+    /// the device's MTU): a base for [`connect_with`](Self::connect_with) and
+    /// [`listen_with`](Self::listen_with).
+    pub fn connection_config(&self) -> ConnectionConfig {
+        self.shared.lock().template.clone()
+    }
+
     /// The stack's addresses.
     pub fn addresses(&self) -> Vec<IpAddr> {
         self.shared.lock().addresses.clone()

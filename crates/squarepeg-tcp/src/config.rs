@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::send_queue::Padder;
+
 /// Congestion control algorithm for a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum CongestionAlgorithm {
@@ -106,8 +108,22 @@ pub struct ConnectionConfig {
     /// Trace log capacity in records (see [`crate::trace`]); 0, the default, keeps no trace.
     pub trace_capacity: usize,
     /// Consistent segmentation (Hollywood §4.2): never pack bytes of two writes into one
-    /// segment, so that each small write starts a new segment. Off: MSS-packing across writes.
+    /// segment, so that each small write starts a new segment. Off: MSS-packing across plain
+    /// writes. Messages ([`Endpoint::write_message`](crate::Endpoint::write_message)) are
+    /// never packed with other writes either way.
     pub consistent_segmentation: bool,
+    /// uTCP receive (Minion §4.1 `SO_UNORDERED`): hand every accepted segment to the
+    /// application at once with its stream offset; acknowledgments and the window stay as
+    /// standard (see [`crate::utcp`]). Can also be switched on later, but not off.
+    pub unordered_receive: bool,
+    /// Minion §4.2 `SO_UNORDEREDSEND`: every `write` holds message records with their tags
+    /// ([`crate::utcp::record`]), for drivers that pass only bytes.
+    pub message_writes: bool,
+    /// Inconsistent retransmissions (Hollywood §4.2): with a padder, a retransmission whose
+    /// messages will have expired on arrival carries live messages instead, padded to the same
+    /// length by this function (see [`crate::SendQueue`]). `None`: retransmissions always
+    /// repeat the original bytes.
+    pub padder: Option<Padder>,
 }
 
 impl Default for ConnectionConfig {
@@ -143,6 +159,9 @@ impl Default for ConnectionConfig {
             challenge_ack_limit: 1000,
             trace_capacity: 0,
             consistent_segmentation: false,
+            unordered_receive: false,
+            message_writes: false,
+            padder: None,
         }
     }
 }

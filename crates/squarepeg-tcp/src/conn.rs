@@ -14,8 +14,9 @@ use crate::error::{DropReason, Error};
 use crate::recv_buf::RecvBuffer;
 use crate::rtt::RttEstimator;
 use crate::scoreboard::{Delivered, Scoreboard, Transmission};
-use crate::send_queue::{SendQueue, WriteTag};
+use crate::send_queue::{MessageReport, SendQueue, SendQueueStats, WriteTag};
 use crate::trace::{TraceEvent, TraceLog, TraceRecord};
+use crate::utcp::{ReceivedSegment, Unordered, UnorderedStats, record};
 use crate::wire::{self, MAX_SACK_BLOCKS, OutHeader, OutOptions, Segment, TcpFlags};
 
 /// Connection states (RFC 9293 §3.3.2). LISTEN belongs to listeners, not connections.
@@ -123,6 +124,12 @@ pub struct ConnectionStats {
     pub recv_buffered: usize,
     /// Trace records dropped because the trace log was full (see [`crate::trace`]).
     pub trace_dropped: u64,
+    /// Message handling of the send queue (expiry, squash, replacements).
+    pub send_queue: SendQueueStats,
+    /// Retransmitted segments that carried replacement messages (Hollywood §4.2).
+    pub inconsistent_retransmissions: u64,
+    /// The unordered receive path (zero unless it is on).
+    pub unordered: UnorderedStats,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -144,6 +151,7 @@ struct Counters {
     tail_loss_probes: u64,
     tail_loss_repairs: u64,
     rto_wait: Duration,
+    inconsistent_retransmissions: u64,
 }
 
 /// Events a connection reports to its endpoint.
@@ -318,6 +326,8 @@ pub struct Connection {
     /// Right edge of the window last advertised (RCV.NXT + RCV.WND when it was sent).
     rcv_adv: u64,
     recv: RecvBuffer,
+    /// uTCP receive: segments handed to the application on arrival (Minion §4.1).
+    unordered: Option<Box<Unordered>>,
     /// Position of the peer's FIN when it arrived out of order or in order.
     peer_fin_at: Option<u64>,
     peer_fin_processed: bool,
@@ -482,6 +492,7 @@ impl Connection {
             rcv_nxt: 0,
             rcv_adv: 0,
             recv: RecvBuffer::new(cfg.max_ooo_ranges),
+            unordered: None,
             peer_fin_at: None,
             peer_fin_processed: false,
             rcv_mss: 536.min(offered_mss as usize),
@@ -557,6 +568,7 @@ impl Connection {
     /// Active open (RFC 9293 §3.10.1): SYN-SENT with a SYN to send.
     pub(crate) fn new_active(n: NewConnection) -> Connection {
         let mut c = Connection::new(n, State::SynSent, false);
+        c.init_unordered();
         c.snd_nxt = 0;
         c
     }
@@ -566,6 +578,7 @@ impl Connection {
     pub(crate) fn new_passive(n: NewConnection, syn: &PeerSyn) -> Connection {
         let now = n.now;
         let mut c = Connection::new(n, State::SynReceived, true);
+        c.init_unordered();
         c.accept_peer_syn(now, syn);
         c
     }
@@ -578,6 +591,7 @@ impl Connection {
     ) -> Connection {
         let now = n.now;
         let mut c = Connection::new(n, State::SynReceived, true);
+        c.init_unordered();
         c.accept_peer_syn(now, syn);
         c.syn_pending = false;
         // Our SYN-ACK was sent statelessly with an unscaled window of this size.
@@ -680,9 +694,17 @@ impl Connection {
     pub fn rttvar(&self) -> Duration {
         self.rtt.rttvar()
     }
-    /// Bytes readable now.
+    /// Bytes readable now (in unordered mode: bytes of segments not yet read).
     pub fn readable(&self) -> usize {
-        self.recv.readable()
+        match &self.unordered {
+            Some(u) => u.bytes(),
+            None => self.recv.readable(),
+        }
+    }
+
+    /// Whether unordered receive is on (Minion §4.1).
+    pub fn unordered_receive(&self) -> bool {
+        self.unordered.is_some()
     }
     /// Free space in the send buffer.
     pub fn writable(&self) -> usize {
@@ -742,10 +764,19 @@ impl Connection {
             send_buffered: self.queue.len(),
             recv_buffered: self.recv.used(),
             trace_dropped: self.trace.as_ref().map_or(0, |t| t.dropped),
+            send_queue: self.queue.stats(),
+            inconsistent_retransmissions: self.counters.inconsistent_retransmissions,
+            unordered: self
+                .unordered
+                .as_ref()
+                .map(|u| u.stats())
+                .unwrap_or_default(),
         }
     }
 
     pub(crate) fn take_events(&mut self) -> std::vec::Drain<'_, ConnEvent> {
+        // Message reports are read like segments in unordered mode.
+        self.wake_reader_if_unordered();
         self.events.drain(..)
     }
 
@@ -825,27 +856,42 @@ impl Connection {
     // ---------------------------------------------------------------- application side
 
     pub(crate) fn read(&mut self, buf: &mut [u8]) -> Result<usize, Error> {
+        if self.unordered.is_some() {
+            return self.read_records(buf);
+        }
         if self.recv.readable() == 0 {
-            if self.peer_fin_processed {
-                return Ok(0);
-            }
-            if let Some(reason) = self.close_reason {
-                return match reason {
-                    CloseReason::Normal => Ok(0),
-                    r => Err(r.error()),
-                };
-            }
-            self.readable_armed = true;
-            return Err(Error::WouldBlock);
+            self.check_end_of_stream()?;
+            return Ok(0);
         }
         let before_window = self.rcv_adv.saturating_sub(self.rcv_nxt);
         let n = self.recv.read(buf);
         if self.recv.readable() == 0 {
             self.readable_armed = true;
         }
-        // Window update after the application consumed data (RFC 9293 §3.8.6.2.2): send one
-        // when the window we could offer has at least doubled and is worth a segment, as Linux
-        // does in tcp_cleanup_rbuf, so that a sender blocked on a small window resumes.
+        self.after_consume(before_window);
+        Ok(n)
+    }
+
+    /// With nothing to read: `Ok` at the end of the stream, the close error, or `WouldBlock`
+    /// (arming the next `Readable` event).
+    fn check_end_of_stream(&mut self) -> Result<(), Error> {
+        if self.peer_fin_processed {
+            return Ok(());
+        }
+        if let Some(reason) = self.close_reason {
+            return match reason {
+                CloseReason::Normal => Ok(()),
+                r => Err(r.error()),
+            };
+        }
+        self.readable_armed = true;
+        Err(Error::WouldBlock)
+    }
+
+    /// Window update after the application consumed data (RFC 9293 §3.8.6.2.2): send one when
+    /// the window we could offer has at least doubled and is worth a segment, as Linux does in
+    /// tcp_cleanup_rbuf, so that a sender blocked on a small window resumes.
+    fn after_consume(&mut self, before_window: u64) {
         if self.state.is_synchronized() && !self.peer_fin_processed {
             let now_offer = self.free_space() as u64;
             if before_window * 2 <= self.cfg.recv_buffer as u64
@@ -855,11 +901,150 @@ impl Connection {
                 self.ack_now = true;
             }
         }
-        Ok(n)
     }
+
+    // ------------------------------------------------------------ uTCP receive (Minion §4.1)
+
+    fn init_unordered(&mut self) {
+        if self.cfg.unordered_receive {
+            // Nothing is held yet.
+            let _ = self.enable_unordered();
+        }
+    }
+
+    /// Switches on unordered receive: from now on every accepted segment is handed to the
+    /// application at once. What the buffer holds is handed over first, as segments.
+    pub(crate) fn enable_unordered(&mut self) -> Result<(), Error> {
+        if self.unordered.is_some() {
+            return Ok(());
+        }
+        let mut u = Box::new(Unordered::new(self.cfg.recv_buffer / 4));
+        for (offset, data) in self.recv.drop_content() {
+            let end = offset + data.len() as u64;
+            u.deliver(offset, &data, &[(offset, end)]);
+        }
+        self.unordered = Some(u);
+        self.wake_reader_if_unordered();
+        Ok(())
+    }
+
+    /// Hands a segment's accepted bytes (stream offset `offset`) to the application, noting
+    /// which of them are new (`new`).
+    fn deliver_unordered(&mut self, offset: u64, data: &[u8], new: &[(u64, u64)]) {
+        if let Some(u) = self.unordered.as_mut()
+            && u.deliver(offset, data, new)
+        {
+            self.wake_reader_if_unordered();
+        }
+    }
+
+    fn wake_reader_if_unordered(&mut self) {
+        if (self.unordered.as_ref().is_some_and(|u| !u.is_empty())
+            || (self.unordered.is_some() && self.queue.pending_reports() > 0))
+            && self.readable_armed
+        {
+            self.readable_armed = false;
+            self.events.push(ConnEvent::Readable);
+        }
+    }
+
+    /// Whether data arrived that the application has not read.
+    fn has_unread(&self) -> bool {
+        match &self.unordered {
+            Some(u) => !u.is_empty() || self.recv.readable() > 0,
+            None => self.recv.readable() > 0,
+        }
+    }
+
+    /// Reads the next received segment (or the part of it that fits) into `buf`.
+    pub(crate) fn read_segment(&mut self, buf: &mut [u8]) -> Result<ReceivedSegment, Error> {
+        if buf.is_empty() {
+            return Err(Error::ReadBufferTooSmall(0));
+        }
+        let Some(u) = self.unordered.as_mut() else {
+            return Err(Error::NotUnordered);
+        };
+        let before_window = self.rcv_adv.saturating_sub(self.rcv_nxt);
+        match u.read(buf) {
+            Some(seg) => {
+                self.consume_unordered(before_window);
+                Ok(seg)
+            }
+            None => {
+                self.check_end_of_stream()?;
+                Ok(ReceivedSegment {
+                    offset: self.recv.next(),
+                    len: 0,
+                })
+            }
+        }
+    }
+
+    /// After the application read segments: in-order bytes no unread segment covers count as
+    /// consumed, which opens the window as reading in order would.
+    fn consume_unordered(&mut self, before_window: u64) {
+        let Some(u) = self.unordered.as_ref() else {
+            return;
+        };
+        let to = u.consumed_to(self.recv.read_offset(), self.recv.next());
+        let empty = u.is_empty();
+        if self.recv.consume_to(to) > 0 {
+            self.after_consume(before_window);
+        }
+        if empty {
+            self.readable_armed = true;
+        }
+    }
+
+    /// `read` in unordered mode: report records, then segment records (see [`crate::utcp`]).
+    fn read_records(&mut self, buf: &mut [u8]) -> Result<usize, Error> {
+        if buf.len() < crate::utcp::MIN_READ_BUFFER {
+            return Err(Error::ReadBufferTooSmall(buf.len()));
+        }
+        let mut n = 0;
+        while buf.len() - n >= record::REPORT_LEN {
+            let Some(r) = self.queue.poll_report() else {
+                break;
+            };
+            record::encode_report(&r, &mut buf[n..]);
+            n += record::REPORT_LEN;
+        }
+        let before_window = self.rcv_adv.saturating_sub(self.rcv_nxt);
+        let mut read_any = false;
+        while buf.len() - n > record::SEGMENT_HEADER {
+            let Some(u) = self.unordered.as_mut() else {
+                break;
+            };
+            let (head, body) = buf[n..].split_at_mut(record::SEGMENT_HEADER);
+            let Some(seg) = u.read(body) else {
+                break;
+            };
+            record::segment_header(seg.offset, seg.len, head);
+            n += record::SEGMENT_HEADER + seg.len;
+            read_any = true;
+        }
+        if read_any {
+            self.consume_unordered(before_window);
+        }
+        if n > 0 {
+            return Ok(n);
+        }
+        self.check_end_of_stream()?;
+        Ok(0)
+    }
+
+    /// The next message report (see [`MessageReport`]).
+    pub(crate) fn poll_report(&mut self) -> Option<MessageReport> {
+        self.queue.poll_report()
+    }
+
+    // ---------------------------------------------------------------- writes
 
     pub(crate) fn write(&mut self, data: &[u8], tag: WriteTag) -> Result<usize, Error> {
         self.check_writable()?;
+        if self.cfg.message_writes {
+            return self.write_records(data);
+        }
         let n = self.queue.push(data, tag);
         if n == 0 && !data.is_empty() {
             self.writable_armed = true;
@@ -871,13 +1056,46 @@ impl Connection {
         Ok(n)
     }
 
-    pub(crate) fn write_by_priority(&mut self, data: &[u8], tag: WriteTag) -> Result<(), Error> {
+    /// Queues a whole message (Minion §4.2, Hollywood §4.2; see [`SendQueue`]).
+    pub(crate) fn write_message(&mut self, data: &[u8], tag: WriteTag) -> Result<(), Error> {
         self.check_writable()?;
-        let r = self.queue.insert_by_priority(data, tag);
-        if r.is_err() {
+        let r = self.queue.insert_message(self.clock, data, tag, None);
+        if r == Err(Error::WouldBlock) {
             self.writable_armed = true;
         }
+        self.wake_reader_if_unordered();
         r
+    }
+
+    /// `write` with `message_writes`: the longest prefix of whole message records that fits.
+    fn write_records(&mut self, data: &[u8]) -> Result<usize, Error> {
+        let mut at = 0;
+        while at < data.len() {
+            let parsed =
+                record::decode_message(&data[at..]).map_err(|e| Error::BadRecord(e.what))?;
+            let Some((meta, body, len)) = parsed else {
+                if at == 0 {
+                    return Err(Error::BadRecord("a write must hold whole records"));
+                }
+                break;
+            };
+            match self
+                .queue
+                .insert_message(self.clock, body, meta.tag(), meta.lifetime)
+            {
+                Ok(()) => at += len,
+                Err(Error::WouldBlock) => {
+                    self.writable_armed = true;
+                    if at == 0 {
+                        return Err(Error::WouldBlock);
+                    }
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.wake_reader_if_unordered();
+        Ok(at)
     }
 
     /// Replaces the congestion controller (any [`CongestionControl`] implementation).
@@ -930,7 +1148,7 @@ impl Connection {
         if self.close_reason.is_some() {
             return;
         }
-        if self.recv.readable() > 0 || self.state == State::SynSent {
+        if self.has_unread() || self.state == State::SynSent {
             self.abort(now);
             return;
         }
@@ -1029,7 +1247,13 @@ impl Connection {
     // ---------------------------------------------------------------- timers
 
     pub(crate) fn next_timeout(&self) -> Option<Instant> {
+        let expiry = if self.close_reason.is_none() {
+            self.queue.next_expiry()
+        } else {
+            None
+        };
         [
+            expiry,
             self.rto_at,
             self.tlp.pto_at,
             self.rack.timer,
@@ -1046,6 +1270,10 @@ impl Connection {
 
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
         self.clock = self.clock.max(now);
+        if self.close_reason.is_none() {
+            // Hollywood §4.2: messages whose deadline passed before they were sent are dropped.
+            self.queue.expire(now);
+        }
         if self.timewait_at.is_some_and(|t| t <= now) {
             self.timewait_at = None;
             self.enter_closed(CloseReason::Normal, false);
@@ -1418,6 +1646,7 @@ impl Connection {
     ) -> Result<(), DropReason> {
         self.counters.packets_received += 1;
         self.clock = self.clock.max(now);
+        self.queue.resolve(now);
         match self.state {
             State::Closed => return Err(DropReason::InvalidForState),
             State::SynSent => return self.on_segment_syn_sent(now, seg),
@@ -1540,6 +1769,21 @@ impl Connection {
                     let data_start = data_end - seg.payload.len() as i64;
                     self.dsack = Some((data_start.max(1) as u64, data_end as u64));
                     self.ack_now = true;
+                    // uTCP hands retransmissions over too: they may carry replacements
+                    // (Hollywood §4.2; see crate::utcp).
+                    if self.unordered.is_some()
+                        && !self.peer_fin_processed
+                        && matches!(
+                            self.state,
+                            State::Established | State::FinWait1 | State::FinWait2
+                        )
+                    {
+                        let skip = (1 - data_start).max(0) as usize;
+                        if let Some(bytes) = seg.payload.get(skip..) {
+                            let offset = (data_start.max(1) - 1) as u64;
+                            self.deliver_unordered(offset, bytes, &[]);
+                        }
+                    }
                 } else if !seg.payload.is_empty() {
                     self.ack_now = true;
                 } else {
@@ -1805,11 +2049,11 @@ impl Connection {
                         ssthresh = self.cc.ssthresh(),
                         "ack"
                     );
-                    // Bytes, but each segment acknowledged counts as at least one SMSS, so a
-                    // window counted in segments grows as one of full-sized segments would.
+                    // Bytes (RFC 3465), each segment acknowledged counting as at least the
+                    // charge floor it took in the window.
                     self.cc.on_ack(&AckEvent {
                         now,
-                        acked: acked_total.max(res.whole_segments * mss),
+                        acked: acked_total.max(res.whole_segments * self.segment_charge_floor()),
                         cwnd_limited,
                         srtt: self.rtt.srtt(),
                         min_rtt: self.rtt.min_rtt(),
@@ -2114,6 +2358,9 @@ impl Connection {
             if left >= right || left < self.snd_una as i64 || right > self.snd_nxt as i64 {
                 continue;
             }
+            // Hollywood §4.2: a message the receiver holds part of is never replaced.
+            self.queue
+                .mark_received((left as u64).saturating_sub(1), right as u64 - 1);
             newly += self
                 .sb
                 .sack(left as u64, right as u64, fack_before, delivered);
@@ -2158,6 +2405,16 @@ impl Connection {
         let stream_start = start.saturating_sub(1);
         let outcome = if data.is_empty() || self.peer_fin_processed {
             Default::default()
+        } else if self.unordered.is_some() {
+            // Minion §4.1: the segment goes to the application at once; the buffer keeps the
+            // ranges (not the bytes) so that ACKs, SACKs and the window stay standard.
+            let end = stream_start + data.len() as u64;
+            let new = self.recv.uncovered(stream_start, end);
+            let outcome = self.recv.insert(stream_start, data);
+            if !outcome.dropped {
+                self.deliver_unordered(stream_start, data, &new);
+            }
+            outcome
         } else {
             self.recv.insert(stream_start, data)
         };
@@ -2401,6 +2658,9 @@ impl Connection {
     /// Writes the next segment this connection wants to send into `buf`.
     pub(crate) fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
         self.clock = self.clock.max(now);
+        if self.close_reason.is_none() {
+            self.queue.expire(now);
+        }
         if self.rst_pending {
             // RFC 9293 §3.10.5 ABORT: <SEQ=SND.NXT><CTL=RST>; Linux adds the ACK.
             let flags = if self.rcv_nxt > 0 {
@@ -2521,6 +2781,20 @@ impl Connection {
     }
 
     /// Largest payload for a data segment carrying these options.
+    /// Leaves SACK blocks out of a retransmission of segment `index` as far as needed for it
+    /// to go out whole: a retransmission keeps the original segment's boundaries (Hollywood
+    /// §4.5, so that an inconsistent retransmission looks like any other, and a receiver
+    /// sees each range with the same layout). RFC 2018 §4 lets a segment carry fewer blocks
+    /// than it could; the ACKs that follow carry them all.
+    fn fit_sack_blocks(&self, opts: &mut OutOptions, index: usize, buf_len: usize) {
+        let Some(want) = self.sb.payload_len(index) else {
+            return;
+        };
+        while opts.sack_block_count > 0 && (self.payload_limit(opts, buf_len) as u64) < want {
+            opts.sack_block_count -= 1;
+        }
+    }
+
     fn payload_limit(&self, opts: &OutOptions, buf_len: usize) -> usize {
         let base = self.snd_mss as usize;
         let opt_len = opts.len();
@@ -2552,30 +2826,35 @@ impl Connection {
         }
     }
 
-    /// Whether the segments in the network already fill the window counted in segments.
-    /// RFC 5681 sizes windows in SMSS, assuming segments of about that size; small segments
-    /// (small writes without Nagle, consistent segmentation) must not multiply the packets a
-    /// window lets loose, as Linux, which counts cwnd in packets, never does (found by the
-    /// simulator, seed 1179: IW10 of 3-byte messages was a burst of 4000 packets).
-    fn segments_full(&self) -> bool {
-        let (window, _) = self.window_and_use();
-        let segments = (window / self.effective_mss() as u64).max(1);
-        self.sb.pipe_segments() >= segments
+    /// The least a segment counts for in the congestion window, in bytes. The window counts
+    /// bytes, not buffers (Minion §8.1): a stream of small messages, each in its own segment
+    /// (consistent segmentation), gets the byte rate of full-sized segments, not a rate cut by
+    /// the ratio of message size to MSS as with Linux's window in packets. A floor of SMSS/16
+    /// keeps tiny segments from multiplying the packets a window lets loose (found by the
+    /// simulator, seed 1179: IW10 of 3-byte messages counted in bytes alone was a burst of
+    /// 4000 packets): at most 16 segments per SMSS of window.
+    fn segment_charge_floor(&self) -> u64 {
+        (self.effective_mss() as u64 / 16).max(1)
+    }
+
+    /// What the segments in the network count for against the window: their bytes, each at
+    /// least the floor.
+    fn charged_use(&self) -> u64 {
+        let (_, used) = self.window_and_use();
+        used.max(self.sb.pipe_segments() * self.segment_charge_floor())
     }
 
     /// Usable congestion window (bytes we may still put in flight).
     fn cwnd_allowance(&self) -> u64 {
-        if self.segments_full() {
-            return 0;
-        }
-        let (window, used) = self.window_and_use();
-        window.saturating_sub(used)
+        let (window, _) = self.window_and_use();
+        window.saturating_sub(self.charged_use())
     }
 
     fn send_retransmission(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
         let index = self.sb.next_lost()?;
         let mut opts = self.base_options(now);
         self.sack_blocks(&mut opts);
+        self.fit_sack_blocks(&mut opts, index, buf.len());
         let limit = self.payload_limit(&opts, buf.len());
         if limit == 0 {
             return None;
@@ -2590,6 +2869,7 @@ impl Connection {
         }
         self.force_retransmit = false;
         let payload_len = (seg_len - fin as u64) as usize;
+        self.replace_expired(now, start - 1, payload_len);
         let n = self.emit_data(now, buf, start, payload_len, fin, &opts, true)?;
         self.sb.on_retransmit(index, now);
         self.counters.packets_retransmitted += 1;
@@ -2603,6 +2883,43 @@ impl Connection {
             self.arm_rto(now);
         }
         Some(n)
+    }
+
+    /// Before a retransmission of the stream bytes `[stream_start, stream_start + len)`: the
+    /// messages in it that will have expired on arrival are replaced by live ones (Hollywood
+    /// §4.2 inconsistent retransmissions; rules in [`SendQueue`]). Arrival is estimated as
+    /// now plus a one-way delay of (SRTT − RTTVAR) / 2: half the smoothed round trip
+    /// (Hollywood §4.2 uses SRTT/2), lowered by half its mean deviation so that a message that
+    /// could still arrive in time on a path running one deviation fast is retransmitted as it
+    /// was — replacing a message that would have been useful costs more than sending one that
+    /// arrives late. Without an RTT sample, or without a padder, nothing is replaced.
+    fn replace_expired(&mut self, now: Instant, stream_start: u64, len: usize) {
+        let Some(padder) = self.cfg.padder else {
+            return;
+        };
+        let Some(srtt) = self.rtt.srtt() else {
+            return;
+        };
+        if len == 0 {
+            return;
+        }
+        let one_way = srtt.saturating_sub(self.rtt.rttvar()) / 2;
+        let arrival = later(now, one_way);
+        let end = stream_start + len as u64;
+        let r = self
+            .queue
+            .replace_expired(stream_start, end, now, arrival, padder);
+        if r.ranges > 0 {
+            self.counters.inconsistent_retransmissions += 1;
+            tracing::debug!(
+                local = %self.local,
+                offset = stream_start,
+                len,
+                replaced = r.replaced,
+                replacements = r.replacements,
+                "inconsistent retransmission"
+            );
+        }
     }
 
     /// Writes a data/FIN segment covering `[start, start + payload_len)` (+FIN).
@@ -2684,18 +3001,25 @@ impl Connection {
         let wnd_room = self.send_right_edge().saturating_sub(self.snd_nxt);
         let cwnd_room = self.cwnd_allowance();
         let room = wnd_room.min(cwnd_room).min(limit as u64) as usize;
-        let len = self
+        let mut len = self
             .queue
             .segment_len(data_next, room, self.cfg.consistent_segmentation);
+        // Consistent segmentation (Hollywood §4.2): a message that fits in one segment goes
+        // whole or waits; only the persist timer's override may split it, as it must to probe
+        // a window smaller than the message.
+        if len > 0
+            && !self.sws_override
+            && let Some(m) = self.queue.message_at(data_next)
+            && m <= full
+            && len < m
+        {
+            len = 0;
+        }
         let all_fits = len as u64 == unsent;
         if len == 0 && !(unsent == 0 && fin_wanted) {
             if cwnd_room < full as u64 && wnd_room > 0 {
-                // Held back by cwnd: the window was used up (in bytes or in segments).
-                let used = if self.segments_full() {
-                    self.cc.cwnd()
-                } else {
-                    self.flight()
-                };
+                // Held back by cwnd: the window was used up.
+                let used = self.charged_use().max(self.flight());
                 self.max_flight_recent = self.max_flight_recent.max(used);
             }
             return None;
@@ -2703,9 +3027,12 @@ impl Connection {
         if len > 0 && len < full && !all_fits {
             // Sender silly window avoidance (RFC 9293 §3.8.6.2.1): send a partial segment only
             // if it is at least half the largest window the peer offered, or the whole queue
-            // fits (which consistent segmentation counts per write).
-            let write_boundary = self.cfg.consistent_segmentation
-                && self.queue.segment_len(data_next, usize::MAX, true) == len;
+            // fits, or it ends where a segment must end (a message, or any write with
+            // consistent segmentation).
+            let write_boundary =
+                self.queue
+                    .segment_len(data_next, usize::MAX, self.cfg.consistent_segmentation)
+                    == len;
             let half_window = len as u64 >= self.max_snd_wnd / 2 && wnd_room < cwnd_room;
             if !write_boundary && !half_window && !self.sws_override {
                 return None;
@@ -2715,7 +3042,9 @@ impl Connection {
         // until a full segment's worth is queued. With consistent segmentation writes are never
         // packed together, so once that much is queued waiting cannot make the segment fuller
         // and would only send one write per round trip.
-        let packing_possible = !self.cfg.consistent_segmentation || unsent < full as u64;
+        let packing_possible = !(self.cfg.consistent_segmentation
+            || self.queue.message_at(data_next).is_some())
+            || unsent < full as u64;
         if self.cfg.nagle && len < full && self.flight() > 0 && len > 0 && packing_possible {
             return None;
         }
@@ -2756,12 +3085,22 @@ impl Connection {
         let unsent = self.queue.end().saturating_sub(data_next);
         let wnd_room = self.send_right_edge().saturating_sub(self.snd_nxt);
         let room = wnd_room.min(limit as u64).min(self.effective_mss() as u64) as usize;
-        let new_len = if self.can_send_data_state() && unsent > 0 {
+        let mut new_len = if self.can_send_data_state() && unsent > 0 {
             self.queue
                 .segment_len(data_next, room, self.cfg.consistent_segmentation)
         } else {
             0
         };
+        // A message is not split to make a probe (Hollywood §4.2): probe with the last
+        // segment instead.
+        let full = limit.min(self.effective_mss());
+        if self
+            .queue
+            .message_at(data_next)
+            .is_some_and(|m| m <= full && new_len < m)
+        {
+            new_len = 0;
+        }
         let n = if new_len > 0 {
             let fin_wanted = self.fin_queued
                 && matches!(
@@ -2781,8 +3120,11 @@ impl Connection {
             n
         } else {
             let last = self.sb.last_unsacked()?;
+            self.fit_sack_blocks(&mut opts, last, buf.len());
+            let limit = self.payload_limit(&opts, buf.len());
             let (index, start, end, fin) = self.sb.limit_segment_tail(last, limit as u64)?;
             let payload_len = (end - start - fin as u64) as usize;
+            self.replace_expired(now, start - 1, payload_len);
             let n = self.emit_data(now, buf, start, payload_len, fin, &opts, true)?;
             self.sb.on_retransmit(index, now);
             self.counters.packets_retransmitted += 1;

@@ -12,8 +12,9 @@ use crate::conn::{
 };
 use crate::error::{DropReason, Error};
 use crate::secret::Secret;
-use crate::send_queue::{SendQueue, WriteTag};
+use crate::send_queue::{MessageReport, SendQueue, WriteTag};
 use crate::syncookie;
+use crate::utcp::ReceivedSegment;
 use crate::wire::{self, OutHeader, OutOptions, Segment, TcpFlags, is_non_unicast};
 
 /// Handle of a connection. Stays valid until the application closes or aborts it (and, for a
@@ -453,17 +454,50 @@ impl Endpoint {
         self.with_conn(h, |c| c.write(data, tag))?
     }
 
-    /// Queues a whole write ahead of pending lower-priority writes (Minion §4.2).
-    pub fn write_prioritized(
+    /// Queues a whole message (all or nothing): ahead of pending writes of lower priority but
+    /// never ahead of or inside one already partly sent (Minion §4.2), squashing pending
+    /// messages with the same squash key, dropped if its deadline passes before it is sent,
+    /// never packed into a segment with other writes, and replaceable in a retransmission
+    /// once expired (Hollywood §4.2). See [`SendQueue`] and [`MessageReport`]; `WouldBlock`
+    /// when the send buffer has no room for it.
+    pub fn write_message(
         &mut self,
         h: ConnectionHandle,
         data: &[u8],
         tag: WriteTag,
     ) -> Result<(), Error> {
-        self.with_conn(h, |c| c.write_by_priority(data, tag))?
+        self.with_conn(h, |c| c.write_message(data, tag))?
     }
 
-    /// Direct access to the send queue (squash, replace, inspect writes) for upper layers.
+    /// The next report on a message written with a message id.
+    pub fn poll_report(&mut self, h: ConnectionHandle) -> Result<Option<MessageReport>, Error> {
+        let idx = self.slot_index(h)?;
+        let conn = self.slots[idx]
+            .conn
+            .as_mut()
+            .ok_or(Error::UnknownConnection)?;
+        Ok(conn.poll_report())
+    }
+
+    /// Switches on unordered receive (Minion §4.1 `SO_UNORDERED`, see [`crate::utcp`]): from
+    /// now on every accepted segment is handed over at once with its stream offset; data held
+    /// so far is handed over first. It stays on.
+    pub fn enable_unordered_receive(&mut self, h: ConnectionHandle) -> Result<(), Error> {
+        self.with_conn(h, |c| c.enable_unordered())?
+    }
+
+    /// Reads the next received segment, or as much of it as fits, into `buf` (unordered
+    /// receive only): its stream offset and length. A length of 0 is the end of the stream
+    /// (the peer's FIN, everything read); `WouldBlock` means nothing is waiting.
+    pub fn read_segment(
+        &mut self,
+        h: ConnectionHandle,
+        buf: &mut [u8],
+    ) -> Result<ReceivedSegment, Error> {
+        self.with_conn(h, |c| c.read_segment(buf))?
+    }
+
+    /// Direct access to the send queue (inspect writes, squash) for upper layers.
     pub fn send_queue(
         &mut self,
         h: ConnectionHandle,

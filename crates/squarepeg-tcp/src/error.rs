@@ -132,4 +132,12 @@ pub enum Error {
     TooManyConnections,
     #[error("invalid range or length for a send-queue operation")]
     InvalidRange,
+    #[error("a message must hold at least one byte")]
+    EmptyMessage,
+    #[error("malformed write record: {0}")]
+    BadRecord(&'static str),
+    #[error("read buffer of {0} bytes cannot hold a record (at least {min})", min = crate::utcp::MIN_READ_BUFFER)]
+    ReadBufferTooSmall(usize),
+    #[error("unordered receive is not on for this connection")]
+    NotUnordered,
 }

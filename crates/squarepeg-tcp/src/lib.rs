@@ -76,6 +76,7 @@
 //! assert_eq!(got, b"hello");
 //! ```
 
+pub mod audit;
 pub mod cc;
 mod config;
 mod conn;
@@ -88,6 +89,7 @@ mod secret;
 mod send_queue;
 mod syncookie;
 pub mod trace;
+pub mod utcp;
 pub mod wire;
 
 pub use config::{
@@ -99,5 +101,9 @@ pub use endpoint::{
 };
 pub use error::{DropReason, Error};
 pub use rtt::RttEstimator;
-pub use send_queue::{CommittedWrite, SendQueue, WriteTag};
+pub use send_queue::{
+    CommittedWrite, MAX_DEPENDENCY_DEPTH, MessageReport, Padder, SendQueue, SendQueueStats,
+    WriteTag,
+};
 pub use trace::{TraceEvent, TraceRecord};
+pub use utcp::{ReceivedSegment, UnorderedStats};

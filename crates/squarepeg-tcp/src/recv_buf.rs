@@ -2,9 +2,14 @@
 //! out-of-order data.
 //!
 //! Offsets are stream offsets (0 = first data byte). Every accepted data segment passes through
-//! [`RecvBuffer::insert`], the single place where a later mode can also hand the segment to the
-//! upper layer at once with its offset (Minion §4.1) while acknowledgment state and window stay
-//! exactly as here.
+//! [`RecvBuffer::insert`]; acknowledgments, SACK blocks and the window are computed from what
+//! this structure holds, whichever way the application reads.
+//!
+//! In the uTCP "every segment at once" mode (Minion §4.1) the connection hands each segment's
+//! bytes to the application on arrival, so the buffer keeps no content
+//! ([`RecvBuffer::drop_content`]): only the in-order point, the count of in-order bytes the
+//! application has not yet consumed, and the out-of-order ranges. Those counts are what the
+//! window is computed from, so the wire sees exactly the standard behaviour.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -21,41 +26,55 @@ pub struct InsertOutcome {
     pub dropped: bool,
 }
 
+/// One out-of-order range: its end, and its bytes unless content is not kept.
+#[derive(Debug)]
+struct Range {
+    end: u64,
+    data: Vec<u8>,
+}
+
 #[derive(Debug)]
 pub struct RecvBuffer {
-    /// In-order bytes not yet read; the first is at offset `read_offset`.
+    /// In-order bytes not yet read; the first is at offset `read_offset` (empty when content
+    /// is not kept).
     ready: VecDeque<u8>,
+    /// In-order bytes not yet consumed (= `ready.len()` when content is kept).
+    ready_len: usize,
     read_offset: u64,
-    /// Out-of-order data keyed by start offset, non-overlapping and all above `next()`.
-    ooo: BTreeMap<u64, Vec<u8>>,
+    /// Out-of-order ranges keyed by start offset, non-overlapping, coalesced and all above
+    /// `next()`.
+    ooo: BTreeMap<u64, Range>,
     ooo_bytes: usize,
     max_ranges: usize,
+    keep_content: bool,
 }
 
 impl RecvBuffer {
     pub fn new(max_ranges: usize) -> Self {
         RecvBuffer {
             ready: VecDeque::new(),
+            ready_len: 0,
             read_offset: 0,
             ooo: BTreeMap::new(),
             ooo_bytes: 0,
             max_ranges: max_ranges.max(1),
+            keep_content: true,
         }
     }
 
     /// Next in-order offset expected (RCV.NXT as a stream offset, before any FIN).
     pub fn next(&self) -> u64 {
-        self.read_offset + self.ready.len() as u64
+        self.read_offset + self.ready_len as u64
     }
 
-    /// Offset of the next byte the application will read.
+    /// Offset of the next byte the application will read (or consume).
     pub fn read_offset(&self) -> u64 {
         self.read_offset
     }
 
-    /// In-order bytes waiting to be read.
+    /// In-order bytes waiting to be read (or consumed).
     pub fn readable(&self) -> usize {
-        self.ready.len()
+        self.ready_len
     }
 
     /// Out-of-order bytes held.
@@ -65,7 +84,50 @@ impl RecvBuffer {
 
     /// Bytes of buffer in use (counted against the receive window).
     pub fn used(&self) -> usize {
-        self.ready.len() + self.ooo_bytes
+        self.ready_len + self.ooo_bytes
+    }
+
+    /// Stops keeping content (the application receives every segment on arrival). Returns
+    /// the content held so far, as (offset, bytes) pieces to hand over: the unread in-order
+    /// bytes, then each out-of-order range. Counts and ranges stay.
+    pub fn drop_content(&mut self) -> Vec<(u64, Vec<u8>)> {
+        let mut out = Vec::new();
+        if !self.keep_content {
+            return out;
+        }
+        self.keep_content = false;
+        if !self.ready.is_empty() {
+            out.push((self.read_offset, self.ready.drain(..).collect()));
+        }
+        for (&s, r) in self.ooo.iter_mut() {
+            out.push((s, std::mem::take(&mut r.data)));
+        }
+        out
+    }
+
+    /// The parts of `[start, end)` that are neither below the in-order point nor held out of
+    /// order: what a segment with these bounds would add.
+    pub fn uncovered(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let mut pieces = Vec::new();
+        let mut cursor = start.max(self.next());
+        if let Some((_, r)) = self.ooo.range(..=cursor).next_back()
+            && r.end > cursor
+        {
+            cursor = r.end;
+        }
+        if cursor >= end {
+            return pieces;
+        }
+        for (&s, r) in self.ooo.range(cursor..end) {
+            if s > cursor {
+                pieces.push((cursor, s));
+            }
+            cursor = cursor.max(r.end);
+        }
+        if cursor < end {
+            pieces.push((cursor, end));
+        }
+        pieces
     }
 
     /// Inserts the payload of a segment at stream offset `start`. The caller has trimmed it to
@@ -82,7 +144,10 @@ impl RecvBuffer {
             return outcome;
         }
         if start == next {
-            self.ready.extend(data.iter());
+            if self.keep_content {
+                self.ready.extend(data.iter());
+            }
+            self.ready_len += data.len();
             outcome.delivered = data.len();
             if !self.ooo.is_empty() {
                 outcome.filled_gap = true;
@@ -100,25 +165,7 @@ impl RecvBuffer {
     /// Stores an out-of-order range, keeping existing bytes where ranges overlap.
     fn insert_ooo(&mut self, start: u64, data: &[u8]) -> bool {
         let end = start + data.len() as u64;
-        // Collect the uncovered pieces of [start, end).
-        let mut pieces: Vec<(u64, u64)> = Vec::new();
-        let mut cursor = start;
-        // The range that starts at or before `start` may cover its beginning.
-        if let Some((&s, v)) = self.ooo.range(..=start).next_back() {
-            let e = s + v.len() as u64;
-            if e > cursor {
-                cursor = e;
-            }
-        }
-        for (&s, v) in self.ooo.range(start..end) {
-            if s > cursor {
-                pieces.push((cursor, s));
-            }
-            cursor = cursor.max(s + v.len() as u64);
-        }
-        if cursor < end {
-            pieces.push((cursor, end));
-        }
+        let pieces = self.uncovered(start, end);
         if pieces.is_empty() {
             return true;
         }
@@ -131,26 +178,44 @@ impl RecvBuffer {
         if self.ooo.len() + new_ranges > self.max_ranges {
             return false;
         }
+        let keep = self.keep_content;
         for (s, e) in pieces {
             let a = (s - start) as usize;
             let b = (e - start) as usize;
             self.ooo_bytes += b - a;
             // Extend the range ending at `s`, or start a new one.
             let key = match self.ooo.range_mut(..s).next_back() {
-                Some((&ls, lv)) if ls + lv.len() as u64 == s => {
-                    lv.extend_from_slice(&data[a..b]);
+                Some((&ls, lr)) if lr.end == s => {
+                    if keep {
+                        lr.data.extend_from_slice(&data[a..b]);
+                    }
+                    lr.end = e;
                     ls
                 }
                 _ => {
-                    self.ooo.insert(s, data[a..b].to_vec());
+                    let bytes = if keep {
+                        data[a..b].to_vec()
+                    } else {
+                        Vec::new()
+                    };
+                    self.ooo.insert(
+                        s,
+                        Range {
+                            end: e,
+                            data: bytes,
+                        },
+                    );
                     s
                 }
             };
             // Absorb the range starting at `e`.
             if let Some(next) = self.ooo.remove(&e)
-                && let Some(v) = self.ooo.get_mut(&key)
+                && let Some(r) = self.ooo.get_mut(&key)
             {
-                v.extend_from_slice(&next);
+                if keep {
+                    r.data.extend_from_slice(&next.data);
+                }
+                r.end = next.end;
             }
         }
         true
@@ -161,7 +226,7 @@ impl RecvBuffer {
         self.ooo
             .range(..s)
             .next_back()
-            .is_some_and(|(&ls, v)| ls + v.len() as u64 == s)
+            .is_some_and(|(_, r)| r.end == s)
     }
 
     /// Moves out-of-order data that now continues the in-order stream into `ready`.
@@ -176,19 +241,22 @@ impl RecvBuffer {
             if s > next {
                 break;
             }
-            let v = entry.remove();
-            self.ooo_bytes -= v.len();
-            let e = s + v.len() as u64;
-            if e > next {
+            let r = entry.remove();
+            self.ooo_bytes -= (r.end - s) as usize;
+            if r.end > next {
                 let skip = (next - s) as usize;
-                self.ready.extend(v[skip..].iter());
-                moved += v.len() - skip;
+                if self.keep_content {
+                    self.ready.extend(r.data[skip..].iter());
+                }
+                let n = (r.end - next) as usize;
+                self.ready_len += n;
+                moved += n;
             }
         }
         moved
     }
 
-    /// Reads in-order bytes into `buf`.
+    /// Reads in-order bytes into `buf` (content mode).
     pub fn read(&mut self, buf: &mut [u8]) -> usize {
         let n = buf.len().min(self.ready.len());
         let (a, b) = self.ready.as_slices();
@@ -197,27 +265,35 @@ impl RecvBuffer {
         buf[from_a..n].copy_from_slice(&b[..n - from_a]);
         self.ready.drain(..n);
         self.read_offset += n as u64;
+        self.ready_len -= n;
+        n
+    }
+
+    /// Consumes in-order bytes up to `offset` without reading them (the application had them
+    /// on arrival); `offset` is clamped to `[read_offset, next()]`. Returns the bytes consumed.
+    pub fn consume_to(&mut self, offset: u64) -> usize {
+        let to = offset.clamp(self.read_offset, self.next());
+        let n = (to - self.read_offset) as usize;
+        if self.keep_content {
+            self.ready.drain(..n);
+        }
+        self.read_offset = to;
+        self.ready_len -= n;
         n
     }
 
     /// Contiguous out-of-order ranges `[start, end)` in ascending order (for SACK blocks).
     pub fn ooo_ranges(&self) -> Vec<(u64, u64)> {
-        let mut out: Vec<(u64, u64)> = Vec::new();
-        for (&s, v) in &self.ooo {
-            let e = s + v.len() as u64;
-            match out.last_mut() {
-                Some(last) if last.1 == s => last.1 = e,
-                _ => out.push((s, e)),
-            }
-        }
-        out
+        self.ooo.iter().map(|(&s, r)| (s, r.end)).collect()
     }
 
     /// The contiguous out-of-order range containing `offset`, if any.
     pub fn ooo_range_containing(&self, offset: u64) -> Option<(u64, u64)> {
-        self.ooo_ranges()
-            .into_iter()
-            .find(|&(s, e)| s <= offset && offset < e)
+        self.ooo
+            .range(..=offset)
+            .next_back()
+            .filter(|(_, r)| offset < r.end)
+            .map(|(&s, r)| (s, r.end))
     }
 }
 
@@ -285,5 +361,60 @@ mod tests {
         assert_eq!(r.ooo_bytes(), 2);
         // Duplicate of held data is not a drop.
         assert!(!r.insert(10, b"a").dropped);
+    }
+
+    #[test]
+    fn uncovered_pieces_skip_held_and_in_order_bytes() {
+        let mut r = RecvBuffer::new(16);
+        r.insert(0, b"0123");
+        r.insert(8, b"89");
+        r.insert(12, b"cd");
+        assert_eq!(r.uncovered(0, 4), vec![]);
+        assert_eq!(r.uncovered(2, 16), vec![(4, 8), (10, 12), (14, 16)]);
+        assert_eq!(r.uncovered(9, 11), vec![(10, 11)]);
+        assert_eq!(r.uncovered(8, 9), vec![]);
+        assert_eq!(r.uncovered(1, 3), vec![]);
+        assert_eq!(r.ooo_range_containing(9), Some((8, 10)));
+        assert_eq!(r.ooo_range_containing(10), None);
+    }
+
+    #[test]
+    fn without_content_the_counts_and_ranges_are_the_same() {
+        let segments: [(u64, &[u8]); 6] = [
+            (0, b"abc"),
+            (6, b"ghi"),
+            (12, b"mn"),
+            (3, b"de"),
+            (5, b"fghijk"),
+            (1, b"bcd"),
+        ];
+        let mut with = RecvBuffer::new(16);
+        let mut without = RecvBuffer::new(16);
+        assert!(without.drop_content().is_empty());
+        for (s, d) in segments {
+            assert_eq!(with.insert(s, d), without.insert(s, d));
+            assert_eq!(with.ooo_ranges(), without.ooo_ranges());
+            assert_eq!(with.used(), without.used());
+            assert_eq!(with.next(), without.next());
+        }
+        assert_eq!(without.ooo_ranges(), vec![(12, 14)]);
+        assert_eq!(without.consume_to(100), 11);
+        assert_eq!(without.used(), 2);
+        assert_eq!(without.read_offset(), 11);
+    }
+
+    #[test]
+    fn dropping_content_hands_over_what_was_held() {
+        let mut r = RecvBuffer::new(16);
+        r.insert(0, b"abc");
+        let mut one = [0u8; 1];
+        r.read(&mut one);
+        r.insert(6, b"gh");
+        let held = r.drop_content();
+        assert_eq!(held, vec![(1, b"bc".to_vec()), (6, b"gh".to_vec())]);
+        assert_eq!(r.used(), 4);
+        assert_eq!(r.consume_to(3), 2);
+        r.insert(3, b"def");
+        assert_eq!(r.next(), 8);
     }
 }

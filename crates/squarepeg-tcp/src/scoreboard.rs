@@ -190,6 +190,11 @@ impl Scoreboard {
         self.segs.insert(i + 1, tail);
     }
 
+    /// Payload bytes (FIN not counted) of the segment at `index`.
+    pub fn payload_len(&self, index: usize) -> Option<u64> {
+        self.segs.get(index).map(|s| s.len() - s.fin as u64)
+    }
+
     /// Splits the segment at `index` so that it is at most `max` long; returns its bounds.
     pub fn limit_segment(&mut self, index: usize, max: u64) -> Option<(u64, u64, bool)> {
         let seg = self.segs.get(index)?;

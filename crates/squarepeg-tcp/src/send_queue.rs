@@ -3,14 +3,41 @@
 //! Minion §4.2 and Hollywood §4.2 need a send queue that knows the application's write
 //! boundaries: writes whose first byte has been transmitted are *committed* (their stream
 //! offsets are fixed, and nothing may be inserted ahead of or inside them); writes not yet
-//! touched are *pending* and may still be reordered by priority or squashed. Bytes of a committed
-//! range may be replaced by different bytes of exactly the same length (Hollywood's inconsistent
-//! retransmissions). Standard TCP behaviour is plain appends with MSS-packing across writes.
+//! touched are *pending* and may still be reordered by priority, squashed, or dropped when
+//! their deadline passes. Standard TCP behaviour is plain appends with MSS-packing across
+//! writes.
+//!
+//! Two kinds of writes:
+//! - **bytes** ([`SendQueue::push`], the standard `write`): accepted partially when the buffer
+//!   is nearly full, and small ones merged into one record (without consistent segmentation);
+//! - **messages** ([`SendQueue::insert_message`]): whole, self-delimiting units (uCOBS frames)
+//!   accepted all or nothing, inserted by priority (Minion §4.2), squashed by key, dropped
+//!   before their first transmission when their deadline passes (Hollywood §4.2), and never
+//!   packed into a segment together with other writes (consistent segmentation). A message
+//!   with a deadline whose retransmission would arrive too late may be replaced, whole, by
+//!   live messages padded to exactly its length (Hollywood §4.2 inconsistent
+//!   retransmissions, [`SendQueue::replace_expired`]).
+//!
+//! ## Liveness and dependencies
+//!
+//! A message is *kept* until the latest of its own deadline and the keep times of the
+//! messages that depend on it (Hollywood §4.2: a message is always retransmitted while an
+//! unexpired message depends on it). Dependents count whether they are still queued,
+//! committed or already acknowledged (the receiver needs what they build on) until they are
+//! dropped unsent. A message without a deadline is kept forever, and so is everything it
+//! depends on. Dependency chains are followed [`MAX_DEPENDENCY_DEPTH`] levels deep; a deeper
+//! chain keeps the message (the safe answer is the standard TCP behaviour).
+//!
+//! ## Reports
+//!
+//! Writes with a message id produce [`MessageReport`]s, so that the layer above can keep its
+//! message statuses true: sent (first transmission, also as a replacement), acknowledged
+//! (messages with a deadline), expired, squashed, replaced.
 //!
 //! Offsets here are stream offsets: 0 is the first data byte after the SYN.
 
-use std::collections::VecDeque;
-use std::time::Instant;
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use crate::error::Error;
 
@@ -22,11 +49,12 @@ pub struct WriteTag {
     pub priority: i32,
     /// Writes with the same key supersede each other while untransmitted (Minion §4.2 squash).
     pub squash_key: Option<u64>,
-    /// Message deadline (Hollywood §4.2 lifetime).
+    /// Message deadline (Hollywood §4.2 lifetime): the time by which it must have arrived.
     pub deadline: Option<Instant>,
-    /// Message this one depends on (Hollywood §4.2).
+    /// Message this one depends on, by message id (Hollywood §4.2).
     pub depends_on: Option<u64>,
-    /// Opaque message identifier for the upper layer.
+    /// Message identifier of the upper layer; messages with one produce [`MessageReport`]s
+    /// and can be depended on.
     pub message_id: Option<u64>,
 }
 
@@ -36,9 +64,60 @@ impl WriteTag {
     }
 }
 
+/// What became of a message (a write with a message id) in the send queue. Each message gets
+/// at most one of `Expired`, `Squashed` (never transmitted) or `Sent`; after `Sent`, a message
+/// with a deadline gets `Acked` or `Replaced`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MessageReport {
+    /// Its first byte was transmitted. `replacement`: it went out in the sequence range of
+    /// expired messages, in a retransmission (Hollywood §4.2).
+    Sent { id: u64, replacement: bool },
+    /// Cumulatively acknowledged (reported for messages with a deadline only: the others are
+    /// settled once sent).
+    Acked { id: u64 },
+    /// Dropped before its first transmission: its deadline passed and nothing that depends on
+    /// it was still live.
+    Expired { id: u64 },
+    /// Dropped before its first transmission by a newer write with the same squash key.
+    Squashed { id: u64 },
+    /// Transmitted, but a retransmission of its range carried other messages instead: it
+    /// arrives only if its first transmission did.
+    Replaced { id: u64 },
+}
+
+impl MessageReport {
+    /// The message id reported on.
+    pub fn id(&self) -> u64 {
+        match *self {
+            MessageReport::Sent { id, .. }
+            | MessageReport::Acked { id }
+            | MessageReport::Expired { id }
+            | MessageReport::Squashed { id }
+            | MessageReport::Replaced { id } => id,
+        }
+    }
+}
+
 /// Plain writes are merged into one record up to this size, so that many small writes do not
 /// cost one allocation each.
 const MERGE_LIMIT: usize = 64 * 1024;
+
+/// How many levels of dependents are followed to find how long a message is kept.
+pub const MAX_DEPENDENCY_DEPTH: u32 = 32;
+
+/// Reports held for the upper layer; beyond this the oldest are dropped and counted (an upper
+/// layer that asks for reports drains them after every call).
+pub const MAX_PENDING_REPORTS: usize = 1 << 16;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Plain stream bytes.
+    Bytes,
+    /// A whole message.
+    Message,
+    /// Filler written by an inconsistent retransmission.
+    Padding,
+}
 
 #[derive(Debug)]
 struct Record {
@@ -46,12 +125,52 @@ struct Record {
     start: u64,
     data: Vec<u8>,
     tag: WriteTag,
+    kind: Kind,
+    serial: u64,
+    /// A lifetime not yet turned into a deadline (writes through the record API, which carry
+    /// no clock reading: the deadline counts from the next time the connection sees the time).
+    lifetime: Option<Duration>,
+    /// Committed: part of it is known to have reached the receiver (SACKed, or partly
+    /// acknowledged), so it may not be replaced (Hollywood §4.2).
+    received: bool,
 }
 
 impl Record {
     fn end(&self) -> u64 {
         self.start + self.data.len() as u64
     }
+
+    fn deadline(&self) -> Deadline {
+        match (self.lifetime, self.tag.deadline) {
+            (Some(_), _) => Deadline::Unresolved,
+            (None, Some(t)) => Deadline::At(t),
+            (None, None) => Deadline::Never,
+        }
+    }
+}
+
+/// Why a pending write left the queue unsent.
+#[derive(Clone, Copy, Debug)]
+enum Dropped {
+    Expired,
+    Squashed,
+}
+
+/// A message's own deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Deadline {
+    At(Instant),
+    Never,
+    /// Counts as `Never` until resolved.
+    Unresolved,
+}
+
+/// A message that depends on another.
+#[derive(Clone, Copy, Debug)]
+struct Dependent {
+    serial: u64,
+    id: Option<u64>,
+    deadline: Deadline,
 }
 
 /// A committed write as seen by the upper layer.
@@ -62,9 +181,57 @@ pub struct CommittedWrite {
     pub tag: WriteTag,
 }
 
+/// Counters of the send queue's message handling.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SendQueueStats {
+    /// Messages dropped unsent because their deadline passed.
+    pub messages_expired: u64,
+    /// Messages dropped unsent by a newer one with the same squash key.
+    pub messages_squashed: u64,
+    /// Messages whose retransmission carried other messages instead.
+    pub messages_replaced: u64,
+    /// Messages first sent as replacements.
+    pub replacement_messages: u64,
+    /// Sequence ranges (runs of expired messages) filled with replacements.
+    pub replaced_ranges: u64,
+    /// Bytes of padding written into replaced ranges.
+    pub padding_bytes: u64,
+    /// Reports dropped because the upper layer did not take them.
+    pub reports_dropped: u64,
+}
+
+/// What one call of [`SendQueue::replace_expired`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Replacement {
+    pub ranges: u64,
+    pub replaced: u64,
+    pub replacements: u64,
+}
+
+/// Writes the padding that fills the rest of a replaced range: exactly `len` bytes that the
+/// receiver's upper layer discards (for squarepeg, [`squarepeg_framing::encode_padding`]).
+/// The TCP core stays framing-agnostic; setting a padder enables inconsistent
+/// retransmissions (Hollywood §4.2).
+///
+/// [`squarepeg_framing::encode_padding`]: https://docs.rs/squarepeg-framing
+#[derive(Clone, Copy)]
+pub struct Padder(pub fn(usize, &mut Vec<u8>));
+
+impl std::fmt::Debug for Padder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Padder(..)")
+    }
+}
+
+impl PartialEq for Padder {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::fn_addr_eq(self.0, other.0)
+    }
+}
+
 /// The send queue of one connection. The upper layer reaches it through
-/// [`Endpoint::send_queue`](crate::Endpoint::send_queue) to inspect writes, squash pending ones
-/// and replace committed bytes; appends and transmission bookkeeping stay with the connection.
+/// [`Endpoint::send_queue`](crate::Endpoint::send_queue) to inspect writes and squash pending
+/// ones; appends and transmission bookkeeping stay with the connection.
 #[derive(Debug)]
 pub struct SendQueue {
     committed: VecDeque<Record>,
@@ -76,6 +243,18 @@ pub struct SendQueue {
     pending_bytes: usize,
     limit: usize,
     merge_plain: bool,
+    next_serial: u64,
+    /// Pending messages by the time to check whether they expired (their deadline, or the
+    /// time their dependents keep them until). Entries may be stale: checked when due.
+    expiry: BTreeSet<(Instant, u64)>,
+    /// Records whose lifetime awaits a clock reading.
+    unresolved: usize,
+    /// Message ids in the queue (pending or committed), with how many records carry each.
+    ids: HashMap<u64, u32>,
+    /// Dependents by the id of the message they depend on; kept while that message is queued.
+    dependents: HashMap<u64, Vec<Dependent>>,
+    reports: VecDeque<MessageReport>,
+    stats: SendQueueStats,
 }
 
 impl SendQueue {
@@ -88,6 +267,13 @@ impl SendQueue {
             pending_bytes: 0,
             limit,
             merge_plain,
+            next_serial: 0,
+            expiry: BTreeSet::new(),
+            unresolved: 0,
+            ids: HashMap::new(),
+            dependents: HashMap::new(),
+            reports: VecDeque::new(),
+            stats: SendQueueStats::default(),
         }
     }
 
@@ -120,6 +306,34 @@ impl SendQueue {
         self.committed_end
     }
 
+    /// Counters.
+    pub fn stats(&self) -> SendQueueStats {
+        self.stats
+    }
+
+    /// The next report, if any.
+    pub fn poll_report(&mut self) -> Option<MessageReport> {
+        self.reports.pop_front()
+    }
+
+    /// Reports waiting.
+    pub fn pending_reports(&self) -> usize {
+        self.reports.len()
+    }
+
+    fn report(&mut self, report: MessageReport) {
+        if self.reports.len() >= MAX_PENDING_REPORTS {
+            self.reports.pop_front();
+            self.stats.reports_dropped += 1;
+        }
+        self.reports.push_back(report);
+    }
+
+    fn serial(&mut self) -> u64 {
+        self.next_serial += 1;
+        self.next_serial
+    }
+
     /// Appends as much of `data` as fits (standard TCP `send`). Returns the bytes accepted.
     pub(crate) fn push(&mut self, data: &[u8], tag: WriteTag) -> usize {
         let n = data.len().min(self.free());
@@ -130,89 +344,350 @@ impl SendQueue {
         if self.merge_plain
             && tag.is_plain()
             && let Some(last) = self.pending.back_mut()
+            && last.kind == Kind::Bytes
             && last.tag.is_plain()
             && last.data.len() + n <= MERGE_LIMIT
         {
             last.data.extend_from_slice(data);
         } else {
+            let serial = self.serial();
             self.pending.push_back(Record {
                 start: 0,
                 data: data.to_vec(),
                 tag,
+                kind: Kind::Bytes,
+                serial,
+                lifetime: None,
+                received: false,
             });
         }
         self.pending_bytes += n;
         n
     }
 
-    /// Inserts a whole write ahead of every pending write of lower priority, never ahead of or
-    /// inside a committed write (Minion §4.2). All or nothing: fails if it does not fit.
-    pub(crate) fn insert_by_priority(&mut self, data: &[u8], tag: WriteTag) -> Result<(), Error> {
-        if data.len() > self.free() {
+    /// Queues a whole message (all or nothing): ahead of every pending write of lower
+    /// priority, never ahead of or inside a committed write (Minion §4.2); first dropping the
+    /// pending messages with the same squash key that nothing live depends on (Minion §4.2
+    /// squash). `lifetime`, if given, replaces `tag.deadline` by a deadline counted from the
+    /// next [`resolve`](Self::resolve). `now` is the latest time the connection knows.
+    pub(crate) fn insert_message(
+        &mut self,
+        now: Instant,
+        data: &[u8],
+        tag: WriteTag,
+        lifetime: Option<Duration>,
+    ) -> Result<(), Error> {
+        if data.is_empty() {
+            return Err(Error::EmptyMessage);
+        }
+        let squashable: Vec<usize> = match tag.squash_key {
+            Some(key) => (0..self.pending.len())
+                .filter(|&i| {
+                    let r = &self.pending[i];
+                    r.kind == Kind::Message
+                        && r.tag.squash_key == Some(key)
+                        && !self.has_live_dependents(r.tag.message_id, now)
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        let freed: usize = squashable.iter().map(|&i| self.pending[i].data.len()).sum();
+        if data.len() > self.free() + freed {
             return Err(Error::WouldBlock);
         }
-        if data.is_empty() {
-            return Ok(());
+        for &i in squashable.iter().rev() {
+            if let Some(r) = self.pending.remove(i) {
+                self.pending_bytes -= r.data.len();
+                self.stats.messages_squashed += 1;
+                self.drop_unsent(r, Dropped::Squashed);
+            }
+        }
+        let serial = self.serial();
+        let record = Record {
+            start: 0,
+            data: data.to_vec(),
+            tag: WriteTag {
+                deadline: if lifetime.is_some() {
+                    None
+                } else {
+                    tag.deadline
+                },
+                ..tag
+            },
+            kind: Kind::Message,
+            serial,
+            lifetime,
+            received: false,
+        };
+        if record.lifetime.is_some() {
+            self.unresolved += 1;
+        }
+        if let Deadline::At(t) = record.deadline() {
+            self.expiry.insert((t, serial));
+        }
+        if let Some(id) = record.tag.message_id {
+            *self.ids.entry(id).or_insert(0) += 1;
+        }
+        if let Some(target) = record.tag.depends_on
+            && self.ids.contains_key(&target)
+        {
+            self.dependents.entry(target).or_default().push(Dependent {
+                serial,
+                id: record.tag.message_id,
+                deadline: record.deadline(),
+            });
         }
         let at = self
             .pending
             .iter()
             .position(|r| r.tag.priority < tag.priority)
             .unwrap_or(self.pending.len());
-        self.pending.insert(
-            at,
-            Record {
-                start: 0,
-                data: data.to_vec(),
-                tag,
-            },
-        );
-        self.pending_bytes += data.len();
+        self.pending_bytes += record.data.len();
+        self.pending.insert(at, record);
         Ok(())
     }
 
-    /// Removes every pending (wholly untransmitted) write with this squash key (Minion §4.2).
-    /// Returns the bytes removed.
-    pub fn squash(&mut self, key: u64) -> usize {
-        let before = self.pending_bytes;
-        self.pending.retain(|r| r.tag.squash_key != Some(key));
-        self.pending_bytes = self.pending.iter().map(|r| r.data.len()).sum();
-        before - self.pending_bytes
+    /// Gives every pending lifetime its deadline: `now` plus the lifetime.
+    pub(crate) fn resolve(&mut self, now: Instant) {
+        if self.unresolved == 0 {
+            return;
+        }
+        let mut resolved: Vec<(u64, Instant)> = Vec::new();
+        for r in self.pending.iter_mut().chain(self.committed.iter_mut()) {
+            if let Some(l) = r.lifetime.take() {
+                let t = now.checked_add(l).unwrap_or(now);
+                r.tag.deadline = Some(t);
+                resolved.push((r.serial, t));
+            }
+        }
+        self.unresolved = 0;
+        for &(serial, t) in &resolved {
+            self.expiry.insert((t, serial));
+        }
+        for deps in self.dependents.values_mut() {
+            for d in deps.iter_mut() {
+                if d.deadline == Deadline::Unresolved
+                    && let Some(&(_, t)) = resolved.iter().find(|(s, _)| *s == d.serial)
+                {
+                    d.deadline = Deadline::At(t);
+                }
+            }
+        }
     }
 
-    /// Length of the next segment starting at `from` (which must lie in
-    /// `[una, end)`), at most `max` bytes. With `consistent`, a segment never crosses a write
-    /// boundary, so each write starts a new segment (Hollywood §4.2).
+    /// Until when a message with this deadline and id is kept: its deadline, or later while
+    /// messages depending on it are kept. `None`: forever.
+    fn keep_until(&self, deadline: Deadline, id: Option<u64>, depth: u32) -> Option<Instant> {
+        let Deadline::At(own) = deadline else {
+            return None;
+        };
+        let mut until = own;
+        if let Some(deps) = id.and_then(|id| self.dependents.get(&id)) {
+            if depth >= MAX_DEPENDENCY_DEPTH {
+                return None;
+            }
+            for d in deps {
+                until = until.max(self.keep_until(d.deadline, d.id, depth + 1)?);
+            }
+        }
+        Some(until)
+    }
+
+    /// Whether a message that depends on message `id` is kept beyond `now`.
+    fn has_live_dependents(&self, id: Option<u64>, now: Instant) -> bool {
+        let Some(deps) = id.and_then(|id| self.dependents.get(&id)) else {
+            return false;
+        };
+        deps.iter()
+            .any(|d| self.keep_until(d.deadline, d.id, 1).is_none_or(|t| t > now))
+    }
+
+    /// Forgets a record that leaves the queue: its id, its dependency entries, and (for
+    /// messages dropped unsent) its place among the dependents of the message it depended on.
+    fn forget(&mut self, r: &Record, dead: bool) {
+        if let Some(id) = r.tag.message_id
+            && let Some(n) = self.ids.get_mut(&id)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.ids.remove(&id);
+                self.dependents.remove(&id);
+            }
+        }
+        if r.lifetime.is_some() {
+            self.unresolved -= 1;
+        }
+        if dead
+            && let Some(target) = r.tag.depends_on
+            && let Some(deps) = self.dependents.get_mut(&target)
+        {
+            deps.retain(|d| d.serial != r.serial);
+            // The target may expire sooner now: check it at its own deadline.
+            if let Some(t) = self
+                .pending
+                .iter()
+                .find(|p| p.tag.message_id == Some(target))
+                .and_then(|p| p.tag.deadline)
+            {
+                self.expiry.insert((t, 0));
+            }
+        }
+    }
+
+    /// A pending write dropped before its first transmission, reported as `why`.
+    fn drop_unsent(&mut self, r: Record, why: Dropped) {
+        self.forget(&r, true);
+        if let Some(id) = r.tag.message_id {
+            self.report(match why {
+                Dropped::Squashed => MessageReport::Squashed { id },
+                Dropped::Expired => MessageReport::Expired { id },
+            });
+        }
+    }
+
+    /// Drops the pending messages whose deadline has passed and that no live message depends
+    /// on (Hollywood §4.2). Returns how many were dropped.
+    pub(crate) fn expire(&mut self, now: Instant) -> usize {
+        self.resolve(now);
+        let mut dropped = 0;
+        while let Some(&(t, serial)) = self.expiry.first() {
+            if t > now {
+                break;
+            }
+            self.expiry.pop_first();
+            // Serial 0 asks for a re-check of every pending message due by now.
+            let due: Vec<(usize, Option<Instant>, u64)> = self
+                .pending
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| {
+                    r.kind == Kind::Message
+                        && (r.serial == serial
+                            || (serial == 0 && r.tag.deadline.is_some_and(|d| d <= now)))
+                })
+                .map(|(i, r)| {
+                    (
+                        i,
+                        self.keep_until(r.deadline(), r.tag.message_id, 0),
+                        r.serial,
+                    )
+                })
+                .collect();
+            for (i, until, serial) in due.into_iter().rev() {
+                match until {
+                    Some(until) if until <= now => {
+                        if let Some(r) = self.pending.remove(i) {
+                            self.pending_bytes -= r.data.len();
+                            self.stats.messages_expired += 1;
+                            dropped += 1;
+                            self.drop_unsent(r, Dropped::Expired);
+                        }
+                    }
+                    Some(until) => {
+                        self.expiry.insert((until, serial));
+                    }
+                    // Kept by a dependent without deadline: checked again if that one goes.
+                    None => {}
+                }
+            }
+        }
+        dropped
+    }
+
+    /// When [`expire`](Self::expire) has work next.
+    pub(crate) fn next_expiry(&self) -> Option<Instant> {
+        self.expiry.first().map(|&(t, _)| t)
+    }
+
+    /// Removes every pending (wholly untransmitted) write with this squash key that nothing
+    /// live depends on (Minion §4.2). Returns the bytes removed.
+    pub fn squash(&mut self, now: Instant, key: u64) -> usize {
+        let mut removed = 0;
+        let mut i = 0;
+        while i < self.pending.len() {
+            let r = &self.pending[i];
+            if r.tag.squash_key == Some(key) && !self.has_live_dependents(r.tag.message_id, now) {
+                if let Some(r) = self.pending.remove(i) {
+                    removed += r.data.len();
+                    self.pending_bytes -= r.data.len();
+                    if r.kind == Kind::Message {
+                        self.stats.messages_squashed += 1;
+                    }
+                    self.drop_unsent(r, Dropped::Squashed);
+                }
+            } else {
+                i += 1;
+            }
+        }
+        removed
+    }
+
+    /// Length of the next segment starting at `from` (which must lie in `[una, end)`), at
+    /// most `max` bytes. A segment never crosses the boundary of a message, so that each
+    /// message starts a segment (Hollywood §4.2 consistent segmentation); with `consistent`,
+    /// not the boundary of any write either.
     pub(crate) fn segment_len(&self, from: u64, max: usize, consistent: bool) -> usize {
         if from < self.una || from >= self.end() {
             return 0;
         }
         let avail = (self.end() - from) as usize;
-        let mut n = avail.min(max);
-        if consistent {
-            n = n.min((self.write_end_after(from) - from) as usize);
-        }
-        n
-    }
-
-    /// End offset of the write containing `from`.
-    fn write_end_after(&self, from: u64) -> u64 {
+        let mut n = avail.min(max) as u64;
+        // Walk the writes the segment would cover, stopping at the first boundary it may not
+        // cross.
+        let mut stop = |start: u64, end: u64, kind: Kind| -> bool {
+            if end <= from {
+                return false;
+            }
+            let message = kind != Kind::Bytes;
+            if start > from && (message || consistent) {
+                // A write that begins inside the segment and must begin a segment itself.
+                n = n.min(start - from);
+                return true;
+            }
+            if message || consistent {
+                n = n.min(end - from);
+                return true;
+            }
+            from + n <= end
+        };
         if from < self.committed_end {
             let i = self.committed.partition_point(|r| r.end() <= from);
-            return self
-                .committed
-                .get(i)
-                .map_or(self.committed_end, |r| r.end());
+            for r in self.committed.range(i..) {
+                if stop(r.start, r.end(), r.kind) {
+                    return n as usize;
+                }
+            }
         }
         let mut start = self.committed_end;
         for r in &self.pending {
             let end = start + r.data.len() as u64;
-            if from < end {
-                return end;
+            if stop(start, end, r.kind) {
+                break;
             }
             start = end;
         }
-        self.end()
+        n as usize
+    }
+
+    /// Length of the write that starts at `from`, if a message starts there (consistent
+    /// segmentation never splits a message that fits in one segment).
+    pub(crate) fn message_at(&self, from: u64) -> Option<usize> {
+        if from < self.committed_end {
+            let i = self.committed.partition_point(|r| r.end() <= from);
+            let r = self.committed.get(i)?;
+            return (r.start == from && r.kind == Kind::Message).then_some(r.data.len());
+        }
+        let mut start = self.committed_end;
+        for r in &self.pending {
+            if start == from {
+                return (r.kind == Kind::Message).then_some(r.data.len());
+            }
+            start += r.data.len() as u64;
+            if start > from {
+                break;
+            }
+        }
+        None
     }
 
     /// Copies bytes starting at `from` into `out`, committing the pending writes this reaches
@@ -226,6 +701,12 @@ impl SendQueue {
             r.start = self.committed_end;
             self.committed_end = r.end();
             self.pending_bytes -= r.data.len();
+            if let Some(id) = r.tag.message_id {
+                self.report(MessageReport::Sent {
+                    id,
+                    replacement: false,
+                });
+            }
             self.committed.push_back(r);
         }
         let mut i = self.committed.partition_point(|r| r.end() <= from);
@@ -251,41 +732,215 @@ impl SendQueue {
             return;
         }
         self.una = upto;
-        while let Some(front) = self.committed.front() {
-            if front.end() <= upto {
-                self.committed.pop_front();
-            } else {
+        while let Some(front) = self.committed.front_mut() {
+            if front.end() > upto {
+                // Partly acknowledged: part of it has arrived.
+                front.received = true;
+                break;
+            }
+            let Some(r) = self.committed.pop_front() else {
+                break;
+            };
+            if r.kind == Kind::Message
+                && r.tag.deadline.is_some()
+                && let Some(id) = r.tag.message_id
+            {
+                self.report(MessageReport::Acked { id });
+            }
+            self.forget(&r, false);
+        }
+    }
+
+    /// Notes that the receiver holds `[from, to)` (a SACK block): the committed writes it
+    /// touches may not be replaced any more.
+    pub(crate) fn mark_received(&mut self, from: u64, to: u64) {
+        let i = self.committed.partition_point(|r| r.end() <= from);
+        for r in self.committed.range_mut(i..) {
+            if r.start >= to {
+                break;
+            }
+            r.received = true;
+        }
+    }
+
+    /// Before a retransmission of `[from, to)`: replaces each run of whole messages in it that
+    /// will have expired on `arrival`, that nothing live depends on and of which no part is
+    /// known received, by live pending messages with a deadline (a message without one must
+    /// arrive, and a replacement may not) — closest to expiry first, no more than fit —
+    /// followed by padding to exactly the run's length (Hollywood §4.2 inconsistent
+    /// retransmissions). Padding from an earlier replacement counts as expired. A run no live
+    /// message fits into is left as it is (retransmitted unchanged). Never changes the length
+    /// of anything, never replaces part of a message.
+    pub(crate) fn replace_expired(
+        &mut self,
+        from: u64,
+        to: u64,
+        now: Instant,
+        arrival: Instant,
+        padder: Padder,
+    ) -> Replacement {
+        let mut done = Replacement::default();
+        self.resolve(now);
+        let first = self.committed.partition_point(|r| r.end() <= from);
+        // Runs of replaceable records: (first index, one past the last index).
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        let mut i = first;
+        while let Some(r) = self.committed.get(i) {
+            if r.start >= to {
+                break;
+            }
+            let inside = r.start >= from && r.end() <= to && r.start >= self.una;
+            let replaceable = inside
+                && !r.received
+                && match r.kind {
+                    Kind::Padding => true,
+                    Kind::Bytes => false,
+                    Kind::Message => self
+                        .keep_until(r.deadline(), r.tag.message_id, 0)
+                        .is_some_and(|t| t <= arrival),
+                };
+            if replaceable {
+                match runs.last_mut() {
+                    Some(last) if last.1 == i => last.1 = i + 1,
+                    _ => runs.push((i, i + 1)),
+                }
+            }
+            i += 1;
+        }
+        // Replace from the last run backwards so that earlier indices stay valid.
+        for &(a, b) in runs.iter().rev() {
+            // A run of nothing but padding from an earlier replacement is only worth it if a
+            // message fills it; a run with messages too.
+            if let Some(r) = self.fill_run(a, b, arrival, padder) {
+                done.ranges += 1;
+                done.replaced += r.0;
+                done.replacements += r.1;
+            }
+        }
+        done
+    }
+
+    /// Replaces committed records `a..b` (one contiguous run) if any live pending message
+    /// fits. Returns (messages replaced, messages sent as replacements).
+    fn fill_run(
+        &mut self,
+        a: usize,
+        b: usize,
+        arrival: Instant,
+        padder: Padder,
+    ) -> Option<(u64, u64)> {
+        let start = self.committed[a].start;
+        let end = self.committed[b - 1].end();
+        let len = (end - start) as usize;
+        // Candidates: live pending messages with a deadline, closest to expiry first, then in
+        // queue order. A message without a deadline must arrive, and a replacement may not: a
+        // retransmission-caching middlebox restores the original bytes (Hollywood §4.5), and
+        // after a spurious retransmission the receiver already holds the original range.
+        let mut candidates: Vec<(Option<Instant>, usize, usize)> = self
+            .pending
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| {
+                r.kind == Kind::Message && r.deadline() != Deadline::Never && r.data.len() <= len
+            })
+            .filter_map(|(i, r)| {
+                let until = self.keep_until(r.deadline(), r.tag.message_id, 0);
+                match until {
+                    Some(t) if t <= arrival => None,
+                    _ => Some((until, i, r.data.len())),
+                }
+            })
+            .collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        candidates.sort_by_key(|&(until, i, _)| (until.is_none(), until, i));
+        let mut chosen: Vec<usize> = Vec::new();
+        let mut left = len;
+        for &(_, i, n) in &candidates {
+            if n <= left {
+                chosen.push(i);
+                left -= n;
+            }
+            if left == 0 {
                 break;
             }
         }
+        if chosen.is_empty() {
+            return None;
+        }
+        let mut padding = Vec::new();
+        if left > 0 {
+            (padder.0)(left, &mut padding);
+            if padding.len() != left {
+                tracing::warn!(
+                    wanted = left,
+                    got = padding.len(),
+                    "padder wrote the wrong length; retransmitting the original bytes"
+                );
+                return None;
+            }
+        }
+        // Take the replacements out of the pending queue (they are not sent again at their
+        // original time, Hollywood §4.2), in the order chosen.
+        let mut order: Vec<(usize, usize)> = chosen.iter().copied().enumerate().collect();
+        order.sort_by_key(|&(_, i)| std::cmp::Reverse(i));
+        let mut taken: Vec<Option<Record>> = (0..chosen.len()).map(|_| None).collect();
+        for (k, i) in order {
+            if let Some(r) = self.pending.remove(i) {
+                self.pending_bytes -= r.data.len();
+                taken[k] = Some(r);
+            }
+        }
+        let mut fresh: Vec<Record> = Vec::with_capacity(taken.len() + 1);
+        let mut pos = start;
+        let mut sent_as_replacement = 0;
+        for mut r in taken.into_iter().flatten() {
+            r.start = pos;
+            pos = r.end();
+            if let Some(id) = r.tag.message_id {
+                self.report(MessageReport::Sent {
+                    id,
+                    replacement: true,
+                });
+            }
+            sent_as_replacement += 1;
+            fresh.push(r);
+        }
+        if !padding.is_empty() {
+            let serial = self.serial();
+            self.stats.padding_bytes += padding.len() as u64;
+            fresh.push(Record {
+                start: pos,
+                data: padding,
+                tag: WriteTag::default(),
+                kind: Kind::Padding,
+                serial,
+                lifetime: None,
+                received: false,
+            });
+        }
+        let mut tail = self.committed.split_off(a);
+        let rest = tail.split_off(b - a);
+        let mut replaced = 0;
+        for old in tail {
+            if old.kind == Kind::Message {
+                replaced += 1;
+                if let Some(id) = old.tag.message_id {
+                    self.report(MessageReport::Replaced { id });
+                }
+            }
+            self.forget(&old, true);
+        }
+        self.committed.extend(fresh);
+        self.committed.extend(rest);
+        self.stats.messages_replaced += replaced;
+        self.stats.replacement_messages += sent_as_replacement;
+        self.stats.replaced_ranges += 1;
+        Some((replaced, sent_as_replacement))
     }
 
-    /// Replaces committed, unacknowledged bytes at `from` with `bytes` of exactly the same
-    /// length (Hollywood §4.2 inconsistent retransmission). The next (re)transmission of that
-    /// range carries the new bytes.
-    pub fn replace(&mut self, from: u64, bytes: &[u8]) -> Result<(), Error> {
-        let to = from + bytes.len() as u64;
-        if from < self.una || to > self.committed_end {
-            return Err(Error::InvalidRange);
-        }
-        let mut i = self.committed.partition_point(|r| r.end() <= from);
-        let mut pos = from;
-        let mut done = 0;
-        while done < bytes.len() {
-            let Some(r) = self.committed.get_mut(i) else {
-                return Err(Error::InvalidRange);
-            };
-            let off = (pos - r.start) as usize;
-            let n = (r.data.len() - off).min(bytes.len() - done);
-            r.data[off..off + n].copy_from_slice(&bytes[done..done + n]);
-            done += n;
-            pos += n as u64;
-            i += 1;
-        }
-        Ok(())
-    }
-
-    /// Committed writes overlapping `[from, to)`, for an upper layer choosing what to replace.
+    /// Committed writes overlapping `[from, to)`, for inspection.
     pub fn committed_writes(&self, from: u64, to: u64) -> Vec<CommittedWrite> {
         let i = self.committed.partition_point(|r| r.end() <= from);
         self.committed
@@ -303,98 +958,32 @@ impl SendQueue {
     pub fn pending_writes(&self) -> impl Iterator<Item = (usize, &WriteTag)> {
         self.pending.iter().map(|r| (r.data.len(), &r.tag))
     }
+
+    #[cfg(test)]
+    fn check_invariants(&self) {
+        let mut pos = self
+            .committed
+            .front()
+            .map_or(self.committed_end, |r| r.start);
+        for r in &self.committed {
+            assert_eq!(r.start, pos, "committed records are contiguous");
+            pos = r.end();
+        }
+        assert_eq!(pos, self.committed_end);
+        if let Some(f) = self.committed.front() {
+            assert!(f.start <= self.una && self.una < f.end());
+        }
+        let pending: usize = self.pending.iter().map(|r| r.data.len()).sum();
+        assert_eq!(pending, self.pending_bytes);
+        let unresolved = self
+            .pending
+            .iter()
+            .chain(&self.committed)
+            .filter(|r| r.lifetime.is_some())
+            .count();
+        assert_eq!(unresolved, self.unresolved);
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn read_all(q: &mut SendQueue) -> Vec<u8> {
-        let mut out = vec![0; (q.end() - q.una()) as usize];
-        let una = q.una();
-        q.copy_out(una, &mut out);
-        out
-    }
-
-    #[test]
-    fn plain_appends_pack_across_writes() {
-        let mut q = SendQueue::new(1000, true);
-        assert_eq!(q.push(b"hello ", WriteTag::default()), 6);
-        assert_eq!(q.push(b"world", WriteTag::default()), 5);
-        assert_eq!(q.segment_len(0, 100, false), 11);
-        let mut seg = [0u8; 8];
-        q.copy_out(0, &mut seg);
-        assert_eq!(&seg, b"hello wo");
-        assert_eq!(q.committed_end(), 11);
-        q.ack(8);
-        assert_eq!(q.len(), 3);
-        assert_eq!(read_all(&mut q), b"rld");
-    }
-
-    #[test]
-    fn limit_and_partial_push() {
-        let mut q = SendQueue::new(4, true);
-        assert_eq!(q.push(b"abcdef", WriteTag::default()), 4);
-        assert_eq!(q.push(b"x", WriteTag::default()), 0);
-        assert_eq!(q.free(), 0);
-    }
-
-    #[test]
-    fn consistent_segmentation_stops_at_write_boundaries() {
-        let mut q = SendQueue::new(1000, false);
-        q.push(b"aaa", WriteTag::default());
-        q.push(b"bbbbb", WriteTag::default());
-        assert_eq!(q.segment_len(0, 100, true), 3);
-        assert_eq!(q.segment_len(3, 100, true), 5);
-        assert_eq!(q.segment_len(4, 2, true), 2);
-        assert_eq!(q.segment_len(0, 100, false), 8);
-    }
-
-    #[test]
-    fn priority_insert_never_passes_committed_data() {
-        let mut q = SendQueue::new(1000, false);
-        let low = WriteTag::default();
-        let high = WriteTag {
-            priority: 5,
-            ..Default::default()
-        };
-        q.push(b"LOW1", low);
-        q.push(b"LOW2", low);
-        // Transmit one byte of LOW1: it becomes committed.
-        let mut one = [0u8; 1];
-        q.copy_out(0, &mut one);
-        q.insert_by_priority(b"HI", high).unwrap();
-        assert_eq!(read_all(&mut q), b"LOW1HILOW2");
-    }
-
-    #[test]
-    fn squash_removes_only_untransmitted_writes() {
-        let mut q = SendQueue::new(1000, false);
-        let tag = WriteTag {
-            squash_key: Some(7),
-            ..Default::default()
-        };
-        q.push(b"old1", tag);
-        let mut one = [0u8; 1];
-        q.copy_out(0, &mut one);
-        q.push(b"old2", tag);
-        q.push(b"other", WriteTag::default());
-        assert_eq!(q.squash(7), 4);
-        assert_eq!(read_all(&mut q), b"old1other");
-    }
-
-    #[test]
-    fn replace_same_length_across_records() {
-        let mut q = SendQueue::new(1000, false);
-        q.push(b"abcd", WriteTag::default());
-        q.push(b"efgh", WriteTag::default());
-        let mut all = [0u8; 8];
-        q.copy_out(0, &mut all);
-        q.replace(2, b"XYZW").unwrap();
-        assert_eq!(read_all(&mut q), b"abXYZWgh");
-        assert_eq!(q.replace(6, b"123"), Err(Error::InvalidRange));
-        q.ack(4);
-        assert_eq!(q.replace(3, b"1"), Err(Error::InvalidRange));
-        assert_eq!(q.committed_writes(0, 8).len(), 1);
-    }
-}
+mod tests;

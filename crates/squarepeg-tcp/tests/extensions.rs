@@ -1,6 +1,5 @@
 //! The hooks later uTCP/Hollywood tasks build on: consistent segmentation, priority insertion
-//! at write boundaries, squash, same-length replacement of bytes being retransmitted, stream
-//! offsets.
+//! at write boundaries, squash, stream offsets.
 
 mod common;
 
@@ -87,24 +86,6 @@ fn consistent_segmentation_starts_each_write_in_a_new_segment() {
 }
 
 #[test]
-fn retransmission_carries_replaced_bytes_of_the_same_length() {
-    let (mut h, c, iss) = open_with_writes(ConnectionConfig::default(), &[b"original message"]);
-    let first = h.out().into_iter().find(|p| !p.payload.is_empty()).unwrap();
-    assert_eq!(first.payload, b"original message");
-    // Hollywood §4.2: the upper layer swaps in a different message of the same length.
-    h.ep.send_queue(c, |q| {
-        assert_eq!(q.una(), 0);
-        q.replace(0, b"replacement msg!").unwrap();
-        assert!(q.replace(0, b"longer than the original").is_err());
-    })
-    .unwrap();
-    h.fire_next_timer();
-    let rtx = h.out1();
-    assert_eq!(rtx.seq, iss + 1);
-    assert_eq!(rtx.payload, b"replacement msg!");
-}
-
-#[test]
 fn priority_writes_overtake_unsent_writes_only_at_boundaries() {
     let (mut h, c, iss) = open_with_writes(ConnectionConfig::default(), &[]);
     h.out();
@@ -121,7 +102,7 @@ fn priority_writes_overtake_unsent_writes_only_at_boundaries() {
         },
     )
     .unwrap();
-    h.ep.write_prioritized(
+    h.ep.write_message(
         c,
         b"HIGH ",
         WriteTag {
@@ -131,8 +112,9 @@ fn priority_writes_overtake_unsent_writes_only_at_boundaries() {
     )
     .unwrap();
     // Squash the stale update (Minion §4.2).
+    let now = h.now;
     h.ep.send_queue(c, |q| {
-        assert_eq!(q.squash(9), 6);
+        assert_eq!(q.squash(now, 9), 6);
     })
     .unwrap();
     h.inject(&h.pkt(ACK, IRS + 1, iss + 1).win(1000)).unwrap();

@@ -472,29 +472,41 @@ fn rack_reordering_timer_marks_the_late_segment_lost() {
 }
 
 #[test]
-fn small_segments_count_against_the_window() {
-    // Found by the simulator (seed 1179): with consistent segmentation, IW10 in bytes let
-    // 3-byte writes out as a burst of thousands of packets. The window counts segments too.
-    let (mut h, c, iss) = open(
-        ConnectionConfig {
-            consistent_segmentation: true,
-            ..Default::default()
-        },
-        true,
-        Duration::from_millis(100),
-    );
-    for _ in 0..100 {
-        h.ep.write(c, &[7u8; 10]).unwrap();
+fn small_segments_count_in_bytes_with_a_floor() {
+    // Minion §8.1: the window counts bytes, not buffers, so that small messages, each in its
+    // own segment (consistent segmentation), get the byte rate of full-sized segments.
+    let cfg = ConnectionConfig {
+        consistent_segmentation: true,
+        ..Default::default()
+    };
+    let (mut h, c, iss) = open(cfg.clone(), true, Duration::from_millis(100));
+    for _ in 0..200 {
+        h.ep.write(c, &[7u8; 100]).unwrap();
     }
     let first = h.out();
-    assert_eq!(first.len(), 10, "IW10 counts segments (RFC 6928)");
-    assert!(first.iter().all(|p| p.payload.len() == 10));
-    // Each acknowledged segment grows the window as a full-sized one would (slow start).
+    assert_eq!(
+        first.len(),
+        100,
+        "IW10 (RFC 6928) is 10 000 bytes of 100-byte segments"
+    );
+    assert!(first.iter().all(|p| p.payload.len() == 100));
+    // Slow start grows the window by the bytes acknowledged (RFC 3465).
     h.now += Duration::from_millis(100);
-    h.inject(&h.pkt(ACK, IRS + 1, iss + 1 + 20).win(4096))
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 1 + 2000).win(4096))
         .unwrap();
-    assert_eq!(h.out().len(), 4, "two freed, two from growth");
+    assert_eq!(h.out().len(), 40, "20 freed, 20 from growth");
     assert_eq!(h.ep.stats_of(c).unwrap().cwnd, 12 * MSS as u64);
+    // Found by the simulator (seed 1179): in bytes alone, IW10 let 3-byte writes out as a
+    // burst of thousands of packets. Each segment counts at least SMSS/16 (62 bytes here).
+    let (mut h, c, _) = open(cfg, true, Duration::from_millis(100));
+    for _ in 0..400 {
+        h.ep.write(c, &[7u8; 10]).unwrap();
+    }
+    assert_eq!(
+        h.out().len(),
+        162,
+        "10 000 / 62, and one more while 10 bytes fit"
+    );
 }
 
 #[test]

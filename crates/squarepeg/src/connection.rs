@@ -15,6 +15,7 @@ use squarepeg_session::{
 use tokio::sync::Notify;
 
 use crate::stream::Stream;
+use crate::utcp::Glue;
 
 /// State shared by the driver and the application's handles.
 pub(crate) struct Shared {
@@ -40,6 +41,19 @@ pub(crate) struct State {
     statuses_lagged: u64,
     /// The driver has stopped; the socket is closed.
     pub(crate) driver_done: bool,
+    /// Over the userspace TCP: the glue, through which the session's events pass (it
+    /// corrects message statuses with the TCP queue's verdicts).
+    pub(crate) utcp: Option<Box<Glue>>,
+}
+
+impl State {
+    /// The session's next event (through the uTCP glue, if there is one).
+    fn poll_event(&mut self) -> Option<Event> {
+        match self.utcp.as_mut() {
+            Some(glue) => glue.poll_event(&mut self.session),
+            None => self.session.poll_event(),
+        }
+    }
 }
 
 impl Shared {
@@ -58,6 +72,7 @@ impl Shared {
                 status_limit,
                 statuses_lagged: 0,
                 driver_done: false,
+                utcp: None,
             }),
             driver: Notify::new(),
             messages: Notify::new(),
@@ -84,7 +99,7 @@ impl Shared {
         // Each waiter list is notified at most once per call: a batch of
         // frames produces one wake-up, not one per message.
         let mut wake = [false; 5];
-        while let Some(event) = st.session.poll_event() {
+        while let Some(event) = st.poll_event() {
             match event {
                 Event::MessageStatus { number, status } => {
                     if st.status_limit == 0 {
@@ -199,6 +214,9 @@ pub struct ConnectionStats {
     /// Message statuses dropped because the application did not take them
     /// (see `ConnectionConfig::status_queue`).
     pub statuses_lagged: u64,
+    /// Over the userspace TCP: the glue's counters (segments read, frames rejected,
+    /// messages expired, squashed or replaced in the TCP queue, sent as replacements).
+    pub utcp: Option<crate::utcp::UtcpStats>,
 }
 
 /// A squarepeg connection: messages and streams over one transport
@@ -331,7 +349,10 @@ impl Connection {
 
     /// The next message status: `Sent` when handed to the kernel, `Expired`
     /// or `Squashed` when dropped before, `Discarded` when the connection
-    /// closed first. Statuses are kept (up to
+    /// closed first. Over the userspace TCP the TCP queue decides (see
+    /// [`crate::utcp`], "Message statuses"): `Sent` when transmitted (with a
+    /// lifetime: when acknowledged), `Expired` also when an inconsistent
+    /// retransmission replaced it. Statuses are kept (up to
     /// `ConnectionConfig::status_queue`) until taken here.
     pub async fn next_message_status(
         &self,
@@ -443,6 +464,7 @@ impl Connection {
         ConnectionStats {
             session: st.session.stats(),
             statuses_lagged: st.statuses_lagged,
+            utcp: st.utcp.as_ref().map(|g| g.stats),
         }
     }
 }

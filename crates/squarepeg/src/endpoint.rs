@@ -1,4 +1,5 @@
-//! Listening for and opening connections over kernel TCP.
+//! Listening for and opening connections over kernel TCP, or over the userspace TCP of a
+//! `squarepeg-io` [`Stack`].
 
 use std::io;
 use std::net::SocketAddr;
@@ -10,6 +11,9 @@ use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use crate::config::ConnectionConfig;
 use crate::connection::{Connection, Handle, Shared};
 use crate::driver;
+use crate::utcp::{Glue, UtcpConnection};
+use crate::utcp_driver;
+use squarepeg_io::Stack;
 
 /// Why a connection could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -20,11 +24,34 @@ pub enum ConnectError {
     Config(#[from] ConfigError),
 }
 
-/// A listening socket that accepts squarepeg connections.
+/// A listening socket that accepts squarepeg connections: a kernel TCP socket
+/// ([`Endpoint::bind`]) or a listener of squarepeg's userspace TCP
+/// ([`Endpoint::listen_utcp`]). The connections it accepts are the same [`Connection`] type
+/// either way.
 #[derive(Debug)]
 pub struct Endpoint {
-    listener: TcpListener,
+    listener: Listener,
     config: ConnectionConfig,
+}
+
+#[derive(Debug)]
+enum Listener {
+    Kernel(TcpListener),
+    Utcp {
+        listener: squarepeg_io::TcpListener,
+        /// The TCP receive buffer, which sizes the glue's reassembler.
+        recv_buffer: usize,
+    },
+}
+
+/// The TCP configuration of a squarepeg connection over `stack`: the stack's defaults with
+/// the uTCP options (unordered receive, consistent segmentation, the uCOBS padder) and
+/// message writes (the driver writes tagged message records).
+fn utcp_tcp_config(stack: &Stack) -> squarepeg_tcp::ConnectionConfig {
+    squarepeg_tcp::ConnectionConfig {
+        message_writes: true,
+        ..UtcpConnection::tcp_config(stack.connection_config())
+    }
 }
 
 impl Endpoint {
@@ -34,19 +61,59 @@ impl Endpoint {
         config: ConnectionConfig,
     ) -> Result<Self, ConnectError> {
         config.session.validate()?;
-        let listener = TcpListener::bind(addr).await?;
+        let listener = Listener::Kernel(TcpListener::bind(addr).await?);
         Ok(Self { listener, config })
+    }
+
+    /// Listens on `addr` over the userspace TCP of `stack` (an unspecified address listens on
+    /// every stack address of its family). Connections use the stack's default TCP
+    /// configuration ([`squarepeg_io::StackConfig::connection`]) with the uTCP options on;
+    /// see the crate docs, "Over the userspace TCP".
+    pub fn listen_utcp(
+        stack: &Stack,
+        addr: SocketAddr,
+        config: ConnectionConfig,
+    ) -> Result<Self, ConnectError> {
+        config.session.validate()?;
+        let tcp = utcp_tcp_config(stack);
+        let recv_buffer = tcp.recv_buffer;
+        let listener = stack.listen_with(&[addr], tcp)?;
+        Ok(Self {
+            listener: Listener::Utcp {
+                listener,
+                recv_buffer,
+            },
+            config,
+        })
     }
 
     /// The address the endpoint listens on.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.listener.local_addr()
+        match &self.listener {
+            Listener::Kernel(l) => l.local_addr(),
+            Listener::Utcp { listener, .. } => {
+                listener.local_addrs().first().copied().ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::NotConnected, "listening on no address")
+                })
+            }
+        }
     }
 
     /// Accepts the next connection.
     pub async fn accept(&self) -> Result<Connection, ConnectError> {
-        let (socket, _) = self.listener.accept().await?;
-        start(socket, Role::Server, self.config.clone())
+        match &self.listener {
+            Listener::Kernel(l) => {
+                let (socket, _) = l.accept().await?;
+                start(socket, Role::Server, self.config.clone())
+            }
+            Listener::Utcp {
+                listener,
+                recv_buffer,
+            } => {
+                let (stream, _) = listener.accept().await?;
+                start_utcp(stream, Role::Server, self.config.clone(), *recv_buffer)
+            }
+        }
     }
 }
 
@@ -60,6 +127,44 @@ impl Connection {
         let socket = TcpStream::connect(addr).await?;
         start(socket, Role::Client, config)
     }
+
+    /// Opens a connection to `addr` over the userspace TCP of `stack` (with the stack's
+    /// default TCP configuration and the uTCP options on; see the crate docs, "Over the
+    /// userspace TCP"). The peer may be any squarepeg endpoint, over kernel or userspace TCP.
+    pub async fn connect_utcp(
+        stack: &Stack,
+        addr: SocketAddr,
+        config: ConnectionConfig,
+    ) -> Result<Connection, ConnectError> {
+        config.session.validate()?;
+        let tcp = utcp_tcp_config(stack);
+        let recv_buffer = tcp.recv_buffer;
+        let stream = stack.connect_with(addr, tcp).await?;
+        start_utcp(stream, Role::Client, config, recv_buffer)
+    }
+}
+
+/// Builds the session and the uTCP glue and spawns the uTCP driver.
+fn start_utcp(
+    stream: squarepeg_io::TcpStream,
+    role: Role,
+    config: ConnectionConfig,
+    recv_buffer: usize,
+) -> Result<Connection, ConnectError> {
+    let glue = Glue::new(recv_buffer)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+    let session = Session::new(role, config.session.clone())?;
+    let shared = Arc::new(Shared::new(
+        session,
+        config.status_queue,
+        stream.local_addr(),
+        stream.peer_addr(),
+    ));
+    shared.lock().utcp = Some(Box::new(glue));
+    tokio::spawn(utcp_driver::run(shared.clone(), stream, config));
+    Ok(Connection {
+        handle: Arc::new(Handle(shared)),
+    })
 }
 
 /// Sets the socket options, builds the session and spawns the driver.

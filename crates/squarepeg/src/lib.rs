@@ -1,7 +1,8 @@
 //! The squarepeg transport API: connections carrying messages and streams,
 //! with priorities, lifetimes, dependencies and squash, in the style of
-//! quinn. This version runs over kernel TCP; the same session core
-//! (`squarepeg-session`) will run over squarepeg's own TCP.
+//! quinn. Connections run over kernel TCP or over squarepeg's own TCP
+//! (`squarepeg-tcp` on a `squarepeg-io` TUN stack); the same session core
+//! (`squarepeg-session`) runs on both.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -34,6 +35,66 @@
 //! write batch of bulk data (192 KiB with the defaults), not behind the
 //! socket buffer.
 //!
+//! # Over the userspace TCP
+//!
+//! The same [`Connection`] (and [`Endpoint`]) run over squarepeg's own
+//! TCP (`squarepeg-tcp`) on a `squarepeg-io` TUN [`squarepeg_io::Stack`]
+//! (or a `squarepeg_io::lab::LabStack`'s stack): open with
+//! [`Connection::connect_utcp`] or listen with [`Endpoint::listen_utcp`];
+//! everything after that — messages, statuses, streams, close — is the
+//! same API. The peer may be any squarepeg endpoint, over kernel or
+//! userspace TCP (the wire is TCP carrying uCOBS either way).
+//!
+//! ```no_run
+//! # async fn demo(stack: &squarepeg_io::Stack) -> Result<(), Box<dyn std::error::Error>> {
+//! use squarepeg::{Connection, ConnectionConfig, MessageProps};
+//! use std::time::Duration;
+//! let conn = Connection::connect_utcp(stack, "10.77.0.1:4433".parse()?, ConnectionConfig::default()).await?;
+//! let props = MessageProps { lifetime: Some(Duration::from_millis(100)), ..Default::default() };
+//! conn.send_message(b"frame 1".to_vec(), props).await?;
+//! let reply = conn.recv_message().await?; // as soon as its frame is complete, out of order
+//! # Ok(()) }
+//! ```
+//!
+//! What changes is the substrate's behaviour (see [`utcp`] for the
+//! details): messages are delivered as soon as their frame is complete,
+//! out of order, once each; streams are ordered per stream only; late
+//! binding moves into the TCP's tagged send queue (priority insertion,
+//! squash, deadlines, inconsistent retransmissions, Minion §4 and
+//! Hollywood §4.2); and a message status is the TCP queue's verdict
+//! (`Sent` once transmitted — with a lifetime, once acknowledged —,
+//! `Expired` when dropped before transmission or replaced by an
+//! inconsistent retransmission). [`ConnectionStats::utcp`] has the glue's
+//! counters. The TCP options come from the stack's
+//! [`squarepeg_io::StackConfig::connection`] with unordered receive,
+//! message writes, consistent segmentation and the uCOBS padder switched
+//! on.
+//!
+//! **How the driver reaches the TCP (design choice).** The sans-IO glue
+//! ([`utcp::UtcpConnection`] in the simulator) needs the connection's uTCP
+//! interface: segments with offsets, tagged message writes, message
+//! reports. The tokio driver gets it through `squarepeg-io`'s `TcpStream`
+//! in *record mode* — unordered-receive `read`s return REPORT and SEGMENT
+//! records, message-writes `write`s take MESSAGE records
+//! (`squarepeg_tcp::utcp::record`) — rather than through a hook in the
+//! stack's driver thread, because: (1) like Minion's socket options, it
+//! needs nothing but the ordinary stream calls, so `squarepeg-io` stays a
+//! protocol-free packet driver and the stack's thread never runs session
+//! code under the endpoint's lock; (2) the session stays in the
+//! connection's shared state next to the application's handles, exactly
+//! as over kernel TCP, which is what lets the two substrates share the
+//! `Connection` type and its driver structure; (3) it is the interface
+//! other users of `squarepeg-io` already have. The costs: each segment is
+//! copied once more (into its record), and a deadline travels as a
+//! lifetime relative to the write — encoded just before the write; the
+//! TCP counts it from the next time its clock is set, at most one stack
+//! driver turn later, so a message may live that much longer, never
+//! shorter. The driver takes at most [`ConnectionConfig::write_batch`]
+//! bytes of frames from the session at a time, and the next batch only
+//! when the last one is written whole, so frames wait either in the
+//! session or in the TCP's tagged queue, where late binding applies to
+//! them.
+//!
 //! # Backpressure
 //!
 //! - Messages: [`Connection::send_message`] waits while the session's send
@@ -58,7 +119,8 @@
 //!
 //! # Threading
 //!
-//! One driver task per connection owns the socket; the session sits behind
+//! One driver task per connection owns the socket (over the userspace
+//! TCP: the stack's `TcpStream`); the session sits behind
 //! a mutex shared with the application's handles. The driver wakes on socket
 //! readiness, on application calls and on the session's timer.
 
@@ -68,6 +130,8 @@ mod connection;
 mod driver;
 mod endpoint;
 mod stream;
+pub mod utcp;
+mod utcp_driver;
 
 pub use config::ConnectionConfig;
 pub use connection::{Connection, ConnectionStats};

@@ -171,6 +171,11 @@ pub struct AppConn {
     next_read: Option<Instant>,
     /// Stats taken when the connection closed or was aborted (and at the end of the run).
     pub stats: Option<ConnectionStats>,
+    /// Unordered receive: stream ranges delivered so far (merged, start to end).
+    pub covered: std::collections::BTreeMap<u64, u64>,
+    /// Unordered receive: segments read, and bytes read that had been read before.
+    pub segments_read: u64,
+    pub duplicate_bytes_read: u64,
 }
 
 impl AppConn {
@@ -198,6 +203,9 @@ impl AppConn {
             errors: Vec::new(),
             next_read: None,
             stats: None,
+            covered: std::collections::BTreeMap::new(),
+            segments_read: 0,
+            duplicate_bytes_read: 0,
         }
     }
 
@@ -219,6 +227,27 @@ impl AppConn {
             Reader::Paused { after } => now >= start + after,
         }
     }
+}
+
+/// Adds `[start, end)` to a set of merged ranges; returns how many of its bytes were in it
+/// already.
+pub fn cover(set: &mut std::collections::BTreeMap<u64, u64>, start: u64, end: u64) -> u64 {
+    let mut overlap = 0;
+    let (mut s, mut e) = (start, end);
+    let touching: Vec<(u64, u64)> = set
+        .range(..=end)
+        .rev()
+        .take_while(|&(_, &re)| re >= start)
+        .map(|(&rs, &re)| (rs, re))
+        .collect();
+    for (rs, re) in touching {
+        overlap += re.min(end).saturating_sub(rs.max(start));
+        set.remove(&rs);
+        s = s.min(rs);
+        e = e.max(re);
+    }
+    set.insert(s, e);
+    overlap
 }
 
 /// Counters of one host.
@@ -525,8 +554,59 @@ impl TcpHost {
                 }
                 _ => usize::MAX,
             };
+            let unordered = self
+                .ep
+                .connection(h)
+                .is_some_and(|conn| conn.unordered_receive());
             let mut got = 0usize;
-            while got < budget {
+            while unordered && got < budget {
+                let want = (budget - got).min(self.buf.len());
+                match self.ep.read_segment(h, &mut self.buf[..want]) {
+                    Ok(seg) if seg.len == 0 => {
+                        c.eof = true;
+                        c.eof_at = Some(now);
+                        c.recv_digest = Some(std::mem::take(&mut c.recv_hash).finalize().into());
+                        changed = true;
+                        self.last_progress = now;
+                        break;
+                    }
+                    Ok(seg) => {
+                        let data = &self.buf[..seg.len];
+                        self.scratch.resize(seg.len, 0);
+                        fill_pattern(c.plan.recv_seed, seg.offset, &mut self.scratch);
+                        if c.first_mismatch.is_none()
+                            && let Some(k) = (0..seg.len).find(|&k| data[k] != self.scratch[k])
+                        {
+                            c.first_mismatch = Some(seg.offset + k as u64);
+                        }
+                        c.segments_read += 1;
+                        c.duplicate_bytes_read +=
+                            cover(&mut c.covered, seg.offset, seg.offset + seg.len as u64);
+                        // Every byte matched the pattern at its offset, so the stream up to the
+                        // first gap is the pattern: hash it in order as it becomes contiguous.
+                        let contiguous = c.covered.get(&0).copied().unwrap_or(0);
+                        if contiguous > c.received {
+                            self.scratch.resize((contiguous - c.received) as usize, 0);
+                            fill_pattern(c.plan.recv_seed, c.received, &mut self.scratch);
+                            c.recv_hash.update(&self.scratch);
+                            c.received = contiguous;
+                        }
+                        got += seg.len;
+                        changed = true;
+                        self.last_progress = now;
+                    }
+                    Err(Error::WouldBlock) => break,
+                    Err(e) => {
+                        if c.closed.is_none() || !c.plan.expect_reset {
+                            c.errors.push(format!("read at {}: {e}", c.received));
+                        }
+                        c.eof = true;
+                        c.eof_at = Some(now);
+                        break;
+                    }
+                }
+            }
+            while !unordered && got < budget {
                 let want = (budget - got).min(self.buf.len());
                 match self.ep.read(h, &mut self.buf[..want]) {
                     Ok(0) => {

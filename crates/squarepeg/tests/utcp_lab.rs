@@ -1,0 +1,647 @@
+//! squarepeg over the userspace TCP on real packets: a `squarepeg_io::lab::LabStack` on one end
+//! of a network lab (client — emulator — server namespaces), every packet through the lab's
+//! emulator with loss on the path.
+//!
+//! - squarepeg-uTCP ↔ squarepeg-kernel, either side opening: messages both ways (each
+//!   delivered exactly once, byte-identical, out of order where the uTCP side receives) and a
+//!   stream each way with equal SHA-256, then a clean close;
+//! - the emulator's capture on the uTCP sender's side, with deadlines so that inconsistent
+//!   retransmissions happen: `WireAudit` (no holes, retransmissions keep the original layout,
+//!   ACKs never ahead) and `tshark` (no malformed packets, no bad checksums);
+//! - uTCP ↔ uTCP through the re-segmenting and the retransmission-caching middleboxes (alone
+//!   and together), with deadlines: every message delivered is byte-identical to one sent,
+//!   none twice.
+//!
+//! Needs root, /dev/net/tun and iproute2; skipped with a message otherwise. Tests assert
+//! outcomes, never durations.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use squarepeg::{
+    Connection, ConnectionConfig, ConnectionError, Endpoint, MessageNumber, MessageProps,
+    MessageStatus,
+};
+use squarepeg_io::StackConfig;
+use squarepeg_io::lab::LabStack;
+use squarepeg_lab::middlebox::{MiddleboxConfig, ResegmentConfig, RetransmitCacheConfig};
+use squarepeg_lab::net::{CaptureSide, Lab, LabConfig, Role, capture_path};
+use squarepeg_tcp::audit::WireAudit;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const PORT: u16 = 6100;
+
+fn can_run() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let tun = Path::new("/dev/net/tun").exists();
+    let ip = std::process::Command::new("ip")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !(root && tun && ip) {
+        eprintln!("skipped: needs root, /dev/net/tun and iproute2 (root={root} tun={tun} ip={ip})");
+        return false;
+    }
+    true
+}
+
+/// Fails a test that would otherwise hang; not a timing assertion.
+async fn no_hang<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(150), f)
+        .await
+        .expect("test stalled")
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn lab_config(tag: &str, seed: u64, up: &str, down: &str) -> LabConfig {
+    LabConfig::new(&format!("sq{tag}{}", std::process::id() % 10_000))
+        .with_seed(seed)
+        .with_up(up.parse().expect("link"))
+        .with_down(down.parse().expect("link"))
+}
+
+/// A directory removed on drop unless the test panicked (then its path is printed).
+struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("squarepeg-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("scratch dir");
+        ScratchDir(p)
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("captures kept in {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+// ------------------------------------------------------------------------ traffic
+
+/// What one side sends.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    /// Tells this side's payloads from the other's.
+    seed: u8,
+    messages: u32,
+    /// Bytes of the one stream this side opens (0: none).
+    stream_bytes: usize,
+    /// Lifetime of every message (`None`: fully reliable).
+    lifetime: Option<Duration>,
+    /// Pause between messages (pacing, so that deadlines matter).
+    gap: Option<Duration>,
+}
+
+/// Message `i` of the side with `seed`: its index and seed first, then a pattern; lengths
+/// vary from 5 bytes to a few segments.
+fn payload(seed: u8, i: u32) -> Vec<u8> {
+    let len = 5 + (i as usize * 7919) % 3000;
+    let mut p = Vec::with_capacity(len);
+    p.push(seed);
+    p.extend_from_slice(&i.to_be_bytes());
+    p.extend((5..len).map(|k| (k as u32 ^ i.wrapping_mul(2_654_435_761)) as u8 ^ seed));
+    p
+}
+
+fn stream_data(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|k| ((k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 29) as u8 ^ seed)
+        .collect()
+}
+
+/// What one side received.
+#[derive(Debug)]
+struct Received {
+    /// Distinct messages delivered (each checked byte-identical, none twice).
+    messages: u32,
+    /// Deliveries of a message numbered below one delivered before it.
+    out_of_order: u32,
+    stream_sha: Option<[u8; 32]>,
+    close: ConnectionError,
+    stats: squarepeg::ConnectionStats,
+    /// Indices of the peer's messages delivered.
+    delivered: HashSet<u32>,
+    /// The final status of each of our messages, by index (checked: exactly one each).
+    statuses: HashMap<u32, MessageStatus>,
+}
+
+/// Sends `me`'s traffic and takes `peer`'s: every message must be one the peer sent
+/// (byte-identical) and none may come twice; with `peer.lifetime == None` all must come.
+async fn exchange(conn: Connection, me: Plan, peer: Plan) -> Received {
+    let c = conn.clone();
+    let sender = tokio::spawn(async move {
+        let mut numbers = HashMap::new();
+        for i in 0..me.messages {
+            // One sub-stream: the sender's session hands them to TCP in index order, so
+            // any out-of-order delivery is the receiving transport's doing.
+            let props = MessageProps {
+                lifetime: me.lifetime,
+                ..Default::default()
+            };
+            let n = c
+                .send_message(payload(me.seed, i), props)
+                .await
+                .expect("send");
+            numbers.insert(n, i);
+            if let Some(g) = me.gap {
+                tokio::time::sleep(g).await;
+            }
+        }
+        numbers
+    });
+    let c = conn.clone();
+    let writer = tokio::spawn(async move {
+        if me.stream_bytes > 0 {
+            let mut s = c.open_stream().await.expect("open stream");
+            s.write_all(&stream_data(me.seed, me.stream_bytes))
+                .await
+                .expect("stream write");
+            s.shutdown().await.expect("stream shutdown");
+        }
+    });
+    let c = conn.clone();
+    let reader = tokio::spawn(async move {
+        if peer.stream_bytes == 0 {
+            return None;
+        }
+        let mut s = c.accept_stream().await.expect("accept stream");
+        let mut data = Vec::new();
+        s.read_to_end(&mut data).await.expect("stream read");
+        Some(<[u8; 32]>::from(Sha256::digest(&data)))
+    });
+
+    let c = conn.clone();
+    let receiver = tokio::spawn(async move {
+        let mut seen = HashSet::new();
+        let mut highest: Option<u32> = None;
+        let mut out_of_order = 0;
+        let reliable = peer.lifetime.is_none();
+        loop {
+            if reliable && seen.len() as u32 == peer.messages {
+                break;
+            }
+            let m = match c.recv_message().await {
+                Ok(m) => m,
+                // With lifetimes, a close ends the messages.
+                Err(e) if !reliable => {
+                    eprintln!("messages ended: {e}");
+                    break;
+                }
+                Err(e) => panic!("connection lost after {} messages: {e}", seen.len()),
+            };
+            let p = &m.payload[..];
+            assert!(p.len() >= 5, "message too short: {p:?}");
+            let i = u32::from_be_bytes([p[1], p[2], p[3], p[4]]);
+            assert_eq!(p[0], peer.seed, "message {i} is not from the peer");
+            assert!(i < peer.messages, "message index {i} was never sent");
+            assert!(
+                p == payload(peer.seed, i),
+                "message {i} is not what was sent"
+            );
+            assert!(seen.insert(i), "message {i} delivered twice");
+            if highest.is_some_and(|h| i < h) {
+                out_of_order += 1;
+            }
+            highest = highest.max(Some(i));
+        }
+        (seen, out_of_order)
+    });
+    let numbers = sender.await.expect("sender");
+    writer.await.expect("writer");
+    // Who closes: a side whose messages have lifetimes, once they are sent and have had time
+    // to arrive; a side receiving only reliable data, once it has it all. A side receiving
+    // messages with lifetimes waits for the peer's close.
+    let (delivered, out_of_order) = if me.lifetime.is_some() {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let stats = conn.stats();
+        conn.close().await;
+        let r = receiver.await.expect("receiver");
+        let stream_sha = reader.await.expect("reader");
+        let close = conn.closed().await;
+        return Received {
+            messages: r.0.len() as u32,
+            out_of_order: r.1,
+            stream_sha,
+            close,
+            stats,
+            delivered: r.0,
+            statuses: final_statuses(&conn, &numbers),
+        };
+    } else {
+        receiver.await.expect("receiver")
+    };
+    let stream_sha = reader.await.expect("reader");
+    let stats = conn.stats();
+    if peer.lifetime.is_none() {
+        conn.close().await;
+    }
+    let close = conn.closed().await;
+    Received {
+        messages: delivered.len() as u32,
+        out_of_order,
+        stream_sha,
+        close,
+        stats,
+        delivered,
+        statuses: final_statuses(&conn, &numbers),
+    }
+}
+
+/// The statuses reported for our messages (after the close, so all are final): exactly one
+/// each.
+fn final_statuses(
+    conn: &Connection,
+    numbers: &HashMap<MessageNumber, u32>,
+) -> HashMap<u32, MessageStatus> {
+    let mut out = HashMap::new();
+    while let Some((n, status)) = conn.try_next_message_status() {
+        let i = *numbers.get(&n).expect("a status for a message we sent");
+        assert!(
+            out.insert(i, status).is_none(),
+            "two statuses for message {i}"
+        );
+    }
+    assert_eq!(out.len(), numbers.len(), "a final status for every message");
+    out
+}
+
+fn sha(seed: u8, len: usize) -> [u8; 32] {
+    Sha256::digest(stream_data(seed, len)).into()
+}
+
+fn assert_clean_close(who: &str, e: &ConnectionError) {
+    assert!(
+        matches!(
+            e,
+            ConnectionError::LocallyClosed | ConnectionError::ApplicationClosed { code: 0, .. }
+        ),
+        "{who}: not a clean close: {e}"
+    );
+}
+
+// ------------------------------------------------------------- uTCP ↔ kernel
+
+/// The uTCP stack on the client end, the kernel-TCP squarepeg endpoint in the server
+/// namespace; `utcp_connects` picks who opens. Reliable messages and a stream both ways.
+fn utcp_kernel(utcp_connects: bool, seed: u64) {
+    if !can_run() {
+        return;
+    }
+    let lab = Lab::start(lab_config(
+        if utcp_connects { "uk" } else { "ku" },
+        seed,
+        "delay=5ms loss=1.5% reorder=1%,2ms",
+        "delay=5ms loss=1.5%",
+    ))
+    .expect("start lab");
+    let stack = LabStack::attach(&lab, Role::Client, StackConfig::new([]), Some(1500))
+        .expect("attach stack");
+    let utcp_plan = Plan {
+        seed: 0xA1,
+        messages: 1200,
+        stream_bytes: 3 << 20,
+        lifetime: None,
+        gap: None,
+    };
+    let kernel_plan = Plan {
+        seed: 0xB2,
+        ..utcp_plan
+    };
+    let server_addr = SocketAddr::new(lab.addresses().server(false), PORT);
+    let stack_addr = SocketAddr::new(stack.address(false), PORT);
+    let rt = runtime();
+
+    let (kernel, utcp) = std::thread::scope(|s| {
+        let (bound_tx, bound_rx) = mpsc::channel();
+        let server_ns = lab.server();
+        let kernel = s.spawn(move || {
+            server_ns
+                .run(move || {
+                    runtime().block_on(no_hang(async move {
+                        let conn = if utcp_connects {
+                            let ep = Endpoint::bind(server_addr, ConnectionConfig::default())
+                                .await
+                                .expect("kernel bind");
+                            bound_tx.send(()).expect("signal");
+                            ep.accept().await.expect("kernel accept")
+                        } else {
+                            Connection::connect(stack_addr, ConnectionConfig::default())
+                                .await
+                                .expect("kernel connect")
+                        };
+                        exchange(conn, kernel_plan, utcp_plan).await
+                    }))
+                })
+                .expect("enter server namespace")
+        });
+        let utcp = rt.block_on(no_hang(async {
+            let conn = if utcp_connects {
+                bound_rx.recv().expect("kernel bound");
+                Connection::connect_utcp(stack.stack(), server_addr, ConnectionConfig::default())
+                    .await
+                    .expect("uTCP connect")
+            } else {
+                let ep = Endpoint::listen_utcp(stack.stack(), stack_addr, Default::default())
+                    .expect("uTCP listen");
+                ep.accept().await.expect("uTCP accept")
+            };
+            exchange(conn, utcp_plan, kernel_plan).await
+        }));
+        (kernel.join().expect("kernel side"), utcp)
+    });
+    eprintln!("uTCP side: {utcp:?}\nkernel side: {kernel:?}");
+    let emu = lab.stats().expect("emulator stats");
+    eprintln!("emulator: {}", emu.to_json());
+
+    assert_eq!(utcp.messages, kernel_plan.messages);
+    assert_eq!(kernel.messages, utcp_plan.messages);
+    assert_eq!(
+        utcp.stream_sha,
+        Some(sha(kernel_plan.seed, kernel_plan.stream_bytes))
+    );
+    assert_eq!(
+        kernel.stream_sha,
+        Some(sha(utcp_plan.seed, utcp_plan.stream_bytes))
+    );
+    assert!(
+        utcp.out_of_order > 0,
+        "losses on the path, yet the uTCP side received every message in order"
+    );
+    assert_eq!(kernel.out_of_order, 0, "kernel TCP delivers in order");
+    for r in [&utcp, &kernel] {
+        assert!(
+            r.statuses.values().all(|&s| s == MessageStatus::Sent),
+            "reliable messages all end Sent"
+        );
+    }
+    let glue = utcp.stats.utcp.expect("uTCP stats");
+    assert!(glue.segments_read > 0);
+    assert_eq!(glue.frames_rejected, 0, "no middlebox mixes here");
+    assert_clean_close("uTCP side", &utcp.close);
+    assert_clean_close("kernel side", &kernel.close);
+}
+
+#[test]
+fn utcp_client_with_kernel_server_through_lossy_lab() {
+    utcp_kernel(true, 11);
+}
+
+#[test]
+fn kernel_client_with_utcp_server_through_lossy_lab() {
+    utcp_kernel(false, 12);
+}
+
+// ------------------------------------------------------------- capture and wire audit
+
+/// tshark's view of a capture: packets it calls malformed or whose checksums are bad, and
+/// the number of TCP conversations. `None` (with the reason printed) if tshark is absent.
+fn tshark_check(pcap: &Path) -> Option<(Vec<String>, usize)> {
+    let run = |args: &[&str]| {
+        std::process::Command::new("tshark")
+            .arg("-n")
+            .arg("-r")
+            .arg(pcap)
+            .args([
+                "-o",
+                "tcp.check_checksum:TRUE",
+                "-o",
+                "ip.check_checksum:TRUE",
+            ])
+            .args(args)
+            .output()
+    };
+    let bad = match run(&[
+        "-Y",
+        "_ws.malformed || tcp.checksum.status == 0 || ip.checksum.status == 0",
+    ]) {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect::<Vec<_>>(),
+        Ok(o) => panic!("tshark failed: {}", String::from_utf8_lossy(&o.stderr)),
+        Err(e) => {
+            eprintln!("tshark part skipped: tshark not available ({e})");
+            return None;
+        }
+    };
+    let streams = run(&["-Y", "tcp", "-T", "fields", "-e", "tcp.stream"]).expect("tshark");
+    let conversations = String::from_utf8_lossy(&streams.stdout)
+        .lines()
+        .collect::<HashSet<_>>()
+        .len();
+    Some((bad, conversations))
+}
+
+#[test]
+fn emulator_capture_of_utcp_sender_with_deadlines_passes_wire_audit_and_tshark() {
+    if !can_run() {
+        return;
+    }
+    let dir = ScratchDir::new("utcp-capture");
+    // 40 ms RTT and loss both ways: a retransmission arrives a round trip after the
+    // original would have, past a 45 ms lifetime, so its range carries live messages instead.
+    let lab = Lab::start(
+        lab_config("cap", 21, "delay=20ms loss=3%", "delay=20ms loss=2%").with_capture_dir(&dir.0),
+    )
+    .expect("start lab");
+    let stack = LabStack::attach(&lab, Role::Client, StackConfig::new([]), Some(1500))
+        .expect("attach stack");
+    let sender = Plan {
+        seed: 0xC3,
+        messages: 1500,
+        stream_bytes: 0,
+        lifetime: Some(Duration::from_millis(45)),
+        gap: Some(Duration::from_millis(1)),
+    };
+    let quiet = Plan {
+        seed: 0xD4,
+        messages: 0,
+        stream_bytes: 0,
+        lifetime: None,
+        gap: None,
+    };
+    let server_addr = SocketAddr::new(lab.addresses().server(false), PORT);
+    let rt = runtime();
+    let (kernel, utcp) = std::thread::scope(|s| {
+        let (bound_tx, bound_rx) = mpsc::channel();
+        let server_ns = lab.server();
+        let kernel = s.spawn(move || {
+            server_ns
+                .run(move || {
+                    runtime().block_on(no_hang(async move {
+                        let ep = Endpoint::bind(server_addr, ConnectionConfig::default())
+                            .await
+                            .expect("kernel bind");
+                        bound_tx.send(()).expect("signal");
+                        let conn = ep.accept().await.expect("kernel accept");
+                        exchange(conn, quiet, sender).await
+                    }))
+                })
+                .expect("enter server namespace")
+        });
+        let utcp = rt.block_on(no_hang(async {
+            bound_rx.recv().expect("kernel bound");
+            let conn =
+                Connection::connect_utcp(stack.stack(), server_addr, ConnectionConfig::default())
+                    .await
+                    .expect("uTCP connect");
+            exchange(conn, sender, quiet).await
+        }));
+        (kernel.join().expect("kernel side"), utcp)
+    });
+    let utcp_stats = utcp.stats;
+    lab.flush_captures().expect("flush captures");
+    eprintln!("uTCP sender: {utcp:?} {utcp_stats:?}\nkernel receiver: {kernel:?}");
+    let glue = utcp_stats.utcp.expect("uTCP stats");
+    assert!(kernel.messages > 0, "nothing delivered");
+    assert!(
+        glue.replaced > 0 && glue.sent_as_replacement > 0,
+        "no inconsistent retransmission happened: {glue:?}"
+    );
+
+    // Statuses stay true: a message reported Sent was acknowledged, so the kernel side,
+    // which read the whole stream, delivered it; Expired counts every drop and replacement.
+    let count = |st| utcp.statuses.values().filter(|&&s| s == st).count() as u64;
+    assert_eq!(
+        count(MessageStatus::Expired),
+        glue.expired_in_tcp + glue.replaced
+    );
+    assert_eq!(
+        count(MessageStatus::Sent) + count(MessageStatus::Expired),
+        u64::from(sender.messages)
+    );
+    for (i, s) in &utcp.statuses {
+        if *s == MessageStatus::Sent {
+            assert!(
+                kernel.delivered.contains(i),
+                "message {i} reported Sent, never delivered"
+            );
+        }
+    }
+
+    let pcap = capture_path(&dir.0, CaptureSide::Client);
+    let bytes = std::fs::read(&pcap).expect("read capture");
+    let file = squarepeg_lab::pcap::read_pcap(&bytes).expect("parse capture");
+    let mut audit = WireAudit::new(true);
+    assert_eq!(file.linktype, 101, "raw IP packets");
+    for p in &file.records {
+        assert_eq!(
+            p.data.len(),
+            p.original_len as usize,
+            "whole packets captured"
+        );
+        audit.packet(&p.data);
+    }
+    let stats = audit
+        .result()
+        .unwrap_or_else(|v| panic!("wire audit of {}:\n{v}", pcap.display()));
+    eprintln!("wire audit: {stats:?}");
+    assert!(stats.packets > 100, "the capture holds the conversation");
+
+    if let Some((bad, conversations)) = tshark_check(&pcap) {
+        assert!(
+            bad.is_empty(),
+            "tshark: malformed or bad checksums:\n{}",
+            bad.join("\n")
+        );
+        assert_eq!(conversations, 1, "one TCP conversation");
+    }
+}
+
+// ------------------------------------------------------------- middleboxes
+
+/// uTCP on both ends (client `.3`, server `.4`), messages with deadlines both ways through
+/// `boxes`, on a lossy path.
+fn utcp_pair_through(
+    tag: &str,
+    seed: u64,
+    client_side: Vec<MiddleboxConfig>,
+    server_side: Vec<MiddleboxConfig>,
+) {
+    if !can_run() {
+        return;
+    }
+    let lab = Lab::start(
+        lab_config(tag, seed, "delay=10ms loss=3%", "delay=10ms loss=3%")
+            .with_client_side(client_side)
+            .with_server_side(server_side),
+    )
+    .expect("start lab");
+    let client = LabStack::attach(&lab, Role::Client, StackConfig::new([]), Some(1500))
+        .expect("attach client stack");
+    let server = LabStack::attach(&lab, Role::Server, StackConfig::new([]), Some(1500))
+        .expect("attach server stack");
+    let plan = |seed| Plan {
+        seed,
+        messages: 800,
+        stream_bytes: 0,
+        lifetime: Some(Duration::from_millis(25)),
+        gap: Some(Duration::from_millis(1)),
+    };
+    let (a, b) = (plan(0xE5), plan(0xF6));
+    let addr = SocketAddr::new(server.address(false), PORT);
+    let (ra, rb) = runtime().block_on(no_hang(async {
+        let ep = Endpoint::listen_utcp(server.stack(), addr, Default::default()).expect("listen");
+        let (c, s) = tokio::join!(
+            Connection::connect_utcp(client.stack(), addr, ConnectionConfig::default()),
+            ep.accept()
+        );
+        let (c, s) = (c.expect("connect"), s.expect("accept"));
+        let ta = tokio::spawn(exchange(c, a, b));
+        let tb = tokio::spawn(exchange(s, b, a));
+        (ta.await.expect("client"), tb.await.expect("server"))
+    }));
+    eprintln!("client: {ra:?}\nserver: {rb:?}");
+    eprintln!("emulator: {}", lab.stats().expect("stats").to_json());
+    assert!(
+        ra.messages > 0 && rb.messages > 0,
+        "messages were delivered"
+    );
+    for r in [&ra, &rb] {
+        let glue = r.stats.utcp.expect("uTCP stats");
+        assert!(glue.segments_read > 0);
+    }
+}
+
+fn reseg(seed: u64) -> MiddleboxConfig {
+    MiddleboxConfig::Resegment(ResegmentConfig {
+        seed,
+        ..Default::default()
+    })
+}
+
+fn cache() -> MiddleboxConfig {
+    MiddleboxConfig::RetransmitCache(RetransmitCacheConfig::default())
+}
+
+#[test]
+fn utcp_through_resegmenter_delivers_only_sent_messages_once() {
+    utcp_pair_through("rs", 31, vec![reseg(31)], vec![]);
+}
+
+#[test]
+fn utcp_through_retransmission_cache_delivers_only_sent_messages_once() {
+    utcp_pair_through("rc", 32, vec![], vec![cache()]);
+}
+
+#[test]
+fn utcp_through_resegmenter_and_cache_delivers_only_sent_messages_once() {
+    utcp_pair_through("rb", 33, vec![reseg(33)], vec![cache(), reseg(34)]);
+}

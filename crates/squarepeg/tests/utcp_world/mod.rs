@@ -1,0 +1,587 @@
+//! Squarepeg connections over the userspace TCP in the lab's deterministic simulator.
+//!
+//! [`PegHost`] is a simulator host with one squarepeg connection: over uTCP
+//! ([`squarepeg::utcp::UtcpConnection`]) or over a standard, in-order TCP read through a
+//! `StreamDecoder` (what the kernel substrate does: the stock-TCP peer of Minion §3.3 and
+//! Hollywood §4.4). Its application sends a seeded plan of messages (some with lifetimes,
+//! priorities, sub-streams) and one stream, and checks everything it receives against the
+//! peer's plan: every message byte-identical to the one sent under its number, none twice,
+//! the stream's SHA-256.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use squarepeg::utcp::{UtcpConnection, UtcpStats};
+use squarepeg::{MessageProps, MessageStatus, Priority};
+use squarepeg_framing::StreamDecoder;
+use squarepeg_lab::sim::Host;
+use squarepeg_session::{
+    Config, Event, MAX_FRAME_BODY, MessageNumber, ReadOutcome, Role, Session, StreamId,
+};
+use squarepeg_tcp::{ConnectionConfig, ConnectionHandle, Endpoint, EndpointConfig};
+
+pub const CLIENT: &str = "10.0.0.1:40000";
+pub const SERVER: &str = "10.0.1.1:443";
+
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Deterministic bytes: `len` bytes of stream `seed` from `offset`.
+pub fn pattern(seed: u64, offset: u64, len: usize) -> Vec<u8> {
+    (0..len as u64)
+        .map(|i| (mix(seed ^ ((offset + i) >> 3)) >> (((offset + i) & 7) * 8)) as u8)
+        .collect()
+}
+
+/// One planned message.
+#[derive(Clone, Debug)]
+pub struct PlannedMessage {
+    pub at: Duration,
+    pub len: usize,
+    pub props: MessageProps,
+}
+
+/// What one side sends.
+#[derive(Clone, Debug)]
+pub struct SendPlan {
+    pub seed: u64,
+    pub messages: Vec<PlannedMessage>,
+    pub stream_bytes: u64,
+}
+
+impl SendPlan {
+    /// `count` messages over `span`, of 1..max_len bytes; `timed` of them (a fraction) with a
+    /// lifetime, priorities and sub-streams at random.
+    pub fn seeded(
+        seed: u64,
+        count: usize,
+        span: Duration,
+        max_len: usize,
+        timed: f64,
+        lifetime: Duration,
+        stream_bytes: u64,
+    ) -> SendPlan {
+        let mut z = mix(seed);
+        let mut next = || {
+            z = mix(z);
+            z
+        };
+        let messages = (0..count)
+            .map(|i| {
+                let at = span.mul_f64(i as f64 / count.max(1) as f64);
+                let len = 1 + (next() % max_len as u64) as usize;
+                let timed_one = (next() % 1000) as f64 / 1000.0 < timed;
+                let props = MessageProps {
+                    substream: next() % 3,
+                    priority: Priority::new((next() % 8) as u8).unwrap_or_default(),
+                    lifetime: timed_one.then_some(lifetime),
+                    ..Default::default()
+                };
+                PlannedMessage { at, len, props }
+            })
+            .collect();
+        SendPlan {
+            seed,
+            messages,
+            stream_bytes,
+        }
+    }
+
+    /// The payload of message `i`: its index, then pattern bytes.
+    pub fn payload(&self, i: usize) -> Vec<u8> {
+        let mut p = (i as u64).to_le_bytes().to_vec();
+        p.extend(pattern(
+            self.seed ^ 0xF00D,
+            (i as u64) << 24,
+            self.messages[i].len,
+        ));
+        p
+    }
+
+    pub fn stream_digest(&self) -> [u8; 32] {
+        Sha256::digest(pattern(self.seed, 0, self.stream_bytes as usize)).into()
+    }
+}
+
+/// The connection underneath: uTCP or a standard in-order TCP.
+enum Glue {
+    Utcp(Box<UtcpConnection>),
+    Ordered(Box<OrderedGlue>),
+}
+
+/// Squarepeg over a standard TCP connection of the simulated stack, read in order (the
+/// kernel substrate's behaviour).
+struct OrderedGlue {
+    handle: ConnectionHandle,
+    session: Session,
+    decoder: StreamDecoder,
+    out: Vec<u8>,
+    out_pos: usize,
+    fin_sent: bool,
+    closed: bool,
+}
+
+impl OrderedGlue {
+    fn drive(&mut self, now: Instant, ep: &mut Endpoint) {
+        while !self.closed && !self.session.receive_blocked() {
+            match ep.read(self.handle, self.decoder.unfilled()) {
+                Ok(0) => {
+                    self.closed = true;
+                    self.session.handle_transport_closed(now, "peer FIN");
+                }
+                Ok(n) => {
+                    self.decoder.filled(n);
+                    while let Some(f) = self.decoder.next_frame() {
+                        match f {
+                            Ok(f) => self.session.handle_frame(now, f),
+                            Err(e) => self.session.handle_decode_error(now, e),
+                        }
+                    }
+                }
+                Err(squarepeg_tcp::Error::WouldBlock) => break,
+                Err(e) => {
+                    self.closed = true;
+                    self.session.handle_transport_closed(now, &e.to_string());
+                }
+            }
+        }
+        while !self.closed && !self.fin_sent {
+            if self.out_pos == self.out.len() {
+                self.out.clear();
+                self.out_pos = 0;
+                if self.session.poll_transmit(now, &mut self.out).is_none() {
+                    if self.session.is_send_finished() {
+                        self.fin_sent = true;
+                        let _ = ep.shutdown(now, self.handle);
+                    }
+                    break;
+                }
+            }
+            match ep.write(self.handle, &self.out[self.out_pos..]) {
+                Ok(n) => self.out_pos += n,
+                Err(_) => break,
+            }
+        }
+        if ep.connection(self.handle).is_none() && !self.closed {
+            self.closed = true;
+            self.session.handle_transport_closed(now, "closed");
+        }
+    }
+}
+
+/// One side's application state and findings.
+#[derive(Debug, Default)]
+pub struct AppState {
+    pub next_message: usize,
+    pub statuses: BTreeMap<MessageNumber, MessageStatus>,
+    pub stream_written: u64,
+    pub stream_finished: bool,
+    pub received: HashMap<MessageNumber, usize>,
+    pub received_stream: u64,
+    pub stream_hash: Sha256,
+    pub stream_digest: Option<[u8; 32]>,
+    pub errors: Vec<String>,
+    pub closing: bool,
+    pub lost: Option<String>,
+    /// Messages delivered before every message with a lower number had been delivered.
+    pub out_of_order: u64,
+}
+
+pub struct PegHost {
+    pub ep: Endpoint,
+    addr: IpAddr,
+    start: Instant,
+    role: Role,
+    utcp: bool,
+    tcp_config: ConnectionConfig,
+    glue: Option<Glue>,
+    pub plan: SendPlan,
+    pub peer_plan: SendPlan,
+    pub app: AppState,
+    send_stream: Option<StreamId>,
+    recv_stream: Option<StreamId>,
+    buf: Vec<u8>,
+}
+
+impl PegHost {
+    /// A client (connecting at once) or a server (listening), over uTCP or standard TCP.
+    pub fn new(
+        role: Role,
+        utcp: bool,
+        tcp_config: ConnectionConfig,
+        plan: SendPlan,
+        peer_plan: SendPlan,
+        start: Instant,
+    ) -> PegHost {
+        let (local, remote): (SocketAddr, SocketAddr) = match role {
+            Role::Client => (CLIENT.parse().unwrap(), SERVER.parse().unwrap()),
+            Role::Server => (SERVER.parse().unwrap(), CLIENT.parse().unwrap()),
+        };
+        let tcp_config = if utcp {
+            UtcpConnection::tcp_config(tcp_config)
+        } else {
+            tcp_config
+        };
+        let ep = Endpoint::new(
+            EndpointConfig {
+                secret: [role as u8 + 1; 32],
+                local_addresses: vec![local.ip()],
+                ..Default::default()
+            },
+            start,
+        );
+        let mut host = PegHost {
+            ep,
+            addr: local.ip(),
+            start,
+            role,
+            utcp,
+            tcp_config: tcp_config.clone(),
+            glue: None,
+            plan,
+            peer_plan,
+            app: AppState::default(),
+            send_stream: None,
+            recv_stream: None,
+            buf: vec![0; 64 * 1024],
+        };
+        match role {
+            Role::Client => {
+                let h = host
+                    .ep
+                    .connect(start, local, remote, tcp_config)
+                    .expect("connect");
+                host.attach(h);
+            }
+            Role::Server => {
+                host.ep.listen(local, 8, tcp_config).expect("listen");
+            }
+        }
+        host
+    }
+
+    fn attach(&mut self, h: ConnectionHandle) {
+        let config = Config::default();
+        self.glue = Some(if self.utcp {
+            Glue::Utcp(Box::new(
+                UtcpConnection::new(
+                    self.role,
+                    config,
+                    &mut self.ep,
+                    h,
+                    self.tcp_config.recv_buffer,
+                )
+                .expect("glue"),
+            ))
+        } else {
+            Glue::Ordered(Box::new(OrderedGlue {
+                handle: h,
+                session: Session::new(self.role, config).expect("session"),
+                decoder: StreamDecoder::new(MAX_FRAME_BODY),
+                out: Vec::new(),
+                out_pos: 0,
+                fin_sent: false,
+                closed: false,
+            }))
+        });
+    }
+
+    fn session(&mut self) -> Option<&mut Session> {
+        match self.glue.as_mut()? {
+            Glue::Utcp(g) => Some(g.session_mut()),
+            Glue::Ordered(g) => Some(&mut g.session),
+        }
+    }
+
+    pub fn utcp_stats(&self) -> Option<UtcpStats> {
+        match self.glue.as_ref()? {
+            Glue::Utcp(g) => Some(g.stats()),
+            Glue::Ordered(_) => None,
+        }
+    }
+
+    /// Our sends are all queued and settled, and we have everything the peer sends reliably.
+    pub fn complete(&self) -> bool {
+        self.app.next_message == self.plan.messages.len()
+            && self.app.statuses.len() == self.plan.messages.len()
+            && self.app.stream_finished
+            && self.app.stream_digest.is_some()
+            && self.peer_plan.messages.iter().enumerate().all(|(i, m)| {
+                m.props.lifetime.is_some() || self.app.received.contains_key(&(i as u64))
+            })
+    }
+
+    pub fn drained(&self) -> bool {
+        match &self.glue {
+            Some(Glue::Utcp(g)) => g.is_drained(),
+            Some(Glue::Ordered(g)) => g.session.is_drained(),
+            None => false,
+        }
+    }
+
+    fn step(&mut self, now: Instant) {
+        if self.glue.is_none() {
+            while let Some(ev) = self.ep.poll_event() {
+                if let squarepeg_tcp::Event::Incoming(l) = ev
+                    && let Some(h) = self.ep.accept(l)
+                {
+                    self.attach(h);
+                }
+            }
+            if self.glue.is_none() {
+                return;
+            }
+        }
+        while self.ep.poll_event().is_some() {}
+        for _ in 0..4 {
+            self.app_round(now);
+            let ep = &mut self.ep;
+            match self.glue.as_mut() {
+                Some(Glue::Utcp(g)) => g.drive(now, ep),
+                Some(Glue::Ordered(g)) => g.drive(now, ep),
+                None => {}
+            }
+        }
+        self.app_round(now);
+    }
+
+    fn poll_app_event(&mut self) -> Option<Event> {
+        match self.glue.as_mut()? {
+            Glue::Utcp(g) => g.poll_event(),
+            Glue::Ordered(g) => g.session.poll_event(),
+        }
+    }
+
+    fn app_round(&mut self, now: Instant) {
+        let elapsed = now - self.start;
+        // Messages due.
+        while self.app.next_message < self.plan.messages.len()
+            && self.plan.messages[self.app.next_message].at <= elapsed
+        {
+            let i = self.app.next_message;
+            let payload = self.plan.payload(i);
+            let props = self.plan.messages[i].props.clone();
+            let Some(s) = self.session() else { return };
+            match s.send_message(now, payload, props) {
+                Ok(n) => {
+                    if n != i as u64 {
+                        self.app.errors.push(format!("message {i} got number {n}"));
+                    }
+                    self.app.next_message += 1;
+                }
+                Err(squarepeg::SendError::QueueFull { .. }) => break,
+                Err(e) => {
+                    self.app.errors.push(format!("send {i}: {e}"));
+                    self.app.next_message += 1;
+                }
+            }
+        }
+        // The stream.
+        if !self.app.stream_finished {
+            let (seed, total, written) = (
+                self.plan.seed,
+                self.plan.stream_bytes,
+                self.app.stream_written,
+            );
+            let id = self.send_stream;
+            let Some(s) = self.session() else { return };
+            let id = match id {
+                Some(id) => Some(id),
+                None => s.open_stream().ok(),
+            };
+            if let Some(id) = id {
+                let mut written = written;
+                while written < total {
+                    let n = (total - written).min(16 * 1024) as usize;
+                    match s.stream_write(id, &pattern(seed, written, n)) {
+                        Ok(0) | Err(_) => break,
+                        Ok(k) => written += k as u64,
+                    }
+                }
+                let finished = written == total && s.stream_finish(id).is_ok();
+                self.send_stream = Some(id);
+                self.app.stream_written = written;
+                self.app.stream_finished = finished;
+            }
+        }
+        // Receiving.
+        while let Some(ev) = self.poll_app_event() {
+            match ev {
+                Event::MessageStatus { number, status }
+                    if self.app.statuses.insert(number, status).is_some() =>
+                {
+                    self.app
+                        .errors
+                        .push(format!("message {number}: two statuses"));
+                }
+                Event::ConnectionLost(e) => self.app.lost = Some(e.to_string()),
+                _ => {}
+            }
+        }
+        loop {
+            let Some(s) = self.session() else { return };
+            let Some(m) = s.poll_message() else { break };
+            let n = m.number as usize;
+            let lower_missing = (0..m.number).any(|k| !self.app.received.contains_key(&k));
+            self.app.out_of_order += u64::from(lower_missing);
+            let count = self.app.received.entry(m.number).or_insert(0);
+            *count += 1;
+            if *count > 1 {
+                self.app.errors.push(format!("message {n} delivered twice"));
+            }
+            if n >= self.peer_plan.messages.len() || m.payload[..] != self.peer_plan.payload(n)[..]
+            {
+                self.app
+                    .errors
+                    .push(format!("message {n}: payload differs from the one sent"));
+            } else if m.substream != self.peer_plan.messages[n].props.substream {
+                self.app
+                    .errors
+                    .push(format!("message {n}: wrong substream"));
+            }
+        }
+        loop {
+            let recv = self.recv_stream;
+            let Some(s) = self.session() else { return };
+            let id = match recv {
+                Some(id) => id,
+                None => match s.accept_stream() {
+                    Some(id) => id,
+                    None => break,
+                },
+            };
+            self.recv_stream = Some(id);
+            let mut buf = std::mem::take(&mut self.buf);
+            let Some(s) = self.session() else { return };
+            let r = s.stream_read(id, &mut buf);
+            match r {
+                Ok(ReadOutcome::Data(n)) => {
+                    let expect = pattern(self.peer_plan.seed, self.app.received_stream, n);
+                    if buf[..n] != expect[..] {
+                        self.app.errors.push(format!(
+                            "stream bytes differ at {}",
+                            self.app.received_stream
+                        ));
+                    }
+                    self.app.stream_hash.update(&buf[..n]);
+                    self.app.received_stream += n as u64;
+                    self.buf = buf;
+                }
+                Ok(ReadOutcome::Finished) => {
+                    self.buf = buf;
+                    if self.app.stream_digest.is_none() {
+                        self.app.stream_digest =
+                            Some(std::mem::take(&mut self.app.stream_hash).finalize().into());
+                    }
+                    break;
+                }
+                Ok(ReadOutcome::Blocked) => {
+                    self.buf = buf;
+                    break;
+                }
+                Err(e) => {
+                    self.buf = buf;
+                    self.app.errors.push(format!("stream read: {e}"));
+                    break;
+                }
+            }
+        }
+        if self.complete() && !self.app.closing {
+            self.app.closing = true;
+            if let Some(s) = self.session() {
+                s.close(0, b"done");
+            }
+        }
+    }
+}
+
+impl Host for PegHost {
+    fn addresses(&self) -> Vec<IpAddr> {
+        vec![self.addr]
+    }
+
+    fn handle_packet(&mut self, now: Instant, packet: Vec<u8>) {
+        let _ = self.ep.handle_packet(now, &packet);
+        self.step(now);
+    }
+
+    fn poll_transmit(&mut self, now: Instant) -> Option<Vec<u8>> {
+        self.ep.poll_transmit_vec(now)
+    }
+
+    fn poll_timeout(&mut self) -> Option<Instant> {
+        let session = match self.glue.as_ref() {
+            Some(Glue::Utcp(g)) => g.poll_timeout(),
+            Some(Glue::Ordered(g)) => g.session.poll_timeout(),
+            None => None,
+        };
+        let next_message = self
+            .plan
+            .messages
+            .get(self.app.next_message)
+            .filter(|_| self.glue.is_some())
+            .map(|m| self.start + m.at);
+        [self.ep.poll_timeout(), session, next_message]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        if self.ep.poll_timeout().is_some_and(|t| t <= now) {
+            self.ep.handle_timeout(now);
+        }
+        match self.glue.as_mut() {
+            Some(Glue::Utcp(g)) => g.handle_timeout(now),
+            Some(Glue::Ordered(g)) if g.session.poll_timeout().is_some_and(|t| t <= now) => {
+                g.session.handle_timeout(now);
+            }
+            _ => {}
+        }
+        self.step(now);
+    }
+}
+
+/// Checks one side's findings against what the peer sent and reported.
+pub fn check(side: &str, me: &PegHost, peer: &PegHost) -> Result<(), String> {
+    let mut problems: Vec<String> = me
+        .app
+        .errors
+        .iter()
+        .map(|e| format!("{side}: {e}"))
+        .collect();
+    if me.app.stream_digest != Some(me.peer_plan.stream_digest()) {
+        problems.push(format!(
+            "{side}: stream digest differs ({} of {} bytes)",
+            me.app.received_stream, me.peer_plan.stream_bytes
+        ));
+    }
+    for (i, m) in me.peer_plan.messages.iter().enumerate() {
+        let got = me.app.received.contains_key(&(i as u64));
+        let status = peer.app.statuses.get(&(i as u64));
+        if m.props.lifetime.is_none() && !got {
+            problems.push(format!(
+                "{side}: reliable message {i} not delivered ({status:?})"
+            ));
+        }
+        if got && matches!(status, Some(MessageStatus::Squashed)) {
+            problems.push(format!("{side}: squashed message {i} delivered"));
+        }
+    }
+    let unique: HashSet<_> = me.app.received.keys().collect();
+    if unique.len() != me.app.received.len() {
+        problems.push(format!("{side}: duplicate numbers"));
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("\n"))
+    }
+}
