@@ -77,13 +77,14 @@ mod device;
 mod error;
 pub mod lab;
 mod netns;
+mod offload;
 mod setup;
 mod shim;
 mod stack;
 mod stream;
 
 pub use device::{
-    InterfaceCounters, MIN_MTU, TunConfig, TunDevice, validate_device_name, validate_mtu,
+    InterfaceCounters, MIN_MTU, Offload, TunConfig, TunDevice, validate_device_name, validate_mtu,
 };
 pub use error::Error;
 pub use netns::NetNs;

@@ -38,7 +38,7 @@ fn device_errors_are_typed() {
     let bad_mtu = TunDevice::open(&TunConfig {
         name: Some("sp1".into()),
         mtu: Some(100),
-        tx_queue_len: None,
+        ..Default::default()
     });
     assert!(
         matches!(bad_mtu, Err(Error::InvalidMtu { .. })),
@@ -51,6 +51,7 @@ fn device_errors_are_typed() {
                 name: None,
                 mtu: Some(9000),
                 tx_queue_len: Some(2000),
+                ..Default::default()
             })
         })
         .unwrap()
