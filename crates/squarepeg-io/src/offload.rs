@@ -314,7 +314,8 @@ mod tests {
     fn malformed_headers_are_refused_not_panicked_on() {
         let raw = super_packet_v4(3000, 1400);
         let mut sizes = vec![0; MAX_SEGMENTS];
-        let cases: [(&str, fn(&mut VirtioNetHdr)); 5] = [
+        type Edit = fn(&mut VirtioNetHdr);
+        let cases: [(&str, Edit); 5] = [
             ("gso_size 0", |h| h.gso_size = 0),
             ("tiny gso_size", |h| h.gso_size = 1),
             ("csum_start past the end", |h| h.csum_start = 60000),
