@@ -1,5 +1,8 @@
 //! Opening a TUN device (IFF_TUN | IFF_NO_PI: each read and write is one whole IPv4 or IPv6
-//! packet, no link-layer header, no packet-information prefix).
+//! packet, no link-layer header, no packet-information prefix). With offloads (IFF_VNET_HDR
+//! and TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6), each packet is preceded by a virtio-net header
+//! and may be a TCP super-packet of up to 64 KB that the driver splits (reads) or coalesced
+//! (writes): see the driver in `stack.rs`.
 
 use std::io;
 
@@ -9,6 +12,21 @@ use crate::error::Error;
 /// or above 536 (RFC 9293 §3.7.1). IPv6 needs 1280 (RFC 8200 §5); below that the kernel turns
 /// IPv6 off on the device.
 pub const MIN_MTU: u16 = 576;
+
+/// Whether the device moves TCP super-packets with virtio-net headers (IFF_VNET_HDR with
+/// TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6). Reads then carry the kernel's 64 KB TSO packets (one
+/// system call per 64 KB instead of per segment), and writes carry coalesced segments marked
+/// "checksum needed", which the kernel neither verifies nor recomputes and receives as one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Offload {
+    /// On where the kernel supports it; otherwise off, with a warning in the log.
+    #[default]
+    Auto,
+    /// On, or opening the device fails ([`Error::OffloadUnsupported`]).
+    On,
+    /// Off: one packet per read and write, checksums verified by the TCP core.
+    Off,
+}
 
 /// How to open the device.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -21,6 +39,8 @@ pub struct TunConfig {
     /// Transmit queue length (packets the kernel queues for the driver to read; the kernel
     /// drops beyond it). `None` keeps the device's (500 for a new one).
     pub tx_queue_len: Option<u32>,
+    /// TUN offloads (GSO/GRO with virtio-net headers); on where supported by default.
+    pub offload: Offload,
 }
 
 impl TunConfig {
@@ -41,6 +61,7 @@ pub struct TunDevice {
     pub(crate) device: tun_rs::SyncDevice,
     name: String,
     mtu: u16,
+    offload: bool,
 }
 
 impl std::fmt::Debug for TunDevice {
@@ -48,6 +69,7 @@ impl std::fmt::Debug for TunDevice {
         f.debug_struct("TunDevice")
             .field("name", &self.name)
             .field("mtu", &self.mtu)
+            .field("offload", &self.offload)
             .finish()
     }
 }
@@ -104,11 +126,31 @@ impl TunDevice {
         }
         // Leave the up/down state, MTU and queue length alone while attaching: an unprivileged
         // user may attach to a persistent device they own but not change its settings.
-        let mut builder = tun_rs::DeviceBuilder::new().inherit_enable_state();
-        if let Some(name) = &config.name {
-            builder = builder.name(name.clone());
-        }
-        let device = builder.build_sync().map_err(|e| open_error(e, &shown))?;
+        let build = |offload: bool| {
+            let mut builder = tun_rs::DeviceBuilder::new()
+                .inherit_enable_state()
+                .offload(offload);
+            if let Some(name) = &config.name {
+                builder = builder.name(name.clone());
+            }
+            builder.build_sync()
+        };
+        let device = match config.offload {
+            Offload::Off => build(false).map_err(|e| open_error(e, &shown))?,
+            Offload::On => build(true).map_err(|e| offload_error(e, &shown))?,
+            Offload::Auto => match build(true) {
+                Ok(d) => d,
+                Err(e) if offload_unsupported(&e) => {
+                    tracing::warn!(
+                        "TUN device `{shown}`: the kernel refused offloads ({e}); running \
+                         without them, one packet per system call"
+                    );
+                    build(false).map_err(|e| open_error(e, &shown))?
+                }
+                Err(e) => return Err(open_error(e, &shown)),
+            },
+        };
+        let offload = device.tcp_gso();
         let name = device
             .name()
             .map_err(|e| Error::io(format!("reading the name of {shown}"), e))?;
@@ -145,7 +187,12 @@ impl TunDevice {
                 .enabled(true)
                 .map_err(|e| setting("bringing up", e))?;
         }
-        Ok(TunDevice { device, name, mtu })
+        Ok(TunDevice {
+            device,
+            name,
+            mtu,
+            offload,
+        })
     }
 
     /// The interface name.
@@ -156,6 +203,32 @@ impl TunDevice {
     /// The MTU (the largest packet read or written).
     pub fn mtu(&self) -> u16 {
         self.mtu
+    }
+
+    /// Whether the device runs with offloads (virtio-net headers, TCP super-packets).
+    pub fn offload(&self) -> bool {
+        self.offload
+    }
+}
+
+/// Errors that mean "this kernel (or device) cannot do offloads", as opposed to errors that
+/// opening without offloads would meet as well: TUNSETIFF without IFF_VNET_HDR support or
+/// TUNSETOFFLOAD without TSO/CSUM support answer EINVAL (or ENOTTY, EOPNOTSUPP).
+fn offload_unsupported(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINVAL) | Some(libc::ENOTTY) | Some(libc::EOPNOTSUPP)
+    )
+}
+
+fn offload_error(e: io::Error, device: &str) -> Error {
+    if offload_unsupported(&e) {
+        Error::OffloadUnsupported {
+            device: device.to_string(),
+            source: e,
+        }
+    } else {
+        open_error(e, device)
     }
 }
 

@@ -40,6 +40,18 @@ pub enum Error {
         /// The device name.
         device: String,
     },
+    /// Offloads were required ([`Offload::On`](crate::Offload::On)) but the kernel refused
+    /// IFF_VNET_HDR or the TSO/checksum offloads on this device.
+    #[error(
+        "TUN device `{device}`: the kernel refused offloads (IFF_VNET_HDR with TSO and checksum \
+         offload): {source}; open it with offloads off (or `auto`)"
+    )]
+    OffloadUnsupported {
+        /// The device name.
+        device: String,
+        /// What the kernel said.
+        source: io::Error,
+    },
     /// `/dev/net/tun` is missing (no TUN support in this kernel or container).
     #[error("/dev/net/tun is missing: this kernel or container has no TUN support")]
     NoTunSupport,

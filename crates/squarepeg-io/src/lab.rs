@@ -103,6 +103,7 @@ impl LabStack {
             name: Some(DEVICE.into()),
             mtu,
             tx_queue_len: None,
+            ..Default::default()
         };
         let device = near
             .run(|| TunDevice::open(&tun))

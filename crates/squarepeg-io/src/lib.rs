@@ -59,6 +59,17 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Offloads
+//!
+//! By default ([`Offload::Auto`] in [`TunConfig::offload`]) the device is opened with
+//! IFF_VNET_HDR and the kernel's TSO and checksum offloads where the kernel supports them
+//! (a warning is logged otherwise, and the driver runs one packet per system call). Reads then
+//! deliver the kernel's TCP super-packets of up to 64 KB, which the driver splits into
+//! MSS-sized segments with complete checksums; writes coalesce consecutive segments of a flow
+//! (GRO) into one super-packet the kernel receives in one pass, without checksumming it. The
+//! TCP core still sees and makes ordinary segments, and so do the capture and the impairment
+//! shim. [`DeviceStats`] counts the system calls and the super-packets both ways.
+//!
 //! # Impairments and captures
 //!
 //! [`StackConfig::impairment`] puts the lab's link model ([`squarepeg_lab::model`]), one
@@ -77,13 +88,14 @@ mod device;
 mod error;
 pub mod lab;
 mod netns;
+mod offload;
 mod setup;
 mod shim;
 mod stack;
 mod stream;
 
 pub use device::{
-    InterfaceCounters, MIN_MTU, TunConfig, TunDevice, validate_device_name, validate_mtu,
+    InterfaceCounters, MIN_MTU, Offload, TunConfig, TunDevice, validate_device_name, validate_mtu,
 };
 pub use error::Error;
 pub use netns::NetNs;

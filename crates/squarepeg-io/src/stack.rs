@@ -19,14 +19,15 @@ use std::time::{Duration, Instant, SystemTime};
 
 use squarepeg_lab::pcap::PcapWriter;
 use squarepeg_tcp::{
-    CloseReason, ConnectionConfig, ConnectionHandle, Endpoint, EndpointConfig, EndpointStats,
-    Event, ListenerHandle,
+    CloseReason, ConnectionConfig, ConnectionHandle, DropReason, Endpoint, EndpointConfig,
+    EndpointStats, Event, ListenerHandle,
 };
 use tokio::io::Interest;
 use tokio::sync::Notify;
 
 use crate::device::TunDevice;
 use crate::error::{Error, stopped_error, tcp_to_io};
+use crate::offload::{self, RxPacket};
 use crate::setup::check_unicast;
 use crate::shim::{Impairment, Shim, ShimStats};
 use crate::stream::{TcpListener, TcpStream};
@@ -131,6 +132,25 @@ pub struct DeviceStats {
     pub write_errors: u64,
     /// Packets read that were longer than the MTU the driver started with (dropped).
     pub truncated: u64,
+    /// Read system calls that returned a packet (with offloads, one may carry many segments;
+    /// `packets_read` and `bytes_read` count the segments).
+    pub reads: u64,
+    /// Write system calls that moved a packet (with offloads, one may carry many segments;
+    /// `packets_written` and `bytes_written` count the segments).
+    pub writes: u64,
+    /// Offloads: reads that carried a TCP super-packet (the kernel's TSO output).
+    pub gso_reads: u64,
+    /// Offloads: segments those super-packets were split into.
+    pub gso_segments: u64,
+    /// Offloads: writes of coalesced TCP super-packets (GRO).
+    pub gro_writes: u64,
+    /// Offloads: segments coalesced into those writes.
+    pub gro_segments: u64,
+    /// Offloads: reads dropped because their virtio-net header or super-packet was malformed.
+    pub offload_errors: u64,
+    /// Offloads: packets the kernel did not vouch for whose checksum the driver found wrong
+    /// (dropped; without offloads the endpoint counts these).
+    pub bad_checksums: u64,
     /// Driver turns (one read batch, one send batch).
     pub turns: u64,
     /// Packets captured to pcap.
@@ -296,6 +316,7 @@ pub struct Stack {
     done: Option<tokio::sync::oneshot::Receiver<()>>,
     device_name: String,
     mtu: u16,
+    offload: bool,
 }
 
 impl std::fmt::Debug for Stack {
@@ -303,6 +324,7 @@ impl std::fmt::Debug for Stack {
         f.debug_struct("Stack")
             .field("device", &self.device_name)
             .field("mtu", &self.mtu)
+            .field("offload", &self.offload)
             .finish()
     }
 }
@@ -343,6 +365,12 @@ impl Stack {
         let shim = impairment.as_ref().map(Shim::new).transpose()?;
         let mtu = device.mtu();
         connection.mtu = mtu;
+        // With offloads the driver hands the endpoint only packets whose checksums are known
+        // good (see `offload.rs`); it verifies the others itself.
+        let verify_in_driver = device.offload() && endpoint.verify_checksums;
+        if device.offload() {
+            endpoint.verify_checksums = false;
+        }
         endpoint.secret = os_random_secret()?;
         endpoint.local_addresses = addresses.clone();
         let state = State {
@@ -361,6 +389,7 @@ impl Stack {
             wake_driver: Notify::new(),
         });
         let device_name = device.name().to_string();
+        let offload = device.offload();
         let batch = batch.max(1);
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         let driver_shared = shared.clone();
@@ -368,7 +397,14 @@ impl Stack {
             .name(format!("squarepeg-io {device_name}"))
             .spawn(move || {
                 let run = std::panic::AssertUnwindSafe(|| {
-                    run_driver(driver_shared.clone(), device, shim, capture, batch)
+                    run_driver(
+                        driver_shared.clone(),
+                        device,
+                        shim,
+                        capture,
+                        batch,
+                        verify_in_driver,
+                    )
                 });
                 // Nothing here should panic; if something does, the handles must still learn
                 // that the driver is gone rather than wait for it forever.
@@ -408,7 +444,13 @@ impl Stack {
             done: Some(done_rx),
             device_name,
             mtu,
+            offload,
         })
+    }
+
+    /// Whether the driver moves packets with TUN offloads (see [`TunDevice::offload`]).
+    pub fn offload(&self) -> bool {
+        self.offload
     }
 
     /// The TUN device's name.
@@ -593,23 +635,106 @@ impl Drop for Stack {
     }
 }
 
-/// A batch of packet buffers.
-struct Batch {
-    bufs: Vec<Box<[u8]>>,
-    lens: Vec<usize>,
+/// The packets of one turn's reads, in one arena. Without offloads each read has a slot of
+/// MTU bytes; with offloads a read takes what it needs (the raw super-packet, then its
+/// segments), and reading stops while less than a worst-case read is left.
+struct Inbound {
+    arena: Vec<u8>,
+    packets: Vec<RxPacket>,
+    /// Segment lengths of one split (offloads).
+    sizes: Vec<usize>,
 }
 
-impl Batch {
-    fn new(count: usize, size: usize) -> Self {
-        Batch {
-            bufs: (0..count)
-                .map(|_| vec![0u8; size].into_boxed_slice())
-                .collect(),
-            lens: vec![0; count],
+impl Inbound {
+    fn new(batch: usize, mtu: usize, offload: bool) -> Self {
+        let size = if offload {
+            2 * offload::READ_RESERVE
+        } else {
+            batch * mtu
+        };
+        Inbound {
+            arena: vec![0u8; size],
+            packets: Vec::with_capacity(batch),
+            sizes: vec![0; if offload { offload::MAX_SEGMENTS } else { 0 }],
         }
     }
     fn packet(&self, i: usize) -> &[u8] {
-        &self.bufs[i][..self.lens[i]]
+        let p = self.packets[i];
+        &self.arena[p.start..p.start + p.len]
+    }
+}
+
+/// Packets to write in one turn, each after `headroom` bytes (the virtio-net header with
+/// offloads). Buffers are kept between turns; GRO may grow one to a 64 KB super-packet.
+struct Outbound {
+    bufs: Vec<Vec<u8>>,
+    count: usize,
+    headroom: usize,
+    mtu: usize,
+    gro: Option<tun_rs::GROTable>,
+}
+
+impl Outbound {
+    fn new(batch: usize, mtu: usize, offload: bool) -> Self {
+        let headroom = if offload {
+            tun_rs::VIRTIO_NET_HDR_LEN
+        } else {
+            0
+        };
+        Outbound {
+            bufs: (0..batch)
+                .map(|_| Outbound::buffer(headroom, mtu))
+                .collect(),
+            count: 0,
+            headroom,
+            mtu,
+            gro: offload.then(tun_rs::GROTable::new),
+        }
+    }
+
+    /// A buffer of `headroom + mtu` bytes. With offloads, GRO appends the segments it merges
+    /// to the first of their flow, and only into capacity that is already there (twice the
+    /// header room and a 64 KB packet, as tun-rs checks).
+    fn buffer(headroom: usize, mtu: usize) -> Vec<u8> {
+        let capacity = if headroom > 0 {
+            2 * headroom + offload::MAX_PACKET
+        } else {
+            mtu
+        };
+        let mut buf = Vec::with_capacity(capacity);
+        buf.resize(headroom + mtu, 0);
+        buf
+    }
+
+    /// The next free buffer, `headroom + mtu` long.
+    fn next_buf(&mut self) -> &mut Vec<u8> {
+        if self.count == self.bufs.len() {
+            self.bufs.push(Outbound::buffer(self.headroom, self.mtu));
+        }
+        let buf = &mut self.bufs[self.count];
+        buf.resize(self.headroom + self.mtu, 0);
+        buf
+    }
+
+    /// Keeps the packet just produced in the next free buffer (`n` bytes after the headroom).
+    fn commit(&mut self, n: usize) {
+        let buf = &mut self.bufs[self.count];
+        buf.truncate(self.headroom + n);
+        if self.headroom > 0 {
+            offload::mark_unsent(buf);
+        }
+        self.count += 1;
+    }
+
+    fn push(&mut self, packet: &[u8]) {
+        let headroom = self.headroom;
+        let buf = self.next_buf();
+        buf[headroom..headroom + packet.len()].copy_from_slice(packet);
+        self.commit(packet.len());
+    }
+
+    fn packet(&self, i: usize) -> &[u8] {
+        &self.bufs[i][self.headroom..]
     }
 }
 
@@ -721,10 +846,54 @@ impl DeviceIo {
         Ok(())
     }
 
+    /// Writes a batch with GRO (offloads): consecutive segments of a flow go out as one
+    /// super-packet. The segments were captured already, as the endpoint made them.
+    fn send_coalesced(&mut self, out: &mut Outbound) -> io::Result<()> {
+        let Some(gro) = out.gro.as_mut() else {
+            return Ok(());
+        };
+        let count = out.count;
+        for buf in &out.bufs[..count] {
+            self.stats.packets_written += 1;
+            self.stats.bytes_written += (buf.len() - tun_rs::VIRTIO_NET_HDR_LEN) as u64;
+        }
+        let result = self.fd.get_ref().send_multiple(
+            gro,
+            &mut out.bufs[..count],
+            tun_rs::VIRTIO_NET_HDR_LEN,
+        );
+        for buf in &out.bufs[..count] {
+            match offload::sent_as(buf) {
+                offload::Sent::Merged => {}
+                offload::Sent::Plain => self.stats.writes += 1,
+                offload::Sent::Coalesced(segments) => {
+                    self.stats.writes += 1;
+                    self.stats.gro_writes += 1;
+                    self.stats.gro_segments += segments;
+                }
+            }
+        }
+        match result {
+            Ok(_) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBADFD) => Err(e),
+            Err(e) => {
+                // A write the kernel refused (or "try again", which a TUN device does not say
+                // with its unlimited send buffer): the packets are lost and TCP retransmits
+                // them, as without offloads.
+                if self.stats.write_errors == 0 {
+                    tracing::warn!("writing to the TUN device: {e}");
+                }
+                self.stats.write_errors += 1;
+                Ok(())
+            }
+        }
+    }
+
     /// One write; `Ok(false)` when the device says "try again".
     fn write_now(&mut self, packet: &[u8]) -> io::Result<bool> {
         match write_packet(&self.fd, packet) {
             Ok(true) => {
+                self.stats.writes += 1;
                 self.stats.packets_written += 1;
                 self.stats.bytes_written += packet.len() as u64;
                 self.capture(packet);
@@ -748,10 +917,15 @@ impl DeviceIo {
 struct Driver {
     shared: Arc<Shared>,
     io: DeviceIo,
-    rx: Batch,
-    tx: Batch,
+    rx: Inbound,
+    tx: Outbound,
     shim: Option<Shim>,
     batch: usize,
+    /// The device runs with offloads (virtio-net headers).
+    offload: bool,
+    /// Verify the checksums of packets the kernel did not vouch for (offloads; the endpoint
+    /// then verifies none).
+    verify_in_driver: bool,
     wake: Vec<Waker>,
 }
 
@@ -770,6 +944,7 @@ fn run_driver(
     shim: Option<Shim>,
     capture: Option<Capture>,
     batch: usize,
+    verify_in_driver: bool,
 ) -> Result<(), String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -777,6 +952,7 @@ fn run_driver(
         .map_err(|e| format!("starting the driver's runtime: {e}"))?;
     runtime.block_on(async move {
         let mtu = usize::from(device.mtu());
+        let offload = device.offload();
         device
             .device
             .set_nonblocking(true)
@@ -794,10 +970,12 @@ fn run_driver(
                 capture_error: None,
                 stats: DeviceStats::default(),
             },
-            rx: Batch::new(batch, mtu),
-            tx: Batch::new(batch, mtu),
+            rx: Inbound::new(batch, mtu, offload),
+            tx: Outbound::new(batch, mtu, offload),
             shim,
             batch,
+            offload,
+            verify_in_driver,
             wake: Vec::new(),
         };
         let r = driver.run().await;
@@ -840,13 +1018,15 @@ impl Driver {
         }
     }
 
-    /// One turn: read a batch, feed it to the endpoint, run due timers, send a batch.
-    fn turn(&mut self) -> io::Result<Turn> {
-        let io_ready = self.io.flush_unsent()?;
-        let mut received = 0;
+    /// Reads up to a batch of packets into `rx`; true if it stopped because the batch (or the
+    /// arena) was full rather than because the device had nothing more.
+    fn read_plain(&mut self) -> io::Result<bool> {
+        let mtu = self.rx.arena.len() / self.batch;
+        self.rx.packets.clear();
         let mut reads = 0;
         while reads < self.batch {
-            let buf = &mut self.rx.bufs[received];
+            let start = self.rx.packets.len() * mtu;
+            let buf = &mut self.rx.arena[start..start + mtu];
             match read_packet(&self.io.fd, buf)? {
                 // A packet longer than the buffer (the MTU was raised under the driver) is cut
                 // to the buffer by the read: drop it, counted, rather than hand the endpoint a
@@ -855,15 +1035,93 @@ impl Driver {
                     self.io.stats.truncated += 1
                 }
                 Some(n) => {
-                    self.rx.lens[received] = n;
-                    received += 1;
+                    self.io.stats.reads += 1;
+                    self.rx.packets.push(RxPacket {
+                        start,
+                        len: n,
+                        checked: false,
+                    });
                 }
                 None => break,
             }
             reads += 1;
         }
+        Ok(reads == self.batch)
+    }
+
+    /// Reads with offloads: each read is one packet or a super-packet split into segments,
+    /// until a batch of segments is in or the arena cannot take another worst-case read.
+    fn read_offload(&mut self) -> io::Result<bool> {
+        use tun_rs::VIRTIO_NET_HDR_LEN;
+        self.rx.packets.clear();
+        let mut used = 0;
+        loop {
+            if self.rx.packets.len() >= self.batch
+                || self.rx.arena.len() - used < offload::READ_RESERVE
+            {
+                return Ok(true);
+            }
+            let region = &mut self.rx.arena[used..];
+            let limit = VIRTIO_NET_HDR_LEN + offload::MAX_PACKET + 1;
+            let Some(n) = read_packet(&self.io.fd, &mut region[..limit])? else {
+                return Ok(false);
+            };
+            self.io.stats.reads += 1;
+            if n == limit {
+                self.io.stats.truncated += 1;
+                continue;
+            }
+            let first = self.rx.packets.len();
+            match offload::unpack_read(region, n, used, &mut self.rx.packets, &mut self.rx.sizes) {
+                Ok((taken, what)) => {
+                    used += taken;
+                    if let offload::Unpacked::Split(segments) = what {
+                        self.io.stats.gso_reads += 1;
+                        self.io.stats.gso_segments += segments as u64;
+                    }
+                }
+                Err(offload::Malformed(why)) => {
+                    if self.io.stats.offload_errors == 0 {
+                        tracing::warn!("dropped a packet from the TUN device: {why}");
+                    }
+                    self.io.stats.offload_errors += 1;
+                    continue;
+                }
+            }
+            if self.verify_in_driver {
+                // Packets the kernel did not vouch for: the core's own verification
+                // (RFC 9293 §3.1, RFC 791 §3.1), here because the endpoint now skips it.
+                let mut i = first;
+                while i < self.rx.packets.len() {
+                    let p = self.rx.packets[i];
+                    let bytes = &self.rx.arena[p.start..p.start + p.len];
+                    if !p.checked
+                        && matches!(
+                            squarepeg_tcp::wire::parse_packet(bytes, true),
+                            Err(DropReason::BadIpChecksum | DropReason::BadTcpChecksum)
+                        )
+                    {
+                        self.io.stats.bad_checksums += 1;
+                        self.rx.packets.remove(i);
+                    } else {
+                        i += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One turn: read a batch, feed it to the endpoint, run due timers, send a batch.
+    fn turn(&mut self) -> io::Result<Turn> {
+        let io_ready = self.io.flush_unsent()?;
+        let read_full = if self.offload {
+            self.read_offload()?
+        } else {
+            self.read_plain()?
+        };
+        let received = self.rx.packets.len();
         for i in 0..received {
-            let n = self.rx.lens[i];
+            let n = self.rx.packets[i].len;
             self.io.stats.packets_read += 1;
             self.io.stats.bytes_read += n as u64;
             if self.io.capture.is_some() {
@@ -897,19 +1155,18 @@ impl Driver {
             st.endpoint.handle_timeout(now);
         }
         let mut polled = 0;
-        let mut to_send = 0;
+        self.tx.count = 0;
         if io_ready {
+            let headroom = self.tx.headroom;
             while polled < self.batch {
-                let Some(n) = st.endpoint.poll_transmit(now, &mut self.tx.bufs[to_send]) else {
+                let buf = self.tx.next_buf();
+                let Some(n) = st.endpoint.poll_transmit(now, &mut buf[headroom..]) else {
                     break;
                 };
                 polled += 1;
                 match &mut self.shim {
-                    Some(shim) => shim.outbound.offer(now, &self.tx.bufs[to_send][..n]),
-                    None => {
-                        self.tx.lens[to_send] = n;
-                        to_send += 1;
-                    }
+                    Some(shim) => shim.outbound.offer(now, &buf[headroom..headroom + n]),
+                    None => self.tx.commit(n),
                 }
             }
         }
@@ -932,14 +1189,10 @@ impl Driver {
             w.wake();
         }
 
-        for i in 0..to_send {
-            let (tx, io) = (&self.tx, &mut self.io);
-            io.send(tx.packet(i))?;
-        }
         let mut next = timer;
         if let Some(shim) = &mut self.shim {
             while let Some(p) = shim.outbound.pop_due(now) {
-                self.io.send(&p)?;
+                self.tx.push(&p);
                 shim.outbound.recycle(p);
             }
             next = match (next, shim.next_arrival()) {
@@ -947,7 +1200,20 @@ impl Driver {
                 (a, b) => a.or(b),
             };
         }
-        if reads == self.batch || polled == self.batch {
+        if self.offload {
+            // The capture sees the segments as the endpoint made them, before GRO.
+            for i in 0..self.tx.count {
+                let (tx, io) = (&self.tx, &mut self.io);
+                io.capture(tx.packet(i));
+            }
+            self.io.send_coalesced(&mut self.tx)?;
+        } else {
+            for i in 0..self.tx.count {
+                let (tx, io) = (&self.tx, &mut self.io);
+                io.send(tx.packet(i))?;
+            }
+        }
+        if read_full || polled == self.batch {
             Ok(Turn::Busy)
         } else {
             Ok(Turn::Idle(next))

@@ -157,14 +157,23 @@ fn run_case(role: Role, v6: bool, mss: Option<u16>, impaired: bool) {
     eprintln!(
         "{role:?} v6={v6} mss={mss:?} impaired={impaired}: {bytes} B each way in {:.2?}; \
          squarepeg sent {} packets, retransmitted {} ({} fast, {} RTO); \
-         kernel → TUN drops {}; capture {flags:?}",
+         kernel → TUN drops {}; device reads {} writes {} for {} / {} packets, super-packets \
+         split {} coalesced {}; capture {flags:?}",
         started.elapsed(),
         conn_stats.packets_sent,
         conn_stats.packets_retransmitted,
         conn_stats.fast_retransmits,
         conn_stats.rto_timeouts,
         counters.tx_dropped,
+        stats.device.reads,
+        stats.device.writes,
+        stats.device.packets_read,
+        stats.device.packets_written,
+        stats.device.gso_reads,
+        stats.device.gro_writes,
     );
+    assert_eq!(stats.device.offload_errors, 0);
+    assert_eq!(stats.device.bad_checksums, 0);
     assert_eq!(flags.rst, [0, 0], "no RST in the capture: {flags:?}");
     assert!(
         flags.fin[0] >= 1 && flags.fin[1] >= 1,

@@ -253,6 +253,7 @@ impl StackArgs {
             name: Some(self.dev.clone()),
             mtu: self.mtu,
             tx_queue_len: self.txqueuelen.or(self.setup.then_some(4096)),
+            ..Default::default()
         };
         let device = in_ns(&|| Ok(TunDevice::open(&tun)?))?;
         if self.setup {

@@ -15,8 +15,8 @@ use rand_chacha::rand_core::{RngCore, SeedableRng};
 use sha2::{Digest, Sha256};
 use socket2::{Domain, Protocol, Socket, Type};
 use squarepeg_io::{
-    Capture, CloseReason, ConnectionStats, HostSetup, Impairment, InterfaceCounters, NetNs, Stack,
-    StackConfig, StackStats, TcpStream, TunConfig, TunDevice,
+    Capture, CloseReason, ConnectionStats, HostSetup, Impairment, InterfaceCounters, NetNs,
+    Offload, Stack, StackConfig, StackStats, TcpStream, TunConfig, TunDevice,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -85,6 +85,17 @@ pub struct LabOptions {
     pub tx_queue_len: Option<u32>,
     /// Answer every SYN with a SYN cookie (RFC 4987 §3.6).
     pub syn_cookies_always: bool,
+    /// TUN offloads; `SPIO_OFFLOAD=off|on|auto` overrides the default (auto).
+    pub offload: Offload,
+}
+
+/// The offload mode of `SPIO_OFFLOAD` (auto when unset).
+pub fn offload_from_env() -> Offload {
+    match std::env::var("SPIO_OFFLOAD").as_deref() {
+        Ok("off") => Offload::Off,
+        Ok("on") => Offload::On,
+        _ => Offload::Auto,
+    }
 }
 
 impl Default for LabOptions {
@@ -96,6 +107,7 @@ impl Default for LabOptions {
             capture: None,
             tx_queue_len: std::env::var("SPIO_TXQ").ok().and_then(|v| v.parse().ok()),
             syn_cookies_always: false,
+            offload: offload_from_env(),
         }
     }
 }
@@ -116,6 +128,7 @@ impl Lab {
             name: Some(DEVICE.into()),
             mtu: Some(options.mtu),
             tx_queue_len: options.tx_queue_len,
+            offload: options.offload,
         };
         let device = ns
             .run(|| TunDevice::open(&tun))

@@ -20,7 +20,9 @@ use anyhow::{Context, bail, ensure};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
-use squarepeg_io::{HostSetup, InterfaceCounters, NetNs, Stack, StackConfig, TunConfig, TunDevice};
+use squarepeg_io::{
+    HostSetup, InterfaceCounters, NetNs, Offload, Stack, StackConfig, TunConfig, TunDevice,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::cmd::tcp::{parse_bytes, rate};
@@ -42,6 +44,10 @@ pub struct TcpBenchArgs {
     /// Packets the driver reads, or sends, per turn.
     #[arg(long, default_value_t = squarepeg_io::DEFAULT_BATCH)]
     batch: usize,
+    /// squarepeg with TUN offloads (IFF_VNET_HDR: the kernel's TSO super-packets split on
+    /// read, squarepeg's segments coalesced on write), without, or both next to each other.
+    #[arg(long, value_enum, default_value_t = OffloadChoice::Both)]
+    offload: OffloadChoice,
     /// Print one JSON document instead of a table.
     #[arg(long)]
     json: bool,
@@ -54,6 +60,24 @@ pub struct TcpBenchArgs {
     peer: Option<PeerRole>,
     #[arg(long, hide = true)]
     peer_addr: Option<SocketAddr>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum OffloadChoice {
+    On,
+    Off,
+    Both,
+}
+
+impl OffloadChoice {
+    fn modes(self) -> &'static [bool] {
+        match self {
+            OffloadChoice::On => &[true],
+            OffloadChoice::Off => &[false],
+            OffloadChoice::Both => &[false, true],
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -84,17 +108,24 @@ pub fn run(a: TcpBenchArgs) -> anyhow::Result<()> {
             .with_context(|| format!("kernel ↔ kernel over veth, MTU {mtu}"))?;
         rows.push(baseline);
         for direction in [Direction::SquarepegSends, Direction::SquarepegReceives] {
-            let r = squarepeg_over_tun(
-                mtu,
-                a.bytes,
-                a.txqueuelen,
-                buffer,
-                a.batch,
-                direction,
-                a.quiet,
-            )
-            .with_context(|| format!("squarepeg over TUN, MTU {mtu}, {direction:?}"))?;
-            rows.push(r);
+            for &offload in a.offload.modes() {
+                let r = squarepeg_over_tun(
+                    &TunRun {
+                        mtu,
+                        bytes: a.bytes,
+                        txqueuelen: a.txqueuelen,
+                        buffer,
+                        batch: a.batch,
+                        offload,
+                    },
+                    direction,
+                    a.quiet,
+                )
+                .with_context(|| {
+                    format!("squarepeg over TUN, MTU {mtu}, {direction:?}, offload {offload}")
+                })?;
+                rows.push(r);
+            }
         }
     }
     let report = Report::new(rows, &a);
@@ -176,6 +207,11 @@ struct Row {
     /// transfer time: near 1 means the driver thread is the bottleneck.
     driver_cpu: Option<f64>,
     driver_busy: Option<f64>,
+    /// For squarepeg rows: whether TUN offloads were on.
+    offload: Option<bool>,
+    /// For squarepeg rows: segments moved per read and per write system call.
+    segments_per_read: Option<f64>,
+    segments_per_write: Option<f64>,
 }
 
 fn per_gib(cpu: Cpu, bytes: u64) -> f64 {
@@ -389,25 +425,39 @@ fn kernel_over_veth(mtu: u16, bytes: u64, quiet: bool) -> anyhow::Result<Row> {
         seconds: got.seconds,
         driver_cpu: None,
         driver_busy: None,
+        offload: None,
+        segments_per_read: None,
+        segments_per_write: None,
     })
 }
 
 // ------------------------------------------------------------------ squarepeg ↔ kernel
 
-fn squarepeg_over_tun(
+/// The settings of one squarepeg run.
+struct TunRun {
     mtu: u16,
     bytes: u64,
     txqueuelen: u32,
     buffer: usize,
     batch: usize,
-    direction: Direction,
-    quiet: bool,
-) -> anyhow::Result<Row> {
+    offload: bool,
+}
+
+fn squarepeg_over_tun(run: &TunRun, direction: Direction, quiet: bool) -> anyhow::Result<Row> {
+    let &TunRun {
+        mtu,
+        bytes,
+        txqueuelen,
+        buffer,
+        batch,
+        offload,
+    } = run;
     let ns = NetNs::create(&unique(&format!("t{mtu}")))?;
     let tun = TunConfig {
         name: Some("sp0".into()),
         mtu: Some(mtu),
         tx_queue_len: Some(txqueuelen),
+        offload: if offload { Offload::On } else { Offload::Off },
     };
     let device = ns.run(|| TunDevice::open(&tun))??;
     let mut setup = HostSetup::lab("sp0");
@@ -424,9 +474,12 @@ fn squarepeg_over_tun(
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let with = if offload { "offloads" } else { "no offloads" };
     let label = match direction {
-        Direction::SquarepegSends => format!("squarepeg → kernel over TUN, MTU {mtu}"),
-        Direction::SquarepegReceives => format!("kernel → squarepeg over TUN, MTU {mtu}"),
+        Direction::SquarepegSends => format!("squarepeg → kernel over TUN, MTU {mtu}, {with}"),
+        Direction::SquarepegReceives => {
+            format!("kernel → squarepeg over TUN, MTU {mtu}, {with}")
+        }
     };
     let bar = bytes_bar(quiet, bytes, label.clone());
     let outcome = rt.block_on(async {
@@ -492,14 +545,18 @@ fn squarepeg_over_tun(
         .ok();
     let final_stats = rt.block_on(stack.shutdown())?;
     let (seconds, sender_cpu, receiver_cpu, retransmitted) = outcome?;
-    let driver_cpu = final_stats.device.driver_cpu.as_secs_f64();
+    let device = &final_stats.device;
+    let driver_cpu = device.driver_cpu.as_secs_f64();
+    let per_call = |segments: u64, calls: u64| (calls > 0).then(|| segments as f64 / calls as f64);
     if !quiet {
         eprintln!("{label}: {}", rate(bytes, seconds));
     }
     Ok(Row {
-        contender: match direction {
-            Direction::SquarepegSends => "squarepeg → kernel (TUN)".into(),
-            Direction::SquarepegReceives => "kernel → squarepeg (TUN)".into(),
+        contender: match (direction, offload) {
+            (Direction::SquarepegSends, false) => "squarepeg → kernel (TUN)".into(),
+            (Direction::SquarepegSends, true) => "squarepeg → kernel (TUN+offload)".into(),
+            (Direction::SquarepegReceives, false) => "kernel → squarepeg (TUN)".into(),
+            (Direction::SquarepegReceives, true) => "kernel → squarepeg (TUN+offload)".into(),
         },
         mtu,
         bytes,
@@ -514,6 +571,9 @@ fn squarepeg_over_tun(
         seconds,
         driver_cpu: Some(driver_cpu),
         driver_busy: Some(driver_cpu / seconds),
+        offload: Some(offload),
+        segments_per_read: per_call(device.packets_read, device.reads),
+        segments_per_write: per_call(device.packets_written, device.writes),
     })
 }
 
@@ -525,6 +585,7 @@ struct Report {
     txqueuelen: u32,
     buffer: u64,
     batch: usize,
+    offload: OffloadChoice,
     cpus: usize,
     rows: Vec<Row>,
 }
@@ -548,6 +609,7 @@ impl Report {
             txqueuelen: a.txqueuelen,
             buffer: a.buffer,
             batch: a.batch,
+            offload: a.offload,
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             rows,
         }
@@ -555,7 +617,7 @@ impl Report {
 
     fn print(&self) {
         println!(
-            "{:<28} {:>6} {:>8} {:>6} {:>14} {:>14} {:>7} {:>9} {:>8}",
+            "{:<34} {:>6} {:>8} {:>6} {:>14} {:>14} {:>7} {:>9} {:>8} {:>11}",
             "contender",
             "MTU",
             "Gbit/s",
@@ -564,11 +626,13 @@ impl Report {
             "recv CPU s/GiB",
             "driver",
             "TUN drops",
-            "retrans"
+            "retrans",
+            "seg/rd,wr"
         );
+        let per_call = |x: Option<f64>| x.map_or_else(|| "-".into(), |v| format!("{v:.1}"));
         for r in &self.rows {
             println!(
-                "{:<28} {:>6} {:>8.2} {:>6} {:>14.2} {:>14.2} {:>7} {:>9} {:>8}",
+                "{:<34} {:>6} {:>8.2} {:>6} {:>14.2} {:>14.2} {:>7} {:>9} {:>8} {:>11}",
                 r.contender,
                 r.mtu,
                 r.bytes_per_second * 8.0 / 1e9,
@@ -586,12 +650,22 @@ impl Report {
                 r.retransmitted_packets
                     .map(|d| d.to_string())
                     .unwrap_or_else(|| "-".into()),
+                if r.offload.is_some() {
+                    format!(
+                        "{},{}",
+                        per_call(r.segments_per_read),
+                        per_call(r.segments_per_write)
+                    )
+                } else {
+                    "-".into()
+                },
             );
         }
         println!(
             "{} bytes per transfer, {} CPUs. squarepeg's CPU includes the kernel's processing \
              of the packets it writes to the TUN device; `driver` is its driver thread's CPU \
-             time over the transfer time.",
+             time over the transfer time; `seg/rd,wr` are the segments per read and per write \
+             system call of the device.",
             self.bytes, self.cpus
         );
     }
