@@ -35,11 +35,32 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(d.next_frame(), Some(Ok(f)));
         assert_eq!(d.next_frame(), None);
     }
-    // The stream decoder on the raw bytes: never panics, bounded.
-    let mut d = StreamDecoder::new(max_body);
+    // The stream decoder on the raw bytes: never panics, bounded, and
+    // agrees with the reassembler fed the same bytes (oversize reports
+    // compared by kind: their length depends on where reads end). Small
+    // reads and a small pinning limit exercise both output paths.
+    let mut d = StreamDecoder::with_buffers(max_body, 1024, 4096);
+    let mut r = squarepeg_framing::Reassembler::new(
+        max_body,
+        squarepeg_framing::Reassembler::min_limit(max_body),
+    )
+    .unwrap();
+    let norm = |f: Result<squarepeg_framing::Frame, squarepeg_framing::FrameError>| match f {
+        Err(squarepeg_framing::FrameError::Oversize { limit, .. }) => {
+            Err(squarepeg_framing::FrameError::Oversize { len: 0, limit })
+        }
+        other => other,
+    };
+    let mut offset = 0u64;
     for piece in data.chunks(7) {
         d.push(piece);
-        while d.next_frame().is_some() {}
+        r.insert(offset, piece).unwrap();
+        offset += piece.len() as u64;
+        while let Some(f) = d.next_frame() {
+            let g = r.next_frame().expect("the reassembler found the frame too");
+            assert_eq!(norm(f), norm(g.map(|g| g.frame).map_err(|e| e.error)));
+        }
+        assert!(r.next_frame().is_none());
         assert!(d.buffered() <= squarepeg_framing::cobs::max_encoded_len(max_body));
     }
 });

@@ -73,7 +73,7 @@ fuzz_target!(|input: Input| {
             }
         } else {
             encode_frame(&header, &spec.payload, &mut wire).unwrap();
-            sent.insert(at, Frame { header, payload: spec.payload.clone() });
+            sent.insert(at, Frame { header, payload: spec.payload.clone().into() });
         }
         wire.resize(wire.len() + usize::from(spec.zeros_after % 4), 0);
     }

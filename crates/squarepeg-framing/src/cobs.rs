@@ -336,7 +336,7 @@ pub fn decode_run_into(input: &[u8], out: &mut [u8]) -> Result<usize, CobsError>
 /// Small blocks (at most this many bytes with their code) are decoded in
 /// windows of this size: one fixed-size copy for all the blocks inside,
 /// then a zero written where each code byte stood.
-const WINDOW: usize = 64;
+pub const WINDOW: usize = 64;
 
 /// The decoding loop, for an input without zero bytes.
 fn decode_blocks(input: &[u8], out: &mut [u8]) -> Result<usize, CobsError> {

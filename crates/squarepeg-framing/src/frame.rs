@@ -6,6 +6,10 @@
 //! two different transmissions of the same sequence range (Hollywood §4.5).
 //! The checksum is written big-endian.
 
+use std::ops::Range;
+
+use bytes::Bytes;
+
 use crate::header::MAX_HEADER_LEN;
 use crate::{CobsError, FrameError, FrameHeader, FrameKind, cobs};
 
@@ -20,11 +24,13 @@ pub const DEFAULT_MAX_BODY: usize = 1 << 20;
 /// zero bytes, which receivers skip as empty frames.
 pub const MIN_PADDING_FRAME: usize = 2 + 1 + 2 + CRC_LEN;
 
-/// A decoded frame.
+/// A decoded frame. The payload is a [`Bytes`]: the in-order decoder
+/// hands out slices of one shared buffer per read instead of allocating
+/// a buffer per frame.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Frame {
     pub header: FrameHeader,
-    pub payload: Vec<u8>,
+    pub payload: Bytes,
 }
 
 /// Padding frames are at most this long on the wire; a longer gap is padded
@@ -51,25 +57,44 @@ pub fn encode_frame(
     {
         return Err(FrameError::OffsetOverflow);
     }
-    let crc = crc32c::crc32c_append(crc32c::crc32c(head), payload).to_be_bytes();
     let start = out.len();
     out.reserve(cobs::max_encoded_len(head_len + payload.len() + CRC_LEN) + 2);
     out.push(0);
-    let mut enc = cobs::Encoder::new(out);
-    enc.push(head);
-    enc.push(payload);
-    enc.push(&crc);
-    enc.finish();
+    if payload.len() <= SMALL_PAYLOAD {
+        // A small frame: gather the body on the stack, so that the
+        // checksum and the encoder each make one call, not three.
+        let mut body = [0u8; MAX_HEADER_LEN + SMALL_PAYLOAD + CRC_LEN];
+        let crc_at = head_len + payload.len();
+        body[..head_len].copy_from_slice(head);
+        body[head_len..crc_at].copy_from_slice(payload);
+        let crc = crate::crc::crc32c(&[&body[..crc_at]]).to_be_bytes();
+        body[crc_at..crc_at + CRC_LEN].copy_from_slice(&crc);
+        cobs::encode(&body[..crc_at + CRC_LEN], out);
+    } else {
+        let crc = crate::crc::crc32c(&[head, payload]).to_be_bytes();
+        let mut enc = cobs::Encoder::new(out);
+        enc.push(head);
+        enc.push(payload);
+        enc.push(&crc);
+        enc.finish();
+    }
     out.push(0);
     Ok(out.len() - start)
 }
+
+/// Payloads up to this size are encoded from one contiguous copy of the
+/// body (see [`encode_frame`]); larger ones in place, as parts.
+const SMALL_PAYLOAD: usize = 128;
 
 /// Decodes the bytes between two markers (no zero byte inside) into a frame,
 /// checking the CRC. `max_body` bounds the decoded body.
 pub fn decode_frame(encoded: &[u8], max_body: usize) -> Result<Frame, FrameError> {
     let mut payload = Vec::new();
     let header = decode_frame_into(encoded, max_body, &mut payload)?;
-    Ok(Frame { header, payload })
+    Ok(Frame {
+        header,
+        payload: payload.into(),
+    })
 }
 
 /// Like [`decode_frame`], but writes the payload into `payload` (cleared
@@ -114,7 +139,59 @@ pub(crate) fn decode_run(encoded: &[u8], max_body: usize) -> Result<Frame, Frame
     }
     let mut payload = Vec::new();
     let header = decode_zero_free(encoded, max_body, &mut payload)?;
-    Ok(Frame { header, payload })
+    Ok(Frame {
+        header,
+        payload: payload.into(),
+    })
+}
+
+/// Decodes a run the decoders found between two markers (non-empty, no
+/// zero byte) into the front of `out`, whole body at once, and checks it:
+/// the same checks in the same order as [`decode_frame`]. Returns the
+/// header and where the payload lies in `out`. `out` must hold the body
+/// (`encoded.len()` bytes always suffice); [`cobs::WINDOW`] bytes of slack
+/// beyond that let the decoder copy small blocks in fixed-size windows.
+/// The checksum runs over the decoded body in one pass, while it is still
+/// in cache.
+pub(crate) fn decode_run_to_slice(
+    encoded: &[u8],
+    max_body: usize,
+    out: &mut [u8],
+) -> Result<(FrameHeader, Range<usize>), FrameError> {
+    debug_assert!(!encoded.is_empty());
+    if encoded.len() > cobs::max_encoded_len(max_body) {
+        return Err(FrameError::Oversize {
+            len: encoded.len(),
+            limit: max_body,
+        });
+    }
+    let body_len = cobs::decode_run_into(encoded, out)?;
+    if body_len > max_body {
+        return Err(FrameError::Oversize {
+            len: body_len,
+            limit: max_body,
+        });
+    }
+    let body = &out[..body_len];
+    let (header, head_len) = FrameHeader::decode(body)?;
+    let Some(crc_at) = body_len.checked_sub(CRC_LEN).filter(|&at| at >= head_len) else {
+        return Err(FrameError::TooShort);
+    };
+    let mut crc = [0u8; CRC_LEN];
+    crc.copy_from_slice(&body[crc_at..]);
+    let expected = u32::from_be_bytes(crc);
+    let computed = crate::crc::crc32c(&[&body[..crc_at]]);
+    if expected != computed {
+        return Err(FrameError::ChecksumMismatch { expected, computed });
+    }
+    if let FrameHeader::StreamChunk { offset, .. } = header
+        && offset
+            .checked_add((crc_at - head_len) as u64)
+            .is_none_or(|end| end > crate::varint::MAX)
+    {
+        return Err(FrameError::OffsetOverflow);
+    }
+    Ok((header, head_len..crc_at))
 }
 
 /// Decodes a frame whose encoding is known to be non-empty and zero-free
@@ -164,7 +241,7 @@ pub(crate) fn decode_zero_free(
     let mut crc = [0u8; CRC_LEN];
     crc.copy_from_slice(&payload[crc_at..]);
     let expected = u32::from_be_bytes(crc);
-    let computed = crc32c::crc32c_append(crc32c::crc32c(&head[..head_len]), &payload[..crc_at]);
+    let computed = crate::crc::crc32c(&[&head[..head_len], &payload[..crc_at]]);
     if expected != computed {
         return Err(FrameError::ChecksumMismatch { expected, computed });
     }
@@ -255,7 +332,7 @@ fn encode_padding_frame(wire_len: usize, out: &mut Vec<u8>) {
     const ZEROS: [u8; MAX_PADDING_FRAME] = [0; MAX_PADDING_FRAME];
     let zeros = wire_len - MIN_PADDING_FRAME;
     let head = [(crate::VERSION << 4) | FrameKind::Padding as u8, 0];
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&head), &ZEROS[..zeros]).to_be_bytes();
+    let crc = crate::crc::crc32c(&[&head, &ZEROS[..zeros]]).to_be_bytes();
     let start = out.len();
     out.push(0);
     let mut enc = cobs::Encoder::new(out);
@@ -298,7 +375,7 @@ pub mod reference {
         let mut crc = [0u8; CRC_LEN];
         crc.copy_from_slice(&body[crc_at..]);
         let expected = u32::from_be_bytes(crc);
-        let computed = crc32c::crc32c(&body[..crc_at]);
+        let computed = crate::crc::crc32c(&[&body[..crc_at]]);
         if expected != computed {
             return Err(FrameError::ChecksumMismatch { expected, computed });
         }
@@ -313,7 +390,7 @@ pub mod reference {
         body.drain(..header_len);
         Ok(Frame {
             header,
-            payload: body,
+            payload: body.into(),
         })
     }
 }
@@ -341,7 +418,7 @@ mod tests {
             f,
             Frame {
                 header: h,
-                payload: payload.to_vec()
+                payload: Bytes::copy_from_slice(payload)
             }
         );
     }
@@ -454,7 +531,7 @@ mod tests {
             cobs::reference::encode(&body, &mut expected);
             prop_assert_eq!(inner, &expected[..]);
             let frame = decode_frame(inner, DEFAULT_MAX_BODY).unwrap();
-            prop_assert_eq!(&frame, &Frame { header, payload: payload.clone() });
+            prop_assert_eq!(&frame, &Frame { header, payload: payload.clone().into() });
             let mut reused = vec![1, 2, 3];
             prop_assert_eq!(decode_frame_into(inner, DEFAULT_MAX_BODY, &mut reused), Ok(header));
             prop_assert_eq!(reused, payload);
@@ -490,7 +567,18 @@ mod tests {
             if truncate && !enc.is_empty() {
                 enc.truncate(cut.index(enc.len()));
             }
-            prop_assert_eq!(decode_frame(&enc, max_body), reference::decode_frame(&enc, max_body));
+            let expected = reference::decode_frame(&enc, max_body);
+            prop_assert_eq!(decode_frame(&enc, max_body), expected.clone());
+            // The whole-body decoder the stream decoder uses, on runs
+            // between markers (non-empty, zero-free).
+            if !enc.is_empty() && !enc.contains(&0) {
+                let mut out = vec![0xee; enc.len() + cobs::WINDOW];
+                let got = decode_run_to_slice(&enc, max_body, &mut out).map(|(header, range)| Frame {
+                    header,
+                    payload: Bytes::copy_from_slice(&out[range]),
+                });
+                prop_assert_eq!(got, expected);
+            }
         }
     }
 

@@ -115,7 +115,10 @@ impl FrameHeader {
         if let Some((a, b)) = fields {
             for v in [a, b] {
                 let (bytes, len) = varint::to_bytes(v)?;
-                buf[n..n + len].copy_from_slice(&bytes[..len]);
+                // Copy all eight bytes (a fixed-size move, not a memcpy
+                // call): the next field or the unused tail overwrites the
+                // excess, and two fields never need more than the array.
+                buf[n..n + 8].copy_from_slice(&bytes);
                 n += len;
             }
         }

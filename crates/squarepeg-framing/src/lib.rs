@@ -16,14 +16,19 @@
 //!   in tests) `cobs::reference` holds the plain byte-at-a-time codec the
 //!   fast one is checked against.
 //! - [`frame`]: whole frames: [`encode_frame`], [`decode_frame`] (and
-//!   [`frame::decode_frame_into`] to reuse a payload buffer), CRC32C,
-//!   [`encode_padding`].
+//!   [`frame::decode_frame_into`] to reuse a payload buffer),
+//!   [`encode_padding`]. A [`Frame`]'s payload is a [`bytes::Bytes`].
 //! - [`reassembler`]: the receive side with out-of-order segments:
 //!   [`Reassembler`] takes byte ranges at stream offsets, in any order, with
 //!   duplicates, overlaps and conflicting retransmissions, within a memory
 //!   limit, and yields each complete frame once with its stream offset.
 //! - [`decoder`]: the receive side over an in-order byte stream
-//!   ([`StreamDecoder`], a reassembler fed consecutive offsets).
+//!   ([`StreamDecoder`]): the caller reads into its buffer, one `memchr`
+//!   pass finds the markers, and the frames of a read are decoded into one
+//!   pooled chunk, their payloads [`bytes::Bytes`] slices of it (no
+//!   allocation or copy per frame); it reports exactly what the
+//!   [`Reassembler`] reports for the same bytes (tested against it).
+//! - `crc`: CRC32C, by `crc-fast` (carry-less multiplication folding).
 //! - [`sample`]: deterministic sample payloads (random, text-like,
 //!   zero-heavy) for the benchmarks and tests.
 //!
@@ -35,6 +40,7 @@
 //! a value, and every buffer a peer can grow is bounded.
 
 pub mod cobs;
+mod crc;
 pub mod decoder;
 pub mod frame;
 pub mod header;

@@ -449,7 +449,7 @@ impl Reassembler {
                 self.stats.conflict_ignored += 1;
                 continue;
             };
-            let id = (lo, encoded.len(), crc32c::crc32c(encoded));
+            let id = (lo, encoded.len(), crate::crc::crc32c(&[encoded]));
             if self.conflict_frames.contains(&id) {
                 self.stats.conflict_ignored += 1;
                 continue;

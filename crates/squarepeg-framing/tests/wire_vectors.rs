@@ -145,7 +145,10 @@ fn wire_md_vectors_match_the_code() {
                 let mut enc = Vec::new();
                 assert_eq!(encode_frame(&h, &payload, &mut enc), Ok(wire.len()));
                 assert_eq!(enc, wire, "{v:?}");
-                let frame = Frame { header: h, payload };
+                let frame = Frame {
+                    header: h,
+                    payload: payload.into(),
+                };
                 assert_eq!(
                     decode_frame(&wire[1..wire.len() - 1], 1 << 16),
                     Ok(frame.clone())

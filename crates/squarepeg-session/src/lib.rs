@@ -63,6 +63,7 @@ mod hash;
 mod scheduler;
 mod session;
 mod stream;
+mod table;
 mod window;
 
 pub use config::{

@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 
-use crate::hash::IntMap;
+use crate::hash::IntSet;
 
 use crate::Priority;
 
@@ -22,10 +22,12 @@ pub(crate) enum Flow {
 
 #[derive(Debug)]
 pub(crate) struct Scheduler {
-    rings: [VecDeque<Flow>; Priority::LEVELS],
-    /// Deficit of each flow in a ring, in bytes. Present iff the flow is in
-    /// its ring.
-    deficits: IntMap<(u8, Flow), i64>,
+    /// The active flows of each class with their deficits (bytes), in turn
+    /// order. The deficit lives with the flow in its ring, so choosing and
+    /// charging the flow at the front hashes nothing.
+    rings: [VecDeque<(Flow, i64)>; Priority::LEVELS],
+    /// The (class, flow) pairs in the rings, to activate each only once.
+    active: IntSet<(u8, Flow)>,
     quantum: i64,
 }
 
@@ -35,38 +37,36 @@ impl Scheduler {
     pub(crate) fn new(quantum: usize) -> Self {
         Self {
             rings: Default::default(),
-            deficits: IntMap::default(),
+            active: IntSet::default(),
             quantum: quantum.max(1) as i64,
         }
     }
 
     /// Puts `flow` in the ring of `urgency` if it is not there.
     pub(crate) fn activate(&mut self, urgency: Priority, flow: Flow) {
-        let key = (urgency.0, flow);
-        if let std::collections::hash_map::Entry::Vacant(e) = self.deficits.entry(key) {
-            e.insert(0);
-            self.rings[urgency.index()].push_back(flow);
+        if self.active.insert((urgency.0, flow)) {
+            self.rings[urgency.index()].push_back((flow, 0));
         }
     }
 
     /// Takes `flow` out of the ring of `urgency`.
     pub(crate) fn deactivate(&mut self, urgency: Priority, flow: Flow) {
-        if self.deficits.remove(&(urgency.0, flow)).is_some() {
-            self.rings[urgency.index()].retain(|f| *f != flow);
+        if self.active.remove(&(urgency.0, flow)) {
+            self.rings[urgency.index()].retain(|(f, _)| *f != flow);
         }
     }
 
     /// The flow whose turn it is: the most urgent non-empty class, and in it
     /// the first flow with a positive deficit (flows out of deficit get one
-    /// quantum and go to the back).
+    /// quantum and go to the back). The flow returned is at the front of
+    /// its ring.
     pub(crate) fn peek(&mut self) -> Option<(Priority, Flow)> {
         for (u, ring) in self.rings.iter_mut().enumerate() {
             // Each pass adds a quantum to some flow, so this ends within
             // ring.len() rotations.
-            while let Some(&flow) = ring.front() {
-                let deficit = self.deficits.entry((u as u8, flow)).or_insert(0);
+            while let Some((flow, deficit)) = ring.front_mut() {
                 if *deficit > 0 {
-                    return Some((Priority(u as u8), flow));
+                    return Some((Priority(u as u8), *flow));
                 }
                 *deficit += self.quantum;
                 ring.rotate_left(1);
@@ -77,14 +77,17 @@ impl Scheduler {
 
     /// Charges the flow `peek` returned for `bytes` sent.
     pub(crate) fn charge(&mut self, urgency: Priority, flow: Flow, bytes: usize) {
-        if let Some(d) = self.deficits.get_mut(&(urgency.0, flow)) {
+        let ring = &mut self.rings[urgency.index()];
+        // `peek` left it at the front; look further only if the caller
+        // charges some other flow.
+        if let Some((_, d)) = ring.iter_mut().find(|(f, _)| *f == flow) {
             *d -= bytes as i64;
         }
     }
 
     #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
-        self.deficits.is_empty()
+        self.active.is_empty() && self.rings.iter().all(VecDeque::is_empty)
     }
 }
 

@@ -3,6 +3,7 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use squarepeg_framing::{Frame, FrameError, FrameHeader, encode_frame};
 
 use crate::config::{
@@ -14,6 +15,7 @@ use crate::error::{ConnectionError, ProtocolError, SendError, StreamError};
 use crate::hash::{IntMap, IntSet};
 use crate::scheduler::{Flow, Scheduler};
 use crate::stream::{ReadOutcome, RecvHalf, SendHalf, initiated_by_client};
+use crate::table::MessageTable;
 use crate::window::NumberWindow;
 use crate::{MessageNumber, Priority, StreamId};
 
@@ -43,12 +45,14 @@ pub struct MessageProps {
     pub squash_key: Option<u64>,
 }
 
-/// A received message.
+/// A received message. The payload is a slice of the buffer it was
+/// decoded into (no copy per message); `Vec::from(payload)` or
+/// `payload.to_vec()` gives an owned vector.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Message {
     pub substream: u64,
     pub number: MessageNumber,
-    pub payload: Vec<u8>,
+    pub payload: Bytes,
 }
 
 /// What became of a sent message (Transport Services' Sent/Expired).
@@ -140,7 +144,7 @@ pub struct Stats {
 struct QueuedMessage {
     substream: u64,
     priority: Priority,
-    payload: Vec<u8>,
+    payload: Bytes,
     deadline: Option<Instant>,
     depends_on: Option<MessageNumber>,
     squash_key: Option<u64>,
@@ -251,7 +255,7 @@ pub struct Session {
 
     // Messages, send side.
     next_message: MessageNumber,
-    messages: IntMap<MessageNumber, QueuedMessage>,
+    messages: MessageTable<QueuedMessage>,
     /// Queued message numbers per (class, sub-stream), in number order.
     /// Entries of messages removed out of turn (squash, expiry) stay until
     /// they reach the front or the queue is compacted.
@@ -309,7 +313,7 @@ impl Session {
             control_queue: VecDeque::new(),
             control_body: Vec::with_capacity(64),
             next_message: 0,
-            messages: IntMap::default(),
+            messages: MessageTable::default(),
             message_flows: IntMap::default(),
             deadlines: BTreeSet::new(),
             squash: IntMap::default(),
@@ -421,11 +425,23 @@ impl Session {
 
     /// Queues a message; returns its number. Fails with `QueueFull` when the
     /// queue holds `Config::message_send_queue` bytes (the driver may wait
-    /// for `Event::SendQueueAvailable` and retry).
+    /// for `Event::SendQueueAvailable` and retry). `now` only sets the
+    /// deadline of a message with a lifetime; for one without, any instant
+    /// will do (a driver queueing many messages need not read the clock
+    /// for each).
     pub fn send_message(
         &mut self,
         now: Instant,
-        payload: Vec<u8>,
+        payload: impl Into<Bytes>,
+        props: MessageProps,
+    ) -> Result<MessageNumber, SendError> {
+        self.queue_message(now, payload.into(), props)
+    }
+
+    fn queue_message(
+        &mut self,
+        now: Instant,
+        payload: Bytes,
         props: MessageProps,
     ) -> Result<MessageNumber, SendError> {
         match &self.state {
@@ -457,7 +473,7 @@ impl Session {
         self.next_message += 1;
         // Hollywood §7.2: a message whose dependency expired has expired.
         if let Some(d) = props.depends_on
-            && !self.messages.contains_key(&d)
+            && !self.messages.contains(d)
             && self.dropped.contains(d) == Some(true)
         {
             self.dropped.insert(number);
@@ -466,12 +482,12 @@ impl Session {
         }
         if let Some(key) = props.squash_key
             && let Some(old) = self.squash.insert(key, number)
-            && self.messages.get(&old).is_some_and(|m| m.droppable())
+            && self.messages.get(old).is_some_and(|m| m.droppable())
         {
             self.remove_message(old, MessageStatus::Squashed);
         }
         if let Some(d) = props.depends_on
-            && let Some(dep) = self.messages.get_mut(&d)
+            && let Some(dep) = self.messages.get_mut(d)
         {
             dep.dependents += 1;
         }
@@ -480,16 +496,22 @@ impl Session {
             self.deadlines.insert((t, number));
         }
         self.queued_message_bytes += payload.len();
-        self.message_flows
+        let flow = self
+            .message_flows
             .entry((props.priority, props.substream))
-            .or_default()
-            .push(number);
-        self.scheduler.activate(
-            props.priority,
-            Flow::Messages {
-                substream: props.substream,
-            },
-        );
+            .or_default();
+        flow.push(number);
+        // A flow with queued messages is in the scheduler already (it
+        // leaves only once empty): only a flow that just became non-empty
+        // needs activating.
+        if flow.live == 1 {
+            self.scheduler.activate(
+                props.priority,
+                Flow::Messages {
+                    substream: props.substream,
+                },
+            );
+        }
         self.messages.insert(
             number,
             QueuedMessage {
@@ -532,7 +554,7 @@ impl Session {
             // The receiver will need everything this message builds on.
             let mut decrement = true;
             while let Some(d) = dep {
-                let Some(m) = self.messages.get_mut(&d) else {
+                let Some(m) = self.messages.get_mut(d) else {
                     break;
                 };
                 if std::mem::take(&mut decrement) {
@@ -548,7 +570,7 @@ impl Session {
             // A dropped message releases its dependency, which may itself
             // be expired and now unneeded, and so on down the chain.
             while let Some(d) = dep {
-                let Some(m) = self.messages.get_mut(&d) else {
+                let Some(m) = self.messages.get_mut(d) else {
                     break;
                 };
                 m.dependents = m.dependents.saturating_sub(1);
@@ -568,11 +590,11 @@ impl Session {
         number: MessageNumber,
         status: MessageStatus,
     ) -> Option<QueuedMessage> {
-        let msg = self.messages.remove(&number)?;
+        let msg = self.messages.remove(number)?;
         let key = (msg.priority, msg.substream);
         let messages = &self.messages;
         if let Some(q) = self.message_flows.get_mut(&key) {
-            q.remove(number, |k| messages.contains_key(&k));
+            q.remove(number, |k| messages.contains(k));
             if q.live == 0 {
                 self.message_flows.remove(&key);
             }
@@ -606,7 +628,7 @@ impl Session {
                 break;
             }
             self.deadlines.pop_first();
-            let droppable = match self.messages.get_mut(&n) {
+            let droppable = match self.messages.get_mut(n) {
                 Some(m) => {
                     m.expired = true;
                     m.droppable()
@@ -1003,10 +1025,8 @@ impl Session {
             return;
         }
         // Nothing queued will be sent now.
-        let mut numbers: Vec<MessageNumber> = self.messages.keys().copied().collect();
-        numbers.sort_unstable();
-        for n in numbers {
-            if let Some(m) = self.messages.remove(&n) {
+        for n in self.messages.numbers() {
+            if let Some(m) = self.messages.remove(n) {
                 self.queued_message_bytes -= m.payload.len();
                 self.report(n, MessageStatus::Discarded);
             }
@@ -1118,7 +1138,7 @@ impl Session {
         &mut self,
         id: StreamId,
         offset: u64,
-        data: Vec<u8>,
+        data: Bytes,
         fin: bool,
     ) -> Result<(), ProtocolError> {
         let Some(s) = self.peer_stream(id)? else {
@@ -1377,7 +1397,7 @@ impl Session {
         let number = self
             .message_flows
             .get_mut(&(priority, substream))?
-            .front(|n| messages.contains_key(&n))?;
+            .front(|n| messages.contains(n))?;
         let msg = self.remove_message(number, MessageStatus::Sent)?;
         let header = FrameHeader::Message { substream, number };
         // Message numbers and sub-streams below 2^62 always encode.

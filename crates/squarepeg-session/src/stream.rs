@@ -9,6 +9,8 @@
 
 use std::collections::BTreeMap;
 
+use bytes::Bytes;
+
 use crate::Priority;
 use crate::error::ProtocolError;
 
@@ -134,7 +136,7 @@ pub(crate) struct RecvHalf {
     /// Non-overlapping chunks keyed by their original offset; the value is
     /// the bytes and how many of them have been read (only the first chunk
     /// is ever partly read).
-    chunks: BTreeMap<u64, (Vec<u8>, usize)>,
+    chunks: BTreeMap<u64, (Bytes, usize)>,
     /// Next offset the application reads.
     pub(crate) read_offset: u64,
     /// Highest offset received (one past the last byte).
@@ -200,7 +202,7 @@ impl RecvHalf {
         &mut self,
         stream: u64,
         offset: u64,
-        data: Vec<u8>,
+        data: Bytes,
         fin: bool,
     ) -> Result<u64, ProtocolError> {
         let end = offset + data.len() as u64;
@@ -231,7 +233,7 @@ impl RecvHalf {
         Ok(grew)
     }
 
-    fn store(&mut self, offset: u64, data: Vec<u8>) {
+    fn store(&mut self, offset: u64, data: Bytes) {
         let end = offset + data.len() as u64;
         let mut cursor = offset.max(self.read_offset);
         // Skip what the chunk before `cursor` already covers.
@@ -252,9 +254,9 @@ impl RecvHalf {
             self.chunks.insert(offset, (data, 0));
             return;
         }
-        let mut put = |from: u64, to: u64, chunks: &mut BTreeMap<u64, (Vec<u8>, usize)>| {
+        let mut put = |from: u64, to: u64, chunks: &mut BTreeMap<u64, (Bytes, usize)>| {
             if from < to {
-                let piece = data[(from - offset) as usize..(to - offset) as usize].to_vec();
+                let piece = data.slice((from - offset) as usize..(to - offset) as usize);
                 self.buffered += piece.len();
                 chunks.insert(from, (piece, 0));
             }
@@ -334,11 +336,14 @@ mod tests {
     fn overlap_and_gaps() {
         let data: Vec<u8> = (0..100u8).collect();
         let mut r = RecvHalf::new(1000);
-        r.insert(0, 50, data[50..80].to_vec(), false).unwrap();
-        r.insert(0, 10, data[10..60].to_vec(), false).unwrap();
+        r.insert(0, 50, data[50..80].to_vec().into(), false)
+            .unwrap();
+        r.insert(0, 10, data[10..60].to_vec().into(), false)
+            .unwrap();
         assert!(!r.is_readable());
-        r.insert(0, 0, data[0..20].to_vec(), false).unwrap();
-        r.insert(0, 70, data[70..100].to_vec(), true).unwrap();
+        r.insert(0, 0, data[0..20].to_vec().into(), false).unwrap();
+        r.insert(0, 70, data[70..100].to_vec().into(), true)
+            .unwrap();
         assert_eq!(r.buffered(), 100);
         assert_eq!(read_all(&mut r), data);
         assert_eq!(r.read(&mut [0; 4]), ReadOutcome::Finished);
@@ -348,19 +353,19 @@ mod tests {
     fn limits() {
         let mut r = RecvHalf::new(100);
         assert!(matches!(
-            r.insert(4, 90, vec![1; 11], false),
+            r.insert(4, 90, vec![1; 11].into(), false),
             Err(ProtocolError::StreamFlowControl { end: 101, .. })
         ));
-        r.insert(4, 0, vec![1; 10], true).unwrap();
+        r.insert(4, 0, vec![1; 10].into(), true).unwrap();
         assert!(matches!(
-            r.insert(4, 10, vec![1; 1], false),
+            r.insert(4, 10, vec![1; 1].into(), false),
             Err(ProtocolError::FinalSize { .. })
         ));
         assert!(matches!(
-            r.insert(4, 0, vec![1; 5], true),
+            r.insert(4, 0, vec![1; 5].into(), true),
             Err(ProtocolError::FinalSize { .. })
         ));
-        assert_eq!(r.insert(4, 0, vec![1; 10], true), Ok(0));
+        assert_eq!(r.insert(4, 0, vec![1; 10].into(), true), Ok(0));
     }
 
     #[test]
@@ -409,7 +414,7 @@ mod tests {
             let mut out = Vec::new();
             let mut buf = [0u8; 100];
             for (a, b) in pieces {
-                r.insert(0, a as u64, data[a..b].to_vec(), b == len).unwrap();
+                r.insert(0, a as u64, data[a..b].to_vec().into(), b == len).unwrap();
                 prop_assert!(r.buffered() <= len);
                 if rng & 1 == 0 {
                     while let ReadOutcome::Data(n) = r.read(&mut buf) {

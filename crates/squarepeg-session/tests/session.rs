@@ -421,7 +421,7 @@ fn message_dedup_and_delivery() {
             substream: 4,
             number: n,
         },
-        payload: vec![n as u8; 3],
+        payload: vec![n as u8; 3].into(),
     };
     for n in [0, 2, 1, 2, 0, 5, 5, 3] {
         s.handle_frame(now, msg(n));
@@ -443,7 +443,7 @@ fn control(c: ControlFrame) -> Frame {
     c.encode(&mut payload).unwrap();
     Frame {
         header: FrameHeader::Control,
-        payload,
+        payload: payload.into(),
     }
 }
 
@@ -454,7 +454,7 @@ fn chunk(stream: u64, offset: u64, data: &[u8], fin: bool) -> Frame {
             offset,
             fin,
         },
-        payload: data.to_vec(),
+        payload: data.to_vec().into(),
     }
 }
 
@@ -530,7 +530,7 @@ fn flow_control_violations_close_with_typed_errors() {
         now,
         Frame {
             header: FrameHeader::Control,
-            payload: vec![0x3e, 1, 2],
+            payload: vec![0x3e, 1, 2].into(),
         },
     );
     assert!(matches!(
@@ -665,7 +665,7 @@ fn loopback_in_virtual_time_messages_and_streams() {
     }
     assert_eq!(received, blobs);
     let mut got: Vec<(u64, Vec<u8>)> = std::iter::from_fn(|| p.b.poll_message())
-        .map(|m| (m.number, m.payload))
+        .map(|m| (m.number, m.payload.to_vec()))
         .collect();
     got.sort();
     assert_eq!(got, sent);

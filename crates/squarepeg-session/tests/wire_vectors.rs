@@ -111,7 +111,7 @@ fn wire_md_section_2_vectors() {
         let body = if name.starts_with("frame:") {
             let f = decode_frame(&bytes[1..bytes.len() - 1], DEFAULT_MAX_BODY).unwrap();
             assert_eq!(f.header, FrameHeader::Control);
-            f.payload
+            f.payload.to_vec()
         } else {
             bytes.clone()
         };

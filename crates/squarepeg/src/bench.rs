@@ -6,12 +6,18 @@
 //! over a fresh loopback connection and returns the time from the first send
 //! to the last receive. The baseline is plain tokio TCP carrying the same
 //! payload bytes as length-prefixed records (4-byte big-endian length, then
-//! the payload), written through a `BufWriter` and read through a
-//! `BufReader` into one `Vec` per record, as a careful application would.
+//! the payload), as a careful application would: written through a
+//! `BufWriter` as large as squarepeg's write batch, read into a `BytesMut`
+//! in reads as large as squarepeg's, each record handed out as a `Bytes`
+//! slice of the read buffer (no copy, no allocation per record), just as
+//! squarepeg hands out its payloads. Both contenders run the same layout:
+//! the sender in a spawned task, the receiver in the caller's task, the
+//! same payload (one shared `Bytes`) sent each time.
 
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::{Connection, ConnectionConfig, Endpoint, MessageProps};
@@ -49,7 +55,7 @@ pub async fn squarepeg_messages(
     let (client, server) = tokio::join!(Connection::connect(addr, config), ep.accept());
     let client = client.map_err(std::io::Error::other)?;
     let server = server.map_err(std::io::Error::other)?;
-    let payload = vec![0x5au8; size];
+    let payload = Bytes::from(vec![0x5au8; size]);
     let start = Instant::now();
     let sender = tokio::spawn(async move {
         for _ in 0..count {
@@ -78,8 +84,19 @@ pub async fn squarepeg_messages(
     })
 }
 
-/// The same payload as length-prefixed records over plain tokio TCP.
+/// The same payload as length-prefixed records over plain tokio TCP, with
+/// the write and read sizes of the default [`ConnectionConfig`].
 pub async fn raw_tcp_messages(size: usize, count: usize) -> std::io::Result<Measurement> {
+    raw_tcp_messages_with(size, count, &ConnectionConfig::default()).await
+}
+
+/// [`raw_tcp_messages`] with the write batch and read size of `config`, to
+/// compare with squarepeg running `config`.
+pub async fn raw_tcp_messages_with(
+    size: usize,
+    count: usize,
+    config: &ConnectionConfig,
+) -> std::io::Result<Measurement> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let (client, server) = tokio::join!(TcpStream::connect(addr), listener.accept());
@@ -87,10 +104,11 @@ pub async fn raw_tcp_messages(size: usize, count: usize) -> std::io::Result<Meas
     let (server, _) = server?;
     client.set_nodelay(true)?;
     server.set_nodelay(true)?;
-    let payload = vec![0x5au8; size];
+    let (write_batch, read_size) = (config.write_batch, config.read_buffer);
+    let payload = Bytes::from(vec![0x5au8; size]);
     let start = Instant::now();
     let sender = tokio::spawn(async move {
-        let mut w = BufWriter::with_capacity(64 * 1024, client);
+        let mut w = BufWriter::with_capacity(write_batch, client);
         for _ in 0..count {
             w.write_all(&(size as u32).to_be_bytes()).await?;
             w.write_all(&payload).await?;
@@ -98,14 +116,27 @@ pub async fn raw_tcp_messages(size: usize, count: usize) -> std::io::Result<Meas
         w.flush().await?;
         Ok::<_, std::io::Error>(w)
     });
-    let mut r = BufReader::with_capacity(64 * 1024, server);
+    let mut server = server;
+    let mut buf = BytesMut::with_capacity(read_size);
     let mut bytes = 0;
-    for _ in 0..count {
-        let mut len = [0u8; 4];
-        r.read_exact(&mut len).await?;
-        let mut record = vec![0u8; u32::from_be_bytes(len) as usize];
-        r.read_exact(&mut record).await?;
-        bytes += record.len();
+    let mut records = 0;
+    while records < count {
+        if buf.len() >= 4 {
+            let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+            if buf.len() >= 4 + len {
+                buf.advance(4);
+                let record: Bytes = buf.split_to(len).freeze();
+                bytes += record.len();
+                records += 1;
+                continue;
+            }
+        }
+        // Room for a full read; reclaims the buffer once the records
+        // sliced from it are gone.
+        buf.reserve(read_size);
+        if server.read_buf(&mut buf).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
     }
     let elapsed = start.elapsed();
     sender.await.map_err(std::io::Error::other)??;

@@ -23,8 +23,11 @@ pub(crate) async fn run(shared: Arc<Shared>, socket: TcpStream, config: Connecti
     let mut driver = Driver {
         shared,
         socket,
-        decoder: StreamDecoder::new(MAX_FRAME_BODY),
-        read_buf: vec![0; config.read_buffer.max(1024)],
+        decoder: StreamDecoder::with_buffers(
+            MAX_FRAME_BODY,
+            config.read_buffer,
+            config.session.message_receive_queue + 4 * config.read_buffer,
+        ),
         frames: Vec::new(),
         out: Vec::with_capacity(config.write_batch + 64 * 1024),
         out_pos: 0,
@@ -47,8 +50,9 @@ pub(crate) async fn run(shared: Arc<Shared>, socket: TcpStream, config: Connecti
 struct Driver {
     shared: Arc<Shared>,
     socket: TcpStream,
+    /// Reads go straight into the decoder's buffer; payloads come out as
+    /// slices of shared chunks (see `StreamDecoder`).
     decoder: StreamDecoder,
-    read_buf: Vec<u8>,
     /// Frames decoded from one read, handed to the session together.
     frames: Vec<Result<Frame, FrameError>>,
     /// Encoded frames taken from the session, written from `out_pos`.
@@ -169,7 +173,7 @@ impl Driver {
     fn read(&mut self) -> bool {
         let mut any = false;
         for _ in 0..READ_BUDGET {
-            match self.socket.try_read(&mut self.read_buf) {
+            match self.socket.try_read(self.decoder.unfilled()) {
                 Ok(0) => {
                     self.read_open = false;
                     let mut st = self.shared.lock();
@@ -179,9 +183,9 @@ impl Driver {
                 }
                 Ok(n) => {
                     any = true;
-                    self.decoder.push(&self.read_buf[..n]);
                     // Decode (COBS, CRC) without the lock, so the
                     // application's calls are not held up by it.
+                    self.decoder.filled(n);
                     self.frames.clear();
                     while let Some(frame) = self.decoder.next_frame() {
                         self.frames.push(frame);

@@ -46,6 +46,16 @@
 //!   the driver stops reading the socket, so TCP's window pushes back on the
 //!   peer; stream data is bounded by the flow-control credit we give.
 //!
+//! # Payloads
+//!
+//! Payloads are [`bytes::Bytes`]. Sending takes any `Into<Bytes>` (a
+//! `Vec<u8>` without a copy, a shared `Bytes` for the cost of a reference
+//! count). A received [`Message`]'s payload is a slice of the chunk its
+//! frame was decoded into: no allocation or copy per message, and the
+//! chunk returns to a per-connection pool when its last payload is dropped
+//! (see [`ConnectionConfig::read_buffer`] for the bound on memory that held
+//! payloads can pin).
+//!
 //! # Threading
 //!
 //! One driver task per connection owns the socket; the session sits behind
@@ -64,6 +74,7 @@ pub use connection::{Connection, ConnectionStats};
 pub use endpoint::{ConnectError, Endpoint};
 pub use stream::Stream;
 
+pub use bytes::Bytes;
 pub use squarepeg_session::{
     Config as SessionConfig, ConnectionError, MAX_MESSAGE_SIZE, Message, MessageNumber,
     MessageProps, MessageStatus, Priority, SendError, Stats as SessionStats, StreamError, StreamId,

@@ -94,7 +94,7 @@ async fn exchange_mixed(client: Connection, server: Connection) {
     let mut got = HashMap::new();
     for _ in 0..2000 {
         let m = no_hang(server.recv_message()).await.unwrap();
-        let text = String::from_utf8(m.payload).unwrap();
+        let text = String::from_utf8(m.payload.to_vec()).unwrap();
         assert_eq!(text, format!("msg {}", m.number));
         assert_eq!(m.substream, m.number % 3);
         assert!(got.insert(m.number, ()).is_none());
@@ -170,6 +170,43 @@ async fn stream_64_mib_sha256_matches() {
     }
     assert_eq!(total, LEN);
     assert_eq!(hasher.finalize(), writer.await.unwrap());
+}
+
+/// Received payloads are slices of shared receive chunks. An application
+/// that keeps every payload pins the chunks; past the pinning limit the
+/// driver copies payloads out instead. Either way every payload must stay
+/// intact and in order: compare a digest of all of them, held to the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_payloads_stay_intact_past_the_pinning_limit() {
+    let mut config = ConnectionConfig::default();
+    // A small receive queue makes a small pinning limit (queue + 4 reads):
+    // the 6 MiB held here pass it several times over.
+    config.session.message_receive_queue = 512 * 1024;
+    config.read_buffer = 32 * 1024;
+    let (client, server) = pair_with("127.0.0.1:0", config.clone(), config).await;
+    const COUNT: u32 = 6000;
+    let message = |i: u32| pattern(1000 + (i as usize * 7) % 100, i as u8);
+    let sender = tokio::spawn(async move {
+        let mut hasher = Sha256::new();
+        for i in 0..COUNT {
+            let m = message(i);
+            hasher.update(&m);
+            client.send_message(m, props(0, 3)).await.unwrap();
+        }
+        client.close().await;
+        hasher.finalize()
+    });
+    let mut held = Vec::new();
+    for i in 0..COUNT {
+        let m = no_hang(server.recv_message()).await.unwrap();
+        assert_eq!(m.number, u64::from(i));
+        held.push(m.payload);
+    }
+    let mut hasher = Sha256::new();
+    for p in &held {
+        hasher.update(p);
+    }
+    assert_eq!(hasher.finalize(), sender.await.unwrap());
 }
 
 /// Fills the sender's session queue behind a receiver that does not read,
@@ -320,7 +357,7 @@ async fn graceful_close_delivers_everything() {
     assert_eq!(Sha256::digest(&got), Sha256::digest(&data));
     for i in 0..5000u32 {
         let m = no_hang(server.recv_message()).await.unwrap();
-        assert_eq!(m.payload, i.to_be_bytes());
+        assert_eq!(m.payload, &i.to_be_bytes()[..]);
     }
     assert!(matches!(
         no_hang(server.recv_message()).await,
@@ -348,7 +385,7 @@ async fn abort_gives_typed_errors_on_both_ends() {
         .unwrap();
     assert_eq!(
         no_hang(server.recv_message()).await.unwrap().payload,
-        b"first"
+        &b"first"[..]
     );
     let mut peer_stream = server.accept_stream().await.unwrap();
     client.abort(77, b"user cancelled");

@@ -21,7 +21,7 @@ fn message(number: u64, payload: &[u8]) -> Frame {
             substream: number % 3,
             number,
         },
-        payload: payload.to_vec(),
+        payload: payload.to_vec().into(),
     }
 }
 
@@ -441,7 +441,10 @@ fn any_frame() -> impl Strategy<Value = Frame> {
             },
             _ => FrameHeader::Control,
         };
-        Frame { header, payload }
+        Frame {
+            header,
+            payload: payload.into(),
+        }
     })
 }
 

@@ -372,7 +372,7 @@ impl LabTransport for LabSquarepeg {
                     m = connection.recv_message() => match m {
                         Ok(m) => {
                             let at = Instant::now();
-                            if messages_tx.send((m.payload, at)).is_err() {
+                            if messages_tx.send((Vec::from(m.payload), at)).is_err() {
                                 break;
                             }
                         }
