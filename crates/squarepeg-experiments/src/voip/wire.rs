@@ -15,7 +15,7 @@
 //! are being sent for the first time (TCP sends new data in sequence order); the stream is
 //! rebuilt from the sent segments and cut into messages by the transport's [`Framing`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
 use etherparse::{SlicedPacket, TransportSlice};
@@ -179,32 +179,63 @@ fn stream_losses(log: &[WirePacket], framing: Framing) -> Result<BTreeSet<u64>, 
             "voice stream of {end} bytes is above the limit of {MAX_STREAM_BYTES}"
         )));
     }
+    // The stream as first transmitted: only bytes above the high-water mark are written, so
+    // an inconsistent retransmission (other bytes in the same range, Hollywood §4.2) does
+    // not hide the messages first sent there.
     let mut stream = vec![0u8; end as usize];
-    let mut first_lost: Vec<Range<u64>> = Vec::new();
+    // First transmissions: range, packet index, delivered; ascending and disjoint.
+    let mut fresh: Vec<(Range<u64>, usize, bool)> = Vec::new();
+    // Segments that retransmit some range: packet index, payload, delivered.
+    let mut resent: Vec<(usize, &[u8], bool)> = Vec::new();
     let mut highest = 0u64;
-    for (range, segment) in &ranges {
-        stream[range.start as usize..range.end as usize].copy_from_slice(&segment.payload);
+    for (index, (range, segment)) in ranges.iter().enumerate() {
+        if range.start < highest {
+            resent.push((index, &segment.payload, segment.delivered));
+        }
         if range.end > highest {
-            let fresh = range.start.max(highest)..range.end;
-            if !segment.delivered {
-                first_lost.push(fresh);
-            }
+            let from = range.start.max(highest);
+            let skip = (from - range.start) as usize;
+            stream[from as usize..range.end as usize].copy_from_slice(&segment.payload[skip..]);
+            fresh.push((from..range.end, index, segment.delivered));
             highest = range.end;
         }
     }
-    let messages = locate(&stream, framing)?;
-    // Both lists ascend: fresh ranges start at the previous high-water mark.
-    let mut lost = BTreeSet::new();
+    // Per message number: the index of the first segment that carried it, and whether that
+    // first transmission (every fresh piece of it) was delivered.
+    let mut first: BTreeMap<u64, (usize, bool)> = BTreeMap::new();
     let mut i = 0;
-    for (number, range) in messages {
-        while i < first_lost.len() && first_lost[i].end <= range.start {
+    for (number, range) in locate(&stream, framing)? {
+        while i < fresh.len() && fresh[i].0.end <= range.start {
             i += 1;
         }
-        if first_lost.get(i).is_some_and(|l| l.start < range.end) {
-            lost.insert(number);
+        let pieces = fresh[i..]
+            .iter()
+            .take_while(|(r, _, _)| r.start < range.end);
+        let (mut index, mut lost) = (usize::MAX, false);
+        for (_, at, delivered) in pieces {
+            index = index.min(*at);
+            lost |= !delivered;
+        }
+        first.entry(number).or_insert((index, lost));
+    }
+    if framing == Framing::Ucobs {
+        // A message first sent as a replacement lies whole in a retransmitted segment
+        // (consistent segmentation, Hollywood §4.2); it may also have gone out earlier or
+        // later in its own place, so the earlier transmission counts.
+        for (index, payload, delivered) in resent {
+            for (number, _) in locate(payload, framing)? {
+                let slot = first.entry(number).or_insert((usize::MAX, false));
+                if index < slot.0 {
+                    *slot = (index, !delivered);
+                }
+            }
         }
     }
-    Ok(lost)
+    Ok(first
+        .into_iter()
+        .filter(|(_, (_, lost))| *lost)
+        .map(|(number, _)| number)
+        .collect())
 }
 
 /// The messages in a rebuilt stream with the byte ranges they occupy (prefix or markers

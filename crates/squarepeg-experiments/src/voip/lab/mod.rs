@@ -185,6 +185,7 @@ pub fn run(
         sent,
         arrivals,
         lost_by_network: lost,
+        ..Observations::default()
     };
     let analysis = analyse(config, scenario, &observations);
     Ok(RunResult {

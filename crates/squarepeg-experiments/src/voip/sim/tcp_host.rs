@@ -8,11 +8,14 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use squarepeg_framing::StreamDecoder;
+use std::collections::BTreeSet;
+
+use squarepeg_framing::{FrameHeader, Reassembler, StreamDecoder, encode_frame, encode_padding};
 use squarepeg_lab::sim::{Host, KIND_DATA, decode_payload, encode_payload};
 use squarepeg_session::{MAX_FRAME_BODY, MessageProps, Role, Session};
 use squarepeg_tcp::{
-    ConnectionConfig, ConnectionHandle, Endpoint, EndpointConfig, Event, ListenerHandle,
+    ConnectionConfig, ConnectionHandle, Endpoint, EndpointConfig, Error as TcpError, Event,
+    ListenerHandle, MessageReport, Padder, WriteTag,
 };
 
 use crate::voip::config::{MAX_MESSAGE_BYTES, VoipConfig};
@@ -62,6 +65,43 @@ pub enum StreamCodec {
         /// The lifetime given to each message (Hollywood §7.2): its playout budget.
         lifetime: Option<Duration>,
     },
+    /// uCOBS message frames over the uTCP interface (Minion §4, Hollywood §4): each voice
+    /// message one [`Endpoint::write_message`] whose deadline is its playout time; the
+    /// receiver takes every segment at once and decodes whole frames out of order.
+    Unordered(Box<UnorderedCodec>),
+}
+
+/// The state of [`StreamCodec::Unordered`] at either end.
+#[derive(Debug)]
+pub struct UnorderedCodec {
+    /// Added to a message's send time to give its deadline: the scenario's playout offset
+    /// (one-way delay plus playout delay), the time by which it must have arrived.
+    deadline_offset: Duration,
+    /// Inconsistent retransmissions (Hollywood §4.2), padded with uCOBS padding frames.
+    inconsistent: bool,
+    /// Receive side: frames from segments in any order (Minion §5.2).
+    reassembler: Reassembler,
+    /// Receive side: message numbers delivered (a message may arrive more than once: in
+    /// its original place and as a replacement, or through a spurious retransmission).
+    delivered: BTreeSet<u64>,
+    /// Send side: messages whose retransmission carried others instead (Hollywood §4.2).
+    replaced: BTreeSet<u64>,
+    /// Send side: messages dropped unsent because their deadline passed.
+    expired: BTreeSet<u64>,
+    /// Scratch for a frame being encoded.
+    frame: Vec<u8>,
+}
+
+impl UnorderedCodec {
+    /// Messages the sender replaced in a retransmission.
+    pub fn replaced(&self) -> &BTreeSet<u64> {
+        &self.replaced
+    }
+
+    /// Messages the sender dropped unsent (deadline passed).
+    pub fn expired(&self) -> &BTreeSet<u64> {
+        &self.expired
+    }
 }
 
 impl StreamCodec {
@@ -80,6 +120,69 @@ impl StreamCodec {
             lifetime,
         }
     }
+
+    /// uCOBS messages over the uTCP interface, each due `deadline_offset` after it is sent;
+    /// with `inconsistent`, expired retransmissions carry live messages instead.
+    pub fn unordered(
+        deadline_offset: Duration,
+        inconsistent: bool,
+    ) -> Result<Self, squarepeg_framing::ReassemblyError> {
+        let recv_buffer = ConnectionConfig::default().recv_buffer;
+        // The TCP receive window plus one maximal frame: no segment TCP accepts is refused
+        // (squarepeg_framing::reassembler, "Memory").
+        let limit = recv_buffer + Reassembler::min_limit(MAX_FRAME_BODY);
+        Ok(Self::Unordered(Box::new(UnorderedCodec {
+            deadline_offset,
+            inconsistent,
+            reassembler: Reassembler::new(MAX_FRAME_BODY, limit)?,
+            delivered: BTreeSet::new(),
+            replaced: BTreeSet::new(),
+            expired: BTreeSet::new(),
+            frame: Vec::new(),
+        })))
+    }
+
+    /// The connection options this codec needs at either end.
+    pub fn connection_config(&self) -> ConnectionConfig {
+        match self {
+            Self::Unordered(u) => ConnectionConfig {
+                unordered_receive: true,
+                consistent_segmentation: true,
+                padder: u.inconsistent.then_some(Padder(encode_padding)),
+                ..ConnectionConfig::default()
+            },
+            _ => ConnectionConfig::default(),
+        }
+    }
+}
+
+/// Writes voice message `number` as one uCOBS message frame with a tag: its message id is
+/// its number (so that the connection reports on it) and its deadline is its playout time
+/// (Hollywood §4.2 lifetimes).
+fn write_voice_message(
+    ep: &mut Endpoint,
+    h: ConnectionHandle,
+    u: &mut UnorderedCodec,
+    number: u64,
+    now: Instant,
+    message: &[u8],
+) -> Result<(), String> {
+    u.frame.clear();
+    encode_frame(
+        &FrameHeader::Message {
+            substream: 0,
+            number,
+        },
+        message,
+        &mut u.frame,
+    )
+    .map_err(|e| e.to_string())?;
+    let tag = WriteTag {
+        deadline: Some(now + u.deadline_offset),
+        message_id: Some(number),
+        ..WriteTag::default()
+    };
+    ep.write_message(h, &u.frame, tag).map_err(|e| e.to_string())
 }
 
 /// Which end of the call a host is.
@@ -122,7 +225,8 @@ impl TcpVoiceHost {
         seed: u64,
     ) -> Self {
         let mut host = Self::new(local.ip(), CallEnd::Sender, epoch, config, codec, seed, 1);
-        match host.ep.listen(local, 4, ConnectionConfig::default()) {
+        let conn_config = host.codec.connection_config();
+        match host.ep.listen(local, 4, conn_config) {
             Ok(l) => host.listener = Some(l),
             Err(e) => host.errors.push(format!("listen on {local}: {e}")),
         }
@@ -139,10 +243,8 @@ impl TcpVoiceHost {
         seed: u64,
     ) -> Self {
         let mut host = Self::new(local.ip(), CallEnd::Receiver, epoch, config, codec, seed, 2);
-        match host
-            .ep
-            .connect(epoch, local, remote, ConnectionConfig::default())
-        {
+        let conn_config = host.codec.connection_config();
+        match host.ep.connect(epoch, local, remote, conn_config) {
             Ok(c) => host.conn = Some(c),
             Err(e) => host.errors.push(format!("connect to {remote}: {e}")),
         }
@@ -187,6 +289,11 @@ impl TcpVoiceHost {
         &self.arrivals
     }
 
+    /// The codec (for what it recorded).
+    pub fn codec(&self) -> &StreamCodec {
+        &self.codec
+    }
+
     /// What went wrong, if anything (errors from the endpoint, the session or the peer).
     pub fn errors(&self) -> &[String] {
         &self.errors
@@ -195,7 +302,7 @@ impl TcpVoiceHost {
     fn established(&self) -> bool {
         match &self.codec {
             // Only the sender sends, and its connection is set once accepted (established).
-            StreamCodec::Records { .. } => self.conn.is_some(),
+            StreamCodec::Records { .. } | StreamCodec::Unordered(_) => self.conn.is_some(),
             StreamCodec::Session { session, .. } => session.is_some(),
         }
     }
@@ -233,6 +340,12 @@ impl TcpVoiceHost {
                         session.send_message(now, message, props).is_ok()
                     }
                     StreamCodec::Session { session: None, .. } => false,
+                    StreamCodec::Unordered(u) => match self.conn {
+                        Some(h) => write_voice_message(&mut self.ep, h, u, number, now, &message)
+                            .map_err(|e| self.errors.push(format!("message {number}: {e}")))
+                            .is_ok(),
+                        None => false,
+                    },
                 };
             self.sent.push(accepted.then_some(at));
         }
@@ -276,6 +389,24 @@ impl TcpVoiceHost {
     fn read(&mut self, now: Instant) {
         let Some(h) = self.conn else { return };
         let at = now.saturating_duration_since(self.epoch);
+        if matches!(self.codec, StreamCodec::Unordered(_)) {
+            self.read_unordered_segments(h, at);
+            let StreamCodec::Unordered(u) = &mut self.codec else {
+                return;
+            };
+            while let Ok(Some(report)) = self.ep.poll_report(h) {
+                match report {
+                    MessageReport::Replaced { id } => {
+                        u.replaced.insert(id);
+                    }
+                    MessageReport::Expired { id } | MessageReport::Squashed { id } => {
+                        u.expired.insert(id);
+                    }
+                    MessageReport::Sent { .. } | MessageReport::Acked { .. } => {}
+                }
+            }
+            return;
+        }
         loop {
             let n = match self.ep.read(h, &mut self.read_buf) {
                 Ok(0) | Err(_) => break,
@@ -314,7 +445,44 @@ impl TcpVoiceHost {
                         }
                     }
                 }
-                StreamCodec::Session { session: None, .. } => {}
+                StreamCodec::Session { session: None, .. } | StreamCodec::Unordered(_) => {}
+            }
+        }
+    }
+
+    /// The uTCP receive path (Minion §4.1, §5.2): every segment into the reassembler at its
+    /// offset, every whole message frame recorded at once, each message number once.
+    fn read_unordered_segments(&mut self, h: ConnectionHandle, at: Duration) {
+        let StreamCodec::Unordered(u) = &mut self.codec else {
+            return;
+        };
+        loop {
+            let segment = match self.ep.read_segment(h, &mut self.read_buf) {
+                Ok(s) if s.len > 0 => s,
+                Ok(_) | Err(TcpError::WouldBlock) => break,
+                Err(e) => {
+                    self.errors.push(format!("read_segment: {e}"));
+                    break;
+                }
+            };
+            if let Err(e) = u
+                .reassembler
+                .insert(segment.offset, &self.read_buf[..segment.len])
+            {
+                self.errors.push(format!("reassembly: {e}"));
+            }
+            while let Some(frame) = u.reassembler.next_frame() {
+                let Ok(frame) = frame else {
+                    // A frame mixing two transmissions fails its checksum (Hollywood §4.5);
+                    // its message arrives whole in one of them.
+                    continue;
+                };
+                if let FrameHeader::Message { .. } = frame.frame.header
+                    && let Some((KIND_DATA, number, _)) = decode_payload(&frame.frame.payload)
+                    && u.delivered.insert(number)
+                {
+                    self.arrivals.push((number, at));
+                }
             }
         }
     }
