@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod connect;
+pub mod demo;
 pub mod lab;
 pub mod listen;
 mod peer;
