@@ -15,8 +15,8 @@ use crate::recv_buf::RecvBuffer;
 use crate::rtt::RttEstimator;
 use crate::scoreboard::{Delivered, Scoreboard, Transmission};
 use crate::send_queue::{MessageReport, SendQueue, SendQueueStats, WriteTag};
-use crate::utcp::{ReceivedSegment, Unordered, UnorderedStats, record};
 use crate::trace::{TraceEvent, TraceLog, TraceRecord};
+use crate::utcp::{ReceivedSegment, Unordered, UnorderedStats, record};
 use crate::wire::{self, MAX_SACK_BLOCKS, OutHeader, OutOptions, Segment, TcpFlags};
 
 /// Connection states (RFC 9293 §3.3.2). LISTEN belongs to listeners, not connections.
@@ -766,7 +766,11 @@ impl Connection {
             trace_dropped: self.trace.as_ref().map_or(0, |t| t.dropped),
             send_queue: self.queue.stats(),
             inconsistent_retransmissions: self.counters.inconsistent_retransmissions,
-            unordered: self.unordered.as_ref().map(|u| u.stats()).unwrap_or_default(),
+            unordered: self
+                .unordered
+                .as_ref()
+                .map(|u| u.stats())
+                .unwrap_or_default(),
         }
     }
 
@@ -1068,8 +1072,8 @@ impl Connection {
     fn write_records(&mut self, data: &[u8]) -> Result<usize, Error> {
         let mut at = 0;
         while at < data.len() {
-            let parsed = record::decode_message(&data[at..])
-                .map_err(|e| Error::BadRecord(e.what))?;
+            let parsed =
+                record::decode_message(&data[at..]).map_err(|e| Error::BadRecord(e.what))?;
             let Some((meta, body, len)) = parsed else {
                 if at == 0 {
                     return Err(Error::BadRecord("a write must hold whole records"));
@@ -2050,8 +2054,7 @@ impl Connection {
                     // charge floor it took in the window.
                     self.cc.on_ack(&AckEvent {
                         now,
-                        acked: acked_total
-                            .max(res.whole_segments * self.segment_charge_floor()),
+                        acked: acked_total.max(res.whole_segments * self.segment_charge_floor()),
                         cwnd_limited,
                         srtt: self.rtt.srtt(),
                         min_rtt: self.rtt.min_rtt(),
@@ -3012,11 +3015,10 @@ impl Connection {
             // if it is at least half the largest window the peer offered, or the whole queue
             // fits, or it ends where a segment must end (a message, or any write with
             // consistent segmentation).
-            let write_boundary = self.queue.segment_len(
-                data_next,
-                usize::MAX,
-                self.cfg.consistent_segmentation,
-            ) == len;
+            let write_boundary =
+                self.queue
+                    .segment_len(data_next, usize::MAX, self.cfg.consistent_segmentation)
+                    == len;
             let half_window = len as u64 >= self.max_snd_wnd / 2 && wnd_room < cwnd_room;
             if !write_boundary && !half_window && !self.sws_override {
                 return None;

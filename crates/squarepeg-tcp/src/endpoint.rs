@@ -13,8 +13,8 @@ use crate::conn::{
 use crate::error::{DropReason, Error};
 use crate::secret::Secret;
 use crate::send_queue::{MessageReport, SendQueue, WriteTag};
-use crate::utcp::ReceivedSegment;
 use crate::syncookie;
+use crate::utcp::ReceivedSegment;
 use crate::wire::{self, OutHeader, OutOptions, Segment, TcpFlags, is_non_unicast};
 
 /// Handle of a connection. Stays valid until the application closes or aborts it (and, for a

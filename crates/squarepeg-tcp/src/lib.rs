@@ -104,5 +104,5 @@ pub use send_queue::{
     CommittedWrite, MAX_DEPENDENCY_DEPTH, MessageReport, Padder, SendQueue, SendQueueStats,
     WriteTag,
 };
-pub use utcp::{ReceivedSegment, UnorderedStats};
 pub use trace::{TraceEvent, TraceRecord};
+pub use utcp::{ReceivedSegment, UnorderedStats};

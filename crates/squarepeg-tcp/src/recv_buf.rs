@@ -193,8 +193,18 @@ impl RecvBuffer {
                     ls
                 }
                 _ => {
-                    let bytes = if keep { data[a..b].to_vec() } else { Vec::new() };
-                    self.ooo.insert(s, Range { end: e, data: bytes });
+                    let bytes = if keep {
+                        data[a..b].to_vec()
+                    } else {
+                        Vec::new()
+                    };
+                    self.ooo.insert(
+                        s,
+                        Range {
+                            end: e,
+                            data: bytes,
+                        },
+                    );
                     s
                 }
             };

@@ -565,7 +565,13 @@ impl SendQueue {
                         && (r.serial == serial
                             || (serial == 0 && r.tag.deadline.is_some_and(|d| d <= now)))
                 })
-                .map(|(i, r)| (i, self.keep_until(r.deadline(), r.tag.message_id, 0), r.serial))
+                .map(|(i, r)| {
+                    (
+                        i,
+                        self.keep_until(r.deadline(), r.tag.message_id, 0),
+                        r.serial,
+                    )
+                })
                 .collect();
             for (i, until, serial) in due.into_iter().rev() {
                 match until {
@@ -950,7 +956,10 @@ impl SendQueue {
 
     #[cfg(test)]
     fn check_invariants(&self) {
-        let mut pos = self.committed.front().map_or(self.committed_end, |r| r.start);
+        let mut pos = self
+            .committed
+            .front()
+            .map_or(self.committed_end, |r| r.start);
         for r in &self.committed {
             assert_eq!(r.start, pos, "committed records are contiguous");
             pos = r.end();

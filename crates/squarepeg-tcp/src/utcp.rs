@@ -544,10 +544,7 @@ mod tests {
         );
         assert_eq!(
             u.read(&mut big),
-            Some(ReceivedSegment {
-                offset: 0,
-                len: 10
-            })
+            Some(ReceivedSegment { offset: 0, len: 10 })
         );
         assert_eq!(u.consumed_to(0, 15), 15);
         // A duplicate within the limit is queued whole; beyond it only new bytes are.
@@ -555,8 +552,14 @@ mod tests {
         assert!(!u.deliver(0, b"01234", &[]));
         assert!(u.deliver(13, b"nopq", &[(15, 17)]));
         assert_eq!(u.stats().duplicate_bytes_dropped, 5 + 2);
-        assert_eq!(u.read(&mut big), Some(ReceivedSegment { offset: 12, len: 2 }));
-        assert_eq!(u.read(&mut big), Some(ReceivedSegment { offset: 15, len: 2 }));
+        assert_eq!(
+            u.read(&mut big),
+            Some(ReceivedSegment { offset: 12, len: 2 })
+        );
+        assert_eq!(
+            u.read(&mut big),
+            Some(ReceivedSegment { offset: 15, len: 2 })
+        );
         assert_eq!(u.read(&mut big), None);
         assert!(u.is_empty());
         assert_eq!(u.bytes(), 0);

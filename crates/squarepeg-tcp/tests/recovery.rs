@@ -484,7 +484,11 @@ fn small_segments_count_in_bytes_with_a_floor() {
         h.ep.write(c, &[7u8; 100]).unwrap();
     }
     let first = h.out();
-    assert_eq!(first.len(), 100, "IW10 (RFC 6928) is 10 000 bytes of 100-byte segments");
+    assert_eq!(
+        first.len(),
+        100,
+        "IW10 (RFC 6928) is 10 000 bytes of 100-byte segments"
+    );
     assert!(first.iter().all(|p| p.payload.len() == 100));
     // Slow start grows the window by the bytes acknowledged (RFC 3465).
     h.now += Duration::from_millis(100);
@@ -498,7 +502,11 @@ fn small_segments_count_in_bytes_with_a_floor() {
     for _ in 0..400 {
         h.ep.write(c, &[7u8; 10]).unwrap();
     }
-    assert_eq!(h.out().len(), 162, "10 000 / 62, and one more while 10 bytes fit");
+    assert_eq!(
+        h.out().len(),
+        162,
+        "10 000 / 62, and one more while 10 bytes fit"
+    );
 }
 
 #[test]

@@ -334,4 +334,27 @@ mod tests {
         assert_eq!(percentile(&hundred, 0.999), Some(100.0));
         assert_eq!(percentile(&hundred, 0.5), Some(50.0));
     }
+
+    #[test]
+    fn replaced_messages_are_dropped_by_the_sender_not_lost_by_the_network() {
+        let scenario = hollywood_70ms();
+        let c = config(4);
+        let msd = Duration::from_millis;
+        let obs = Observations {
+            sent: (0..4).map(|i| Some(c.due(i))).collect(),
+            // 1 replaced (its first transmission lost), 2 expired unsent, 3 lost.
+            arrivals: vec![(0, c.due(0) + msd(40))],
+            lost_by_network: [1, 3].into_iter().collect(),
+            dropped_by_sender: [2].into_iter().collect(),
+            replaced_by_sender: [1].into_iter().collect(),
+        };
+        let a = analyse(&c, &scenario, &obs);
+        let s = &a.summary;
+        assert_eq!(s.lost_by_network, 1);
+        assert_eq!((s.replaced_by_sender, s.dropped_by_sender), (1, 1));
+        assert_eq!(s.never_delivered, 3);
+        assert!(!a.records[1].lost_by_network && a.records[1].replaced_by_sender);
+        // The expired message missed its playout for a sender-side reason.
+        assert_eq!(s.missed_not_lost_by_network, 1);
+    }
 }

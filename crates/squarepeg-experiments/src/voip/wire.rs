@@ -408,4 +408,62 @@ mod tests {
         assert_eq!(found[1].1.end, stream.len() as u64);
         assert_eq!(found[0].1.end, found[1].1.start);
     }
+
+    fn message_frame(n: u64, bytes: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        squarepeg_framing::encode_frame(
+            &FrameHeader::Message {
+                substream: 0,
+                number: n,
+            },
+            &encode_payload(KIND_DATA, n, Duration::from_millis(20 * n), bytes),
+            &mut out,
+        )
+        .expect("frame");
+        out
+    }
+
+    #[test]
+    fn inconsistent_retransmissions_are_accounted() {
+        // Messages 0, 1, 2 in one segment each; message 1's segment is lost and its
+        // retransmission carries message 3 (shorter) and padding to the same length
+        // (Hollywood §4.2). Message 1 was lost by the network (the analysis counts it as
+        // replaced by the sender); message 3's first transmission is that retransmission.
+        let isn = 1000u32;
+        let frames: Vec<Vec<u8>> = (0..3).map(|n| message_frame(n, 160)).collect();
+        let mut replacement = message_frame(3, 100);
+        let pad = frames[1].len() - replacement.len();
+        squarepeg_framing::encode_padding(pad, &mut replacement);
+        assert_eq!(replacement.len(), frames[1].len());
+        let mut at = 0u32;
+        let mut sent = vec![tcp(isn, true, &[])];
+        let mut starts = Vec::new();
+        for f in &frames {
+            starts.push(at);
+            sent.push(tcp(isn + 1 + at, false, f));
+            at += f.len() as u32;
+        }
+        sent.push(tcp(isn + 1 + starts[1], false, &replacement));
+        for (retransmission_delivered, expected) in [(true, vec![1]), (false, vec![1, 3])] {
+            let mut delivered = vec![sent[0].clone(), sent[1].clone(), sent[3].clone()];
+            if retransmission_delivered {
+                delivered.push(sent[4].clone());
+            }
+            let log = match_delivered(sent.clone(), &delivered).expect("fifo");
+            let lost = lost_by_network(&log, Framing::Ucobs).expect("map");
+            assert_eq!(lost, expected.into_iter().collect());
+        }
+        // Message 3 sent again later in its own place: its first transmission still counts.
+        let mut later = sent.clone();
+        later.push(tcp(isn + 1 + at, false, &message_frame(3, 100)));
+        let delivered = vec![
+            later[0].clone(),
+            later[1].clone(),
+            later[3].clone(),
+            later[5].clone(),
+        ];
+        let log = match_delivered(later, &delivered).expect("fifo");
+        let lost = lost_by_network(&log, Framing::Ucobs).expect("map");
+        assert_eq!(lost, [1, 3].into_iter().collect());
+    }
 }

@@ -182,7 +182,8 @@ fn write_voice_message(
         message_id: Some(number),
         ..WriteTag::default()
     };
-    ep.write_message(h, &u.frame, tag).map_err(|e| e.to_string())
+    ep.write_message(h, &u.frame, tag)
+        .map_err(|e| e.to_string())
 }
 
 /// Which end of the call a host is.
