@@ -36,7 +36,7 @@ pub fn secret(seed: u64, host: u8) -> [u8; 32] {
     s
 }
 
-fn endpoint(address: IpAddr, seed: u64, host: u8, now: Instant) -> Endpoint {
+pub(crate) fn endpoint(address: IpAddr, seed: u64, host: u8, now: Instant) -> Endpoint {
     Endpoint::new(
         EndpointConfig {
             secret: secret(seed, host),
@@ -127,14 +127,10 @@ impl StreamCodec {
         deadline_offset: Duration,
         inconsistent: bool,
     ) -> Result<Self, squarepeg_framing::ReassemblyError> {
-        let recv_buffer = ConnectionConfig::default().recv_buffer;
-        // The TCP receive window plus one maximal frame: no segment TCP accepts is refused
-        // (squarepeg_framing::reassembler, "Memory").
-        let limit = recv_buffer + Reassembler::min_limit(MAX_FRAME_BODY);
         Ok(Self::Unordered(Box::new(UnorderedCodec {
             deadline_offset,
             inconsistent,
-            reassembler: Reassembler::new(MAX_FRAME_BODY, limit)?,
+            reassembler: unordered_reassembler()?,
             delivered: BTreeSet::new(),
             replaced: BTreeSet::new(),
             expired: BTreeSet::new(),
@@ -156,6 +152,73 @@ impl StreamCodec {
     }
 }
 
+/// The uTCP receive path (Minion §4.1, §5.2): reads every segment waiting on `h`, puts it
+/// into `reassembler` at its offset, and hands the payload of every whole message frame to
+/// `on_message` at once, in whatever order frames complete. The same message may come more
+/// than once (a spurious or inconsistent retransmission); the caller deduplicates.
+pub(crate) fn read_unordered(
+    ep: &mut Endpoint,
+    h: ConnectionHandle,
+    reassembler: &mut Reassembler,
+    buf: &mut [u8],
+    errors: &mut Vec<String>,
+    mut on_message: impl FnMut(&[u8]),
+) {
+    loop {
+        let segment = match ep.read_segment(h, buf) {
+            Ok(s) if s.len > 0 => s,
+            Ok(_) | Err(TcpError::WouldBlock) => break,
+            Err(e) => {
+                errors.push(format!("read_segment: {e}"));
+                break;
+            }
+        };
+        if let Err(e) = reassembler.insert(segment.offset, &buf[..segment.len]) {
+            errors.push(format!("reassembly: {e}"));
+        }
+        while let Some(frame) = reassembler.next_frame() {
+            // A frame mixing two transmissions fails its checksum (Hollywood §4.5); its
+            // message arrives whole in one of them.
+            if let Ok(frame) = frame
+                && let FrameHeader::Message { .. } = frame.frame.header
+            {
+                on_message(&frame.frame.payload);
+            }
+        }
+    }
+}
+
+/// A reassembler for a uTCP receiver with the default receive buffer: the TCP receive
+/// window plus one maximal frame, so that no segment TCP accepts is refused
+/// (squarepeg_framing::reassembler, "Memory").
+pub(crate) fn unordered_reassembler() -> Result<Reassembler, squarepeg_framing::ReassemblyError> {
+    let limit = ConnectionConfig::default().recv_buffer + Reassembler::min_limit(MAX_FRAME_BODY);
+    Reassembler::new(MAX_FRAME_BODY, limit)
+}
+
+/// Writes `payload` as message `number`'s uCOBS message frame with `write_message` and
+/// `tag` (all or nothing; `WouldBlock` when the send buffer has no room).
+pub(crate) fn write_message_frame(
+    ep: &mut Endpoint,
+    h: ConnectionHandle,
+    frame: &mut Vec<u8>,
+    number: u64,
+    payload: &[u8],
+    tag: WriteTag,
+) -> Result<(), TcpError> {
+    frame.clear();
+    encode_frame(
+        &FrameHeader::Message {
+            substream: 0,
+            number,
+        },
+        payload,
+        frame,
+    )
+    .map_err(|_| TcpError::BadRecord("the message does not fit a uCOBS frame"))?;
+    ep.write_message(h, frame, tag)
+}
+
 /// Writes voice message `number` as one uCOBS message frame with a tag: its message id is
 /// its number (so that the connection reports on it) and its deadline is its playout time
 /// (Hollywood §4.2 lifetimes).
@@ -167,23 +230,12 @@ fn write_voice_message(
     now: Instant,
     message: &[u8],
 ) -> Result<(), String> {
-    u.frame.clear();
-    encode_frame(
-        &FrameHeader::Message {
-            substream: 0,
-            number,
-        },
-        message,
-        &mut u.frame,
-    )
-    .map_err(|e| e.to_string())?;
     let tag = WriteTag {
         deadline: Some(now + u.deadline_offset),
         message_id: Some(number),
         ..WriteTag::default()
     };
-    ep.write_message(h, &u.frame, tag)
-        .map_err(|e| e.to_string())
+    write_message_frame(ep, h, &mut u.frame, number, message, tag).map_err(|e| e.to_string())
 }
 
 /// Which end of the call a host is.
@@ -451,41 +503,28 @@ impl TcpVoiceHost {
         }
     }
 
-    /// The uTCP receive path (Minion §4.1, §5.2): every segment into the reassembler at its
-    /// offset, every whole message frame recorded at once, each message number once.
+    /// The uTCP receive path (Minion §4.1, §5.2): every voice message recorded at once,
+    /// each number once.
     fn read_unordered_segments(&mut self, h: ConnectionHandle, at: Duration) {
         let StreamCodec::Unordered(u) = &mut self.codec else {
             return;
         };
-        loop {
-            let segment = match self.ep.read_segment(h, &mut self.read_buf) {
-                Ok(s) if s.len > 0 => s,
-                Ok(_) | Err(TcpError::WouldBlock) => break,
-                Err(e) => {
-                    self.errors.push(format!("read_segment: {e}"));
-                    break;
-                }
-            };
-            if let Err(e) = u
-                .reassembler
-                .insert(segment.offset, &self.read_buf[..segment.len])
-            {
-                self.errors.push(format!("reassembly: {e}"));
-            }
-            while let Some(frame) = u.reassembler.next_frame() {
-                let Ok(frame) = frame else {
-                    // A frame mixing two transmissions fails its checksum (Hollywood §4.5);
-                    // its message arrives whole in one of them.
-                    continue;
-                };
-                if let FrameHeader::Message { .. } = frame.frame.header
-                    && let Some((KIND_DATA, number, _)) = decode_payload(&frame.frame.payload)
-                    && u.delivered.insert(number)
+        let delivered = &mut u.delivered;
+        let arrivals = &mut self.arrivals;
+        read_unordered(
+            &mut self.ep,
+            h,
+            &mut u.reassembler,
+            &mut self.read_buf,
+            &mut self.errors,
+            |payload| {
+                if let Some((KIND_DATA, number, _)) = decode_payload(payload)
+                    && delivered.insert(number)
                 {
-                    self.arrivals.push((number, at));
+                    arrivals.push((number, at));
                 }
-            }
-        }
+            },
+        );
     }
 
     fn write(&mut self, now: Instant) {
