@@ -6,5 +6,6 @@ pub mod demo;
 pub mod lab;
 pub mod listen;
 mod peer;
+pub mod priority;
 pub mod tcp;
 pub mod voip;
