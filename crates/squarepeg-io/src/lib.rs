@@ -75,6 +75,7 @@
 
 mod device;
 mod error;
+pub mod lab;
 mod netns;
 mod setup;
 mod shim;
