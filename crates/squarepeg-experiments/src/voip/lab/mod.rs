@@ -20,6 +20,7 @@
 //! ([`LabTransport::framing`]); list it in [`transports`].
 
 mod transports;
+mod utcp;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -34,6 +35,7 @@ use squarepeg_lab::pcap::read_pcap;
 use squarepeg_lab::sim::{KIND_DATA, decode_payload, encode_payload};
 
 pub use transports::{LabSquarepeg, LabTcp, LabUdp};
+pub use utcp::LabUtcp;
 
 use super::analysis::{Observations, analyse};
 use super::config::{Scenario, VoipConfig};
@@ -102,11 +104,24 @@ pub trait LabTransport: Sync {
     /// receiver at `call.receiver` in the client namespace (sockets stay in the namespace
     /// they are created in, see `NetNs::run`).
     fn open(&self, lab: &Lab, call: &LabCall) -> Result<LabEnds, VoipError>;
+    /// The call's sender and receiver addresses when they are not the kernels' (a
+    /// userspace stack has addresses of its own); `None`: the server's and the client's.
+    fn addresses(&self, _lab: &Lab) -> Option<(SocketAddr, SocketAddr)> {
+        None
+    }
 }
 
 /// Every lab transport, in report order.
 pub fn transports() -> Vec<Box<dyn LabTransport>> {
-    vec![Box::new(LabUdp), Box::new(LabTcp), Box::new(LabSquarepeg)]
+    vec![
+        Box::new(LabUdp),
+        Box::new(LabTcp),
+        Box::new(LabSquarepeg),
+        Box::new(LabUtcp {
+            inconsistent: false,
+        }),
+        Box::new(LabUtcp { inconsistent: true }),
+    ]
 }
 
 /// A lab transport by name.
@@ -160,9 +175,13 @@ pub fn run(
         .with_capture_dir(&captures.0);
     let lab = Lab::start(lab_config)?;
     let addresses = *lab.addresses();
+    let (sender, receiver) = transport.addresses(&lab).unwrap_or((
+        SocketAddr::new(addresses.server_v4.into(), VOICE_PORT),
+        SocketAddr::new(addresses.client_v4.into(), VOICE_PORT),
+    ));
     let call = LabCall {
-        sender: SocketAddr::new(addresses.server_v4.into(), VOICE_PORT),
-        receiver: SocketAddr::new(addresses.client_v4.into(), VOICE_PORT),
+        sender,
+        receiver,
         config: *config,
         scenario: scenario.clone(),
     };
