@@ -48,7 +48,15 @@ fn priority_sim_prints_json() {
     assert_eq!(on_disk, v);
     std::fs::remove_dir_all(&dir).expect("clean up");
 
-    let output = peg(&["lab", "priority", "--out", out]);
+    let output = peg(&[
+        "lab",
+        "priority",
+        "--sim",
+        "--high-every",
+        "1",
+        "--out",
+        out,
+    ]);
     assert!(!output.status.success());
-    assert!(String::from_utf8_lossy(&output.stderr).contains("--sim"));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("high_every"));
 }

@@ -29,11 +29,13 @@
 //!
 //! ```text
 //! { "schema": "squarepeg.priority/1", "seed", "duration_s", "message_bytes", "high_every",
-//!   "send_buffer", "runs": [ { "variant": "priority" | "fifo", "messages_written",
+//!   "send_buffer", "runs": [ { "engine": "sim" | "lab", "variant": "priority" | "fifo",
+//!     "messages_written",
 //!     "messages_delivered", "throughput_mbps",
 //!     "high": { "count", "delivered", "p50_ms", "p95_ms", "p99_ms", "max_ms" },
 //!     "low":  { … the same … },
-//!     "overtaking": { "pairs", "delivered_first" }, "warnings": [ … ] }, … ] }
+//!     "overtaking": { "pairs", "delivered_first" } (null on the real lab),
+//!     "warnings": [ … ] }, … ] }
 //! ```
 //!
 //! `overtaking.pairs` counts (high message H, low message L) pairs where L was written
@@ -56,13 +58,13 @@ use squarepeg_tcp::{
     ConnectionConfig, ConnectionHandle, Endpoint, Error as TcpError, Event, MessageReport, WriteTag,
 };
 
-use crate::voip::VoipError;
 use crate::voip::analysis::{ms, percentile};
 use crate::voip::plot::{FONT, PALETTE, SIZE, ensure_font, plot_err};
 use crate::voip::sim::tcp_host::{
     endpoint, read_unordered, unordered_reassembler, write_message_frame,
 };
 use crate::voip::sim::{RECEIVER, SENDER};
+use crate::voip::{Engine, VoipError};
 
 /// The schema name and version of the JSON output.
 pub const PRIORITY_SCHEMA: &str = "squarepeg.priority/1";
@@ -230,6 +232,8 @@ pub struct Overtaking {
 /// One variant's run.
 #[derive(Debug, Clone)]
 pub struct PriorityRun {
+    /// Simulator or real lab.
+    pub engine: Engine,
     /// The variant.
     pub variant: Variant,
     /// The seed.
@@ -258,8 +262,12 @@ impl PriorityRun {
         }
     }
 
-    /// The overtaking pairs (module docs).
-    pub fn overtaking(&self) -> Overtaking {
+    /// The overtaking pairs (module docs); `None` on the real lab, where the sender does not
+    /// learn when each message was first transmitted.
+    pub fn overtaking(&self) -> Option<Overtaking> {
+        if self.engine != Engine::Sim {
+            return None;
+        }
         let mut o = Overtaking::default();
         // Low messages by number with their transmit and arrival orders.
         let lows: Vec<&MessageOutcome> = self.messages.iter().filter(|m| !m.high).collect();
@@ -282,7 +290,7 @@ impl PriorityRun {
                 }
             }
         }
-        o
+        Some(o)
     }
 
     /// Bits per second of message payload delivered over the writing period.
@@ -553,6 +561,7 @@ pub fn run(config: &PriorityConfig, variant: Variant, seed: u64) -> Result<Prior
         }
     }
     Ok(PriorityRun {
+        engine: Engine::Sim,
         variant,
         seed,
         config: *config,
@@ -582,15 +591,18 @@ pub fn priority_json(config: &PriorityConfig, seed: u64, runs: &[PriorityRun]) -
     let runs: Vec<Value> = runs
         .iter()
         .map(|r| {
-            let o = r.overtaking();
+            let overtaking = r
+                .overtaking()
+                .map(|o| json!({ "pairs": o.pairs, "delivered_first": o.delivered_first }));
             json!({
+                "engine": r.engine,
                 "variant": r.variant.name(),
                 "messages_written": r.messages.len(),
                 "messages_delivered": r.messages.iter().filter(|m| m.arrival.is_some()).count(),
                 "throughput_mbps": r.throughput_mbps(),
                 "high": class_json(&r.class(true)),
                 "low": class_json(&r.class(false)),
-                "overtaking": { "pairs": o.pairs, "delivered_first": o.delivered_first },
+                "overtaking": overtaking,
                 "warnings": r.warnings,
             })
         })
@@ -611,8 +623,8 @@ pub fn priority_table(runs: &[PriorityRun]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<9} {:<5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10}",
-        "variant", "class", "messages", "p50 ms", "p95 ms", "p99 ms", "max ms", "Mbit/s"
+        "{:<4} {:<9} {:<5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10}",
+        "eng", "variant", "class", "messages", "p50 ms", "p95 ms", "p99 ms", "max ms", "Mbit/s"
     );
     let f = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
     for r in runs {
@@ -620,7 +632,8 @@ pub fn priority_table(runs: &[PriorityRun]) -> String {
             let c = r.class(high);
             let _ = writeln!(
                 out,
-                "{:<9} {:<5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10.2}",
+                "{:<4} {:<9} {:<5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10.2}",
+                r.engine.name(),
                 r.variant.name(),
                 name,
                 c.count,
@@ -635,12 +648,13 @@ pub fn priority_table(runs: &[PriorityRun]) -> String {
     out
 }
 
-/// Writes `priority-cdf.{svg,png}` into `dir`: the delay CDF of each variant and class
+/// Writes `priority-<engine>-cdf.{svg,png}` (engine of the first run) into `dir`: the delay CDF of each variant and class
 /// (Minion Figure 10 as a distribution); returns the files.
 pub fn plot_cdf(dir: &Path, runs: &[PriorityRun]) -> Result<Vec<PathBuf>, VoipError> {
     ensure_font()?;
     std::fs::create_dir_all(dir).map_err(VoipError::io(format!("creating {}", dir.display())))?;
-    let base = dir.join("priority-cdf");
+    let engine = runs.first().map_or("sim", |r| r.engine.name());
+    let base = dir.join(format!("priority-{engine}-cdf"));
     let svg = base.with_extension("svg");
     {
         let root = SVGBackend::new(&svg, SIZE).into_drawing_area();
@@ -681,7 +695,10 @@ fn cdf_chart<DB: DrawingBackend>(
                 .enumerate()
                 .map(|(i, &d)| (d, (i + 1) as f64 / total))
                 .collect();
-            curves.push((format!("{} {name}", r.variant.name()), points));
+            curves.push((
+                format!("{} {} {name}", r.engine.name(), r.variant.name()),
+                points,
+            ));
         }
     }
     let mut chart = ChartBuilder::on(root)
@@ -723,4 +740,144 @@ fn cdf_chart<DB: DrawingBackend>(
         .draw()
         .map_err(plot_err)?;
     Ok(())
+}
+
+/// What a lab run observed: per message its write time, and the arrivals in order.
+type LabOutcome = (Vec<Duration>, Vec<(u64, Duration)>);
+
+/// Lab runs get distinct names within a process.
+static LABS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Runs one variant on the real lab (needs root): the same sender and receiver on
+/// squarepeg's userspace TCP on TUN at each end of a lab with [`priority_bottleneck`]
+/// (`squarepeg_io::lab`), the uTCP interface through the stacks' byte streams as records.
+/// Times are real; the sender does not learn first-transmission times, so there is no
+/// overtaking count.
+pub fn run_lab(
+    config: &PriorityConfig,
+    variant: Variant,
+    seed: u64,
+) -> Result<PriorityRun, VoipError> {
+    use squarepeg_lab::net::{Lab, LabConfig, Role};
+    use squarepeg_tcp::utcp::record::{self, MessageMeta};
+    use tokio::io::AsyncWriteExt;
+
+    use crate::voip::lab::VoiceReceiver as _;
+    use crate::voip::lab::utcp::open_utcp_pair;
+
+    config.validate()?;
+    let index = LABS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let lab = Lab::start(
+        LabConfig::new(&format!("prio{index}"))
+            .with_bottleneck(priority_bottleneck())
+            .with_seed(seed),
+    )?;
+    let outcome = (|| -> Result<LabOutcome, VoipError> {
+        let (server_v4, _) = squarepeg_io::lab::stack_addresses(&lab, Role::Server)
+            .ok_or_else(|| VoipError::Transport("no stack address on the server end".into()))?;
+        let sender = SocketAddr::new(IpAddr::V4(server_v4), SENDER.port());
+        let send_config = ConnectionConfig {
+            message_writes: true,
+            consistent_segmentation: true,
+            send_buffer: config.send_buffer,
+            ..ConnectionConfig::default()
+        };
+        let recv_config = ConnectionConfig {
+            unordered_receive: true,
+            recv_buffer: RECEIVE_WINDOW,
+            ..ConnectionConfig::default()
+        };
+        let pair = open_utcp_pair(&lab, sender, send_config, recv_config)?;
+        let (rt, mut stream, stack, mut receiver) =
+            (pair.rt, pair.stream, pair.stack, pair.receiver);
+        let epoch = Instant::now();
+        let stop = epoch + config.duration;
+        let written = rt.block_on(async {
+            let mut written = Vec::new();
+            let (mut frame, mut rec) = (Vec::new(), Vec::new());
+            while Instant::now() < stop {
+                let number = written.len() as u64;
+                let at = Instant::now().saturating_duration_since(epoch);
+                let payload = encode_payload(KIND_DATA, number, at, config.message_bytes);
+                frame.clear();
+                squarepeg_framing::encode_frame(
+                    &squarepeg_framing::FrameHeader::Message {
+                        substream: 0,
+                        number,
+                    },
+                    &payload,
+                    &mut frame,
+                )
+                .map_err(|e| VoipError::Transport(format!("frame: {e}")))?;
+                rec.clear();
+                let meta = MessageMeta {
+                    priority: i32::from(config.is_high(number) && variant == Variant::Priority),
+                    message_id: Some(number),
+                    ..MessageMeta::default()
+                };
+                record::encode_message(&meta, &frame, &mut rec);
+                // Network-limited: this waits while the send buffer is full. The send call
+                // "happens" when the connection takes the record.
+                stream
+                    .write_all(&rec)
+                    .await
+                    .map_err(|e| VoipError::Transport(format!("write: {e}")))?;
+                written.push(Instant::now().saturating_duration_since(epoch));
+            }
+            stream
+                .shutdown()
+                .await
+                .map_err(|e| VoipError::Transport(format!("shutdown: {e}")))?;
+            let _ = tokio::time::timeout(DRAIN, stream.wait_closed()).await;
+            Ok::<_, VoipError>(written)
+        })?;
+        let mut arrivals = Vec::new();
+        let deadline = Instant::now() + DRAIN;
+        while let Some((payload, at)) = receiver.receive(deadline)? {
+            if let Some((KIND_DATA, number, _)) = decode_payload(&payload) {
+                arrivals.push((number, at.saturating_duration_since(epoch)));
+            }
+        }
+        drop(receiver);
+        drop(stream);
+        drop(stack);
+        Ok((written, arrivals))
+    })();
+    let stats = lab.teardown();
+    let (written, arrivals) = outcome?;
+    stats?;
+    let mut messages: Vec<MessageOutcome> = written
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| MessageOutcome {
+            number: i as u64,
+            high: config.is_high(i as u64),
+            written: w,
+            write_order: i as u64,
+            transmit_order: None,
+            arrival: None,
+            arrival_order: None,
+        })
+        .collect();
+    let mut warnings = Vec::new();
+    for (order, &(number, at)) in arrivals.iter().enumerate() {
+        match usize::try_from(number)
+            .ok()
+            .and_then(|i| messages.get_mut(i))
+        {
+            Some(m) => {
+                m.arrival = Some(at);
+                m.arrival_order = Some(order as u64);
+            }
+            None => warnings.push(format!("message {number} arrived but was never written")),
+        }
+    }
+    Ok(PriorityRun {
+        engine: Engine::Lab,
+        variant,
+        seed,
+        config: *config,
+        messages,
+        warnings,
+    })
 }

@@ -29,7 +29,7 @@ fn high_priority_messages_overtake_untransmitted_low_priority_ones() {
     }
     // With priorities every high message is transmitted and delivered before every low
     // message written before it that had not been transmitted when it was written.
-    let o = prio.overtaking();
+    let o = prio.overtaking().expect("simulator");
     assert!(
         o.pairs > 1000,
         "the send queue holds many low messages: {o:?}"
@@ -37,7 +37,7 @@ fn high_priority_messages_overtake_untransmitted_low_priority_ones() {
     assert_eq!(o.transmitted_first, o.pairs, "{o:?}");
     assert_eq!(o.delivered_first, o.pairs, "{o:?}");
     // FIFO: none overtakes.
-    let f = fifo.overtaking();
+    let f = fifo.overtaking().expect("simulator");
     assert!(f.pairs > 1000);
     assert_eq!((f.transmitted_first, f.delivered_first), (0, 0), "{f:?}");
     // And so high messages wait less than low ones, and less than under FIFO.

@@ -65,7 +65,8 @@ enum Verb {
     /// Run the VoIP late-loss experiment (Hollywood §5, Minion §8.2) on labs of its own, or
     /// on the simulator with --sim.
     Voip(super::voip::VoipArgs),
-    /// Run the send-side priority experiment (Minion §8.3) on the simulator (--sim).
+    /// Run the send-side priority experiment (Minion §8.3) on a lab of its own, or on the
+    /// simulator with --sim.
     Priority(super::priority::PriorityArgs),
     /// Run a lab in the foreground (what `up` starts in the background).
     #[command(hide = true)]

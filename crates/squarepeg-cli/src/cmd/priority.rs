@@ -6,6 +6,7 @@
 //! ```text
 //! peg lab priority --sim                       # 20 s per variant, seed 1, priority-out/
 //! peg lab priority --sim --duration 60s --json
+//! sudo peg lab priority                        # the same on the real lab (userspace TCP on TUN)
 //! ```
 //!
 //! Prints the table (or the JSON, schema `squarepeg.priority/1`, with `--json`) and writes
@@ -17,14 +18,15 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use squarepeg_experiments::priority::{
-    PriorityConfig, plot_cdf, priority_json, priority_table, run_all,
+    PriorityConfig, Variant, plot_cdf, priority_json, priority_table, run_all, run_lab,
 };
 use squarepeg_lab::units::parse_duration;
 
 /// `peg lab priority`: the Minion §8.3 priority experiment.
 #[derive(Debug, Args)]
 pub struct PriorityArgs {
-    /// Run on the deterministic simulator (the only engine so far).
+    /// Run on the deterministic simulator instead of the real lab (which needs root: it
+    /// builds namespaces and puts squarepeg's userspace TCP on TUN at both ends).
     #[arg(long)]
     sim: bool,
     /// How long the sender writes, per variant.
@@ -59,10 +61,10 @@ fn parse_duration_arg(text: &str) -> Result<Duration, String> {
 
 /// Runs `peg lab priority`.
 pub fn run(args: PriorityArgs) -> Result<()> {
-    if !args.sim {
+    if !args.sim && !squarepeg_lab::net::is_root() {
         bail!(
-            "the priority experiment runs on the simulator only so far (the userspace TCP on \
-             the real lab needs squarepeg_io::lab): add --sim"
+            "peg lab priority needs root for the real lab (network namespaces, TUN devices): \
+             run it with sudo, or use --sim"
         );
     }
     let config = PriorityConfig {
@@ -71,7 +73,24 @@ pub fn run(args: PriorityArgs) -> Result<()> {
         high_every: args.high_every,
         send_buffer: args.send_buffer,
     };
-    let runs = run_all(&config, args.seed).context("running the priority experiment")?;
+    let runs = if args.sim {
+        run_all(&config, args.seed)
+    } else {
+        Variant::ALL
+            .iter()
+            .map(|&v| {
+                if !args.json {
+                    eprintln!(
+                        "{} on the real lab: {} s …",
+                        v.name(),
+                        config.duration.as_secs_f64()
+                    );
+                }
+                run_lab(&config, v, args.seed)
+            })
+            .collect()
+    }
+    .context("running the priority experiment")?;
     let value = priority_json(&config, args.seed, &runs);
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
@@ -87,7 +106,7 @@ pub fn run(args: PriorityArgs) -> Result<()> {
     } else {
         print!("{}", priority_table(&runs));
         for r in &runs {
-            let o = r.overtaking();
+            let Some(o) = r.overtaking() else { continue };
             println!(
                 "{}: in {} of {} pairs (high message, low message written before it and not \
                  yet transmitted) the high message was delivered first",

@@ -33,7 +33,8 @@
 //!   Hollywood scenarios over four of them (`peg demo`).
 //! - [`lab`]: the real network of namespaces and the userspace link emulator; the kernel's
 //!   TCP with length-prefixed records and `TCP_NODELAY` (`tcp`), the `squarepeg` crate's
-//!   messages over kernel TCP (`squarepeg`), and kernel UDP (`udp`). Sender and receiver run
+//!   messages over kernel TCP (`squarepeg`), kernel UDP (`udp`), and uCOBS messages over
+//!   squarepeg's userspace TCP on a TUN device at each end (`utcp`, `utcp-ir`). Sender and receiver run
 //!   in one process and share CLOCK_MONOTONIC, so one-way delay is measured directly.
 //!
 //! Adding a transport is one implementation of [`sim::SimTransport`] or

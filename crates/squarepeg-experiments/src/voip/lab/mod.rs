@@ -20,7 +20,7 @@
 //! ([`LabTransport::framing`]); list it in [`transports`].
 
 mod transports;
-mod utcp;
+pub(crate) mod utcp;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

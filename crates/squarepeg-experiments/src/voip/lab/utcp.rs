@@ -61,7 +61,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, VoipError> {
         .map_err(io_err("building a tokio runtime"))
 }
 
-fn attach(lab: &Lab, role: Role) -> Result<LabStack, VoipError> {
+pub(crate) fn attach(lab: &Lab, role: Role) -> Result<LabStack, VoipError> {
     LabStack::attach(lab, role, StackConfig::new([]), None)
         .map_err(|e| VoipError::Transport(format!("userspace TCP on the {role:?} end: {e}")))
 }
@@ -89,102 +89,128 @@ impl LabTransport for LabUtcp {
         ))
     }
     fn open(&self, lab: &Lab, call: &LabCall) -> Result<LabEnds, VoipError> {
-        let server = attach(lab, Role::Server)?;
-        let client = attach(lab, Role::Client)?;
         let send_config = ConnectionConfig {
             message_writes: true,
             consistent_segmentation: true,
             padder: self.inconsistent.then_some(Padder(encode_padding)),
             ..ConnectionConfig::default()
         };
-        let listener = server
-            .stack()
-            .listen_with(&[call.sender], send_config)
-            .map_err(io_err("listening on the sender's stack"))?;
-        let rt = runtime()?;
-
-        // The receiver: connects, then reads segment records on a thread of its own.
-        let (messages_tx, messages_rx) = mpsc::channel::<(Vec<u8>, Instant)>();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let (connected_tx, connected_rx) = mpsc::channel::<Result<(), String>>();
-        let remote = call.sender;
-        let receiver_thread = std::thread::Builder::new()
-            .name("voip-utcp-receiver".into())
-            .spawn(move || {
-                let Ok(rt) = runtime() else {
-                    let _ = connected_tx.send(Err("no tokio runtime".into()));
-                    return;
-                };
-                rt.block_on(async move {
-                    let recv_config = ConnectionConfig {
-                        unordered_receive: true,
-                        ..ConnectionConfig::default()
-                    };
-                    let connect = client.stack().connect_with(remote, recv_config);
-                    let stream = match tokio::time::timeout(OPEN_TIMEOUT, connect).await {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => {
-                            let _ = connected_tx.send(Err(format!("connect: {e}")));
-                            return;
-                        }
-                        Err(_) => {
-                            let _ = connected_tx.send(Err("connect: timed out".into()));
-                            return;
-                        }
-                    };
-                    let _ = connected_tx.send(Ok(()));
-                    let mut stream = stream;
-                    tokio::select! {
-                        _ = stop_rx => {}
-                        r = receive_records(&mut stream, &messages_tx) => {
-                            if let Err(e) = r {
-                                eprintln!("utcp receiver: {e}");
-                            }
-                            // Our FIN, and the close handshake, before the stack goes.
-                            drop(messages_tx);
-                            if stream.shutdown().await.is_ok() {
-                                let _ = tokio::time::timeout(
-                                    CLOSE_TIMEOUT,
-                                    stream.wait_closed(),
-                                )
-                                .await;
-                            }
-                        }
-                    }
-                    drop(stream);
-                    drop(client);
-                });
-            })
-            .map_err(io_err("spawning the receiver thread"))?;
-        let accepted =
-            rt.block_on(async { tokio::time::timeout(OPEN_TIMEOUT, listener.accept()).await });
-        let (stream, _) = match accepted {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(VoipError::Transport(format!("accept: {e}"))),
-            Err(_) => return Err(VoipError::Transport("accept: timed out".into())),
+        let recv_config = ConnectionConfig {
+            unordered_receive: true,
+            ..ConnectionConfig::default()
         };
-        match connected_rx.recv_timeout(OPEN_TIMEOUT) {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(VoipError::Transport(e)),
-            Err(_) => return Err(VoipError::Transport("the receiver never connected".into())),
-        }
+        let pair = open_utcp_pair(lab, call.sender, send_config, recv_config)?;
         Ok(LabEnds {
             sender: Box::new(UtcpSender {
-                rt,
-                stream: Some(stream),
-                _stack: server,
+                rt: pair.rt,
+                stream: Some(pair.stream),
+                _stack: pair.stack,
                 lifetime: call.scenario.playout_offset(),
                 drain: call.config.drain,
                 record: Vec::new(),
                 frame: Vec::new(),
             }),
-            receiver: Box::new(UtcpReceiver {
-                messages: messages_rx,
-                stop: Some(stop_tx),
-                thread: Some(receiver_thread),
-            }),
+            receiver: Box::new(pair.receiver),
         })
     }
+}
+
+/// A uTCP connection across a lab, from a userspace stack at the client end (receiving
+/// segment records, on a thread of its own) to one at the server end (the caller's).
+pub(crate) struct UtcpPair {
+    /// The sender's runtime (drive `stream` with it).
+    pub rt: tokio::runtime::Runtime,
+    /// The sender's end of the connection.
+    pub stream: TcpStream,
+    /// The sender's stack: keep it while the connection is used.
+    pub stack: LabStack,
+    /// Every message frame's payload as delivered, with the time, each message once.
+    pub receiver: UtcpReceiver,
+}
+
+/// Attaches a stack to each end of `lab`, listens at `sender` (a server-end stack address)
+/// with `send_config`, connects from the client end with `recv_config` (which must have
+/// `unordered_receive`) and starts the receiver's thread.
+pub(crate) fn open_utcp_pair(
+    lab: &Lab,
+    sender: SocketAddr,
+    send_config: ConnectionConfig,
+    recv_config: ConnectionConfig,
+) -> Result<UtcpPair, VoipError> {
+    let server = attach(lab, Role::Server)?;
+    let client = attach(lab, Role::Client)?;
+    let listener = server
+        .stack()
+        .listen_with(&[sender], send_config)
+        .map_err(io_err("listening on the sender's stack"))?;
+    let rt = runtime()?;
+
+    let (messages_tx, messages_rx) = mpsc::channel::<(Vec<u8>, Instant)>();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (connected_tx, connected_rx) = mpsc::channel::<Result<(), String>>();
+    let receiver_thread = std::thread::Builder::new()
+        .name("utcp-receiver".into())
+        .spawn(move || {
+            let Ok(rt) = runtime() else {
+                let _ = connected_tx.send(Err("no tokio runtime".into()));
+                return;
+            };
+            rt.block_on(async move {
+                let connect = client.stack().connect_with(sender, recv_config);
+                let mut stream = match tokio::time::timeout(OPEN_TIMEOUT, connect).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        let _ = connected_tx.send(Err(format!("connect: {e}")));
+                        return;
+                    }
+                    Err(_) => {
+                        let _ = connected_tx.send(Err("connect: timed out".into()));
+                        return;
+                    }
+                };
+                let _ = connected_tx.send(Ok(()));
+                tokio::select! {
+                    _ = stop_rx => {}
+                    r = receive_records(&mut stream, &messages_tx) => {
+                        if let Err(e) = r {
+                            eprintln!("utcp receiver: {e}");
+                        }
+                        // Our FIN, and the close handshake, before the stack goes.
+                        drop(messages_tx);
+                        if stream.shutdown().await.is_ok() {
+                            let _ = tokio::time::timeout(CLOSE_TIMEOUT, stream.wait_closed())
+                                .await;
+                        }
+                    }
+                }
+                drop(stream);
+                drop(client);
+            });
+        })
+        .map_err(io_err("spawning the receiver thread"))?;
+    let receiver = UtcpReceiver {
+        messages: messages_rx,
+        stop: Some(stop_tx),
+        thread: Some(receiver_thread),
+    };
+    let accepted =
+        rt.block_on(async { tokio::time::timeout(OPEN_TIMEOUT, listener.accept()).await });
+    let (stream, _) = match accepted {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return Err(VoipError::Transport(format!("accept: {e}"))),
+        Err(_) => return Err(VoipError::Transport("accept: timed out".into())),
+    };
+    match connected_rx.recv_timeout(OPEN_TIMEOUT) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(VoipError::Transport(e)),
+        Err(_) => return Err(VoipError::Transport("the receiver never connected".into())),
+    }
+    Ok(UtcpPair {
+        rt,
+        stream,
+        stack: server,
+        receiver,
+    })
 }
 
 /// Reads segment records until the end of the stream, delivering each message once.
@@ -293,7 +319,7 @@ impl VoiceSender for UtcpSender {
     }
 }
 
-struct UtcpReceiver {
+pub(crate) struct UtcpReceiver {
     messages: mpsc::Receiver<(Vec<u8>, Instant)>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
