@@ -12,9 +12,9 @@
 //!   message frame is delivered at once, deduplicated by number.
 //!
 //! Each end runs its own current-thread tokio runtime; the stacks' driver threads do the
-//! packet I/O. Message reports (replaced, expired) travel only on a connection with
-//! `unordered_receive`, which the sender's is not, so on the lab a replaced message counts
-//! as lost by the network (see the report).
+//! packet I/O. The sender's connection has `unordered_receive` too, so that its message
+//! reports (replaced, expired) come back through `read` as report records; the run counts
+//! them as replaced or dropped by the sender.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
@@ -27,10 +27,10 @@ use squarepeg_io::{StackConfig, TcpStream};
 use squarepeg_lab::net::{Lab, Role};
 use squarepeg_lab::sim::{KIND_DATA, decode_payload};
 use squarepeg_tcp::utcp::record::{self, MessageMeta, ReadRecord};
-use squarepeg_tcp::{ConnectionConfig, Padder};
+use squarepeg_tcp::{ConnectionConfig, MessageReport, Padder};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{LabCall, LabEnds, LabTransport, VOICE_PORT, VoiceReceiver, VoiceSender};
+use super::{LabCall, LabEnds, LabTransport, SenderDrops, VOICE_PORT, VoiceReceiver, VoiceSender};
 use crate::voip::VoipError;
 use crate::voip::sim::tcp_host::unordered_reassembler;
 use crate::voip::wire::Framing;
@@ -91,6 +91,9 @@ impl LabTransport for LabUtcp {
     fn open(&self, lab: &Lab, call: &LabCall) -> Result<LabEnds, VoipError> {
         let send_config = ConnectionConfig {
             message_writes: true,
+            // The message reports come back through `read` as records only in this mode
+            // (the peer sends no data).
+            unordered_receive: true,
             consistent_segmentation: true,
             padder: self.inconsistent.then_some(Padder(encode_padding)),
             ..ConnectionConfig::default()
@@ -109,6 +112,8 @@ impl LabTransport for LabUtcp {
                 drain: call.config.drain,
                 record: Vec::new(),
                 frame: Vec::new(),
+                reports: vec![0; READ_BUFFER],
+                drops: SenderDrops::default(),
             }),
             receiver: Box::new(pair.receiver),
         })
@@ -258,6 +263,47 @@ struct UtcpSender {
     drain: Duration,
     record: Vec<u8>,
     frame: Vec<u8>,
+    /// Read buffer for report records.
+    reports: Vec<u8>,
+    drops: SenderDrops,
+}
+
+impl UtcpSender {
+    /// Takes the report records waiting (without waiting for more). Reports are bounded in
+    /// the connection (`MAX_PENDING_REPORTS`), so they are taken after every message.
+    fn take_reports(&mut self) -> Result<(), VoipError> {
+        let Some(stream) = self.stream.as_mut() else {
+            return Ok(());
+        };
+        loop {
+            // A zero timeout polls the read once: records now, or nothing.
+            let read = self.rt.block_on(async {
+                tokio::time::timeout(Duration::ZERO, stream.read(&mut self.reports)).await
+            });
+            let n = match read {
+                Ok(Ok(n)) if n > 0 => n,
+                Ok(Ok(_)) | Err(_) => return Ok(()),
+                Ok(Err(e)) => return Err(VoipError::Transport(format!("read reports: {e}"))),
+            };
+            note_reports(&self.reports[..n], &mut self.drops)?;
+        }
+    }
+}
+
+/// Notes the replaced and dropped messages among report records.
+fn note_reports(buf: &[u8], drops: &mut SenderDrops) -> Result<(), VoipError> {
+    for rec in record::decode_read(buf) {
+        match rec.map_err(|e| VoipError::Transport(e.to_string()))? {
+            ReadRecord::Report(MessageReport::Replaced { id }) => {
+                drops.replaced.insert(id);
+            }
+            ReadRecord::Report(MessageReport::Expired { id } | MessageReport::Squashed { id }) => {
+                drops.dropped.insert(id);
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 impl VoiceSender for UtcpSender {
@@ -282,6 +328,7 @@ impl VoiceSender for UtcpSender {
             ..MessageMeta::default()
         };
         record::encode_message(&meta, &self.frame, &mut self.record);
+        self.take_reports()?;
         let Some(stream) = self.stream.as_mut() else {
             return Ok(false);
         };
@@ -302,20 +349,39 @@ impl VoiceSender for UtcpSender {
         }
     }
 
-    fn close(mut self: Box<Self>) -> Result<(), VoipError> {
+    fn close(mut self: Box<Self>) -> Result<SenderDrops, VoipError> {
+        self.take_reports()?;
         if let Some(mut stream) = self.stream.take() {
             // FIN after everything queued. The stack (and so the connection) must live until
-            // the receiver has everything: until the close handshake completes, or the
-            // call's drain time has passed.
+            // the receiver has everything: until the peer's FIN (the end of our read side)
+            // and the close handshake, or the call's drain time. Reports keep coming until
+            // then (a retransmission may be replaced after the last write).
             self.rt
                 .block_on(stream.shutdown())
                 .map_err(io_err("shutdown"))?;
             let drain = self.drain;
-            let _ = self
-                .rt
-                .block_on(async { tokio::time::timeout(drain, stream.wait_closed()).await });
+            let (buf, drops) = (&mut self.reports, &mut self.drops);
+            let outcome = self.rt.block_on(async {
+                tokio::time::timeout(drain, async {
+                    loop {
+                        match stream.read(buf).await {
+                            Ok(0) => break,
+                            Ok(n) => note_reports(&buf[..n], drops)?,
+                            Err(e) => {
+                                return Err(VoipError::Transport(format!("read reports: {e}")));
+                            }
+                        }
+                    }
+                    let _ = stream.wait_closed().await;
+                    Ok(())
+                })
+                .await
+            });
+            if let Ok(r) = outcome {
+                r?;
+            }
         }
-        Ok(())
+        Ok(std::mem::take(&mut self.drops))
     }
 }
 
