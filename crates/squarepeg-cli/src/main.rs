@@ -18,6 +18,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The main job, no privileges needed: VoIP over standard TCP, unordered TCP (with and
+    /// without inconsistent retransmissions) and UDP on the simulator, Hollywood's scenarios.
+    Demo(cmd::demo::DemoArgs),
     /// Userspace TCP on a TUN device: servers and clients to use with nc, socat or curl.
     Tcp(Box<cmd::tcp::TcpArgs>),
     /// Accept one connection and exchange messages and files.
@@ -33,6 +36,7 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Demo(a) => cmd::demo::run(a),
         Command::Tcp(a) => cmd::tcp::run(*a),
         Command::Listen(a) => cmd::listen::run(a),
         Command::Connect(a) => cmd::connect::run(a),

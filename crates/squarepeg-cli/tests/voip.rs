@@ -46,7 +46,7 @@ fn sim_run_prints_json_and_writes_files() {
         .iter()
         .filter_map(|r| r["transport"].as_str())
         .collect();
-    assert_eq!(names, ["udp", "tcp", "squarepeg"]);
+    assert_eq!(names, ["udp", "tcp", "squarepeg", "utcp", "utcp-ir"]);
     assert!(
         runs.iter()
             .all(|r| r["messages_sent"] == 100 && r["seed"] == 5)

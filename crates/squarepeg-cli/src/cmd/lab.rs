@@ -65,6 +65,9 @@ enum Verb {
     /// Run the VoIP late-loss experiment (Hollywood §5, Minion §8.2) on labs of its own, or
     /// on the simulator with --sim.
     Voip(super::voip::VoipArgs),
+    /// Run the send-side priority experiment (Minion §8.3) on a lab of its own, or on the
+    /// simulator with --sim.
+    Priority(super::priority::PriorityArgs),
     /// Run a lab in the foreground (what `up` starts in the background).
     #[command(hide = true)]
     Daemon(NameArg),
@@ -190,6 +193,7 @@ pub fn run(args: LabArgs) -> Result<()> {
         Verb::List => cmd_list(),
         Verb::Cleanup => cmd_cleanup(),
         Verb::Voip(args) => super::voip::run(args),
+        Verb::Priority(args) => super::priority::run(args),
         Verb::Daemon(name) => cmd_daemon(&name.name),
     }
 }

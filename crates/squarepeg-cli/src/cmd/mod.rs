@@ -2,8 +2,10 @@
 
 pub mod bench;
 pub mod connect;
+pub mod demo;
 pub mod lab;
 pub mod listen;
 mod peer;
+pub mod priority;
 pub mod tcp;
 pub mod voip;

@@ -39,7 +39,7 @@ pub struct VoipArgs {
     /// minion-contention.
     #[arg(long = "scenario", value_name = "NAME")]
     scenarios: Vec<String>,
-    /// Transport to run (repeatable; default: all). Known: udp, tcp, squarepeg.
+    /// Transport to run (repeatable; default: all). Known: udp, tcp, squarepeg, utcp, utcp-ir.
     #[arg(long = "transport", value_name = "NAME")]
     transports: Vec<String>,
     /// How long the call lasts (messages = duration / interval).

@@ -23,6 +23,14 @@ pub struct Observations {
     pub arrivals: Vec<(u64, Duration)>,
     /// Messages whose first transmission the network dropped (see [`super::wire`]).
     pub lost_by_network: BTreeSet<u64>,
+    /// Messages the sender accepted but dropped unsent (their deadline passed in its queue,
+    /// Hollywood §4.2).
+    pub dropped_by_sender: BTreeSet<u64>,
+    /// Messages whose retransmission the sender filled with other, live messages
+    /// (Hollywood §4.2 inconsistent retransmissions): such a message arrives only if its
+    /// first transmission did, so when it missed its playout the sender chose so; it counts
+    /// as dropped by the sender, not as lost by the network.
+    pub replaced_by_sender: BTreeSet<u64>,
 }
 
 /// What became of a message at the receiver's playout.
@@ -51,8 +59,12 @@ pub struct MessageRecord {
     pub playout: Duration,
     /// On time, late or lost.
     pub state: MessageState,
-    /// The network dropped its first transmission.
+    /// The network dropped its first transmission (and the sender did not replace it).
     pub lost_by_network: bool,
+    /// The sender dropped it unsent (deadline passed in its queue).
+    pub dropped_by_sender: bool,
+    /// The sender replaced its retransmission with other messages.
+    pub replaced_by_sender: bool,
 }
 
 impl MessageRecord {
@@ -97,8 +109,14 @@ pub struct Summary {
     /// Messages the transport refused or dropped before sending (e.g. expired in the
     /// sender's queue).
     pub refused_by_sender: u64,
-    /// Messages whose first transmission the network dropped.
+    /// Messages whose first transmission the network dropped, not counting those the
+    /// sender replaced.
     pub lost_by_network: u64,
+    /// Messages the sender accepted but dropped unsent because their deadline passed.
+    pub dropped_by_sender: u64,
+    /// Messages whose retransmission the sender replaced by live messages (Hollywood
+    /// §4.2); whether they arrived depends on their first transmission only.
+    pub replaced_by_sender: u64,
     /// Messages that arrived at or before their playout time.
     pub delivered_on_time: u64,
     /// Messages that arrived after their playout time.
@@ -111,6 +129,7 @@ pub struct Summary {
     pub late_loss_rate: f64,
     /// Messages that missed their playout although the network delivered their first
     /// transmission: head-of-line blocking and sender-side delay (squarepeg's goal: zero).
+    /// Replaced messages are not counted (the network lost them first, or they arrived).
     pub missed_not_lost_by_network: u64,
     /// Messages the network lost that were recovered in time for their playout.
     pub lost_by_network_recovered: u64,
@@ -164,13 +183,16 @@ pub fn analyse(config: &VoipConfig, scenario: &Scenario, obs: &Observations) -> 
                 Some(at) if at <= playout => MessageState::OnTime,
                 Some(_) => MessageState::Late,
             };
+            let replaced_by_sender = obs.replaced_by_sender.contains(&number);
             MessageRecord {
                 number,
                 send,
                 arrival,
                 playout,
                 state,
-                lost_by_network: obs.lost_by_network.contains(&number),
+                lost_by_network: obs.lost_by_network.contains(&number) && !replaced_by_sender,
+                dropped_by_sender: obs.dropped_by_sender.contains(&number),
+                replaced_by_sender,
             }
         })
         .collect();
@@ -200,6 +222,8 @@ fn summarise(records: &[MessageRecord], duplicate_arrivals: u64, unknown_arrival
         messages_sent,
         refused_by_sender: count(&|r| r.send.is_none()),
         lost_by_network: count(&|r| r.lost_by_network),
+        dropped_by_sender: count(&|r| r.dropped_by_sender),
+        replaced_by_sender: count(&|r| r.replaced_by_sender),
         delivered_on_time: count(&|r| r.state == MessageState::OnTime),
         delivered_late,
         never_delivered,
@@ -209,7 +233,9 @@ fn summarise(records: &[MessageRecord], duplicate_arrivals: u64, unknown_arrival
         } else {
             late_loss_count as f64 / messages_sent as f64
         },
-        missed_not_lost_by_network: count(&|r| r.missed() && !r.lost_by_network),
+        missed_not_lost_by_network: count(&|r| {
+            r.missed() && !r.lost_by_network && !r.replaced_by_sender
+        }),
         lost_by_network_recovered: count(&|r| !r.missed() && r.lost_by_network),
         duplicate_arrivals,
         unknown_arrivals,
@@ -272,6 +298,7 @@ mod tests {
             sent,
             arrivals,
             lost_by_network: [2, 3].into_iter().collect(),
+            ..Observations::default()
         };
         let a = analyse(&c, &scenario, &obs);
         let states: Vec<MessageState> = a.records.iter().map(|r| r.state).collect();
@@ -306,5 +333,28 @@ mod tests {
         assert_eq!(percentile(&hundred, 0.99), Some(99.0));
         assert_eq!(percentile(&hundred, 0.999), Some(100.0));
         assert_eq!(percentile(&hundred, 0.5), Some(50.0));
+    }
+
+    #[test]
+    fn replaced_messages_are_dropped_by_the_sender_not_lost_by_the_network() {
+        let scenario = hollywood_70ms();
+        let c = config(4);
+        let msd = Duration::from_millis;
+        let obs = Observations {
+            sent: (0..4).map(|i| Some(c.due(i))).collect(),
+            // 1 replaced (its first transmission lost), 2 expired unsent, 3 lost.
+            arrivals: vec![(0, c.due(0) + msd(40))],
+            lost_by_network: [1, 3].into_iter().collect(),
+            dropped_by_sender: [2].into_iter().collect(),
+            replaced_by_sender: [1].into_iter().collect(),
+        };
+        let a = analyse(&c, &scenario, &obs);
+        let s = &a.summary;
+        assert_eq!(s.lost_by_network, 1);
+        assert_eq!((s.replaced_by_sender, s.dropped_by_sender), (1, 1));
+        assert_eq!(s.never_delivered, 3);
+        assert!(!a.records[1].lost_by_network && a.records[1].replaced_by_sender);
+        // The expired message missed its playout for a sender-side reason.
+        assert_eq!(s.missed_not_lost_by_network, 1);
     }
 }

@@ -27,11 +27,14 @@
 //! # Engines
 //!
 //! - [`sim`]: the deterministic simulator; squarepeg's userspace TCP in standard mode
-//!   (`tcp`), squarepeg session messages over it (`squarepeg`), and the lab's UDP host
-//!   (`udp`). Same seed, same JSON.
+//!   (`tcp`), squarepeg session messages over it (`squarepeg`), uCOBS messages over its
+//!   uTCP interface with unordered delivery (`utcp`) and also inconsistent retransmissions
+//!   (`utcp-ir`), and the lab's UDP host (`udp`). Same seed, same JSON. [`demo`] runs the
+//!   Hollywood scenarios over four of them (`peg demo`).
 //! - [`lab`]: the real network of namespaces and the userspace link emulator; the kernel's
 //!   TCP with length-prefixed records and `TCP_NODELAY` (`tcp`), the `squarepeg` crate's
-//!   messages over kernel TCP (`squarepeg`), and kernel UDP (`udp`). Sender and receiver run
+//!   messages over kernel TCP (`squarepeg`), kernel UDP (`udp`), and uCOBS messages over
+//!   squarepeg's userspace TCP on a TUN device at each end (`utcp`, `utcp-ir`). Sender and receiver run
 //!   in one process and share CLOCK_MONOTONIC, so one-way delay is measured directly.
 //!
 //! Adding a transport is one implementation of [`sim::SimTransport`] or
@@ -45,6 +48,7 @@
 
 pub mod analysis;
 pub mod config;
+pub mod demo;
 pub mod lab;
 pub mod plot;
 pub mod report;

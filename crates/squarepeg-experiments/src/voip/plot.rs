@@ -26,8 +26,8 @@ pub const FONT_PATHS: &[&str] = &[
     "/usr/share/fonts/TTF/DejaVuSans.ttf",
 ];
 
-const FONT: &str = "sans-serif";
-const SIZE: (u32, u32) = (1200, 600);
+pub(crate) const FONT: &str = "sans-serif";
+pub(crate) const SIZE: (u32, u32) = (1200, 600);
 /// Messages shown in the zoomed plot (Hollywood's zooms show 100).
 pub const ZOOM_MESSAGES: u64 = 100;
 
@@ -65,7 +65,7 @@ fn font_loaded() -> bool {
     })
 }
 
-fn plot_err<E: std::fmt::Debug>(e: E) -> VoipError {
+pub(crate) fn plot_err<E: std::fmt::Debug>(e: E) -> VoipError {
     VoipError::Plot(format!("{e:?}"))
 }
 
@@ -277,7 +277,7 @@ pub fn cdfs(dir: &Path, runs: &[RunResult]) -> Result<Vec<PathBuf>, VoipError> {
     Ok(files)
 }
 
-const PALETTE: [RGBColor; 6] = [
+pub(crate) const PALETTE: [RGBColor; 6] = [
     RGBColor(214, 39, 40),
     RGBColor(31, 119, 180),
     RGBColor(44, 160, 44),

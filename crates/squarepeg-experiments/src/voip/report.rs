@@ -17,6 +17,7 @@
 //!                   "bulk_flows" (0 without contention) },
 //!     "transport", "transport_description", "seed",
 //!     "messages_sent", "refused_by_sender", "lost_by_network",
+//!     "dropped_by_sender", "replaced_by_sender",
 //!     "delivered_on_time", "delivered_late", "never_delivered",
 //!     "late_loss_count", "late_loss_rate",
 //!     "missed_not_lost_by_network", "lost_by_network_recovered",
@@ -35,14 +36,18 @@
 //! missed its playout); `late_loss_rate = late_loss_count / messages_sent`;
 //! `missed_not_lost_by_network` counts messages that missed their playout although the
 //! network delivered their first transmission (head-of-line blocking, sender delay);
-//! latency is the transport delay of delivered messages, nearest-rank percentiles; a burst
+//! `lost_by_network` leaves out messages the sender replaced in an inconsistent
+//! retransmission (Hollywood §4.2), which `replaced_by_sender` counts;
+//! `dropped_by_sender` counts messages accepted but dropped unsent when their deadline
+//! passed; latency is the transport delay of delivered messages, nearest-rank percentiles; a burst
 //! is a maximal run of consecutive message numbers that missed their playout (Minion §8.2).
 //!
 //! # Records
 //!
 //! `records/<engine>-<scenario>-<transport>.jsonl`: one JSON object per message, by number:
 //! `{"number", "send_ms", "arrival_ms", "transport_delay_ms", "buffered_ms", "playout_ms",
-//! "state": "on_time" | "late" | "lost", "lost_by_network"}`; times in milliseconds from the
+//! "state": "on_time" | "late" | "lost", "lost_by_network", "dropped_by_sender",
+//! "replaced_by_sender"}`; times in milliseconds from the
 //! run's start (`null` when there is none: never sent, never arrived).
 
 use std::fmt::Write as _;
@@ -127,6 +132,8 @@ pub fn record_json(r: &MessageRecord) -> Value {
         "playout_ms": ms(r.playout),
         "state": r.state,
         "lost_by_network": r.lost_by_network,
+        "dropped_by_sender": r.dropped_by_sender,
+        "replaced_by_sender": r.replaced_by_sender,
     })
 }
 

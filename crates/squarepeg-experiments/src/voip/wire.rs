@@ -15,7 +15,7 @@
 //! are being sent for the first time (TCP sends new data in sequence order); the stream is
 //! rebuilt from the sent segments and cut into messages by the transport's [`Framing`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
 use etherparse::{SlicedPacket, TransportSlice};
@@ -179,32 +179,63 @@ fn stream_losses(log: &[WirePacket], framing: Framing) -> Result<BTreeSet<u64>, 
             "voice stream of {end} bytes is above the limit of {MAX_STREAM_BYTES}"
         )));
     }
+    // The stream as first transmitted: only bytes above the high-water mark are written, so
+    // an inconsistent retransmission (other bytes in the same range, Hollywood §4.2) does
+    // not hide the messages first sent there.
     let mut stream = vec![0u8; end as usize];
-    let mut first_lost: Vec<Range<u64>> = Vec::new();
+    // First transmissions: range, packet index, delivered; ascending and disjoint.
+    let mut fresh: Vec<(Range<u64>, usize, bool)> = Vec::new();
+    // Segments that retransmit some range: packet index, payload, delivered.
+    let mut resent: Vec<(usize, &[u8], bool)> = Vec::new();
     let mut highest = 0u64;
-    for (range, segment) in &ranges {
-        stream[range.start as usize..range.end as usize].copy_from_slice(&segment.payload);
+    for (index, (range, segment)) in ranges.iter().enumerate() {
+        if range.start < highest {
+            resent.push((index, &segment.payload, segment.delivered));
+        }
         if range.end > highest {
-            let fresh = range.start.max(highest)..range.end;
-            if !segment.delivered {
-                first_lost.push(fresh);
-            }
+            let from = range.start.max(highest);
+            let skip = (from - range.start) as usize;
+            stream[from as usize..range.end as usize].copy_from_slice(&segment.payload[skip..]);
+            fresh.push((from..range.end, index, segment.delivered));
             highest = range.end;
         }
     }
-    let messages = locate(&stream, framing)?;
-    // Both lists ascend: fresh ranges start at the previous high-water mark.
-    let mut lost = BTreeSet::new();
+    // Per message number: the index of the first segment that carried it, and whether that
+    // first transmission (every fresh piece of it) was delivered.
+    let mut first: BTreeMap<u64, (usize, bool)> = BTreeMap::new();
     let mut i = 0;
-    for (number, range) in messages {
-        while i < first_lost.len() && first_lost[i].end <= range.start {
+    for (number, range) in locate(&stream, framing)? {
+        while i < fresh.len() && fresh[i].0.end <= range.start {
             i += 1;
         }
-        if first_lost.get(i).is_some_and(|l| l.start < range.end) {
-            lost.insert(number);
+        let pieces = fresh[i..]
+            .iter()
+            .take_while(|(r, _, _)| r.start < range.end);
+        let (mut index, mut lost) = (usize::MAX, false);
+        for (_, at, delivered) in pieces {
+            index = index.min(*at);
+            lost |= !delivered;
+        }
+        first.entry(number).or_insert((index, lost));
+    }
+    if framing == Framing::Ucobs {
+        // A message first sent as a replacement lies whole in a retransmitted segment
+        // (consistent segmentation, Hollywood §4.2); it may also have gone out earlier or
+        // later in its own place, so the earlier transmission counts.
+        for (index, payload, delivered) in resent {
+            for (number, _) in locate(payload, framing)? {
+                let slot = first.entry(number).or_insert((usize::MAX, false));
+                if index < slot.0 {
+                    *slot = (index, !delivered);
+                }
+            }
         }
     }
-    Ok(lost)
+    Ok(first
+        .into_iter()
+        .filter(|(_, (_, lost))| *lost)
+        .map(|(number, _)| number)
+        .collect())
 }
 
 /// The messages in a rebuilt stream with the byte ranges they occupy (prefix or markers
@@ -376,5 +407,63 @@ mod tests {
         assert_eq!(found[0].1.start, first as u64);
         assert_eq!(found[1].1.end, stream.len() as u64);
         assert_eq!(found[0].1.end, found[1].1.start);
+    }
+
+    fn message_frame(n: u64, bytes: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        squarepeg_framing::encode_frame(
+            &FrameHeader::Message {
+                substream: 0,
+                number: n,
+            },
+            &encode_payload(KIND_DATA, n, Duration::from_millis(20 * n), bytes),
+            &mut out,
+        )
+        .expect("frame");
+        out
+    }
+
+    #[test]
+    fn inconsistent_retransmissions_are_accounted() {
+        // Messages 0, 1, 2 in one segment each; message 1's segment is lost and its
+        // retransmission carries message 3 (shorter) and padding to the same length
+        // (Hollywood §4.2). Message 1 was lost by the network (the analysis counts it as
+        // replaced by the sender); message 3's first transmission is that retransmission.
+        let isn = 1000u32;
+        let frames: Vec<Vec<u8>> = (0..3).map(|n| message_frame(n, 160)).collect();
+        let mut replacement = message_frame(3, 100);
+        let pad = frames[1].len() - replacement.len();
+        squarepeg_framing::encode_padding(pad, &mut replacement);
+        assert_eq!(replacement.len(), frames[1].len());
+        let mut at = 0u32;
+        let mut sent = vec![tcp(isn, true, &[])];
+        let mut starts = Vec::new();
+        for f in &frames {
+            starts.push(at);
+            sent.push(tcp(isn + 1 + at, false, f));
+            at += f.len() as u32;
+        }
+        sent.push(tcp(isn + 1 + starts[1], false, &replacement));
+        for (retransmission_delivered, expected) in [(true, vec![1]), (false, vec![1, 3])] {
+            let mut delivered = vec![sent[0].clone(), sent[1].clone(), sent[3].clone()];
+            if retransmission_delivered {
+                delivered.push(sent[4].clone());
+            }
+            let log = match_delivered(sent.clone(), &delivered).expect("fifo");
+            let lost = lost_by_network(&log, Framing::Ucobs).expect("map");
+            assert_eq!(lost, expected.into_iter().collect());
+        }
+        // Message 3 sent again later in its own place: its first transmission still counts.
+        let mut later = sent.clone();
+        later.push(tcp(isn + 1 + at, false, &message_frame(3, 100)));
+        let delivered = vec![
+            later[0].clone(),
+            later[1].clone(),
+            later[3].clone(),
+            later[5].clone(),
+        ];
+        let log = match_delivered(later, &delivered).expect("fifo");
+        let lost = lost_by_network(&log, Framing::Ucobs).expect("map");
+        assert_eq!(lost, [1, 3].into_iter().collect());
     }
 }

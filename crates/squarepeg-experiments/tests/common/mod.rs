@@ -22,6 +22,8 @@ pub const RUN_FIELDS: &[&str] = &[
     "messages_sent",
     "refused_by_sender",
     "lost_by_network",
+    "dropped_by_sender",
+    "replaced_by_sender",
     "delivered_on_time",
     "delivered_late",
     "never_delivered",
@@ -58,6 +60,8 @@ pub const RECORD_FIELDS: &[&str] = &[
     "playout_ms",
     "state",
     "lost_by_network",
+    "dropped_by_sender",
+    "replaced_by_sender",
 ];
 
 fn has_all(value: &Value, fields: &[&str], what: &str) {

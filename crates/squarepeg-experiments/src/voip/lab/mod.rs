@@ -20,7 +20,9 @@
 //! ([`LabTransport::framing`]); list it in [`transports`].
 
 mod transports;
+pub(crate) mod utcp;
 
+use std::collections::BTreeSet;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -34,6 +36,7 @@ use squarepeg_lab::pcap::read_pcap;
 use squarepeg_lab::sim::{KIND_DATA, decode_payload, encode_payload};
 
 pub use transports::{LabSquarepeg, LabTcp, LabUdp};
+pub use utcp::LabUtcp;
 
 use super::analysis::{Observations, analyse};
 use super::config::{Scenario, VoipConfig};
@@ -71,8 +74,19 @@ pub trait VoiceSender: Send {
     /// Hands one message to the transport now. `Ok(false)`: the transport refused it (its
     /// queue is full); an error ends the run.
     fn send(&mut self, message: &[u8]) -> Result<bool, VoipError>;
-    /// Ends the call after the last message (the transport may still deliver what it holds).
-    fn close(self: Box<Self>) -> Result<(), VoipError>;
+    /// Ends the call after the last message (the transport may still deliver what it
+    /// holds), and says which messages it dropped or replaced, if it knows.
+    fn close(self: Box<Self>) -> Result<SenderDrops, VoipError>;
+}
+
+/// Messages a sender accepted but did not deliver as written (see
+/// [`super::Observations`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SenderDrops {
+    /// Dropped unsent (deadline passed).
+    pub dropped: BTreeSet<u64>,
+    /// Retransmission replaced by other messages (Hollywood §4.2).
+    pub replaced: BTreeSet<u64>,
 }
 
 /// The receiving end of a call.
@@ -102,11 +116,24 @@ pub trait LabTransport: Sync {
     /// receiver at `call.receiver` in the client namespace (sockets stay in the namespace
     /// they are created in, see `NetNs::run`).
     fn open(&self, lab: &Lab, call: &LabCall) -> Result<LabEnds, VoipError>;
+    /// The call's sender and receiver addresses when they are not the kernels' (a
+    /// userspace stack has addresses of its own); `None`: the server's and the client's.
+    fn addresses(&self, _lab: &Lab) -> Option<(SocketAddr, SocketAddr)> {
+        None
+    }
 }
 
 /// Every lab transport, in report order.
 pub fn transports() -> Vec<Box<dyn LabTransport>> {
-    vec![Box::new(LabUdp), Box::new(LabTcp), Box::new(LabSquarepeg)]
+    vec![
+        Box::new(LabUdp),
+        Box::new(LabTcp),
+        Box::new(LabSquarepeg),
+        Box::new(LabUtcp {
+            inconsistent: false,
+        }),
+        Box::new(LabUtcp { inconsistent: true }),
+    ]
 }
 
 /// A lab transport by name.
@@ -160,16 +187,20 @@ pub fn run(
         .with_capture_dir(&captures.0);
     let lab = Lab::start(lab_config)?;
     let addresses = *lab.addresses();
+    let (sender, receiver) = transport.addresses(&lab).unwrap_or((
+        SocketAddr::new(addresses.server_v4.into(), VOICE_PORT),
+        SocketAddr::new(addresses.client_v4.into(), VOICE_PORT),
+    ));
     let call = LabCall {
-        sender: SocketAddr::new(addresses.server_v4.into(), VOICE_PORT),
-        receiver: SocketAddr::new(addresses.client_v4.into(), VOICE_PORT),
+        sender,
+        receiver,
         config: *config,
         scenario: scenario.clone(),
     };
     // Everything that can fail while the lab runs; the lab is torn down either way.
     let outcome = run_call(&lab, &call, transport, progress);
     let stats = lab.teardown();
-    let (sent, arrivals, mut warnings) = outcome?;
+    let (sent, arrivals, mut warnings, drops) = outcome?;
     let stats = stats?;
     let log = wire_log(&captures.0, &call, transport.framing())?;
     let lost = lost_by_network(&log, transport.framing())?;
@@ -185,6 +216,8 @@ pub fn run(
         sent,
         arrivals,
         lost_by_network: lost,
+        dropped_by_sender: drops.dropped,
+        replaced_by_sender: drops.replaced,
     };
     let analysis = analyse(config, scenario, &observations);
     Ok(RunResult {
@@ -209,7 +242,12 @@ fn engine_stats(stats: &EmulatorStats, log: &[super::wire::WirePacket]) -> serde
     })
 }
 
-type CallOutcome = (Vec<Option<Duration>>, Vec<(u64, Duration)>, Vec<String>);
+type CallOutcome = (
+    Vec<Option<Duration>>,
+    Vec<(u64, Duration)>,
+    Vec<String>,
+    SenderDrops,
+);
 
 fn run_call(
     lab: &Lab,
@@ -230,77 +268,79 @@ fn run_call(
     let epoch = Instant::now();
     let end = epoch + config.end();
     let arrivals: Mutex<Vec<(u64, Duration)>> = Mutex::new(Vec::new());
-    let result = std::thread::scope(|scope| -> Result<Vec<Option<Duration>>, VoipError> {
-        let receiving = scope.spawn(|| -> Result<(), VoipError> {
-            while let Some((message, at)) = receiver.receive(end)? {
-                if let Some((KIND_DATA, number, _)) = decode_payload(&message)
-                    && let Ok(mut a) = arrivals.lock()
-                {
-                    a.push((number, at.saturating_duration_since(epoch)));
+    let result = std::thread::scope(
+        |scope| -> Result<(Vec<Option<Duration>>, SenderDrops), VoipError> {
+            let receiving = scope.spawn(|| -> Result<(), VoipError> {
+                while let Some((message, at)) = receiver.receive(end)? {
+                    if let Some((KIND_DATA, number, _)) = decode_payload(&message)
+                        && let Ok(mut a) = arrivals.lock()
+                    {
+                        a.push((number, at.saturating_duration_since(epoch)));
+                    }
+                }
+                Ok(())
+            });
+            let bulk_clients = bulk
+                .as_ref()
+                .map(|b| b.schedule_clients(scope, lab, &config, epoch));
+            let mut sent = Vec::with_capacity(config.count as usize);
+            let mut last_report = Instant::now();
+            let mut failure = None;
+            for number in 0..config.count {
+                let due = epoch + config.due(number);
+                let now = Instant::now();
+                if due > now {
+                    std::thread::sleep(due - now);
+                }
+                let at = Instant::now().saturating_duration_since(epoch);
+                let message = encode_payload(KIND_DATA, number, at, config.message_bytes);
+                match sender.send(&message) {
+                    Ok(accepted) => sent.push(accepted.then_some(at)),
+                    Err(e) => {
+                        failure = Some(e);
+                        break;
+                    }
+                }
+                if last_report.elapsed() >= Duration::from_secs(1) {
+                    progress(Progress {
+                        sent: number + 1,
+                        total: config.count,
+                    });
+                    last_report = Instant::now();
                 }
             }
-            Ok(())
-        });
-        let bulk_clients = bulk
-            .as_ref()
-            .map(|b| b.schedule_clients(scope, lab, &config, epoch));
-        let mut sent = Vec::with_capacity(config.count as usize);
-        let mut last_report = Instant::now();
-        let mut failure = None;
-        for number in 0..config.count {
-            let due = epoch + config.due(number);
-            let now = Instant::now();
-            if due > now {
-                std::thread::sleep(due - now);
+            progress(Progress {
+                sent: sent.len() as u64,
+                total: config.count,
+            });
+            // The bulk flows stop with the call; the receiver drains until the end.
+            stop.store(true, Ordering::Relaxed);
+            let closed = sender.close();
+            let received = receiving
+                .join()
+                .map_err(|_| VoipError::Transport("the receiver thread panicked".into()))?;
+            if let Some(clients) = bulk_clients {
+                let _ = clients.join();
             }
-            let at = Instant::now().saturating_duration_since(epoch);
-            let message = encode_payload(KIND_DATA, number, at, config.message_bytes);
-            match sender.send(&message) {
-                Ok(accepted) => sent.push(accepted.then_some(at)),
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
+            if let Some(e) = failure {
+                return Err(e);
             }
-            if last_report.elapsed() >= Duration::from_secs(1) {
-                progress(Progress {
-                    sent: number + 1,
-                    total: config.count,
-                });
-                last_report = Instant::now();
-            }
-        }
-        progress(Progress {
-            sent: sent.len() as u64,
-            total: config.count,
-        });
-        // The bulk flows stop with the call; the receiver drains until the end.
-        stop.store(true, Ordering::Relaxed);
-        let closed = sender.close();
-        let received = receiving
-            .join()
-            .map_err(|_| VoipError::Transport("the receiver thread panicked".into()))?;
-        if let Some(clients) = bulk_clients {
-            let _ = clients.join();
-        }
-        if let Some(e) = failure {
-            return Err(e);
-        }
-        closed?;
-        received?;
-        sent.resize(config.count as usize, None);
-        Ok(sent)
-    });
+            let drops = closed?;
+            received?;
+            sent.resize(config.count as usize, None);
+            Ok((sent, drops))
+        },
+    );
     stop.store(true, Ordering::Relaxed);
     let warnings = match bulk {
         Some(b) => b.finish(),
         None => Vec::new(),
     };
-    let sent = result?;
+    let (sent, drops) = result?;
     let arrivals = arrivals
         .into_inner()
         .map_err(|_| VoipError::Transport("the receiver thread panicked".into()))?;
-    Ok((sent, arrivals, warnings))
+    Ok((sent, arrivals, warnings, drops))
 }
 
 /// Reads the emulator's captures back: the voice flow's packets from the sender, as sent

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use squarepeg::{Connection, ConnectionConfig, Endpoint, MessageProps, SendError};
 use squarepeg_lab::net::{Lab, NetNs};
 
-use super::{LabCall, LabEnds, LabTransport, VoiceReceiver, VoiceSender};
+use super::{LabCall, LabEnds, LabTransport, SenderDrops, VoiceReceiver, VoiceSender};
 use crate::voip::VoipError;
 use crate::voip::config::MAX_MESSAGE_BYTES;
 use crate::voip::wire::{Framing, encode_record, take_records};
@@ -47,8 +47,8 @@ impl VoiceSender for UdpSender {
             Err(e) => Err(VoipError::io("sending a datagram")(e)),
         }
     }
-    fn close(self: Box<Self>) -> Result<(), VoipError> {
-        Ok(())
+    fn close(self: Box<Self>) -> Result<SenderDrops, VoipError> {
+        Ok(SenderDrops::default())
     }
 }
 
@@ -128,11 +128,12 @@ impl VoiceSender for TcpSender {
             .map_err(VoipError::io("writing a record"))?;
         Ok(true)
     }
-    fn close(self: Box<Self>) -> Result<(), VoipError> {
+    fn close(self: Box<Self>) -> Result<SenderDrops, VoipError> {
         // FIN after the queued data; the receiver reads to the end.
         self.stream
             .shutdown(std::net::Shutdown::Write)
-            .map_err(VoipError::io("closing the TCP sender"))
+            .map_err(VoipError::io("closing the TCP sender"))?;
+        Ok(SenderDrops::default())
     }
 }
 
@@ -262,7 +263,7 @@ impl VoiceSender for SquarepegSender {
             Err(e) => Err(VoipError::Transport(format!("squarepeg send: {e}"))),
         }
     }
-    fn close(mut self: Box<Self>) -> Result<(), VoipError> {
+    fn close(mut self: Box<Self>) -> Result<SenderDrops, VoipError> {
         if let Some(s) = self.shutdown.take() {
             let _ = s.send(());
         }
@@ -270,7 +271,7 @@ impl VoiceSender for SquarepegSender {
             t.join()
                 .map_err(|_| VoipError::Transport("the sender runtime panicked".into()))?;
         }
-        Ok(())
+        Ok(SenderDrops::default())
     }
 }
 

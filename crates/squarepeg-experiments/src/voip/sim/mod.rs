@@ -17,6 +17,7 @@
 pub mod tcp_host;
 
 use std::cell::RefCell;
+use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::rc::Rc;
 use std::time::Duration;
@@ -64,6 +65,11 @@ pub struct Recorded {
     pub arrivals: Vec<(u64, Duration)>,
     /// Errors the ends reported.
     pub errors: Vec<String>,
+    /// Messages the sender dropped unsent (their deadline passed in its queue).
+    pub dropped_by_sender: BTreeSet<u64>,
+    /// Messages whose retransmission the sender filled with other messages (Hollywood
+    /// §4.2 inconsistent retransmissions).
+    pub replaced_by_sender: BTreeSet<u64>,
 }
 
 /// A transport on the simulator: one implementation per transport.
@@ -141,7 +147,7 @@ impl SimTransport for SimUdp {
                 .filter(|a| a.from == call.sender)
                 .map(|a| (a.seq, a.received_at.saturating_duration_since(start)))
                 .collect(),
-            errors: Vec::new(),
+            ..Recorded::default()
         })
     }
 }
@@ -159,16 +165,16 @@ pub struct SimSession;
 fn install_tcp(
     sim: &mut Simulator,
     call: &SimCall,
-    codec: impl Fn() -> StreamCodec,
+    codec: impl Fn() -> Result<StreamCodec, VoipError>,
 ) -> Result<SimEnds, VoipError> {
     let start = sim.start();
-    let sender = TcpVoiceHost::sender(call.sender, start, call.config, codec(), call.seed);
+    let sender = TcpVoiceHost::sender(call.sender, start, call.config, codec()?, call.seed);
     let receiver = TcpVoiceHost::receiver(
         call.receiver,
         call.sender,
         start,
         call.config,
-        codec(),
+        codec()?,
         call.seed,
     );
     let sender = sim.add_host(Side::Right, sender)?;
@@ -187,10 +193,16 @@ fn collect_tcp(sim: &Simulator, ends: SimEnds, call: &SimCall) -> Result<Recorde
     sent.resize(call.config.count as usize, None);
     let mut errors: Vec<String> = sender.errors().to_vec();
     errors.extend(receiver.errors().iter().cloned());
+    let (dropped_by_sender, replaced_by_sender) = match sender.codec() {
+        StreamCodec::Unordered(u) => (u.expired().clone(), u.replaced().clone()),
+        _ => Default::default(),
+    };
     Ok(Recorded {
         sent,
         arrivals: receiver.arrivals().to_vec(),
         errors,
+        dropped_by_sender,
+        replaced_by_sender,
     })
 }
 
@@ -205,7 +217,7 @@ impl SimTransport for SimTcp {
         Framing::LengthPrefixed
     }
     fn install(&self, sim: &mut Simulator, call: &SimCall) -> Result<SimEnds, VoipError> {
-        install_tcp(sim, call, StreamCodec::records)
+        install_tcp(sim, call, || Ok(StreamCodec::records()))
     }
     fn collect(
         &self,
@@ -229,7 +241,50 @@ impl SimTransport for SimSession {
     }
     fn install(&self, sim: &mut Simulator, call: &SimCall) -> Result<SimEnds, VoipError> {
         let lifetime = Some(call.scenario.playout_delay);
-        install_tcp(sim, call, || StreamCodec::session(lifetime))
+        install_tcp(sim, call, || Ok(StreamCodec::session(lifetime)))
+    }
+    fn collect(
+        &self,
+        sim: &Simulator,
+        ends: SimEnds,
+        call: &SimCall,
+    ) -> Result<Recorded, VoipError> {
+        collect_tcp(sim, ends, call)
+    }
+}
+
+/// uCOBS message frames over squarepeg's userspace TCP with the uTCP interface (Minion §4,
+/// Hollywood §4): the receiver takes every segment at once and delivers each message as
+/// soon as its frame is whole (no head-of-line blocking); the sender writes each message
+/// with its playout time as deadline. With `inconsistent`, a retransmission of messages
+/// that would arrive after their deadline carries live messages instead, padded to the
+/// same length (Hollywood §4.2).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SimUtcp {
+    /// Inconsistent retransmissions.
+    pub inconsistent: bool,
+}
+
+impl SimTransport for SimUtcp {
+    fn name(&self) -> &'static str {
+        if self.inconsistent { "utcp-ir" } else { "utcp" }
+    }
+    fn description(&self) -> &'static str {
+        if self.inconsistent {
+            "uCOBS messages over squarepeg's userspace TCP: unordered delivery, deadlines and inconsistent retransmissions (Hollywood §4.2)"
+        } else {
+            "uCOBS messages over squarepeg's userspace TCP: unordered delivery (Minion §4.1), deadlines, every byte retransmitted"
+        }
+    }
+    fn framing(&self) -> Framing {
+        Framing::Ucobs
+    }
+    fn install(&self, sim: &mut Simulator, call: &SimCall) -> Result<SimEnds, VoipError> {
+        let offset = call.scenario.playout_offset();
+        install_tcp(sim, call, || {
+            StreamCodec::unordered(offset, self.inconsistent)
+                .map_err(|e| VoipError::Config(e.to_string()))
+        })
     }
     fn collect(
         &self,
@@ -243,7 +298,15 @@ impl SimTransport for SimSession {
 
 /// Every simulator transport, in report order.
 pub fn transports() -> Vec<Box<dyn SimTransport>> {
-    vec![Box::new(SimUdp), Box::new(SimTcp), Box::new(SimSession)]
+    vec![
+        Box::new(SimUdp),
+        Box::new(SimTcp),
+        Box::new(SimSession),
+        Box::new(SimUtcp {
+            inconsistent: false,
+        }),
+        Box::new(SimUtcp { inconsistent: true }),
+    ]
 }
 
 /// A simulator transport by name.
@@ -340,6 +403,8 @@ pub fn run(
         sent: recorded.sent,
         arrivals: recorded.arrivals,
         lost_by_network: lost,
+        dropped_by_sender: recorded.dropped_by_sender,
+        replaced_by_sender: recorded.replaced_by_sender,
     };
     let analysis = analyse(config, scenario, &observations);
     let stats = sim.stats();

@@ -8,11 +8,14 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use squarepeg_framing::StreamDecoder;
+use std::collections::BTreeSet;
+
+use squarepeg_framing::{FrameHeader, Reassembler, StreamDecoder, encode_frame, encode_padding};
 use squarepeg_lab::sim::{Host, KIND_DATA, decode_payload, encode_payload};
 use squarepeg_session::{MAX_FRAME_BODY, MessageProps, Role, Session};
 use squarepeg_tcp::{
-    ConnectionConfig, ConnectionHandle, Endpoint, EndpointConfig, Event, ListenerHandle,
+    ConnectionConfig, ConnectionHandle, Endpoint, EndpointConfig, Error as TcpError, Event,
+    ListenerHandle, MessageReport, Padder, WriteTag,
 };
 
 use crate::voip::config::{MAX_MESSAGE_BYTES, VoipConfig};
@@ -33,7 +36,7 @@ pub fn secret(seed: u64, host: u8) -> [u8; 32] {
     s
 }
 
-fn endpoint(address: IpAddr, seed: u64, host: u8, now: Instant) -> Endpoint {
+pub(crate) fn endpoint(address: IpAddr, seed: u64, host: u8, now: Instant) -> Endpoint {
     Endpoint::new(
         EndpointConfig {
             secret: secret(seed, host),
@@ -62,6 +65,43 @@ pub enum StreamCodec {
         /// The lifetime given to each message (Hollywood §7.2): its playout budget.
         lifetime: Option<Duration>,
     },
+    /// uCOBS message frames over the uTCP interface (Minion §4, Hollywood §4): each voice
+    /// message one [`Endpoint::write_message`] whose deadline is its playout time; the
+    /// receiver takes every segment at once and decodes whole frames out of order.
+    Unordered(Box<UnorderedCodec>),
+}
+
+/// The state of [`StreamCodec::Unordered`] at either end.
+#[derive(Debug)]
+pub struct UnorderedCodec {
+    /// Added to a message's send time to give its deadline: the scenario's playout offset
+    /// (one-way delay plus playout delay), the time by which it must have arrived.
+    deadline_offset: Duration,
+    /// Inconsistent retransmissions (Hollywood §4.2), padded with uCOBS padding frames.
+    inconsistent: bool,
+    /// Receive side: frames from segments in any order (Minion §5.2).
+    reassembler: Reassembler,
+    /// Receive side: message numbers delivered (a message may arrive more than once: in
+    /// its original place and as a replacement, or through a spurious retransmission).
+    delivered: BTreeSet<u64>,
+    /// Send side: messages whose retransmission carried others instead (Hollywood §4.2).
+    replaced: BTreeSet<u64>,
+    /// Send side: messages dropped unsent because their deadline passed.
+    expired: BTreeSet<u64>,
+    /// Scratch for a frame being encoded.
+    frame: Vec<u8>,
+}
+
+impl UnorderedCodec {
+    /// Messages the sender replaced in a retransmission.
+    pub fn replaced(&self) -> &BTreeSet<u64> {
+        &self.replaced
+    }
+
+    /// Messages the sender dropped unsent (deadline passed).
+    pub fn expired(&self) -> &BTreeSet<u64> {
+        &self.expired
+    }
 }
 
 impl StreamCodec {
@@ -80,6 +120,122 @@ impl StreamCodec {
             lifetime,
         }
     }
+
+    /// uCOBS messages over the uTCP interface, each due `deadline_offset` after it is sent;
+    /// with `inconsistent`, expired retransmissions carry live messages instead.
+    pub fn unordered(
+        deadline_offset: Duration,
+        inconsistent: bool,
+    ) -> Result<Self, squarepeg_framing::ReassemblyError> {
+        Ok(Self::Unordered(Box::new(UnorderedCodec {
+            deadline_offset,
+            inconsistent,
+            reassembler: unordered_reassembler()?,
+            delivered: BTreeSet::new(),
+            replaced: BTreeSet::new(),
+            expired: BTreeSet::new(),
+            frame: Vec::new(),
+        })))
+    }
+
+    /// The connection options this codec needs at either end.
+    pub fn connection_config(&self) -> ConnectionConfig {
+        match self {
+            Self::Unordered(u) => ConnectionConfig {
+                unordered_receive: true,
+                consistent_segmentation: true,
+                padder: u.inconsistent.then_some(Padder(encode_padding)),
+                ..ConnectionConfig::default()
+            },
+            _ => ConnectionConfig::default(),
+        }
+    }
+}
+
+/// The uTCP receive path (Minion §4.1, §5.2): reads every segment waiting on `h`, puts it
+/// into `reassembler` at its offset, and hands the payload of every whole message frame to
+/// `on_message` at once, in whatever order frames complete. The same message may come more
+/// than once (a spurious or inconsistent retransmission); the caller deduplicates.
+pub(crate) fn read_unordered(
+    ep: &mut Endpoint,
+    h: ConnectionHandle,
+    reassembler: &mut Reassembler,
+    buf: &mut [u8],
+    errors: &mut Vec<String>,
+    mut on_message: impl FnMut(&[u8]),
+) {
+    loop {
+        let segment = match ep.read_segment(h, buf) {
+            Ok(s) if s.len > 0 => s,
+            Ok(_) | Err(TcpError::WouldBlock) => break,
+            Err(e) => {
+                errors.push(format!("read_segment: {e}"));
+                break;
+            }
+        };
+        if let Err(e) = reassembler.insert(segment.offset, &buf[..segment.len]) {
+            errors.push(format!("reassembly: {e}"));
+        }
+        while let Some(frame) = reassembler.next_frame() {
+            // A frame mixing two transmissions fails its checksum (Hollywood §4.5); its
+            // message arrives whole in one of them.
+            if let Ok(frame) = frame
+                && let FrameHeader::Message { .. } = frame.frame.header
+            {
+                on_message(&frame.frame.payload);
+            }
+        }
+    }
+}
+
+/// A reassembler for a uTCP receiver with the default receive buffer: the TCP receive
+/// window plus one maximal frame, so that no segment TCP accepts is refused
+/// (squarepeg_framing::reassembler, "Memory").
+pub(crate) fn unordered_reassembler() -> Result<Reassembler, squarepeg_framing::ReassemblyError> {
+    let limit = ConnectionConfig::default().recv_buffer + Reassembler::min_limit(MAX_FRAME_BODY);
+    Reassembler::new(MAX_FRAME_BODY, limit)
+}
+
+/// Writes `payload` as message `number`'s uCOBS message frame with `write_message` and
+/// `tag` (all or nothing; `WouldBlock` when the send buffer has no room).
+pub(crate) fn write_message_frame(
+    ep: &mut Endpoint,
+    h: ConnectionHandle,
+    frame: &mut Vec<u8>,
+    number: u64,
+    payload: &[u8],
+    tag: WriteTag,
+) -> Result<(), TcpError> {
+    frame.clear();
+    encode_frame(
+        &FrameHeader::Message {
+            substream: 0,
+            number,
+        },
+        payload,
+        frame,
+    )
+    .map_err(|_| TcpError::BadRecord("the message does not fit a uCOBS frame"))?;
+    ep.write_message(h, frame, tag)
+}
+
+/// Writes voice message `number` as one uCOBS message frame with a tag: its message id is
+/// its number (so that the connection reports on it) and its deadline is its playout time
+/// (Hollywood §4.2 lifetimes).
+fn write_voice_message(
+    ep: &mut Endpoint,
+    h: ConnectionHandle,
+    u: &mut UnorderedCodec,
+    number: u64,
+    now: Instant,
+    message: &[u8],
+) -> Result<(), String> {
+    let tag = WriteTag {
+        deadline: Some(now + u.deadline_offset),
+        message_id: Some(number),
+        ..WriteTag::default()
+    };
+    write_message_frame(ep, h, &mut u.frame, number, message, tag).map_err(|e| e.to_string())
 }
 
 /// Which end of the call a host is.
@@ -122,7 +278,8 @@ impl TcpVoiceHost {
         seed: u64,
     ) -> Self {
         let mut host = Self::new(local.ip(), CallEnd::Sender, epoch, config, codec, seed, 1);
-        match host.ep.listen(local, 4, ConnectionConfig::default()) {
+        let conn_config = host.codec.connection_config();
+        match host.ep.listen(local, 4, conn_config) {
             Ok(l) => host.listener = Some(l),
             Err(e) => host.errors.push(format!("listen on {local}: {e}")),
         }
@@ -139,10 +296,8 @@ impl TcpVoiceHost {
         seed: u64,
     ) -> Self {
         let mut host = Self::new(local.ip(), CallEnd::Receiver, epoch, config, codec, seed, 2);
-        match host
-            .ep
-            .connect(epoch, local, remote, ConnectionConfig::default())
-        {
+        let conn_config = host.codec.connection_config();
+        match host.ep.connect(epoch, local, remote, conn_config) {
             Ok(c) => host.conn = Some(c),
             Err(e) => host.errors.push(format!("connect to {remote}: {e}")),
         }
@@ -187,6 +342,11 @@ impl TcpVoiceHost {
         &self.arrivals
     }
 
+    /// The codec (for what it recorded).
+    pub fn codec(&self) -> &StreamCodec {
+        &self.codec
+    }
+
     /// What went wrong, if anything (errors from the endpoint, the session or the peer).
     pub fn errors(&self) -> &[String] {
         &self.errors
@@ -195,7 +355,7 @@ impl TcpVoiceHost {
     fn established(&self) -> bool {
         match &self.codec {
             // Only the sender sends, and its connection is set once accepted (established).
-            StreamCodec::Records { .. } => self.conn.is_some(),
+            StreamCodec::Records { .. } | StreamCodec::Unordered(_) => self.conn.is_some(),
             StreamCodec::Session { session, .. } => session.is_some(),
         }
     }
@@ -233,6 +393,12 @@ impl TcpVoiceHost {
                         session.send_message(now, message, props).is_ok()
                     }
                     StreamCodec::Session { session: None, .. } => false,
+                    StreamCodec::Unordered(u) => match self.conn {
+                        Some(h) => write_voice_message(&mut self.ep, h, u, number, now, &message)
+                            .map_err(|e| self.errors.push(format!("message {number}: {e}")))
+                            .is_ok(),
+                        None => false,
+                    },
                 };
             self.sent.push(accepted.then_some(at));
         }
@@ -276,6 +442,24 @@ impl TcpVoiceHost {
     fn read(&mut self, now: Instant) {
         let Some(h) = self.conn else { return };
         let at = now.saturating_duration_since(self.epoch);
+        if matches!(self.codec, StreamCodec::Unordered(_)) {
+            self.read_unordered_segments(h, at);
+            let StreamCodec::Unordered(u) = &mut self.codec else {
+                return;
+            };
+            while let Ok(Some(report)) = self.ep.poll_report(h) {
+                match report {
+                    MessageReport::Replaced { id } => {
+                        u.replaced.insert(id);
+                    }
+                    MessageReport::Expired { id } | MessageReport::Squashed { id } => {
+                        u.expired.insert(id);
+                    }
+                    MessageReport::Sent { .. } | MessageReport::Acked { .. } => {}
+                }
+            }
+            return;
+        }
         loop {
             let n = match self.ep.read(h, &mut self.read_buf) {
                 Ok(0) | Err(_) => break,
@@ -314,9 +498,33 @@ impl TcpVoiceHost {
                         }
                     }
                 }
-                StreamCodec::Session { session: None, .. } => {}
+                StreamCodec::Session { session: None, .. } | StreamCodec::Unordered(_) => {}
             }
         }
+    }
+
+    /// The uTCP receive path (Minion §4.1, §5.2): every voice message recorded at once,
+    /// each number once.
+    fn read_unordered_segments(&mut self, h: ConnectionHandle, at: Duration) {
+        let StreamCodec::Unordered(u) = &mut self.codec else {
+            return;
+        };
+        let delivered = &mut u.delivered;
+        let arrivals = &mut self.arrivals;
+        read_unordered(
+            &mut self.ep,
+            h,
+            &mut u.reassembler,
+            &mut self.read_buf,
+            &mut self.errors,
+            |payload| {
+                if let Some((KIND_DATA, number, _)) = decode_payload(payload)
+                    && delivered.insert(number)
+                {
+                    arrivals.push((number, at));
+                }
+            },
+        );
     }
 
     fn write(&mut self, now: Instant) {

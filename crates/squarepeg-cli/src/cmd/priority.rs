@@ -1,0 +1,121 @@
+//! `peg lab priority`: Minion §8.3 — a network-limited sender over squarepeg's userspace TCP,
+//! 1 message in 100 high priority; per-message delay (send call to delivery) per class, with
+//! priority tags (insertion ahead of untransmitted lower-priority data) and without (FIFO)
+//! (`squarepeg_experiments::priority`).
+//!
+//! ```text
+//! peg lab priority --sim                       # 20 s per variant, seed 1, priority-out/
+//! peg lab priority --sim --duration 60s --json
+//! sudo peg lab priority                        # the same on the real lab (userspace TCP on TUN)
+//! ```
+//!
+//! Prints the table (or the JSON, schema `squarepeg.priority/1`, with `--json`) and writes
+//! `priority.json` and `priority-cdf.{svg,png}` to the output directory.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use squarepeg_experiments::priority::{
+    PriorityConfig, Variant, plot_cdf, priority_json, priority_table, run_all, run_lab,
+};
+use squarepeg_lab::units::parse_duration;
+
+/// `peg lab priority`: the Minion §8.3 priority experiment.
+#[derive(Debug, Args)]
+pub struct PriorityArgs {
+    /// Run on the deterministic simulator instead of the real lab (which needs root: it
+    /// builds namespaces and puts squarepeg's userspace TCP on TUN at both ends).
+    #[arg(long)]
+    sim: bool,
+    /// How long the sender writes, per variant.
+    #[arg(long, default_value = "20s", value_parser = parse_duration_arg)]
+    duration: Duration,
+    /// Bytes per message (one segment at most).
+    #[arg(long, default_value_t = 1000)]
+    message_bytes: usize,
+    /// One message in this many is high priority.
+    #[arg(long, default_value_t = 100)]
+    high_every: u64,
+    /// The sender's TCP send buffer in bytes.
+    #[arg(long, default_value_t = 256 * 1024)]
+    send_buffer: usize,
+    /// Seed of the simulator.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Where priority.json and the plots go.
+    #[arg(long, value_name = "DIR", default_value = "priority-out")]
+    out: PathBuf,
+    /// Print the JSON on standard output instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Skip the plots.
+    #[arg(long)]
+    no_plots: bool,
+}
+
+fn parse_duration_arg(text: &str) -> Result<Duration, String> {
+    parse_duration(text).map_err(|e| e.to_string())
+}
+
+/// Runs `peg lab priority`.
+pub fn run(args: PriorityArgs) -> Result<()> {
+    if !args.sim && !squarepeg_lab::net::is_root() {
+        bail!(
+            "peg lab priority needs root for the real lab (network namespaces, TUN devices): \
+             run it with sudo, or use --sim"
+        );
+    }
+    let config = PriorityConfig {
+        duration: args.duration,
+        message_bytes: args.message_bytes,
+        high_every: args.high_every,
+        send_buffer: args.send_buffer,
+    };
+    let runs = if args.sim {
+        run_all(&config, args.seed)
+    } else {
+        Variant::ALL
+            .iter()
+            .map(|&v| {
+                if !args.json {
+                    eprintln!(
+                        "{} on the real lab: {} s …",
+                        v.name(),
+                        config.duration.as_secs_f64()
+                    );
+                }
+                run_lab(&config, v, args.seed)
+            })
+            .collect()
+    }
+    .context("running the priority experiment")?;
+    let value = priority_json(&config, args.seed, &runs);
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let path = args.out.join("priority.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&value)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))?;
+    let mut files = vec![path];
+    if !args.no_plots {
+        files.extend(plot_cdf(&args.out, &runs).context("plotting")?);
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        print!("{}", priority_table(&runs));
+        for r in &runs {
+            let Some(o) = r.overtaking() else { continue };
+            println!(
+                "{}: in {} of {} pairs (high message, low message written before it and not \
+                 yet transmitted) the high message was delivered first",
+                r.variant.name(),
+                o.delivered_first,
+                o.pairs,
+            );
+        }
+        eprintln!("wrote {} files under {}", files.len(), args.out.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,66 @@
+//! `peg demo`: the JSON table on standard output, the files, and bad input.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn peg(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_peg"))
+        .args(args)
+        .output()
+        .expect("run peg")
+}
+
+#[test]
+fn demo_prints_the_table_as_json_and_writes_plots() {
+    let dir = std::env::temp_dir().join(format!("sqpg-cli-demo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = dir.to_str().expect("utf-8 path");
+    let args = [
+        "demo",
+        "--duration",
+        "2s",
+        "--seed",
+        "3",
+        "--out",
+        out,
+        "--json",
+    ];
+    let output = peg(&args);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let table: Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
+    assert_eq!(table["schema"], "squarepeg.demo/1");
+    assert_eq!(table["seed"], 3);
+    let rows = table["rows"].as_array().expect("rows");
+    let names: Vec<&str> = rows
+        .iter()
+        .take(4)
+        .filter_map(|r| r["transport"].as_str())
+        .collect();
+    assert_eq!(names, ["tcp", "utcp", "utcp-ir", "udp"]);
+    assert_eq!(rows.len(), 8);
+    assert!(rows.iter().all(|r| r["messages_sent"] == 100));
+    for plot in [
+        "plots/sim-hollywood-70ms-cdf.png",
+        "plots/sim-hollywood-15ms-cdf.svg",
+        "plots/sim-hollywood-70ms-utcp-ir-delay.png",
+    ] {
+        assert!(dir.join(plot).exists(), "{plot}");
+    }
+    // The same seed gives the same table.
+    let again = peg(&args);
+    assert_eq!(again.stdout, output.stdout);
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
+#[test]
+fn demo_refuses_a_call_without_messages() {
+    let output = peg(&["demo", "--duration", "10ms", "--out", "/nonexistent/x"]);
+    assert!(!output.status.success());
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert!(err.contains("sends no message"), "{err}");
+}

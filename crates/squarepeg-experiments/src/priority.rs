@@ -1,0 +1,883 @@
+//! Minion §8.3: send-side prioritization under a network-limited sender.
+//!
+//! A synthetic application always has more to send than the path carries: it writes
+//! [`PriorityConfig::message_bytes`]-byte messages, each one uCOBS message frame written with
+//! `write_message`, whenever the TCP send buffer has room — so the buffer is always full —
+//! and one message in [`PriorityConfig::high_every`] is high priority. For every message we
+//! measure the delay from the send call (the write the connection accepted) to its delivery
+//! to the receiving application, per class, for two senders over squarepeg's userspace TCP
+//! on the deterministic simulator:
+//!
+//! - `priority`: high-priority messages carry a higher priority tag, so the send queue
+//!   inserts them ahead of every lower-priority message not yet transmitted (Minion §4.2);
+//! - `fifo`: the same sender with every tag equal: standard TCP order.
+//!
+//! Minion's Figure 10 predicts that high-priority messages see roughly the path's delay
+//! (they wait only behind data already transmitted), while FIFO messages of both classes
+//! wait for the whole send buffer to drain.
+//!
+//! # The path
+//!
+//! [`priority_bottleneck`]: 8 Mbit/s down, 1 Mbit/s up, 20 ms each way, no random loss, a
+//! 64-packet drop-tail downlink queue; the receiver advertises a 64 KiB window. The window
+//! (above the 40 kB bandwidth-delay product) keeps the path full while never filling the
+//! queue, so nothing is lost and delivery order is transmission order: the ordering checks
+//! below hold exactly. The sender's buffer is [`PriorityConfig::send_buffer`] (256 KiB, a
+//! quarter of a second at 8 Mbit/s).
+//!
+//! # Output, schema `squarepeg.priority/1`
+//!
+//! ```text
+//! { "schema": "squarepeg.priority/1", "seed", "duration_s", "message_bytes", "high_every",
+//!   "send_buffer", "runs": [ { "engine": "sim" | "lab", "variant": "priority" | "fifo",
+//!     "messages_written",
+//!     "messages_delivered", "throughput_mbps",
+//!     "high": { "count", "delivered", "p50_ms", "p95_ms", "p99_ms", "max_ms" },
+//!     "low":  { … the same … },
+//!     "overtaking": { "pairs", "delivered_first" } (null on the real lab),
+//!     "warnings": [ … ] }, … ] }
+//! ```
+//!
+//! `overtaking.pairs` counts (high message H, low message L) pairs where L was written
+//! before H but not yet transmitted when H was written; `delivered_first` counts those
+//! where H reached the receiving application before L (with priorities: all of them).
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use serde_json::{Value, json};
+use squarepeg_lab::Side;
+use squarepeg_lab::model::{Bottleneck, LinkConfig};
+use squarepeg_lab::sim::{Host, KIND_DATA, SimConfig, Simulator, decode_payload, encode_payload};
+use squarepeg_tcp::{
+    ConnectionConfig, ConnectionHandle, Endpoint, Error as TcpError, Event, MessageReport, WriteTag,
+};
+
+use crate::voip::analysis::{ms, percentile};
+use crate::voip::plot::{FONT, PALETTE, SIZE, ensure_font, plot_err};
+use crate::voip::sim::tcp_host::{
+    endpoint, read_unordered, unordered_reassembler, write_message_frame,
+};
+use crate::voip::sim::{RECEIVER, SENDER};
+use crate::voip::{Engine, VoipError};
+
+/// The schema name and version of the JSON output.
+pub const PRIORITY_SCHEMA: &str = "squarepeg.priority/1";
+
+/// Largest packet the hosts send.
+const PACKET_BUFFER: usize = 1500;
+/// Bytes read per `read_segment`.
+const READ_CHUNK: usize = 64 * 1024;
+/// The receiver's advertised window (see the module docs).
+pub const RECEIVE_WINDOW: usize = 64 * 1024;
+/// Packets the downlink queue holds.
+pub const QUEUE_PACKETS: u64 = 64;
+/// Time after the sender stops writing for the queue to drain.
+const DRAIN: Duration = Duration::from_secs(3);
+
+/// The experiment's parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PriorityConfig {
+    /// How long the sender writes.
+    pub duration: Duration,
+    /// Bytes of each message (the lab's datagram header, zero-padded).
+    pub message_bytes: usize,
+    /// One message in this many is high priority (Minion §8.3: 100).
+    pub high_every: u64,
+    /// The sender's TCP send buffer.
+    pub send_buffer: usize,
+}
+
+impl Default for PriorityConfig {
+    fn default() -> Self {
+        Self {
+            duration: Duration::from_secs(20),
+            message_bytes: 1000,
+            high_every: 100,
+            send_buffer: 256 * 1024,
+        }
+    }
+}
+
+impl PriorityConfig {
+    /// Checks the values.
+    pub fn validate(&self) -> Result<(), VoipError> {
+        let min = squarepeg_lab::sim::MIN_PAYLOAD;
+        if !(min..=1400).contains(&self.message_bytes) {
+            return Err(VoipError::Config(format!(
+                "message size {} is outside {min}..=1400 bytes (one segment)",
+                self.message_bytes
+            )));
+        }
+        if self.high_every < 2 {
+            return Err(VoipError::Config(
+                "high_every must be at least 2 (one message in N is high priority)".into(),
+            ));
+        }
+        if self.send_buffer < 4 * self.message_bytes {
+            return Err(VoipError::Config(format!(
+                "a send buffer of {} bytes holds fewer than four messages",
+                self.send_buffer
+            )));
+        }
+        if self.duration.is_zero() || self.duration > Duration::from_secs(600) {
+            return Err(VoipError::Config(
+                "the duration must be above zero and at most 600 s".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether message `number` is high priority (the last of each group of `high_every`).
+    pub fn is_high(&self, number: u64) -> bool {
+        number % self.high_every == self.high_every - 1
+    }
+}
+
+/// The path (module docs).
+pub fn priority_bottleneck() -> Bottleneck {
+    let one_way = Duration::from_millis(20);
+    Bottleneck {
+        left_to_right: LinkConfig::new().with_delay(one_way).with_rate(1_000_000),
+        right_to_left: LinkConfig::new()
+            .with_delay(one_way)
+            .with_rate(8_000_000)
+            .with_queue(None, Some(QUEUE_PACKETS)),
+    }
+}
+
+/// How the sender tags its messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    /// High-priority messages tagged above the others (Minion §4.2 insertion).
+    Priority,
+    /// Every message with the same tag: standard FIFO order.
+    Fifo,
+}
+
+impl Variant {
+    /// Both, in report order.
+    pub const ALL: [Variant; 2] = [Variant::Priority, Variant::Fifo];
+
+    /// `priority` or `fifo`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Priority => "priority",
+            Variant::Fifo => "fifo",
+        }
+    }
+}
+
+/// One message's fate. Times are from the run's start; the `*_order` fields are positions
+/// in one sequence of the sender's writes and first transmissions, and in the receiver's
+/// deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MessageOutcome {
+    /// Its number (write order).
+    pub number: u64,
+    /// High priority.
+    pub high: bool,
+    /// When the connection accepted the write.
+    pub written: Duration,
+    /// Position of the write among the sender's writes and first transmissions.
+    pub write_order: u64,
+    /// Position of its first transmission in the same sequence.
+    pub transmit_order: Option<u64>,
+    /// When the receiving application got it.
+    pub arrival: Option<Duration>,
+    /// Position among the receiver's deliveries.
+    pub arrival_order: Option<u64>,
+}
+
+impl MessageOutcome {
+    /// Send call to delivery.
+    pub fn delay(&self) -> Option<Duration> {
+        Some(self.arrival?.saturating_sub(self.written))
+    }
+}
+
+/// Delay statistics of one class of messages, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClassStats {
+    /// Messages written.
+    pub count: u64,
+    /// Messages delivered.
+    pub delivered: u64,
+    /// Median delay.
+    pub p50_ms: Option<f64>,
+    /// 95th percentile.
+    pub p95_ms: Option<f64>,
+    /// 99th percentile.
+    pub p99_ms: Option<f64>,
+    /// Largest.
+    pub max_ms: Option<f64>,
+}
+
+/// Pairs of (high H, low L written before H and not yet transmitted when H was written).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Overtaking {
+    /// Such pairs.
+    pub pairs: u64,
+    /// Of those, pairs where H was delivered before L.
+    pub delivered_first: u64,
+    /// Of those, pairs where H was first transmitted before L.
+    pub transmitted_first: u64,
+}
+
+/// One variant's run.
+#[derive(Debug, Clone)]
+pub struct PriorityRun {
+    /// Simulator or real lab.
+    pub engine: Engine,
+    /// The variant.
+    pub variant: Variant,
+    /// The seed.
+    pub seed: u64,
+    /// The parameters.
+    pub config: PriorityConfig,
+    /// Every message written, by number.
+    pub messages: Vec<MessageOutcome>,
+    /// Errors the ends reported.
+    pub warnings: Vec<String>,
+}
+
+impl PriorityRun {
+    /// Delay statistics of the high- (`true`) or low-priority class.
+    pub fn class(&self, high: bool) -> ClassStats {
+        let class: Vec<&MessageOutcome> = self.messages.iter().filter(|m| m.high == high).collect();
+        let mut delays: Vec<Duration> = class.iter().filter_map(|m| m.delay()).collect();
+        delays.sort_unstable();
+        ClassStats {
+            count: class.len() as u64,
+            delivered: delays.len() as u64,
+            p50_ms: percentile(&delays, 0.50),
+            p95_ms: percentile(&delays, 0.95),
+            p99_ms: percentile(&delays, 0.99),
+            max_ms: delays.last().map(|d| ms(*d)),
+        }
+    }
+
+    /// The overtaking pairs (module docs); `None` on the real lab, where the sender does not
+    /// learn when each message was first transmitted.
+    pub fn overtaking(&self) -> Option<Overtaking> {
+        if self.engine != Engine::Sim {
+            return None;
+        }
+        let mut o = Overtaking::default();
+        // Low messages by number with their transmit and arrival orders.
+        let lows: Vec<&MessageOutcome> = self.messages.iter().filter(|m| !m.high).collect();
+        for h in self.messages.iter().filter(|m| m.high) {
+            let before = lows.partition_point(|l| l.number < h.number);
+            for l in &lows[..before] {
+                if l.transmit_order.is_some_and(|t| t < h.write_order) {
+                    continue;
+                }
+                o.pairs += 1;
+                if let Some(ha) = h.arrival_order
+                    && l.arrival_order.is_none_or(|la| ha < la)
+                {
+                    o.delivered_first += 1;
+                }
+                if let Some(ht) = h.transmit_order
+                    && l.transmit_order.is_none_or(|lt| ht < lt)
+                {
+                    o.transmitted_first += 1;
+                }
+            }
+        }
+        Some(o)
+    }
+
+    /// Bits per second of message payload delivered over the writing period.
+    pub fn throughput_mbps(&self) -> f64 {
+        let delivered = self.messages.iter().filter(|m| m.arrival.is_some()).count();
+        (delivered * self.config.message_bytes * 8) as f64
+            / self.config.duration.as_secs_f64()
+            / 1e6
+    }
+}
+
+/// The network-limited sender: writes whenever the send buffer has room, until `stop`.
+#[derive(Debug)]
+struct PrioritySender {
+    ep: Endpoint,
+    address: IpAddr,
+    epoch: Instant,
+    stop: Instant,
+    config: PriorityConfig,
+    variant: Variant,
+    conn: Option<ConnectionHandle>,
+    /// One counter over writes and first transmissions.
+    order: u64,
+    written: Vec<(Duration, u64)>,
+    transmitted: Vec<Option<u64>>,
+    frame: Vec<u8>,
+    packet: Vec<u8>,
+    errors: Vec<String>,
+}
+
+impl PrioritySender {
+    fn new(
+        local: SocketAddr,
+        epoch: Instant,
+        config: PriorityConfig,
+        variant: Variant,
+        seed: u64,
+    ) -> Self {
+        let mut ep = endpoint(local.ip(), seed, 1, epoch);
+        let mut errors = Vec::new();
+        let conn_config = ConnectionConfig {
+            send_buffer: config.send_buffer,
+            consistent_segmentation: true,
+            ..ConnectionConfig::default()
+        };
+        if let Err(e) = ep.listen(local, 4, conn_config) {
+            errors.push(format!("listen on {local}: {e}"));
+        }
+        Self {
+            ep,
+            address: local.ip(),
+            epoch,
+            stop: epoch + config.duration,
+            config,
+            variant,
+            conn: None,
+            order: 0,
+            written: Vec::new(),
+            transmitted: Vec::new(),
+            frame: Vec::new(),
+            packet: vec![0; PACKET_BUFFER],
+            errors,
+        }
+    }
+
+    fn process(&mut self, now: Instant) {
+        while let Some(event) = self.ep.poll_event() {
+            match event {
+                Event::Incoming(l) => {
+                    if let Some(h) = self.ep.accept(l) {
+                        self.conn = Some(h);
+                    }
+                }
+                Event::Closed(_, reason) => self.errors.push(format!("closed: {reason:?}")),
+                _ => {}
+            }
+        }
+        let Some(h) = self.conn else { return };
+        // Reports first: a first transmission noted before the next write is ordered
+        // before it (reports only arise when the connection transmits or receives).
+        while let Ok(Some(report)) = self.ep.poll_report(h) {
+            if let MessageReport::Sent { id, .. } = report
+                && let Some(slot) = usize::try_from(id)
+                    .ok()
+                    .and_then(|i| self.transmitted.get_mut(i))
+            {
+                *slot = Some(self.order);
+                self.order += 1;
+            }
+        }
+        while now < self.stop {
+            let number = self.written.len() as u64;
+            let at = now.saturating_duration_since(self.epoch);
+            let high = self.config.is_high(number);
+            let payload = encode_payload(KIND_DATA, number, at, self.config.message_bytes);
+            let tag = WriteTag {
+                // Minion §4.2: a higher tag is inserted ahead of lower-priority data not yet
+                // transmitted.
+                priority: i32::from(high && self.variant == Variant::Priority),
+                message_id: Some(number),
+                ..WriteTag::default()
+            };
+            match write_message_frame(&mut self.ep, h, &mut self.frame, number, &payload, tag) {
+                Ok(()) => {
+                    self.written.push((at, self.order));
+                    self.transmitted.push(None);
+                    self.order += 1;
+                }
+                Err(TcpError::WouldBlock) => break,
+                Err(e) => {
+                    self.errors.push(format!("write_message: {e}"));
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// The receiver: every segment at once, each message recorded once.
+#[derive(Debug)]
+struct PriorityReceiver {
+    ep: Endpoint,
+    address: IpAddr,
+    epoch: Instant,
+    conn: Option<ConnectionHandle>,
+    reassembler: squarepeg_framing::Reassembler,
+    seen: BTreeSet<u64>,
+    arrivals: Vec<(u64, Duration)>,
+    buf: Vec<u8>,
+    packet: Vec<u8>,
+    errors: Vec<String>,
+}
+
+impl PriorityReceiver {
+    fn new(
+        local: SocketAddr,
+        remote: SocketAddr,
+        epoch: Instant,
+        seed: u64,
+    ) -> Result<Self, VoipError> {
+        let mut ep = endpoint(local.ip(), seed, 2, epoch);
+        let mut errors = Vec::new();
+        let conn_config = ConnectionConfig {
+            recv_buffer: RECEIVE_WINDOW,
+            unordered_receive: true,
+            ..ConnectionConfig::default()
+        };
+        let conn = ep
+            .connect(epoch, local, remote, conn_config)
+            .map_err(|e| errors.push(format!("connect to {remote}: {e}")))
+            .ok();
+        Ok(Self {
+            ep,
+            address: local.ip(),
+            epoch,
+            conn,
+            reassembler: unordered_reassembler().map_err(|e| VoipError::Config(e.to_string()))?,
+            seen: BTreeSet::new(),
+            arrivals: Vec::new(),
+            buf: vec![0; READ_CHUNK],
+            packet: vec![0; PACKET_BUFFER],
+            errors,
+        })
+    }
+
+    fn process(&mut self, now: Instant) {
+        while let Some(event) = self.ep.poll_event() {
+            if let Event::Closed(_, reason) = event {
+                self.errors.push(format!("closed: {reason:?}"));
+            }
+        }
+        let Some(h) = self.conn else { return };
+        let at = now.saturating_duration_since(self.epoch);
+        let (seen, arrivals) = (&mut self.seen, &mut self.arrivals);
+        read_unordered(
+            &mut self.ep,
+            h,
+            &mut self.reassembler,
+            &mut self.buf,
+            &mut self.errors,
+            |payload| {
+                if let Some((KIND_DATA, number, _)) = decode_payload(payload)
+                    && seen.insert(number)
+                {
+                    arrivals.push((number, at));
+                }
+            },
+        );
+    }
+}
+
+macro_rules! tcp_host {
+    ($t:ty) => {
+        impl Host for $t {
+            fn addresses(&self) -> Vec<IpAddr> {
+                vec![self.address]
+            }
+            fn handle_packet(&mut self, now: Instant, packet: Vec<u8>) {
+                let _ = self.ep.handle_packet(now, &packet);
+                self.process(now);
+            }
+            fn poll_transmit(&mut self, now: Instant) -> Option<Vec<u8>> {
+                let n = self.ep.poll_transmit(now, &mut self.packet)?;
+                Some(self.packet[..n].to_vec())
+            }
+            fn poll_timeout(&mut self) -> Option<Instant> {
+                self.ep.poll_timeout()
+            }
+            fn handle_timeout(&mut self, now: Instant) {
+                self.ep.handle_timeout(now);
+                self.process(now);
+            }
+        }
+    };
+}
+tcp_host!(PrioritySender);
+tcp_host!(PriorityReceiver);
+
+/// Runs one variant on the simulator.
+pub fn run(config: &PriorityConfig, variant: Variant, seed: u64) -> Result<PriorityRun, VoipError> {
+    config.validate()?;
+    let mut sim = Simulator::new(SimConfig::new(seed, priority_bottleneck()))?;
+    let start = sim.start();
+    let sender = sim.add_host(
+        Side::Right,
+        PrioritySender::new(SENDER, start, *config, variant, seed),
+    )?;
+    let receiver = sim.add_host(
+        Side::Left,
+        PriorityReceiver::new(RECEIVER, SENDER, start, seed)?,
+    )?;
+    sim.run_until(start + config.duration + DRAIN)?;
+    let s = sim
+        .host::<PrioritySender>(sender)
+        .ok_or_else(|| VoipError::Transport("the sender is not a PrioritySender".into()))?;
+    let r = sim
+        .host::<PriorityReceiver>(receiver)
+        .ok_or_else(|| VoipError::Transport("the receiver is not a PriorityReceiver".into()))?;
+    let mut messages: Vec<MessageOutcome> = s
+        .written
+        .iter()
+        .zip(&s.transmitted)
+        .enumerate()
+        .map(
+            |(i, (&(written, write_order), &transmit_order))| MessageOutcome {
+                number: i as u64,
+                high: config.is_high(i as u64),
+                written,
+                write_order,
+                transmit_order,
+                arrival: None,
+                arrival_order: None,
+            },
+        )
+        .collect();
+    let mut warnings: Vec<String> = s.errors.clone();
+    warnings.extend(r.errors.iter().cloned());
+    for (order, &(number, at)) in r.arrivals.iter().enumerate() {
+        match usize::try_from(number)
+            .ok()
+            .and_then(|i| messages.get_mut(i))
+        {
+            Some(m) => {
+                m.arrival = Some(at);
+                m.arrival_order = Some(order as u64);
+            }
+            None => warnings.push(format!("message {number} arrived but was never written")),
+        }
+    }
+    Ok(PriorityRun {
+        engine: Engine::Sim,
+        variant,
+        seed,
+        config: *config,
+        messages,
+        warnings,
+    })
+}
+
+/// Runs both variants.
+pub fn run_all(config: &PriorityConfig, seed: u64) -> Result<Vec<PriorityRun>, VoipError> {
+    Variant::ALL.iter().map(|&v| run(config, v, seed)).collect()
+}
+
+fn class_json(c: &ClassStats) -> Value {
+    json!({
+        "count": c.count,
+        "delivered": c.delivered,
+        "p50_ms": c.p50_ms,
+        "p95_ms": c.p95_ms,
+        "p99_ms": c.p99_ms,
+        "max_ms": c.max_ms,
+    })
+}
+
+/// The runs as JSON (schema [`PRIORITY_SCHEMA`]).
+pub fn priority_json(config: &PriorityConfig, seed: u64, runs: &[PriorityRun]) -> Value {
+    let runs: Vec<Value> = runs
+        .iter()
+        .map(|r| {
+            let overtaking = r
+                .overtaking()
+                .map(|o| json!({ "pairs": o.pairs, "delivered_first": o.delivered_first }));
+            json!({
+                "engine": r.engine,
+                "variant": r.variant.name(),
+                "messages_written": r.messages.len(),
+                "messages_delivered": r.messages.iter().filter(|m| m.arrival.is_some()).count(),
+                "throughput_mbps": r.throughput_mbps(),
+                "high": class_json(&r.class(true)),
+                "low": class_json(&r.class(false)),
+                "overtaking": overtaking,
+                "warnings": r.warnings,
+            })
+        })
+        .collect();
+    json!({
+        "schema": PRIORITY_SCHEMA,
+        "seed": seed,
+        "duration_s": config.duration.as_secs_f64(),
+        "message_bytes": config.message_bytes,
+        "high_every": config.high_every,
+        "send_buffer": config.send_buffer,
+        "runs": runs,
+    })
+}
+
+/// The table for people: per variant and class, median/p95/p99 delay.
+pub fn priority_table(runs: &[PriorityRun]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<4} {:<9} {:<5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10}",
+        "eng", "variant", "class", "messages", "p50 ms", "p95 ms", "p99 ms", "max ms", "Mbit/s"
+    );
+    let f = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
+    for r in runs {
+        for (name, high) in [("high", true), ("low", false)] {
+            let c = r.class(high);
+            let _ = writeln!(
+                out,
+                "{:<4} {:<9} {:<5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10.2}",
+                r.engine.name(),
+                r.variant.name(),
+                name,
+                c.count,
+                f(c.p50_ms),
+                f(c.p95_ms),
+                f(c.p99_ms),
+                f(c.max_ms),
+                r.throughput_mbps(),
+            );
+        }
+    }
+    out
+}
+
+/// Writes `priority-<engine>-cdf.{svg,png}` (engine of the first run) into `dir`: the delay CDF of each variant and class
+/// (Minion Figure 10 as a distribution); returns the files.
+pub fn plot_cdf(dir: &Path, runs: &[PriorityRun]) -> Result<Vec<PathBuf>, VoipError> {
+    ensure_font()?;
+    std::fs::create_dir_all(dir).map_err(VoipError::io(format!("creating {}", dir.display())))?;
+    let engine = runs.first().map_or("sim", |r| r.engine.name());
+    let base = dir.join(format!("priority-{engine}-cdf"));
+    let svg = base.with_extension("svg");
+    {
+        let root = SVGBackend::new(&svg, SIZE).into_drawing_area();
+        cdf_chart(&root, runs)?;
+        root.present().map_err(plot_err)?;
+    }
+    let png = base.with_extension("png");
+    {
+        let root = BitMapBackend::new(&png, SIZE).into_drawing_area();
+        cdf_chart(&root, runs)?;
+        root.present().map_err(plot_err)?;
+    }
+    Ok(vec![svg, png])
+}
+
+fn cdf_chart<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    runs: &[PriorityRun],
+) -> Result<(), VoipError> {
+    root.fill(&WHITE).map_err(plot_err)?;
+    let mut curves = Vec::new();
+    let mut hi: f64 = 1.0;
+    for r in runs {
+        for (name, high) in [("high", true), ("low", false)] {
+            let mut delays: Vec<f64> = r
+                .messages
+                .iter()
+                .filter(|m| m.high == high)
+                .filter_map(|m| m.delay().map(ms))
+                .collect();
+            delays.sort_by(f64::total_cmp);
+            let total = delays.len().max(1) as f64;
+            if let Some(&last) = delays.last() {
+                hi = hi.max(last);
+            }
+            let points: Vec<(f64, f64)> = delays
+                .iter()
+                .enumerate()
+                .map(|(i, &d)| (d, (i + 1) as f64 / total))
+                .collect();
+            curves.push((
+                format!("{} {} {name}", r.engine.name(), r.variant.name()),
+                points,
+            ));
+        }
+    }
+    let mut chart = ChartBuilder::on(root)
+        .caption(
+            "send-call-to-delivery delay, network-limited sender, 1 in 100 messages high priority (Minion §8.3)",
+            (FONT, 18),
+        )
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..hi * 1.05, 0.0..1.0)
+        .map_err(plot_err)?;
+    chart
+        .configure_mesh()
+        .x_desc("delay (ms)")
+        .y_desc("fraction of the class delivered")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.1}"))
+        .label_style((FONT, 14))
+        .draw()
+        .map_err(plot_err)?;
+    for (i, (name, mut points)) in curves.into_iter().enumerate() {
+        let colour = PALETTE[i % PALETTE.len()];
+        if let Some(&(_, y)) = points.last() {
+            points.push((hi * 1.05, y));
+        }
+        chart
+            .draw_series(LineSeries::new(points, colour.stroke_width(2)))
+            .map_err(plot_err)?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font((FONT, 14))
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()
+        .map_err(plot_err)?;
+    Ok(())
+}
+
+/// What a lab run observed: per message its write time, and the arrivals in order.
+type LabOutcome = (Vec<Duration>, Vec<(u64, Duration)>);
+
+/// Lab runs get distinct names within a process.
+static LABS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Runs one variant on the real lab (needs root): the same sender and receiver on
+/// squarepeg's userspace TCP on TUN at each end of a lab with [`priority_bottleneck`]
+/// (`squarepeg_io::lab`), the uTCP interface through the stacks' byte streams as records.
+/// Times are real; the sender does not learn first-transmission times, so there is no
+/// overtaking count.
+pub fn run_lab(
+    config: &PriorityConfig,
+    variant: Variant,
+    seed: u64,
+) -> Result<PriorityRun, VoipError> {
+    use squarepeg_lab::net::{Lab, LabConfig, Role};
+    use squarepeg_tcp::utcp::record::{self, MessageMeta};
+    use tokio::io::AsyncWriteExt;
+
+    use crate::voip::lab::VoiceReceiver as _;
+    use crate::voip::lab::utcp::open_utcp_pair;
+
+    config.validate()?;
+    let index = LABS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let lab = Lab::start(
+        LabConfig::new(&format!("prio{index}"))
+            .with_bottleneck(priority_bottleneck())
+            .with_seed(seed),
+    )?;
+    let outcome = (|| -> Result<LabOutcome, VoipError> {
+        let (server_v4, _) = squarepeg_io::lab::stack_addresses(&lab, Role::Server)
+            .ok_or_else(|| VoipError::Transport("no stack address on the server end".into()))?;
+        let sender = SocketAddr::new(IpAddr::V4(server_v4), SENDER.port());
+        let send_config = ConnectionConfig {
+            message_writes: true,
+            consistent_segmentation: true,
+            send_buffer: config.send_buffer,
+            ..ConnectionConfig::default()
+        };
+        let recv_config = ConnectionConfig {
+            unordered_receive: true,
+            recv_buffer: RECEIVE_WINDOW,
+            ..ConnectionConfig::default()
+        };
+        let pair = open_utcp_pair(&lab, sender, send_config, recv_config)?;
+        let (rt, mut stream, stack, mut receiver) =
+            (pair.rt, pair.stream, pair.stack, pair.receiver);
+        let epoch = Instant::now();
+        let stop = epoch + config.duration;
+        let written = rt.block_on(async {
+            let mut written = Vec::new();
+            let (mut frame, mut rec) = (Vec::new(), Vec::new());
+            while Instant::now() < stop {
+                let number = written.len() as u64;
+                let at = Instant::now().saturating_duration_since(epoch);
+                let payload = encode_payload(KIND_DATA, number, at, config.message_bytes);
+                frame.clear();
+                squarepeg_framing::encode_frame(
+                    &squarepeg_framing::FrameHeader::Message {
+                        substream: 0,
+                        number,
+                    },
+                    &payload,
+                    &mut frame,
+                )
+                .map_err(|e| VoipError::Transport(format!("frame: {e}")))?;
+                rec.clear();
+                let meta = MessageMeta {
+                    priority: i32::from(config.is_high(number) && variant == Variant::Priority),
+                    message_id: Some(number),
+                    ..MessageMeta::default()
+                };
+                record::encode_message(&meta, &frame, &mut rec);
+                // Network-limited: this waits while the send buffer is full. The send call
+                // "happens" when the connection takes the record.
+                stream
+                    .write_all(&rec)
+                    .await
+                    .map_err(|e| VoipError::Transport(format!("write: {e}")))?;
+                written.push(Instant::now().saturating_duration_since(epoch));
+            }
+            stream
+                .shutdown()
+                .await
+                .map_err(|e| VoipError::Transport(format!("shutdown: {e}")))?;
+            let _ = tokio::time::timeout(DRAIN, stream.wait_closed()).await;
+            Ok::<_, VoipError>(written)
+        })?;
+        let mut arrivals = Vec::new();
+        let deadline = Instant::now() + DRAIN;
+        while let Some((payload, at)) = receiver.receive(deadline)? {
+            if let Some((KIND_DATA, number, _)) = decode_payload(&payload) {
+                arrivals.push((number, at.saturating_duration_since(epoch)));
+            }
+        }
+        drop(receiver);
+        drop(stream);
+        drop(stack);
+        Ok((written, arrivals))
+    })();
+    let stats = lab.teardown();
+    let (written, arrivals) = outcome?;
+    stats?;
+    let mut messages: Vec<MessageOutcome> = written
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| MessageOutcome {
+            number: i as u64,
+            high: config.is_high(i as u64),
+            written: w,
+            write_order: i as u64,
+            transmit_order: None,
+            arrival: None,
+            arrival_order: None,
+        })
+        .collect();
+    let mut warnings = Vec::new();
+    for (order, &(number, at)) in arrivals.iter().enumerate() {
+        match usize::try_from(number)
+            .ok()
+            .and_then(|i| messages.get_mut(i))
+        {
+            Some(m) => {
+                m.arrival = Some(at);
+                m.arrival_order = Some(order as u64);
+            }
+            None => warnings.push(format!("message {number} arrived but was never written")),
+        }
+    }
+    Ok(PriorityRun {
+        engine: Engine::Lab,
+        variant,
+        seed,
+        config: *config,
+        messages,
+        warnings,
+    })
+}

@@ -1,0 +1,137 @@
+//! `peg demo`: the VoIP experiment in its two Hollywood scenarios (§5.1: RTT 70 ms with
+//! 30 ms of playout delay, and RTT 15 ms with 110 ms; 8/1 Mbit/s, 0.1 % loss) on the
+//! deterministic simulator, over standard TCP, unordered delivery (uTCP), unordered
+//! delivery with inconsistent retransmissions, and UDP.
+//!
+//! # JSON, schema `squarepeg.demo/1`
+//!
+//! ```text
+//! {
+//!   "schema": "squarepeg.demo/1",
+//!   "seed": 1, "duration_s": 60.0, "message_bytes": 160, "interval_ms": 20.0,
+//!   "rows": [ {
+//!     "scenario": "hollywood-70ms", "transport": "tcp" | "utcp" | "utcp-ir" | "udp",
+//!     "messages_sent", "lost_by_network", "delivered_late", "delivered_on_time",
+//!     "never_delivered", "dropped_by_sender", "replaced_by_sender",
+//!     "late_loss_count", "late_loss_rate"
+//!   }, … ]
+//! }
+//! ```
+//!
+//! Counts as in [`super::report`]: every message sent is on time, late or never delivered;
+//! `late_loss_count = delivered_late + never_delivered`; `lost_by_network` counts messages
+//! whose first transmission the network dropped (without those the sender replaced, which
+//! `replaced_by_sender` counts).
+
+use std::fmt::Write as _;
+
+use serde_json::{Value, json};
+
+use super::analysis::ms;
+use super::config::{Scenario, VoipConfig, hollywood_15ms, hollywood_70ms};
+use super::{RunResult, VoipError, sim};
+
+/// The schema name and version of the demo's JSON.
+pub const DEMO_SCHEMA: &str = "squarepeg.demo/1";
+
+/// The transports compared, in table order: standard TCP, unordered delivery, unordered
+/// delivery with inconsistent retransmissions, UDP.
+pub const DEMO_TRANSPORTS: &[&str] = &["tcp", "utcp", "utcp-ir", "udp"];
+
+/// Hollywood's two scenarios, the one where TCP's retransmissions are late first.
+pub fn demo_scenarios() -> Vec<Scenario> {
+    vec![hollywood_70ms(), hollywood_15ms()]
+}
+
+/// Runs every scenario × transport of the demo; `progress(done, total, label)` is called
+/// before each run and once at the end.
+pub fn run_demo(
+    config: &VoipConfig,
+    seed: u64,
+    progress: &dyn Fn(usize, usize, &str),
+) -> Result<Vec<RunResult>, VoipError> {
+    let scenarios = demo_scenarios();
+    let total = scenarios.len() * DEMO_TRANSPORTS.len();
+    let mut runs = Vec::with_capacity(total);
+    for scenario in &scenarios {
+        for &name in DEMO_TRANSPORTS {
+            progress(runs.len(), total, &format!("{name} over {}", scenario.name));
+            let transport = sim::transport(name)?;
+            runs.push(sim::run(scenario, transport.as_ref(), config, seed)?);
+        }
+    }
+    progress(total, total, "done");
+    Ok(runs)
+}
+
+/// The demo's table as JSON (schema [`DEMO_SCHEMA`]).
+pub fn demo_json(config: &VoipConfig, seed: u64, runs: &[RunResult]) -> Value {
+    let rows: Vec<Value> = runs
+        .iter()
+        .map(|r| {
+            let s = &r.analysis.summary;
+            json!({
+                "scenario": r.scenario.name,
+                "transport": r.transport,
+                "messages_sent": s.messages_sent,
+                "lost_by_network": s.lost_by_network,
+                "delivered_late": s.delivered_late,
+                "delivered_on_time": s.delivered_on_time,
+                "never_delivered": s.never_delivered,
+                "dropped_by_sender": s.dropped_by_sender,
+                "replaced_by_sender": s.replaced_by_sender,
+                "late_loss_count": s.late_loss_count,
+                "late_loss_rate": s.late_loss_rate,
+            })
+        })
+        .collect();
+    json!({
+        "schema": DEMO_SCHEMA,
+        "seed": seed,
+        "duration_s": config.duration().as_secs_f64(),
+        "message_bytes": config.message_bytes,
+        "interval_ms": ms(config.interval),
+        "rows": rows,
+    })
+}
+
+/// The late-loss table for people.
+pub fn demo_table(runs: &[RunResult]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<16} {:<8} {:>6} {:>9} {:>6} {:>6} {:>8} {:>9} {:>10} {:>8}",
+        "scenario",
+        "transport",
+        "sent",
+        "net lost",
+        "late",
+        "never",
+        "on time",
+        "sender dr",
+        "late-loss",
+        "p99 ms",
+    );
+    for r in runs {
+        let s = &r.analysis.summary;
+        let p99 = s
+            .latency_ms
+            .p99
+            .map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
+        let _ = writeln!(
+            out,
+            "{:<16} {:<8} {:>6} {:>9} {:>6} {:>6} {:>8} {:>9} {:>9.2}% {:>8}",
+            r.scenario.name,
+            r.transport,
+            s.messages_sent,
+            s.lost_by_network,
+            s.delivered_late,
+            s.never_delivered,
+            s.delivered_on_time,
+            s.dropped_by_sender + s.replaced_by_sender,
+            s.late_loss_rate * 100.0,
+            p99,
+        );
+    }
+    out
+}
