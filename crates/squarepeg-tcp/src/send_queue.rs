@@ -16,7 +16,10 @@
 //!   packed into a segment together with other writes (consistent segmentation). A message
 //!   with a deadline whose retransmission would arrive too late may be replaced, whole, by
 //!   live messages padded to exactly its length (Hollywood §4.2 inconsistent
-//!   retransmissions, [`SendQueue::replace_expired`]).
+//!   retransmissions, [`SendQueue::replace_expired`]): pending messages, which then leave
+//!   the pending queue, or copies of live messages in flight (Hollywood considers every
+//!   complete message in the send queue). A message carried twice reports its fate once:
+//!   acknowledged when either copy is, replaced only when no copy is left.
 //!
 //! ## Liveness and dependencies
 //!
@@ -36,7 +39,7 @@
 //!
 //! Offsets here are stream offsets: 0 is the first data byte after the SYN.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
@@ -192,12 +195,24 @@ pub struct SendQueueStats {
     pub messages_replaced: u64,
     /// Messages first sent as replacements.
     pub replacement_messages: u64,
+    /// Second copies of live messages already in flight sent as replacements (Hollywood
+    /// §4.2 counts every complete message in the send queue as a candidate).
+    pub replacement_copies: u64,
     /// Sequence ranges (runs of expired messages) filled with replacements.
     pub replaced_ranges: u64,
     /// Bytes of padding written into replaced ranges.
     pub padding_bytes: u64,
     /// Reports dropped because the upper layer did not take them.
     pub reports_dropped: u64,
+}
+
+/// Where a replacement candidate is: a pending write moves into the replaced range, an
+/// in-flight (committed) one is copied there. Pending sorts first among equal deadlines: it
+/// has not been sent at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Source {
+    Pending(usize),
+    InFlight(usize),
 }
 
 /// What one call of [`SendQueue::replace_expired`] did.
@@ -249,8 +264,12 @@ pub struct SendQueue {
     expiry: BTreeSet<(Instant, u64)>,
     /// Records whose lifetime awaits a clock reading.
     unresolved: usize,
-    /// Message ids in the queue (pending or committed), with how many records carry each.
+    /// Message ids in the queue (pending or committed), with how many records carry each
+    /// (more than one once a replacement has copied an in-flight message).
     ids: HashMap<u64, u32>,
+    /// Ids of messages with copies in the queue whose fate is already reported (one copy
+    /// was acknowledged): the other copies report nothing more.
+    settled: HashSet<u64>,
     /// Dependents by the id of the message they depend on; kept while that message is queued.
     dependents: HashMap<u64, Vec<Dependent>>,
     reports: VecDeque<MessageReport>,
@@ -271,6 +290,7 @@ impl SendQueue {
             expiry: BTreeSet::new(),
             unresolved: 0,
             ids: HashMap::new(),
+            settled: HashSet::new(),
             dependents: HashMap::new(),
             reports: VecDeque::new(),
             stats: SendQueueStats::default(),
@@ -502,6 +522,11 @@ impl SendQueue {
             .any(|d| self.keep_until(d.deadline, d.id, 1).is_none_or(|t| t > now))
     }
 
+    /// How many records in the queue carry message `id`.
+    fn copies_of(&self, id: u64) -> u32 {
+        self.ids.get(&id).copied().unwrap_or(0)
+    }
+
     /// Forgets a record that leaves the queue: its id, its dependency entries, and (for
     /// messages dropped unsent) its place among the dependents of the message it depended on.
     fn forget(&mut self, r: &Record, dead: bool) {
@@ -511,6 +536,7 @@ impl SendQueue {
             *n -= 1;
             if *n == 0 {
                 self.ids.remove(&id);
+                self.settled.remove(&id);
                 self.dependents.remove(&id);
             }
         }
@@ -734,8 +760,11 @@ impl SendQueue {
         self.una = upto;
         while let Some(front) = self.committed.front_mut() {
             if front.end() > upto {
-                // Partly acknowledged: part of it has arrived.
-                front.received = true;
+                // Partly acknowledged: part of it has arrived (Hollywood §4.2: never replace
+                // part of a message). One that starts at `upto` has not.
+                if front.start < upto {
+                    front.received = true;
+                }
                 break;
             }
             let Some(r) = self.committed.pop_front() else {
@@ -744,8 +773,14 @@ impl SendQueue {
             if r.kind == Kind::Message
                 && r.tag.deadline.is_some()
                 && let Some(id) = r.tag.message_id
+                && !self.settled.contains(&id)
             {
                 self.report(MessageReport::Acked { id });
+                if self.copies_of(id) > 1 {
+                    // Another copy is still in flight: whatever becomes of it, the message
+                    // has arrived.
+                    self.settled.insert(id);
+                }
             }
             self.forget(&r, false);
         }
@@ -765,8 +800,9 @@ impl SendQueue {
 
     /// Before a retransmission of `[from, to)`: replaces each run of whole messages in it that
     /// will have expired on `arrival`, that nothing live depends on and of which no part is
-    /// known received, by live pending messages with a deadline (a message without one must
-    /// arrive, and a replacement may not) — closest to expiry first, no more than fit —
+    /// known received, by live messages with a deadline (a message without one must arrive,
+    /// and a replacement may not): pending ones, or copies of ones in flight — closest to
+    /// expiry first, no more than fit —
     /// followed by padding to exactly the run's length (Hollywood §4.2 inconsistent
     /// retransmissions). Padding from an earlier replacement counts as expired. A run no live
     /// message fits into is left as it is (retransmitted unchanged). Never changes the length
@@ -832,34 +868,47 @@ impl SendQueue {
         let start = self.committed[a].start;
         let end = self.committed[b - 1].end();
         let len = (end - start) as usize;
-        // Candidates: live pending messages with a deadline, closest to expiry first, then in
-        // queue order. A message without a deadline must arrive, and a replacement may not: a
+        // Candidates (Hollywood §4.2: every complete message in the send queue): live
+        // messages with a deadline, closest to expiry first, then pending before in flight,
+        // then in queue order. Pending ones move into the range; in-flight ones — transmitted,
+        // not acknowledged, no part known received, carried by the queue once — are copied,
+        // a second chance for a live message whose first transmission may be lost too. A
+        // message without a deadline must arrive, and a replacement may not: a
         // retransmission-caching middlebox restores the original bytes (Hollywood §4.5), and
         // after a spurious retransmission the receiver already holds the original range.
-        let mut candidates: Vec<(Option<Instant>, usize, usize)> = self
-            .pending
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| {
-                r.kind == Kind::Message && r.deadline() != Deadline::Never && r.data.len() <= len
-            })
-            .filter_map(|(i, r)| {
-                let until = self.keep_until(r.deadline(), r.tag.message_id, 0);
-                match until {
-                    Some(t) if t <= arrival => None,
-                    _ => Some((until, i, r.data.len())),
-                }
-            })
-            .collect();
+        let live = |r: &Record| {
+            if r.kind != Kind::Message || r.deadline() == Deadline::Never || r.data.len() > len {
+                return None;
+            }
+            match self.keep_until(r.deadline(), r.tag.message_id, 0) {
+                Some(t) if t <= arrival => None,
+                until => Some(until),
+            }
+        };
+        let mut candidates: Vec<(Option<Instant>, Source, usize)> = Vec::new();
+        for (i, r) in self.pending.iter().enumerate() {
+            if let Some(until) = live(r) {
+                candidates.push((until, Source::Pending(i), r.data.len()));
+            }
+        }
+        for (i, r) in self.committed.iter().enumerate() {
+            if (a..b).contains(&i) || r.received || r.start < self.una {
+                continue;
+            }
+            let once = r.tag.message_id.is_some_and(|id| self.copies_of(id) == 1);
+            if once && let Some(until) = live(r) {
+                candidates.push((until, Source::InFlight(i), r.data.len()));
+            }
+        }
         if candidates.is_empty() {
             return None;
         }
-        candidates.sort_by_key(|&(until, i, _)| (until.is_none(), until, i));
-        let mut chosen: Vec<usize> = Vec::new();
+        candidates.sort_by_key(|&(until, source, _)| (until.is_none(), until, source));
+        let mut chosen: Vec<Source> = Vec::new();
         let mut left = len;
-        for &(_, i, n) in &candidates {
+        for &(_, source, n) in &candidates {
             if n <= left {
-                chosen.push(i);
+                chosen.push(source);
                 left -= n;
             }
             if left == 0 {
@@ -881,24 +930,58 @@ impl SendQueue {
                 return None;
             }
         }
-        // Take the replacements out of the pending queue (they are not sent again at their
-        // original time, Hollywood §4.2), in the order chosen.
-        let mut order: Vec<(usize, usize)> = chosen.iter().copied().enumerate().collect();
-        order.sort_by_key(|&(_, i)| std::cmp::Reverse(i));
-        let mut taken: Vec<Option<Record>> = (0..chosen.len()).map(|_| None).collect();
-        for (k, i) in order {
-            if let Some(r) = self.pending.remove(i) {
-                self.pending_bytes -= r.data.len();
-                taken[k] = Some(r);
+        // Take pending replacements out of the pending queue (they are not sent again at
+        // their original time, Hollywood §4.2) and copy in-flight ones, in the order chosen.
+        let mut taken: Vec<Option<(Record, bool)>> = (0..chosen.len()).map(|_| None).collect();
+        for (k, source) in chosen.iter().enumerate() {
+            if let Source::InFlight(i) = *source {
+                let r = &self.committed[i];
+                let copy = Record {
+                    start: 0,
+                    data: r.data.clone(),
+                    tag: r.tag,
+                    kind: Kind::Message,
+                    serial: 0,
+                    lifetime: None,
+                    received: false,
+                };
+                taken[k] = Some((copy, true));
             }
         }
+        let mut pending_order: Vec<(usize, usize)> = chosen
+            .iter()
+            .enumerate()
+            .filter_map(|(k, source)| match *source {
+                Source::Pending(i) => Some((k, i)),
+                Source::InFlight(_) => None,
+            })
+            .collect();
+        pending_order.sort_by_key(|&(_, i)| std::cmp::Reverse(i));
+        for (k, i) in pending_order {
+            if let Some(r) = self.pending.remove(i) {
+                self.pending_bytes -= r.data.len();
+                taken[k] = Some((r, false));
+            }
+        }
+        let copies_made = chosen
+            .iter()
+            .filter(|s| matches!(s, Source::InFlight(_)))
+            .count() as u64;
         let mut fresh: Vec<Record> = Vec::with_capacity(taken.len() + 1);
         let mut pos = start;
         let mut sent_as_replacement = 0;
-        for mut r in taken.into_iter().flatten() {
+        for (mut r, copy) in taken.into_iter().flatten() {
             r.start = pos;
             pos = r.end();
-            if let Some(id) = r.tag.message_id {
+            if copy {
+                // The message was reported sent at its first transmission; the queue now
+                // carries it twice.
+                r.serial = self.serial();
+                if let Some(id) = r.tag.message_id {
+                    *self.ids.entry(id).or_insert(0) += 1;
+                }
+                self.stats.replacement_copies += 1;
+            } else if let Some(id) = r.tag.message_id {
                 self.report(MessageReport::Sent {
                     id,
                     replacement: true,
@@ -926,7 +1009,12 @@ impl SendQueue {
         for old in tail {
             if old.kind == Kind::Message {
                 replaced += 1;
-                if let Some(id) = old.tag.message_id {
+                // With another copy still in flight (or one already acknowledged) the message
+                // may yet arrive: that copy's fate is the message's.
+                if let Some(id) = old.tag.message_id
+                    && self.copies_of(id) == 1
+                    && !self.settled.contains(&id)
+                {
                     self.report(MessageReport::Replaced { id });
                 }
             }
@@ -935,7 +1023,7 @@ impl SendQueue {
         self.committed.extend(fresh);
         self.committed.extend(rest);
         self.stats.messages_replaced += replaced;
-        self.stats.replacement_messages += sent_as_replacement;
+        self.stats.replacement_messages += sent_as_replacement - copies_made;
         self.stats.replaced_ranges += 1;
         Some((replaced, sent_as_replacement))
     }

@@ -109,13 +109,13 @@ pub struct Summary {
     /// Messages the transport refused or dropped before sending (e.g. expired in the
     /// sender's queue).
     pub refused_by_sender: u64,
-    /// Messages whose first transmission the network dropped, not counting those the
-    /// sender replaced.
+    /// Messages whose first transmission the network dropped (also those whose
+    /// retransmission the sender then replaced).
     pub lost_by_network: u64,
     /// Messages the sender accepted but dropped unsent because their deadline passed.
     pub dropped_by_sender: u64,
     /// Messages whose retransmission the sender replaced by live messages (Hollywood
-    /// §4.2); whether they arrived depends on their first transmission only.
+    /// §4.2): a retransmission that would have arrived after the playout time.
     pub replaced_by_sender: u64,
     /// Messages that arrived at or before their playout time.
     pub delivered_on_time: u64,
@@ -190,7 +190,7 @@ pub fn analyse(config: &VoipConfig, scenario: &Scenario, obs: &Observations) -> 
                 arrival,
                 playout,
                 state,
-                lost_by_network: obs.lost_by_network.contains(&number) && !replaced_by_sender,
+                lost_by_network: obs.lost_by_network.contains(&number),
                 dropped_by_sender: obs.dropped_by_sender.contains(&number),
                 replaced_by_sender,
             }
@@ -336,7 +336,7 @@ mod tests {
     }
 
     #[test]
-    fn replaced_messages_are_dropped_by_the_sender_not_lost_by_the_network() {
+    fn replaced_messages_count_as_lost_by_the_network_and_replaced_by_the_sender() {
         let scenario = hollywood_70ms();
         let c = config(4);
         let msd = Duration::from_millis;
@@ -350,10 +350,10 @@ mod tests {
         };
         let a = analyse(&c, &scenario, &obs);
         let s = &a.summary;
-        assert_eq!(s.lost_by_network, 1);
+        assert_eq!(s.lost_by_network, 2);
         assert_eq!((s.replaced_by_sender, s.dropped_by_sender), (1, 1));
         assert_eq!(s.never_delivered, 3);
-        assert!(!a.records[1].lost_by_network && a.records[1].replaced_by_sender);
+        assert!(a.records[1].lost_by_network && a.records[1].replaced_by_sender);
         // The expired message missed its playout for a sender-side reason.
         assert_eq!(s.missed_not_lost_by_network, 1);
     }

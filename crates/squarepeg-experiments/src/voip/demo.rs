@@ -20,8 +20,8 @@
 //!
 //! Counts as in [`super::report`]: every message sent is on time, late or never delivered;
 //! `late_loss_count = delivered_late + never_delivered`; `lost_by_network` counts messages
-//! whose first transmission the network dropped (without those the sender replaced, which
-//! `replaced_by_sender` counts).
+//! whose first transmission the network dropped (also those whose late retransmission the
+//! sender replaced, which `replaced_by_sender` counts).
 
 use std::fmt::Write as _;
 

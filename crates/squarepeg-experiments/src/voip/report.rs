@@ -36,8 +36,9 @@
 //! missed its playout); `late_loss_rate = late_loss_count / messages_sent`;
 //! `missed_not_lost_by_network` counts messages that missed their playout although the
 //! network delivered their first transmission (head-of-line blocking, sender delay);
-//! `lost_by_network` leaves out messages the sender replaced in an inconsistent
-//! retransmission (Hollywood §4.2), which `replaced_by_sender` counts;
+//! `lost_by_network` counts messages whose first transmission the network dropped, also
+//! those whose retransmission the sender then replaced in an inconsistent retransmission
+//! (Hollywood §4.2), which `replaced_by_sender` counts;
 //! `dropped_by_sender` counts messages accepted but dropped unsent when their deadline
 //! passed; latency is the transport delay of delivered messages, nearest-rank percentiles; a burst
 //! is a maximal run of consecutive message numbers that missed their playout (Minion §8.2).

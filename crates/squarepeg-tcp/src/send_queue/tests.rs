@@ -389,50 +389,138 @@ fn replacement_fixture(now: Instant) -> SendQueue {
 fn replacement_takes_closest_to_expiry_live_messages_and_pads_exactly() {
     let now = Instant::now();
     let mut q = replacement_fixture(now);
-    // Retransmitting message 1's range at 5 ms, arriving at 15 ms: 1 will have expired.
+    // Retransmitting message 1's range at 5 ms, arriving at 15 ms: 1 will have expired. The
+    // live message closest to expiry is 2 (20 ms), in flight: a copy of it fills the range
+    // exactly (Hollywood §4.2: every complete message in the send queue is a candidate).
     let r = q.replace_expired(0, 10, now + ms(5), now + ms(15), Padder(dots));
     assert_eq!(
         r,
         Replacement {
             ranges: 1,
             replaced: 1,
-            replacements: 2
+            replacements: 1
         }
     );
-    // 7 does not fit; 5 (100 ms) goes before 4 (200 ms); 6 (no deadline) does not fit after.
     let mut seg = [0u8; 10];
     q.copy_out(0, &mut seg);
-    assert_eq!(&seg, b"5555444444");
-    assert_eq!(
-        reports(&mut q),
-        vec![
-            MessageReport::Sent {
-                id: 5,
-                replacement: true
-            },
-            MessageReport::Sent {
-                id: 4,
-                replacement: true
-            },
-            MessageReport::Replaced { id: 1 },
-        ]
-    );
-    // The replacements left the pending queue: only 6 and 7 remain to be sent.
+    assert_eq!(&seg, b"2222222222");
+    // The copy reports nothing (2 was reported sent at its first transmission).
+    assert_eq!(reports(&mut q), vec![MessageReport::Replaced { id: 1 }]);
+    assert_eq!(q.stats().replacement_copies, 1);
+    assert_eq!(q.stats().replacement_messages, 0);
+    // Nothing left the pending queue.
     assert_eq!(
         q.pending_writes().map(|(n, _)| n).collect::<Vec<_>>(),
-        vec![3, 12]
+        vec![6, 4, 3, 12]
     );
-    assert_eq!(q.len(), 30 + 15);
     q.check_invariants();
-    // Messages 2 and 3 in one retransmission, arriving at 40 ms: one run of 20 bytes.
+    // Messages 2 and 3 in one retransmission, arriving at 40 ms: one run of 20 bytes, and
+    // every in-flight message has expired by then. 7 (50 ms) first, then 5 (100 ms); 4 does
+    // not fit after them; 6 has no deadline: it must arrive, so it is never a replacement.
     let r = q.replace_expired(10, 30, now + ms(25), now + ms(40), Padder(dots));
     assert_eq!(r.replaced, 2);
     let mut seg = [0u8; 20];
     q.copy_out(10, &mut seg);
-    // 6 has no deadline: it must arrive, so it is never a replacement.
-    assert_eq!(&seg, b"777777777777........");
-    assert_eq!(q.stats().padding_bytes, 8);
-    assert_eq!(q.len(), 33);
+    assert_eq!(&seg, b"7777777777775555....");
+    assert_eq!(q.stats().padding_bytes, 4);
+    // 2 still has its copy in flight at [0, 10): only 3 is reported replaced.
+    assert_eq!(
+        reports(&mut q),
+        vec![
+            MessageReport::Sent {
+                id: 7,
+                replacement: true
+            },
+            MessageReport::Sent {
+                id: 5,
+                replacement: true
+            },
+            MessageReport::Replaced { id: 3 },
+        ]
+    );
+    assert_eq!(
+        q.pending_writes().map(|(n, _)| n).collect::<Vec<_>>(),
+        vec![6, 3]
+    );
+    assert_eq!(q.len(), 30 + 9);
+    q.check_invariants();
+}
+
+#[test]
+fn a_message_carried_twice_reports_its_fate_once() {
+    let now = Instant::now();
+    let mut q = SendQueue::new(1000, false);
+    q.insert_message(now, b"1111111111", msg(1, Some(now + ms(10))), None)
+        .unwrap();
+    q.insert_message(now, b"2222222222", msg(2, Some(now + ms(60))), None)
+        .unwrap();
+    send_all(&mut q);
+    reports(&mut q);
+    // 1's retransmission would be late: a copy of 2 goes in its range.
+    let r = q.replace_expired(0, 10, now + ms(5), now + ms(15), Padder(dots));
+    assert_eq!(r.replacements, 1);
+    assert_eq!(reports(&mut q), vec![MessageReport::Replaced { id: 1 }]);
+    // The copy is acknowledged: 2 has arrived, whatever becomes of its first transmission.
+    q.ack(10);
+    assert_eq!(reports(&mut q), vec![MessageReport::Acked { id: 2 }]);
+    // A copy is made only of a message the queue carries once.
+    q.insert_message(now, b"3333333333", msg(3, Some(now + ms(100))), None)
+        .unwrap();
+    // 2's first transmission is retransmitted late: 3 (pending) takes its place, and 2 is
+    // not reported replaced — it was acknowledged.
+    let r = q.replace_expired(10, 20, now + ms(50), now + ms(70), Padder(dots));
+    assert_eq!(r.replaced, 1);
+    let mut seg = [0u8; 10];
+    q.copy_out(10, &mut seg);
+    assert_eq!(&seg, b"3333333333");
+    assert_eq!(
+        reports(&mut q),
+        vec![MessageReport::Sent {
+            id: 3,
+            replacement: true
+        }]
+    );
+    q.ack(20);
+    assert_eq!(reports(&mut q), vec![MessageReport::Acked { id: 3 }]);
+    q.check_invariants();
+}
+
+#[test]
+fn an_original_replaced_while_its_copy_flies_waits_for_the_copy() {
+    let now = Instant::now();
+    let mut q = SendQueue::new(1000, false);
+    for (id, d) in [(1, 10), (2, 30), (3, 200)] {
+        let data = vec![b'0' + id as u8; 10];
+        q.insert_message(now, &data, msg(id, Some(now + ms(d))), None)
+            .unwrap();
+    }
+    send_all(&mut q);
+    reports(&mut q);
+    // 1 late: a copy of 2 (closest to expiry) replaces it.
+    q.replace_expired(0, 10, now + ms(5), now + ms(15), Padder(dots));
+    assert_eq!(reports(&mut q), vec![MessageReport::Replaced { id: 1 }]);
+    // 2's first transmission late too: the copy of 2 is still in flight, so 2 is not
+    // reported replaced; 3 is copied in (live, in flight, carried once).
+    let r = q.replace_expired(10, 20, now + ms(25), now + ms(40), Padder(dots));
+    assert_eq!(r.replaced, 1);
+    let mut seg = [0u8; 10];
+    q.copy_out(10, &mut seg);
+    assert_eq!(&seg, b"3333333333");
+    assert_eq!(reports(&mut q), vec![]);
+    // The copy of 2 is late as well, and nothing is left to replace it with but 3 again,
+    // which is carried twice now: it is retransmitted as it is, and 2 stays unreported.
+    let r = q.replace_expired(0, 10, now + ms(45), now + ms(60), Padder(dots));
+    assert_eq!(r.replaced, 0);
+    assert_eq!(reports(&mut q), vec![]);
+    // Everything acknowledged: 2's copy reports 2, then 3 once for its two copies.
+    q.ack(30);
+    assert_eq!(
+        reports(&mut q),
+        vec![
+            MessageReport::Acked { id: 2 },
+            MessageReport::Acked { id: 3 }
+        ]
+    );
     q.check_invariants();
 }
 

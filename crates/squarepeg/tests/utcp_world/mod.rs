@@ -205,6 +205,8 @@ pub struct PegHost {
     pub plan: SendPlan,
     pub peer_plan: SendPlan,
     pub app: AppState,
+    /// The TCP connection's counters, as last seen while it existed.
+    pub tcp_stats: Option<squarepeg_tcp::ConnectionStats>,
     send_stream: Option<StreamId>,
     recv_stream: Option<StreamId>,
     buf: Vec<u8>,
@@ -248,6 +250,7 @@ impl PegHost {
             plan,
             peer_plan,
             app: AppState::default(),
+            tcp_stats: None,
             send_stream: None,
             recv_stream: None,
             buf: vec![0; 64 * 1024],
@@ -340,6 +343,14 @@ impl PegHost {
             }
         }
         while self.ep.poll_event().is_some() {}
+        let handle = match self.glue.as_ref() {
+            Some(Glue::Utcp(g)) => Some(g.handle()),
+            Some(Glue::Ordered(g)) => Some(g.handle),
+            None => None,
+        };
+        if let Some(stats) = handle.and_then(|h| self.ep.stats_of(h).ok()) {
+            self.tcp_stats = Some(stats);
+        }
         for _ in 0..4 {
             self.app_round(now);
             let ep = &mut self.ep;
