@@ -327,24 +327,31 @@ fn parse_tcp(
     })
 }
 
-/// Adds big-endian 16-bit words of `data` to a ones-complement accumulator. Works four bytes at
-/// a time into a 64-bit accumulator (no carries lost below 2^32 words); `data` must start at an
-/// even offset of the checksummed region.
-pub(crate) fn sum_bytes(mut acc: u64, data: &[u8]) -> u64 {
-    let mut chunks = data.chunks_exact(4);
-    for c in &mut chunks {
-        acc += u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as u64;
+/// Adds big-endian 16-bit words of `data` (a last odd byte padded with zero) to a
+/// ones-complement accumulator; `data` must start at an even offset of the checksummed
+/// region. Eight bytes at a time in native (little-endian) order, both 32-bit halves into a
+/// 64-bit sum (no carry lost below 2^31 words), folded and byte-swapped at the end: the
+/// ones-complement sum is independent of byte order (RFC 1071 §2 (B)), and 2^16 ≡ 1 modulo
+/// 2^16 − 1, so a 32-bit half counts as the sum of its two 16-bit words.
+pub(crate) fn sum_bytes(acc: u64, data: &[u8]) -> u64 {
+    let mut sum: u64 = 0;
+    let mut words = data.chunks_exact(8);
+    for w in &mut words {
+        let w = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+        sum += (w & 0xffff_ffff) + (w >> 32);
     }
-    let rem = chunks.remainder();
-    let mut i = 0;
-    while i + 1 < rem.len() {
-        acc += u16::from_be_bytes([rem[i], rem[i + 1]]) as u64;
-        i += 2;
+    let mut pairs = words.remainder().chunks_exact(2);
+    for p in &mut pairs {
+        sum += u64::from(u16::from_le_bytes([p[0], p[1]]));
     }
-    if i < rem.len() {
-        acc += (rem[i] as u64) << 8;
+    if let [last] = pairs.remainder() {
+        // Little-endian [last, 0]: big-endian [last, 0] after the swap.
+        sum += u64::from(*last);
     }
-    acc
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    acc + u64::from((sum as u16).swap_bytes())
 }
 
 /// Folds an accumulator to the 16-bit ones-complement checksum (RFC 1071).
@@ -536,6 +543,33 @@ pub(crate) fn is_non_unicast(ip: &IpAddr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The plain big-endian word sum of RFC 1071 §4.1, as the oracle.
+    fn sum_words_reference(data: &[u8]) -> u16 {
+        let mut acc: u64 = 0;
+        for pair in data.chunks(2) {
+            acc += u64::from(u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]));
+        }
+        checksum_fold(acc)
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn checksum_equals_the_plain_word_sum(
+            data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..3000),
+            acc in 0u64..0x1_0000_0000,
+        ) {
+            proptest::prop_assert_eq!(checksum_fold(sum_bytes(0, &data)), sum_words_reference(&data));
+            // Sums continue across calls at even offsets, and onto any accumulator.
+            let cut = data.len() / 4 * 2;
+            let split = sum_bytes(sum_bytes(acc, &data[..cut]), &data[cut..]);
+            let mut whole = acc;
+            for pair in data.chunks(2) {
+                whole += u64::from(u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]));
+            }
+            proptest::prop_assert_eq!(checksum_fold(split), checksum_fold(whole));
+        }
+    }
 
     #[test]
     fn checksum_matches_rfc1071_example() {
