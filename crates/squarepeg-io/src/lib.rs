@@ -103,6 +103,7 @@ pub use setup::{AddressPair, HostSetup, LAB_V4, LAB_V6, check_unicast};
 pub use shim::{DEFAULT_MAX_HELD_PACKETS, Impairment, ShimStats};
 pub use stack::{
     Capture, DEFAULT_BACKLOG, DEFAULT_BATCH, DeviceStats, Stack, StackConfig, StackStats,
+    TURN_BYTES,
 };
 pub use stream::{TcpListener, TcpStream};
 
