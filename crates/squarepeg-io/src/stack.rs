@@ -3,9 +3,10 @@
 //!
 //! The endpoint lives behind one mutex. Handles ([`TcpStream`], [`TcpListener`]) call it
 //! directly (a read or write is a copy into or out of the endpoint's buffers) and poke the
-//! driver; the driver, on every wake-up, drains the device (up to `batch` packets per turn,
-//! turn after turn until nothing is left), feeds the packets to the endpoint, runs its timers,
-//! drains everything it has to send (again in turns of `batch`), and wakes the tasks whose
+//! driver; the driver, on every wake-up, drains the device (up to `batch` packets or
+//! [`TURN_BYTES`] per turn, turn after turn until nothing is left), feeds the packets to the
+//! endpoint, runs its timers, drains everything it has to send (again in turns of `batch`
+//! packets or `TURN_BYTES`), and wakes the tasks whose
 //! connections have news. Device reads and writes happen outside the lock.
 
 use std::collections::{HashMap, VecDeque};
