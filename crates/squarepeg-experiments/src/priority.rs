@@ -48,20 +48,18 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use plotters::coord::Shift;
-use plotters::prelude::*;
 use serde_json::{Value, json};
 use squarepeg_lab::Side;
 use squarepeg_lab::model::{Bottleneck, LinkConfig};
-use squarepeg_lab::sim::{Host, KIND_DATA, SimConfig, Simulator, decode_payload, encode_payload};
+use squarepeg_lab::sim::{KIND_DATA, SimConfig, Simulator, decode_payload, encode_payload};
 use squarepeg_tcp::{
     ConnectionConfig, ConnectionHandle, Endpoint, Error as TcpError, Event, MessageReport, WriteTag,
 };
 
 use crate::voip::analysis::{ms, percentile};
-use crate::voip::plot::{FONT, PALETTE, SIZE, ensure_font, plot_err};
+use crate::voip::plot::{CdfChart, ensure_font, write_svg_and_png};
 use crate::voip::sim::tcp_host::{
-    endpoint, read_unordered, unordered_reassembler, write_message_frame,
+    endpoint, endpoint_host, read_unordered, unordered_reassembler, write_message_frame,
 };
 use crate::voip::sim::{RECEIVER, SENDER};
 use crate::voip::{Engine, VoipError};
@@ -482,32 +480,8 @@ impl PriorityReceiver {
     }
 }
 
-macro_rules! tcp_host {
-    ($t:ty) => {
-        impl Host for $t {
-            fn addresses(&self) -> Vec<IpAddr> {
-                vec![self.address]
-            }
-            fn handle_packet(&mut self, now: Instant, packet: Vec<u8>) {
-                let _ = self.ep.handle_packet(now, &packet);
-                self.process(now);
-            }
-            fn poll_transmit(&mut self, now: Instant) -> Option<Vec<u8>> {
-                let n = self.ep.poll_transmit(now, &mut self.packet)?;
-                Some(self.packet[..n].to_vec())
-            }
-            fn poll_timeout(&mut self) -> Option<Instant> {
-                self.ep.poll_timeout()
-            }
-            fn handle_timeout(&mut self, now: Instant) {
-                self.ep.handle_timeout(now);
-                self.process(now);
-            }
-        }
-    };
-}
-tcp_host!(PrioritySender);
-tcp_host!(PriorityReceiver);
+endpoint_host!(PrioritySender);
+endpoint_host!(PriorityReceiver);
 
 /// Runs one variant on the simulator.
 pub fn run(config: &PriorityConfig, variant: Variant, seed: u64) -> Result<PriorityRun, VoipError> {
@@ -654,92 +628,35 @@ pub fn plot_cdf(dir: &Path, runs: &[PriorityRun]) -> Result<Vec<PathBuf>, VoipEr
     ensure_font()?;
     std::fs::create_dir_all(dir).map_err(VoipError::io(format!("creating {}", dir.display())))?;
     let engine = runs.first().map_or("sim", |r| r.engine.name());
-    let base = dir.join(format!("priority-{engine}-cdf"));
-    let svg = base.with_extension("svg");
-    {
-        let root = SVGBackend::new(&svg, SIZE).into_drawing_area();
-        cdf_chart(&root, runs)?;
-        root.present().map_err(plot_err)?;
-    }
-    let png = base.with_extension("png");
-    {
-        let root = BitMapBackend::new(&png, SIZE).into_drawing_area();
-        cdf_chart(&root, runs)?;
-        root.present().map_err(plot_err)?;
-    }
-    Ok(vec![svg, png])
-}
-
-fn cdf_chart<DB: DrawingBackend>(
-    root: &DrawingArea<DB, Shift>,
-    runs: &[PriorityRun],
-) -> Result<(), VoipError> {
-    root.fill(&WHITE).map_err(plot_err)?;
     let mut curves = Vec::new();
-    let mut hi: f64 = 1.0;
     for r in runs {
         for (name, high) in [("high", true), ("low", false)] {
-            let mut delays: Vec<f64> = r
+            let delays: Vec<f64> = r
                 .messages
                 .iter()
                 .filter(|m| m.high == high)
                 .filter_map(|m| m.delay().map(ms))
                 .collect();
-            delays.sort_by(f64::total_cmp);
-            let total = delays.len().max(1) as f64;
-            if let Some(&last) = delays.last() {
-                hi = hi.max(last);
-            }
-            let points: Vec<(f64, f64)> = delays
-                .iter()
-                .enumerate()
-                .map(|(i, &d)| (d, (i + 1) as f64 / total))
-                .collect();
+            let total = delays.len();
             curves.push((
                 format!("{} {} {name}", r.engine.name(), r.variant.name()),
-                points,
+                delays,
+                total,
             ));
         }
     }
-    let mut chart = ChartBuilder::on(root)
-        .caption(
-            "send-call-to-delivery delay, network-limited sender, 1 in 100 messages high priority (Minion §8.3)",
-            (FONT, 18),
-        )
-        .margin(10)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..hi * 1.05, 0.0..1.0)
-        .map_err(plot_err)?;
-    chart
-        .configure_mesh()
-        .x_desc("delay (ms)")
-        .y_desc("fraction of the class delivered")
-        .x_label_formatter(&|x| format!("{x:.0}"))
-        .y_label_formatter(&|y| format!("{y:.1}"))
-        .label_style((FONT, 14))
-        .draw()
-        .map_err(plot_err)?;
-    for (i, (name, mut points)) in curves.into_iter().enumerate() {
-        let colour = PALETTE[i % PALETTE.len()];
-        if let Some(&(_, y)) = points.last() {
-            points.push((hi * 1.05, y));
-        }
-        chart
-            .draw_series(LineSeries::new(points, colour.stroke_width(2)))
-            .map_err(plot_err)?
-            .label(name)
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2)));
-    }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font((FONT, 14))
-        .position(SeriesLabelPosition::LowerRight)
-        .draw()
-        .map_err(plot_err)?;
-    Ok(())
+    let chart = CdfChart::new(
+        (
+            "send-call-to-delivery delay, network-limited sender, 1 in 100 messages high priority (Minion §8.3)"
+                .to_owned(),
+            18,
+        ),
+        "delay (ms)",
+        "fraction of the class delivered",
+        curves,
+        None,
+    );
+    Ok(write_svg_and_png(&dir.join(format!("priority-{engine}-cdf")), &chart)?.to_vec())
 }
 
 /// What a lab run observed: per message its write time, and the arrivals in order.

@@ -101,23 +101,54 @@ pub fn per_message(dir: &Path, run: &RunResult) -> Result<Vec<PathBuf>, VoipErro
     let all = 0..records.len() as u64;
     let zoom = zoom_window(records);
     for (suffix, range) in [("delay", all), ("zoom", zoom)] {
-        let base = dir.join(format!("{name}-{suffix}"));
-        let svg = base.with_extension("svg");
-        {
-            let root = SVGBackend::new(&svg, SIZE).into_drawing_area();
-            delay_chart(&root, &title, records, range.clone())?;
-            root.present().map_err(plot_err)?;
-        }
-        files.push(svg);
-        let png = base.with_extension("png");
-        {
-            let root = BitMapBackend::new(&png, SIZE).into_drawing_area();
-            delay_chart(&root, &title, records, range)?;
-            root.present().map_err(plot_err)?;
-        }
-        files.push(png);
+        let chart = DelayChart {
+            title: &title,
+            records,
+            range,
+        };
+        files.extend(write_svg_and_png(
+            &dir.join(format!("{name}-{suffix}")),
+            &chart,
+        )?);
     }
     Ok(files)
+}
+
+/// A chart drawn the same way on any plotters backend.
+pub(crate) trait Chart {
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), VoipError>;
+}
+
+/// Draws `chart` into `base`.svg and `base`.png; returns both paths.
+pub(crate) fn write_svg_and_png(
+    base: &Path,
+    chart: &impl Chart,
+) -> Result<[PathBuf; 2], VoipError> {
+    let svg = base.with_extension("svg");
+    {
+        let root = SVGBackend::new(&svg, SIZE).into_drawing_area();
+        chart.draw(&root)?;
+        root.present().map_err(plot_err)?;
+    }
+    let png = base.with_extension("png");
+    {
+        let root = BitMapBackend::new(&png, SIZE).into_drawing_area();
+        chart.draw(&root)?;
+        root.present().map_err(plot_err)?;
+    }
+    Ok([svg, png])
+}
+
+struct DelayChart<'a> {
+    title: &'a str,
+    records: &'a [MessageRecord],
+    range: Range<u64>,
+}
+
+impl Chart for DelayChart<'_> {
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), VoipError> {
+        delay_chart(root, self.title, self.records, self.range.clone())
+    }
 }
 
 fn delay_chart<DB: DrawingBackend>(
@@ -258,21 +289,10 @@ pub fn cdfs(dir: &Path, runs: &[RunResult]) -> Result<Vec<PathBuf>, VoipError> {
     }
     let mut files = Vec::new();
     for (key, group) in groups {
-        let base = dir.join(format!("{key}-cdf"));
-        let svg = base.with_extension("svg");
-        {
-            let root = SVGBackend::new(&svg, SIZE).into_drawing_area();
-            cdf_chart(&root, &group)?;
-            root.present().map_err(plot_err)?;
-        }
-        files.push(svg);
-        let png = base.with_extension("png");
-        {
-            let root = BitMapBackend::new(&png, SIZE).into_drawing_area();
-            cdf_chart(&root, &group)?;
-            root.present().map_err(plot_err)?;
-        }
-        files.push(png);
+        let Some(chart) = latency_cdf(&group) else {
+            continue;
+        };
+        files.extend(write_svg_and_png(&dir.join(format!("{key}-cdf")), &chart)?);
     }
     Ok(files)
 }
@@ -286,87 +306,146 @@ pub(crate) const PALETTE: [RGBColor; 6] = [
     RGBColor(140, 86, 75),
 ];
 
-fn cdf_chart<DB: DrawingBackend>(
-    root: &DrawingArea<DB, Shift>,
-    runs: &[&RunResult],
-) -> Result<(), VoipError> {
-    root.fill(&WHITE).map_err(plot_err)?;
-    let Some(first) = runs.first() else {
-        return Ok(());
-    };
+/// The latency CDF of a group of runs of one engine and scenario, with the playout deadline
+/// marked; `None` for no runs.
+fn latency_cdf(runs: &[&RunResult]) -> Option<CdfChart> {
+    let first = runs.first()?;
     let deadline = ms(first.scenario.playout_offset());
-    let mut curves = Vec::new();
-    let mut hi: f64 = deadline * 1.5;
-    for run in runs {
-        let total = run.analysis.records.len().max(1) as f64;
-        let mut delays: Vec<f64> = run
-            .analysis
-            .records
-            .iter()
-            .filter_map(|r| r.transport_delay().map(ms))
-            .collect();
-        delays.sort_by(f64::total_cmp);
-        if let Some(&last) = delays.last() {
-            hi = hi.max(last);
-        }
-        let points: Vec<(f64, f64)> = delays
-            .iter()
-            .enumerate()
-            .map(|(i, &d)| (d, (i + 1) as f64 / total))
-            .collect();
-        curves.push((run.transport.clone(), points));
-    }
-    let mut chart = ChartBuilder::on(root)
-        .caption(
+    let curves = runs
+        .iter()
+        .map(|run| {
+            let delays = run
+                .analysis
+                .records
+                .iter()
+                .filter_map(|r| r.transport_delay().map(ms))
+                .collect();
+            (run.transport.clone(), delays, run.analysis.records.len())
+        })
+        .collect();
+    Some(CdfChart::new(
+        (
             format!(
                 "latency CDF: {} ({}), playout deadline {:.1} ms after send",
                 first.scenario.name,
                 first.engine.name(),
                 deadline
             ),
-            (FONT, 20),
-        )
-        .margin(10)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..hi * 1.05, 0.0..1.0)
-        .map_err(plot_err)?;
-    chart
-        .configure_mesh()
-        .x_desc("transport delay (ms)")
-        .y_desc("fraction of messages sent")
-        .x_label_formatter(&|x| format!("{x:.0}"))
-        .y_label_formatter(&|y| format!("{y:.1}"))
-        .label_style((FONT, 14))
-        .draw()
-        .map_err(plot_err)?;
-    chart
-        .draw_series(LineSeries::new(
-            [(deadline, 0.0), (deadline, 1.0)],
-            BLACK.stroke_width(2),
-        ))
-        .map_err(plot_err)?
-        .label("playout deadline")
-        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.stroke_width(2)));
-    for (i, (name, mut points)) in curves.into_iter().enumerate() {
-        let colour = PALETTE[i % PALETTE.len()];
-        // A step function: hold each fraction until the next delay.
-        if let Some(&(_, y)) = points.last() {
-            points.push((hi * 1.05, y));
+            20,
+        ),
+        "transport delay (ms)",
+        "fraction of messages sent",
+        curves,
+        Some(deadline),
+    ))
+}
+
+/// Cumulative distributions of delays, one step curve per series, with an optional
+/// deadline marked as a vertical line.
+pub(crate) struct CdfChart {
+    caption: String,
+    caption_size: u32,
+    x_desc: &'static str,
+    y_desc: &'static str,
+    /// Name and points (delay in ms, fraction of the series' total) of each curve.
+    curves: Vec<(String, Vec<(f64, f64)>)>,
+    /// The largest delay shown (before a 5 % margin).
+    hi: f64,
+    deadline: Option<f64>,
+}
+
+impl CdfChart {
+    /// `curves`: name, delays in ms (any order) and the count the fractions are of (the
+    /// series' messages, delivered or not).
+    pub(crate) fn new(
+        (caption, caption_size): (String, u32),
+        x_desc: &'static str,
+        y_desc: &'static str,
+        curves: Vec<(String, Vec<f64>, usize)>,
+        deadline: Option<f64>,
+    ) -> CdfChart {
+        let mut hi: f64 = deadline.map_or(1.0, |d| d * 1.5);
+        let curves = curves
+            .into_iter()
+            .map(|(name, mut delays, total)| {
+                delays.sort_by(f64::total_cmp);
+                if let Some(&last) = delays.last() {
+                    hi = hi.max(last);
+                }
+                let total = total.max(1) as f64;
+                let points = delays
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &d)| (d, (i + 1) as f64 / total))
+                    .collect();
+                (name, points)
+            })
+            .collect();
+        CdfChart {
+            caption,
+            caption_size,
+            x_desc,
+            y_desc,
+            curves,
+            hi,
+            deadline,
+        }
+    }
+}
+
+impl Chart for CdfChart {
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), VoipError> {
+        root.fill(&WHITE).map_err(plot_err)?;
+        let hi = self.hi;
+        let mut chart = ChartBuilder::on(root)
+            .caption(&self.caption, (FONT, self.caption_size))
+            .margin(10)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..hi * 1.05, 0.0..1.0)
+            .map_err(plot_err)?;
+        chart
+            .configure_mesh()
+            .x_desc(self.x_desc)
+            .y_desc(self.y_desc)
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| format!("{y:.1}"))
+            .label_style((FONT, 14))
+            .draw()
+            .map_err(plot_err)?;
+        if let Some(deadline) = self.deadline {
+            chart
+                .draw_series(LineSeries::new(
+                    [(deadline, 0.0), (deadline, 1.0)],
+                    BLACK.stroke_width(2),
+                ))
+                .map_err(plot_err)?
+                .label("playout deadline")
+                .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.stroke_width(2)));
+        }
+        for (i, (name, points)) in self.curves.iter().enumerate() {
+            let colour = PALETTE[i % PALETTE.len()];
+            // A step function: hold each fraction until the next delay.
+            let mut points = points.clone();
+            if let Some(&(_, y)) = points.last() {
+                points.push((hi * 1.05, y));
+            }
+            chart
+                .draw_series(LineSeries::new(points, colour.stroke_width(2)))
+                .map_err(plot_err)?
+                .label(name.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2))
+                });
         }
         chart
-            .draw_series(LineSeries::new(points, colour.stroke_width(2)))
-            .map_err(plot_err)?
-            .label(name)
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2)));
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font((FONT, 14))
+            .position(SeriesLabelPosition::LowerRight)
+            .draw()
+            .map_err(plot_err)?;
+        Ok(())
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font((FONT, 14))
-        .position(SeriesLabelPosition::LowerRight)
-        .draw()
-        .map_err(plot_err)?;
-    Ok(())
 }

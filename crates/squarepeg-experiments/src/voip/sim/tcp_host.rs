@@ -642,26 +642,35 @@ impl BulkServer {
     }
 }
 
-impl Host for BulkServer {
-    fn addresses(&self) -> Vec<IpAddr> {
-        vec![self.address]
-    }
-    fn handle_packet(&mut self, now: Instant, packet: Vec<u8>) {
-        let _ = self.ep.handle_packet(now, &packet);
-        self.process(now);
-    }
-    fn poll_transmit(&mut self, now: Instant) -> Option<Vec<u8>> {
-        let n = self.ep.poll_transmit(now, &mut self.packet)?;
-        Some(self.packet[..n].to_vec())
-    }
-    fn poll_timeout(&mut self) -> Option<Instant> {
-        self.ep.poll_timeout()
-    }
-    fn handle_timeout(&mut self, now: Instant) {
-        self.ep.handle_timeout(now);
-        self.process(now);
-    }
+/// `Host` for a simulator host that is one `Endpoint` (`ep`) at one `address`, with a
+/// `packet` buffer and a `process(now)` that runs its application after every event.
+macro_rules! endpoint_host {
+    ($t:ty) => {
+        impl squarepeg_lab::sim::Host for $t {
+            fn addresses(&self) -> Vec<std::net::IpAddr> {
+                vec![self.address]
+            }
+            fn handle_packet(&mut self, now: std::time::Instant, packet: Vec<u8>) {
+                let _ = self.ep.handle_packet(now, &packet);
+                self.process(now);
+            }
+            fn poll_transmit(&mut self, now: std::time::Instant) -> Option<Vec<u8>> {
+                let n = self.ep.poll_transmit(now, &mut self.packet)?;
+                Some(self.packet[..n].to_vec())
+            }
+            fn poll_timeout(&mut self) -> Option<std::time::Instant> {
+                self.ep.poll_timeout()
+            }
+            fn handle_timeout(&mut self, now: std::time::Instant) {
+                self.ep.handle_timeout(now);
+                self.process(now);
+            }
+        }
+    };
 }
+pub(crate) use endpoint_host;
+
+endpoint_host!(BulkServer);
 
 /// The client end of the bulk downloads: opens one connection at each start time and reads
 /// and discards everything.
