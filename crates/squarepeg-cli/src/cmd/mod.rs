@@ -9,3 +9,28 @@ mod peer;
 pub mod priority;
 pub mod tcp;
 pub mod voip;
+
+/// Copies `r` to `w` until the end of `r`, counting on `bar`; returns the bytes and their
+/// SHA-256 (what `peg` prints on both ends of a transfer).
+pub(crate) async fn copy_hashing(
+    r: &mut (impl tokio::io::AsyncRead + Unpin),
+    w: &mut (impl tokio::io::AsyncWrite + Unpin),
+    bar: &indicatif::ProgressBar,
+) -> anyhow::Result<(u64, [u8; 32])> {
+    use sha2::{Digest, Sha256};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut hash = Sha256::new();
+    let mut buf = vec![0u8; 256 << 10];
+    let mut total = 0u64;
+    loop {
+        let n = r.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        hash.update(&buf[..n]);
+        w.write_all(&buf[..n]).await?;
+        total += n as u64;
+        bar.set_position(total);
+    }
+    Ok((total, hash.finalize().into()))
+}

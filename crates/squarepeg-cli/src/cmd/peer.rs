@@ -16,7 +16,6 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use sha2::{Digest, Sha256};
 use squarepeg::{
     Connection, ConnectionConfig, ConnectionError, MessageProps, MessageStatus, Priority, Stream,
 };
@@ -197,19 +196,7 @@ async fn send_file(conn: &Connection, path: &Path, quiet: bool) -> anyhow::Resul
     header.extend_from_slice(&size.to_be_bytes());
     stream.write_all(&header).await?;
     let bar = progress(size, quiet, format!("sending {name}"));
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut sent = 0u64;
-    loop {
-        let n = file.read(&mut buf).await?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        stream.write_all(&buf[..n]).await?;
-        sent += n as u64;
-        bar.set_position(sent);
-    }
+    let (sent, digest) = super::copy_hashing(&mut file, &mut stream, &bar).await?;
     stream.shutdown().await?;
     bar.finish_and_clear();
     if sent != size {
@@ -218,10 +205,7 @@ async fn send_file(conn: &Connection, path: &Path, quiet: bool) -> anyhow::Resul
             path.display()
         );
     }
-    println!(
-        "sent {name} ({sent} bytes) sha256 {}",
-        hex::encode(hasher.finalize())
-    );
+    println!("sent {name} ({sent} bytes) sha256 {}", hex::encode(digest));
     Ok(())
 }
 
@@ -259,31 +243,21 @@ async fn receive_file(mut stream: Stream, dir: Option<PathBuf>, quiet: bool) -> 
         None => None,
     };
     let bar = progress(size, quiet, format!("receiving {safe}"));
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut got = 0u64;
-    loop {
-        let n = stream.read(&mut buf).await?;
-        if n == 0 {
-            break;
+    let (got, digest) = match &mut file {
+        Some(f) => {
+            let copied = super::copy_hashing(&mut stream, f, &bar).await?;
+            f.flush().await?;
+            copied
         }
-        hasher.update(&buf[..n]);
-        if let Some(f) = &mut file {
-            f.write_all(&buf[..n]).await?;
-        }
-        got += n as u64;
-        bar.set_position(got);
-    }
-    if let Some(f) = &mut file {
-        f.flush().await?;
-    }
+        None => super::copy_hashing(&mut stream, &mut tokio::io::sink(), &bar).await?,
+    };
     bar.finish_and_clear();
     if got != size {
         bail!("{safe}: received {got} of {size} bytes");
     }
     println!(
         "received {safe} ({got} bytes) sha256 {}",
-        hex::encode(hasher.finalize())
+        hex::encode(digest)
     );
     Ok(())
 }

@@ -572,23 +572,13 @@ async fn serve_one(conn: TcpStream, service: Service, bar: &ProgressBar) -> anyh
 }
 
 /// Reads to the end, hashing; returns the count and SHA-256.
+use super::copy_hashing;
+
 async fn drain(
     r: &mut (impl AsyncRead + Unpin),
     bar: &ProgressBar,
 ) -> anyhow::Result<(u64, [u8; 32])> {
-    let mut hash = Sha256::new();
-    let mut buf = vec![0u8; 64 << 10];
-    let mut total = 0u64;
-    loop {
-        let n = r.read(&mut buf).await?;
-        if n == 0 {
-            break;
-        }
-        hash.update(&buf[..n]);
-        total += n as u64;
-        bar.set_position(total);
-    }
-    Ok((total, hash.finalize().into()))
+    copy_hashing(r, &mut tokio::io::sink(), bar).await
 }
 
 /// Sends `bytes` of the seed's ChaCha8 keystream; returns their SHA-256.
@@ -705,21 +695,9 @@ fn send(a: SendArgs) -> anyhow::Result<()> {
         let started = Instant::now();
         let (mut r, mut w) = tokio::io::split(conn);
         let sending = async {
-            let mut hash = Sha256::new();
-            let mut buf = vec![0u8; 64 << 10];
-            let mut total = 0u64;
-            loop {
-                let n = input.read(&mut buf).await?;
-                if n == 0 {
-                    break;
-                }
-                hash.update(&buf[..n]);
-                w.write_all(&buf[..n]).await?;
-                total += n as u64;
-                bar.set_position(total);
-            }
+            let sent = copy_hashing(&mut input, &mut w, &bar).await?;
             w.shutdown().await?;
-            anyhow::Ok((total, <[u8; 32]>::from(hash.finalize())))
+            anyhow::Ok(sent)
         };
         let hidden = ProgressBar::hidden();
         let (sent, back) = tokio::try_join!(sending, drain(&mut r, &hidden))?;
@@ -764,26 +742,13 @@ fn recv(a: RecvArgs) -> anyhow::Result<()> {
         let mut conn = connect(&running, a.from, a.connect_timeout).await?;
         let bar = progress_bar(quiet, None, "receiving");
         let started = Instant::now();
-        let mut hash = Sha256::new();
-        let mut buf = vec![0u8; 64 << 10];
-        let mut total = 0u64;
-        loop {
-            let n = conn.read(&mut buf).await?;
-            if n == 0 {
-                break;
-            }
-            hash.update(&buf[..n]);
-            output.write_all(&buf[..n]).await?;
-            total += n as u64;
-            bar.set_position(total);
-        }
+        let (total, digest) = copy_hashing(&mut conn, &mut output, &bar).await?;
         output.flush().await?;
         // FIN only after the peer's: some senders stop at the first end of stream they see.
         conn.shutdown().await?;
         conn.wait_closed().await?;
         bar.finish_and_clear();
         let secs = started.elapsed().as_secs_f64();
-        let digest: [u8; 32] = hash.finalize().into();
         eprintln!(
             "received {total} bytes from {} in {secs:.2} s ({})",
             a.from,
