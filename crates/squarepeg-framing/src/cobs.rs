@@ -486,6 +486,12 @@ pub fn encode_parts(parts: &[&[u8]], out: &mut Vec<u8>) {
 
 /// COBS-encodes `input` and appends it to `out`.
 pub fn encode(input: &[u8], out: &mut Vec<u8>) {
+    #[cfg(target_arch = "x86_64")]
+    if input.len() <= avx512::SHORT_ENCODE && Level::best() == Level::Avx512 {
+        // SAFETY: `Level::Avx512` is only chosen where the CPU has what it needs.
+        unsafe { avx512::encode_short(input, out) };
+        return;
+    }
     let mut enc = Encoder::new(out);
     enc.push(input);
     enc.finish();
@@ -612,13 +618,17 @@ fn decode_blocks_at(level: Level, input: &[u8], out: &mut [u8]) -> Result<usize,
 
 /// [`decode_blocks_portable`] compiled for AVX-512: fixed-size copies become inline 64-byte
 /// moves, and blocks near the end of the buffers are copied with masked moves instead of a
-/// `memcpy` call (what a 64-byte frame costs most of the time).
+/// `memcpy` call; inputs of up to 65 bytes take one masked load and store.
 ///
 /// # Safety
 /// The CPU supports what `avx512::available` checks.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw")]
+#[target_feature(enable = "avx512f,avx512bw,bmi1,bmi2,lzcnt")]
 unsafe fn decode_blocks_avx512(input: &[u8], out: &mut [u8]) -> Result<usize, CobsError> {
+    if input.len() <= avx512::SHORT_INPUT && out.len() >= avx512::SHORT_INPUT - 1 {
+        // SAFETY: this function's own contract.
+        return unsafe { avx512::decode_short(input, out) };
+    }
     // SAFETY: this function's own contract.
     decode_blocks_portable(input, out, |src, dst| unsafe {
         avx512::copy_short(src, dst)

@@ -30,14 +30,16 @@
 
 use std::arch::x86_64::{
     __m512i, _mm512_cmpeq_epi8_mask, _mm512_loadu_si512, _mm512_mask_expand_epi8,
-    _mm512_mask_storeu_epi8, _mm512_maskz_compress_epi8, _mm512_maskz_loadu_epi8,
-    _mm512_permutexvar_epi8, _mm512_setzero_si512, _mm512_storeu_si512, _mm512_sub_epi8,
+    _mm512_mask_mov_epi8, _mm512_mask_storeu_epi8, _mm512_maskz_compress_epi8,
+    _mm512_maskz_loadu_epi8, _mm512_permutexvar_epi8, _mm512_setzero_si512, _mm512_storeu_si512,
+    _mm512_sub_epi8,
 };
 
 use std::arch::x86_64::_bzhi_u64;
 use std::hint::select_unpredictable;
 
 use super::{Encoder, MAX_BLOCK_DATA, max_encoded_len};
+use crate::CobsError;
 
 /// Bytes the encoder's stores may reach past the end of the encoding: a 64-byte store at
 /// the cursor and the split store one byte further on.
@@ -113,13 +115,6 @@ pub(super) unsafe fn encode_chunks(enc: &mut Encoder<'_>, input: &[u8]) -> usize
     // chunks: a block that fills at a chunk's end is split there).
     let mut room = MAX_BLOCK_DATA - (o - last - 1);
     let mut after_full = enc.after_full;
-    // SAFETY: both tables are 64 bytes.
-    let (lanes, next_lanes) = unsafe {
-        (
-            _mm512_loadu_si512(LANES.as_ptr().cast::<__m512i>()),
-            _mm512_loadu_si512(NEXT_LANES.as_ptr().cast::<__m512i>()),
-        )
-    };
     let mut i = 0;
     while i < n {
         let len = (n - i).min(64);
@@ -129,14 +124,7 @@ pub(super) unsafe fn encode_chunks(enc: &mut Encoder<'_>, input: &[u8]) -> usize
         let zeros = _mm512_cmpeq_epi8_mask(x, _mm512_setzero_si512()) & valid;
         // The first zero's lane (`len` if none).
         let z = (zeros | !valid).trailing_zeros() as usize;
-        let y = if zeros & zeros.wrapping_sub(1) != 0 {
-            // Two or more zeros: each but the last becomes the distance to the next.
-            let at = _mm512_maskz_compress_epi8(zeros, lanes);
-            let next = _mm512_permutexvar_epi8(next_lanes, at);
-            _mm512_mask_expand_epi8(x, zeros, _mm512_sub_epi8(next, at))
-        } else {
-            x
-        };
+        let y = inner_codes(x, zeros);
         // Where zeros fall is random: every choice below is a select, not a branch (a
         // mispredicted branch costs as much as moving a few hundred bytes).
         // The block fills at lane `room` unless a zero comes first; a split at lane `len`
@@ -208,5 +196,127 @@ pub(super) unsafe fn copy_short(src: &[u8], dst: &mut [u8]) {
             _mm512_mask_storeu_epi8(dst.as_mut_ptr().add(k).cast::<i8>(), m, v);
         }
         k += 64;
+    }
+}
+
+/// Inputs up to this long decode in one vector ([`decode_short`]).
+pub(super) const SHORT_INPUT: usize = 65;
+
+/// Decodes an `input` of at most [`SHORT_INPUT`] bytes into an `out` of at least 64 bytes
+/// with one masked load and store: no block can be full (254 bytes) at this length, so
+/// the decoding is the input after its first byte with each later code byte turned into
+/// a zero. The walk along the code bytes finds them (and the same errors as the block
+/// loop: a code of zero, a block running past the end).
+///
+/// # Safety
+/// The CPU supports the features [`available`] checks.
+#[target_feature(enable = "avx512f,avx512bw,bmi1,bmi2,lzcnt")]
+pub(super) unsafe fn decode_short(input: &[u8], out: &mut [u8]) -> Result<usize, CobsError> {
+    let n = input.len();
+    assert!(n <= SHORT_INPUT && out.len() >= SHORT_INPUT - 1);
+    if n == 0 {
+        return Ok(0);
+    }
+    let mut zeros = 0u64;
+    let mut j = 0;
+    loop {
+        let code = usize::from(input[j]);
+        if code == 0 {
+            return Err(CobsError::ZeroByte { at: j });
+        }
+        j += code;
+        if j >= n {
+            if j > n {
+                return Err(CobsError::Truncated);
+            }
+            break;
+        }
+        // A code byte after the first: a zero in the decoding, one lane down.
+        zeros |= 1 << (j - 1);
+    }
+    let lanes = _bzhi_u64(u64::MAX, (n - 1) as u32);
+    // SAFETY: the masked load reads `input[1..n]`; the masked store writes `out[..n - 1]`,
+    // inside `out` (at least 64 bytes).
+    unsafe {
+        let v = _mm512_maskz_loadu_epi8(lanes, input.as_ptr().add(1).cast::<i8>());
+        let v = _mm512_mask_mov_epi8(v, zeros, _mm512_setzero_si512());
+        _mm512_mask_storeu_epi8(out.as_mut_ptr().cast::<i8>(), lanes, v);
+    }
+    Ok(n - 1)
+}
+
+/// Inputs up to this long encode in two vectors ([`encode_short`]).
+pub(super) const SHORT_ENCODE: usize = 128;
+
+/// The codes of the blocks inside a chunk with two zeros or more: each zero but the last
+/// becomes the distance to the next (their lane numbers compressed into consecutive lanes,
+/// subtracted from their neighbours, expanded back).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vbmi2")]
+fn inner_codes(x: __m512i, zeros: u64) -> __m512i {
+    if zeros & zeros.wrapping_sub(1) == 0 {
+        return x;
+    }
+    // SAFETY: both tables are 64 bytes.
+    let (lanes, next_lanes) = unsafe {
+        (
+            _mm512_loadu_si512(LANES.as_ptr().cast::<__m512i>()),
+            _mm512_loadu_si512(NEXT_LANES.as_ptr().cast::<__m512i>()),
+        )
+    };
+    let at = _mm512_maskz_compress_epi8(zeros, lanes);
+    let next = _mm512_permutexvar_epi8(next_lanes, at);
+    _mm512_mask_expand_epi8(x, zeros, _mm512_sub_epi8(next, at))
+}
+
+/// COBS-encodes an `input` of at most [`SHORT_ENCODE`] bytes and appends it to `out`: a
+/// whole small frame body in two masked loads and two stores. No block can fill up at
+/// this length, so the encoding is a first code byte, then the input with each zero
+/// turned into the distance to the next zero (or to the end).
+///
+/// # Safety
+/// The CPU supports the features [`available`] checks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vbmi2,bmi1,bmi2,lzcnt")]
+pub(super) unsafe fn encode_short(input: &[u8], out: &mut Vec<u8>) {
+    let n = input.len();
+    assert!(n <= SHORT_ENCODE);
+    let start = out.len();
+    out.reserve(1 + SHORT_ENCODE);
+    let src = input.as_ptr();
+    let valid = [
+        _bzhi_u64(u64::MAX, n.min(64) as u32),
+        _bzhi_u64(u64::MAX, n.saturating_sub(64) as u32),
+    ];
+    // SAFETY: the masked loads read only `input[..n]`; the stores write `out[start..start
+    // + 129]`, within the capacity reserved above.
+    let (m0, m1) = unsafe {
+        let base = out.as_mut_ptr().add(start);
+        let x0 = _mm512_maskz_loadu_epi8(valid[0], src.cast::<i8>());
+        let x1 = _mm512_maskz_loadu_epi8(valid[1], src.add(64).cast::<i8>());
+        let m0 = _mm512_cmpeq_epi8_mask(x0, _mm512_setzero_si512()) & valid[0];
+        let m1 = _mm512_cmpeq_epi8_mask(x1, _mm512_setzero_si512()) & valid[1];
+        _mm512_storeu_si512(base.add(1).cast::<__m512i>(), inner_codes(x0, m0));
+        _mm512_storeu_si512(base.add(65).cast::<__m512i>(), inner_codes(x1, m1));
+        (m0, m1)
+    };
+    let zeros = u128::from(m0) | u128::from(m1) << 64;
+    // SAFETY: every position written is below `start + 1 + n`, inside the capacity; the
+    // stores above initialised all of them.
+    unsafe {
+        let base = out.as_mut_ptr().add(start);
+        if zeros == 0 {
+            *base = (n + 1) as u8;
+        } else {
+            *base = (zeros.trailing_zeros() + 1) as u8;
+            // The last zero's block runs to the end.
+            let last = 127 - zeros.leading_zeros() as usize;
+            *base.add(1 + last) = (n - last) as u8;
+            if m0 != 0 && m1 != 0 {
+                // The first chunk's last zero: the distance to the second chunk's first.
+                let last0 = 63 - m0.leading_zeros() as usize;
+                *base.add(1 + last0) = (64 + m1.trailing_zeros() as usize - last0) as u8;
+            }
+        }
+        out.set_len(start + 1 + n);
     }
 }
