@@ -607,8 +607,15 @@ fn decode_blocks(input: &[u8], out: &mut [u8]) -> Result<usize, CobsError> {
 fn decode_blocks_at(level: Level, input: &[u8], out: &mut [u8]) -> Result<usize, CobsError> {
     match level {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the level is only chosen where the CPU supports it.
-        Level::Avx512 => unsafe { decode_blocks_avx512(input, out) },
+        // SAFETY: the level is only chosen where the CPU supports it. (Short inputs are
+        // told apart here, so that they do not pay for the block loop's prologue.)
+        Level::Avx512 => unsafe {
+            if input.len() <= avx512::SHORT_INPUT && out.len() >= avx512::SHORT_INPUT - 1 {
+                avx512::decode_short(input, out)
+            } else {
+                decode_blocks_avx512(input, out)
+            }
+        },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Level::Avx2 => unsafe { decode_blocks_avx2(input, out) },
@@ -618,17 +625,13 @@ fn decode_blocks_at(level: Level, input: &[u8], out: &mut [u8]) -> Result<usize,
 
 /// [`decode_blocks_portable`] compiled for AVX-512: fixed-size copies become inline 64-byte
 /// moves, and blocks near the end of the buffers are copied with masked moves instead of a
-/// `memcpy` call; inputs of up to 65 bytes take one masked load and store.
+/// `memcpy` call. (Inputs of up to 65 bytes take `avx512::decode_short` instead.)
 ///
 /// # Safety
 /// The CPU supports what `avx512::available` checks.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,bmi1,bmi2,lzcnt")]
 unsafe fn decode_blocks_avx512(input: &[u8], out: &mut [u8]) -> Result<usize, CobsError> {
-    if input.len() <= avx512::SHORT_INPUT && out.len() >= avx512::SHORT_INPUT - 1 {
-        // SAFETY: this function's own contract.
-        return unsafe { avx512::decode_short(input, out) };
-    }
     // SAFETY: this function's own contract.
     decode_blocks_portable(input, out, |src, dst| unsafe {
         avx512::copy_short(src, dst)
