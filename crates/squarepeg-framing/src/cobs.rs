@@ -8,12 +8,19 @@
 //! 255-block (the form of the Wikipedia examples); the decoder accepts it.
 //! Expansion is at most one byte per 254 bytes, plus one.
 //!
-//! The codec is written for speed. On x86-64 with AVX2 the encoder moves 64
-//! bytes per step: it stores them unchanged (the COBS output is the input
-//! with each zero turned into the next block's code byte) and finds the
-//! first zero with one vector compare — the only `unsafe` code in the
-//! crate. Elsewhere, and where zeros are dense, it looks at eight bytes at
-//! a time. Where a word holds no zero, `memchr` finds the end of the run,
+//! The codec is written for speed, with three code paths ([`Level`]), the
+//! best the CPU has chosen once at run time (the only `unsafe` code in the
+//! crate). On x86-64 with AVX2 the encoder moves 64 bytes per step: it
+//! stores them unchanged (the COBS output is the input with each zero turned
+//! into the next block's code byte) and finds the first zero with one vector
+//! compare. With AVX-512 (BW, VBMI2), stretches where zeros are dense, short
+//! inputs and the last bytes go through branch-free 64-byte chunks instead
+//! (module `avx512`: the codes of all the blocks inside a chunk come from one
+//! compress, subtract and expand of the zeros' lane numbers), which is 8×
+//! faster on zero-heavy data; where zeros are sparse the AVX2 loop stays,
+//! because there its branches predict well and a branch-free step would wait
+//! on its own dependency chain. Without AVX2, and where zeros are dense
+//! without AVX-512, the encoder looks at eight bytes at a time. Where a word holds no zero, `memchr` finds the end of the run,
 //! which is copied with one `extend_from_slice` per 254-byte block. Where zeros are dense, words are copied whole and every byte
 //! position updates the current block's code with a conditional move, so
 //! the loop has no branch on the data (at random zero positions a branch
@@ -25,9 +32,14 @@
 //! pass); [`decode_run_into`], for runs the marker scan has already found
 //! free of zeros, does not. The plain byte-at-a-time codec this replaced
 //! lives on in `reference` (tests and the `reference` feature) as the
-//! oracle the tests and fuzz targets compare against.
+//! oracle the tests and fuzz targets compare against; `at_level` (same
+//! feature) runs a chosen code path, so that they check every path the CPU
+//! runs, not only the fastest.
 
 use crate::CobsError;
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 /// The most data bytes one block carries.
 const MAX_BLOCK_DATA: usize = 254;
@@ -62,11 +74,17 @@ pub struct Encoder<'a> {
     /// [`Encoder::finish`] removes if the input ends here.
     after_full: bool,
     start: usize,
+    /// The code path this encoder runs (the best the CPU has, except in tests).
+    level: Level,
 }
 
 impl<'a> Encoder<'a> {
     /// Starts an encoding at the end of `out`.
     pub fn new(out: &'a mut Vec<u8>) -> Self {
+        Self::with_level(out, Level::best())
+    }
+
+    fn with_level(out: &'a mut Vec<u8>, level: Level) -> Self {
         let start = out.len();
         out.push(0);
         Self {
@@ -74,15 +92,31 @@ impl<'a> Encoder<'a> {
             code_pos: start,
             after_full: false,
             start,
+            level,
         }
     }
 
     /// Encodes `bytes` as the continuation of the input so far.
     pub fn push(&mut self, bytes: &[u8]) {
+        #[cfg(target_arch = "x86_64")]
+        if self.level == Level::Avx512 {
+            // Sparse zeros: the AVX2 loop, whose branches predict well there; dense
+            // stretches, short inputs and the last bytes: branch-free AVX-512 chunks.
+            let mut rest = bytes;
+            while !rest.is_empty() {
+                if rest.len() >= avx512::SPARSE_MIN {
+                    rest = &rest[self.push_vector(rest)..];
+                }
+                // SAFETY: `Level::Avx512` is only ever chosen where `avx512::available()`
+                // says the CPU has what it needs.
+                rest = &rest[unsafe { avx512::encode_chunks(self, rest) }..];
+            }
+            return;
+        }
         // The vector loop stores a whole vector past the end of what it has encoded.
         self.out
             .reserve(max_encoded_len(bytes.len()) + vector::STORE_SLACK);
-        let vector = vector::available();
+        let vector = self.level == Level::Avx2;
         let mut rest = bytes;
         while rest.len() >= 8 {
             if vector && rest.len() >= vector::MIN_INPUT {
@@ -371,7 +405,56 @@ impl<'a> Encoder<'a> {
     }
 }
 
-/// Whether the encoder's vector loop can run on this CPU.
+/// The codec's code paths, fastest first: AVX-512 (BW, VBMI, VBMI2; see `avx512`), AVX2
+/// (the encoder's 64-byte steps and the decoder's inline copies), and portable code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    Avx512 = 0,
+    Avx2 = 1,
+    Portable = 2,
+}
+
+impl Level {
+    /// Every level, fastest first.
+    pub const ALL: [Level; 3] = [Level::Avx512, Level::Avx2, Level::Portable];
+
+    /// The fastest level this CPU runs: detected once, then one relaxed load (a frame of
+    /// 64 bytes encodes in about 15 ns, so seven feature checks per call would show).
+    #[inline]
+    pub fn best() -> Level {
+        use std::sync::atomic::{AtomicU8, Ordering};
+        const UNKNOWN: u8 = u8::MAX;
+        static BEST: AtomicU8 = AtomicU8::new(UNKNOWN);
+        let levels = [Level::Avx512, Level::Avx2, Level::Portable];
+        match BEST.load(Ordering::Relaxed) {
+            UNKNOWN => {
+                let best = Self::detect();
+                BEST.store(best as u8, Ordering::Relaxed);
+                best
+            }
+            k => levels[usize::from(k).min(2)],
+        }
+    }
+
+    fn detect() -> Level {
+        #[cfg(target_arch = "x86_64")]
+        if avx512::available() {
+            return Level::Avx512;
+        }
+        if vector::available() {
+            Level::Avx2
+        } else {
+            Level::Portable
+        }
+    }
+
+    /// Whether this CPU runs this level (every CPU with AVX-512 has AVX2).
+    pub fn available(self) -> bool {
+        self as u8 >= Self::best() as u8
+    }
+}
+
+/// Whether the encoder's AVX2 loop can run on this CPU.
 mod vector {
     /// Bytes the vector loop may store past the end of the encoding.
     pub(super) const STORE_SLACK: usize = 64;
@@ -403,6 +486,12 @@ pub fn encode_parts(parts: &[&[u8]], out: &mut Vec<u8>) {
 
 /// COBS-encodes `input` and appends it to `out`.
 pub fn encode(input: &[u8], out: &mut Vec<u8>) {
+    #[cfg(target_arch = "x86_64")]
+    if input.len() <= avx512::SHORT_ENCODE && Level::best() == Level::Avx512 {
+        // SAFETY: `Level::Avx512` is only chosen where the CPU has what it needs.
+        unsafe { avx512::encode_short(input, out) };
+        return;
+    }
     let mut enc = Encoder::new(out);
     enc.push(input);
     enc.finish();
@@ -511,12 +600,42 @@ const LARGE_WINDOW: usize = 256;
 
 /// The decoding loop, for an input without zero bytes.
 fn decode_blocks(input: &[u8], out: &mut [u8]) -> Result<usize, CobsError> {
-    #[cfg(target_arch = "x86_64")]
-    if vector::available() {
-        // SAFETY: the CPU has AVX2 (checked just above).
-        return unsafe { decode_blocks_avx2(input, out) };
+    decode_blocks_at(Level::best(), input, out)
+}
+
+/// [`decode_blocks`] on the given code path.
+fn decode_blocks_at(level: Level, input: &[u8], out: &mut [u8]) -> Result<usize, CobsError> {
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the level is only chosen where the CPU supports it. (Short inputs are
+        // told apart here, so that they do not pay for the block loop's prologue.)
+        Level::Avx512 => unsafe {
+            if input.len() <= avx512::SHORT_INPUT && out.len() >= avx512::SHORT_INPUT - 1 {
+                avx512::decode_short(input, out)
+            } else {
+                decode_blocks_avx512(input, out)
+            }
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Level::Avx2 => unsafe { decode_blocks_avx2(input, out) },
+        _ => decode_blocks_portable(input, out, |src, dst| dst.copy_from_slice(src)),
     }
-    decode_blocks_portable(input, out)
+}
+
+/// [`decode_blocks_portable`] compiled for AVX-512: fixed-size copies become inline 64-byte
+/// moves, and blocks near the end of the buffers are copied with masked moves instead of a
+/// `memcpy` call. (Inputs of up to 65 bytes take `avx512::decode_short` instead.)
+///
+/// # Safety
+/// The CPU supports what `avx512::available` checks.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,bmi1,bmi2,lzcnt")]
+unsafe fn decode_blocks_avx512(input: &[u8], out: &mut [u8]) -> Result<usize, CobsError> {
+    // SAFETY: this function's own contract.
+    decode_blocks_portable(input, out, |src, dst| unsafe {
+        avx512::copy_short(src, dst)
+    })
 }
 
 /// [`decode_blocks_portable`] compiled for AVX2, where its fixed-size copies become inline
@@ -527,11 +646,17 @@ fn decode_blocks(input: &[u8], out: &mut [u8]) -> Result<usize, CobsError> {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn decode_blocks_avx2(input: &[u8], out: &mut [u8]) -> Result<usize, CobsError> {
-    decode_blocks_portable(input, out)
+    decode_blocks_portable(input, out, |src, dst| dst.copy_from_slice(src))
 }
 
+/// The decoding loop; `copy` copies a block's data (the whole of its first argument) to the
+/// front of its second argument where a fixed-size copy would run past a buffer's end.
 #[inline(always)]
-fn decode_blocks_portable(input: &[u8], out: &mut [u8]) -> Result<usize, CobsError> {
+fn decode_blocks_portable(
+    input: &[u8],
+    out: &mut [u8],
+    copy: impl Fn(&[u8], &mut [u8]),
+) -> Result<usize, CobsError> {
     let n = input.len();
     let too_small = CobsError::OutputTooSmall {
         capacity: out.len(),
@@ -563,9 +688,7 @@ fn decode_blocks_portable(input: &[u8], out: &mut [u8]) -> Result<usize, CobsErr
                 continue;
             }
             let data = input.get(i + 1..end).ok_or(CobsError::Truncated)?;
-            out.get_mut(o..o + data.len())
-                .ok_or(too_small)?
-                .copy_from_slice(data);
+            copy(data, out.get_mut(o..o + data.len()).ok_or(too_small)?);
             o += data.len();
             i = end;
             // A full block (code 255) stands for no zero.
@@ -615,9 +738,7 @@ fn decode_blocks_portable(input: &[u8], out: &mut [u8]) -> Result<usize, CobsErr
         }
         // A small block near the end of either buffer.
         let data = input.get(i + 1..end).ok_or(CobsError::Truncated)?;
-        out.get_mut(o..o + data.len())
-            .ok_or(too_small)?
-            .copy_from_slice(data);
+        copy(data, out.get_mut(o..o + data.len()).ok_or(too_small)?);
         o += data.len();
         i = end;
         if i < n {
@@ -712,6 +833,56 @@ impl<'a> Reader<'a> {
     pub(crate) fn rest_len(&self) -> Result<usize, CobsError> {
         let tail = blocks_len(&self.input[self.pos + self.left..])?;
         Ok(self.left + usize::from(self.zero_after) + tail)
+    }
+}
+
+/// The codec on a chosen code path, so that tests and fuzz targets check every path this
+/// CPU runs, not only the fastest.
+#[cfg(any(test, feature = "reference"))]
+pub mod at_level {
+    use super::{Encoder, Level, decode_blocks_at, zero_byte_error};
+    use crate::CobsError;
+
+    /// The levels this CPU runs.
+    pub fn available() -> impl Iterator<Item = Level> {
+        Level::ALL.into_iter().filter(|l| l.available())
+    }
+
+    /// [`super::encode_parts`] on `level` (which must be available).
+    pub fn encode_parts(level: Level, parts: &[&[u8]], out: &mut Vec<u8>) {
+        assert!(level.available());
+        let mut enc = Encoder::with_level(out, level);
+        for part in parts {
+            enc.push(part);
+        }
+        enc.finish();
+    }
+
+    /// An [`Encoder`] on `level` (which must be available).
+    pub fn encoder(level: Level, out: &mut Vec<u8>) -> Encoder<'_> {
+        assert!(level.available());
+        Encoder::with_level(out, level)
+    }
+
+    /// [`super::decode_into`] on `level` (which must be available).
+    pub fn decode_into(level: Level, input: &[u8], out: &mut [u8]) -> Result<usize, CobsError> {
+        assert!(level.available());
+        if input.is_empty() {
+            return Err(CobsError::Empty);
+        }
+        if let Some(z) = memchr::memchr(0, input) {
+            return Err(zero_byte_error(input, z));
+        }
+        decode_blocks_at(level, input, out)
+    }
+
+    /// [`super::decode_run_into`] on `level` (which must be available).
+    pub fn decode_run_into(level: Level, input: &[u8], out: &mut [u8]) -> Result<usize, CobsError> {
+        assert!(level.available());
+        if input.is_empty() {
+            return Err(CobsError::Empty);
+        }
+        decode_blocks_at(level, input, out)
     }
 }
 
@@ -859,12 +1030,17 @@ mod tests {
                     encode(&raw, &mut fast);
                     assert_eq!(fast, slow, "lead {lead} run {run} zeros {zeros}");
                     let cut = lead + run / 2;
-                    let mut parts = Vec::new();
-                    encode_parts(&[&raw[..cut], &raw[cut..]], &mut parts);
-                    assert_eq!(
-                        parts, slow,
-                        "two parts, lead {lead} run {run} zeros {zeros}"
-                    );
+                    for level in at_level::available() {
+                        let mut fast = Vec::new();
+                        at_level::encode_parts(level, &[&raw], &mut fast);
+                        assert_eq!(fast, slow, "{level:?} lead {lead} run {run} zeros {zeros}");
+                        let mut parts = Vec::new();
+                        at_level::encode_parts(level, &[&raw[..cut], &raw[cut..]], &mut parts);
+                        assert_eq!(
+                            parts, slow,
+                            "{level:?} two parts, lead {lead} run {run} zeros {zeros}"
+                        );
+                    }
                     checked += 1;
                 }
             }
@@ -932,19 +1108,26 @@ mod tests {
             prop_assert!(fast.len() - 1 <= max_encoded_len(raw.len()));
             prop_assert!(!fast[1..].contains(&0));
 
-            // Encoding in two pieces gives the same bytes.
+            // Every code path, in one piece and in two, gives the same bytes.
             let cut = split.index(raw.len() + 1);
-            let mut parts = vec![0xaa];
-            encode_parts(&[&raw[..cut], &raw[cut..]], &mut parts);
-            prop_assert_eq!(&parts, &slow);
+            for level in at_level::available() {
+                let mut whole = vec![0xaa];
+                at_level::encode_parts(level, &[&raw], &mut whole);
+                prop_assert_eq!(&whole, &slow, "{:?}", level);
+                let mut parts = vec![0xaa];
+                at_level::encode_parts(level, &[&raw[..cut], &raw[cut..]], &mut parts);
+                prop_assert_eq!(&parts, &slow, "{:?} in two parts", level);
+            }
 
             let enc = &fast[1..];
             let mut back = vec![0xbb];
             decode(enc, &mut back).unwrap();
             prop_assert_eq!(&back[1..], &raw[..]);
-            let mut buf = vec![0u8; enc.len()];
-            let n = decode_into(enc, &mut buf).unwrap();
-            prop_assert_eq!(&buf[..n], &raw[..]);
+            for level in at_level::available() {
+                let mut buf = vec![0u8; enc.len()];
+                let n = at_level::decode_into(level, enc, &mut buf).unwrap();
+                prop_assert_eq!(&buf[..n], &raw[..], "{:?}", level);
+            }
             prop_assert_eq!(decoded_len(enc), Ok(raw.len()));
         }
 
@@ -961,9 +1144,15 @@ mod tests {
             if rs.is_ok() {
                 prop_assert_eq!(&fast, &slow);
             }
-            let mut buf = vec![0u8; input.len()];
-            let ri = decode_into(&input, &mut buf);
-            prop_assert_eq!(ri.map(|n| buf[..n].to_vec()), rs.map(|()| slow.clone()));
+            for level in at_level::available() {
+                let mut buf = vec![0u8; input.len()];
+                let ri = at_level::decode_into(level, &input, &mut buf);
+                prop_assert_eq!(
+                    ri.map(|n| buf[..n].to_vec()),
+                    rs.map(|()| slow.clone()),
+                    "{:?}", level
+                );
+            }
             prop_assert_eq!(decoded_len(&input), rs.map(|()| slow.len()));
         }
 
@@ -976,25 +1165,27 @@ mod tests {
             (0usize..600).prop_map(Err),
         ], 0..5)) {
             let mut whole = Vec::new();
-            let mut fast = vec![0x55];
-            let mut enc = Encoder::new(&mut fast);
             for p in &pieces {
                 match p {
-                    Ok(bytes) => {
-                        enc.push(bytes);
-                        whole.extend_from_slice(bytes);
-                    }
-                    Err(zeros) => {
-                        enc.push_zeros(*zeros);
-                        whole.resize(whole.len() + zeros, 0);
-                    }
+                    Ok(bytes) => whole.extend_from_slice(bytes),
+                    Err(zeros) => whole.resize(whole.len() + zeros, 0),
                 }
             }
-            let n = enc.finish();
             let mut slow = vec![0x55];
             reference::encode(&whole, &mut slow);
-            prop_assert_eq!(n, slow.len() - 1);
-            prop_assert_eq!(fast, slow);
+            for level in at_level::available() {
+                let mut fast = vec![0x55];
+                let mut enc = at_level::encoder(level, &mut fast);
+                for p in &pieces {
+                    match p {
+                        Ok(bytes) => enc.push(bytes),
+                        Err(zeros) => enc.push_zeros(*zeros),
+                    }
+                }
+                let n = enc.finish();
+                prop_assert_eq!(n, slow.len() - 1, "{:?}", level);
+                prop_assert_eq!(&fast, &slow, "{:?}", level);
+            }
         }
 
         /// Decoding into a buffer of exactly the decoded length works; a
@@ -1003,16 +1194,20 @@ mod tests {
         fn decode_into_tight_buffers(raw in raw_bytes(), short in 1usize..8) {
             let mut enc = Vec::new();
             encode(&raw, &mut enc);
-            let mut exact = vec![0u8; raw.len()];
-            prop_assert_eq!(decode_into(&enc, &mut exact), Ok(raw.len()));
-            prop_assert_eq!(&exact, &raw);
-            prop_assert_eq!(decode_run_into(&enc, &mut exact), Ok(raw.len()));
-            if raw.len() >= short {
-                let mut small = vec![0u8; raw.len() - short];
-                prop_assert_eq!(
-                    decode_into(&enc, &mut small),
-                    Err(CobsError::OutputTooSmall { capacity: raw.len() - short })
-                );
+            for level in at_level::available() {
+                let mut exact = vec![0u8; raw.len()];
+                prop_assert_eq!(at_level::decode_into(level, &enc, &mut exact), Ok(raw.len()));
+                prop_assert_eq!(&exact, &raw);
+                exact.fill(0);
+                prop_assert_eq!(at_level::decode_run_into(level, &enc, &mut exact), Ok(raw.len()));
+                prop_assert_eq!(&exact, &raw);
+                if raw.len() >= short {
+                    let mut small = vec![0u8; raw.len() - short];
+                    prop_assert_eq!(
+                        at_level::decode_into(level, &enc, &mut small),
+                        Err(CobsError::OutputTooSmall { capacity: raw.len() - short })
+                    );
+                }
             }
         }
 
@@ -1021,10 +1216,12 @@ mod tests {
         #[test]
         fn decode_run_into_survives_zeros(input in proptest::collection::vec(
             prop_oneof![4 => 1u8..=255, 1 => Just(0u8), 1 => 1u8..4], 0..400)) {
-            let mut out = vec![0u8; input.len() + 70];
-            let _ = decode_run_into(&input, &mut out);
-            let mut small = vec![0u8; input.len() / 2];
-            let _ = decode_run_into(&input, &mut small);
+            for level in at_level::available() {
+                let mut out = vec![0u8; input.len() + 70];
+                let _ = at_level::decode_run_into(level, &input, &mut out);
+                let mut small = vec![0u8; input.len() / 2];
+                let _ = at_level::decode_run_into(level, &input, &mut small);
+            }
         }
 
         /// The header reader yields the decoding byte by byte, and hands

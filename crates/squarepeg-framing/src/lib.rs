@@ -9,8 +9,9 @@
 //!
 //! - [`varint`]: QUIC variable-length integers used in the header.
 //! - [`header`]: the versioned frame header ([`FrameHeader`]).
-//! - [`cobs`]: the byte-stuffing codec, written for speed: `memchr` finds
-//!   the zeros and whole runs are copied at once. [`cobs::Encoder`] encodes
+//! - [`cobs`]: the byte-stuffing codec, written for speed: vector compares
+//!   find the zeros and whole runs are copied at once (AVX2 and AVX-512 code
+//!   paths chosen at run time, a portable one elsewhere). [`cobs::Encoder`] encodes
 //!   a body from several parts without joining them; [`cobs::decode_into`]
 //!   decodes into a caller's buffer. With the `reference` feature (always
 //!   in tests) `cobs::reference` holds the plain byte-at-a-time codec the
