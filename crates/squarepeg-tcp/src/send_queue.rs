@@ -29,7 +29,10 @@
 //! committed or already acknowledged (the receiver needs what they build on) until they are
 //! dropped unsent. A message without a deadline is kept forever, and so is everything it
 //! depends on. Dependency chains are followed [`MAX_DEPENDENCY_DEPTH`] levels deep; a deeper
-//! chain keeps the message (the safe answer is the standard TCP behaviour).
+//! chain keeps the message (the safe answer is the standard TCP behaviour). A message that
+//! arrives after the message it depends on was dropped unsent (expired or squashed) is
+//! useless to the receiver and expires at once (Hollywood §7.2); the queue remembers the
+//! last [`MAX_REMEMBERED_DROPS`] dropped ids for this (beyond them, the message is sent).
 //!
 //! ## Reports
 //!
@@ -79,7 +82,7 @@ pub enum MessageReport {
     /// settled once sent).
     Acked { id: u64 },
     /// Dropped before its first transmission: its deadline passed and nothing that depends on
-    /// it was still live.
+    /// it was still live, or the message it depends on had been dropped unsent.
     Expired { id: u64 },
     /// Dropped before its first transmission by a newer write with the same squash key.
     Squashed { id: u64 },
@@ -107,6 +110,10 @@ const MERGE_LIMIT: usize = 64 * 1024;
 
 /// How many levels of dependents are followed to find how long a message is kept.
 pub const MAX_DEPENDENCY_DEPTH: u32 = 32;
+
+/// How many ids of messages dropped unsent are remembered, so that a message depending on one
+/// of them expires at once.
+pub const MAX_REMEMBERED_DROPS: usize = 4096;
 
 /// Reports held for the upper layer; beyond this the oldest are dropped and counted (an upper
 /// layer that asks for reports drains them after every call).
@@ -272,6 +279,9 @@ pub struct SendQueue {
     settled: HashSet<u64>,
     /// Dependents by the id of the message they depend on; kept while that message is queued.
     dependents: HashMap<u64, Vec<Dependent>>,
+    /// Ids of the last [`MAX_REMEMBERED_DROPS`] messages dropped unsent, oldest first.
+    dropped: VecDeque<u64>,
+    dropped_ids: HashSet<u64>,
     reports: VecDeque<MessageReport>,
     stats: SendQueueStats,
 }
@@ -292,6 +302,8 @@ impl SendQueue {
             ids: HashMap::new(),
             settled: HashSet::new(),
             dependents: HashMap::new(),
+            dropped: VecDeque::new(),
+            dropped_ids: HashSet::new(),
             reports: VecDeque::new(),
             stats: SendQueueStats::default(),
         }
@@ -399,6 +411,22 @@ impl SendQueue {
     ) -> Result<(), Error> {
         if data.is_empty() {
             return Err(Error::EmptyMessage);
+        }
+        // Hollywood §7.2: a message whose dependency was dropped unsent has expired (before
+        // it could squash anything).
+        if let Some(target) = tag.depends_on
+            && self.dropped_ids.contains(&target)
+        {
+            self.stats.messages_expired += 1;
+            if let Some(id) = tag.message_id {
+                self.remember_dropped(id);
+                self.report(MessageReport::Expired { id });
+            }
+            return Ok(());
+        }
+        // An id used again (the layer above chooses them) is no longer a dropped one.
+        if let Some(id) = tag.message_id {
+            self.dropped_ids.remove(&id);
         }
         let squashable: Vec<usize> = match tag.squash_key {
             Some(key) => (0..self.pending.len())
@@ -560,10 +588,24 @@ impl SendQueue {
         }
     }
 
+    /// Remembers a message dropped unsent, for the messages that may still come to depend
+    /// on it.
+    fn remember_dropped(&mut self, id: u64) {
+        if self.dropped_ids.insert(id) {
+            if self.dropped.len() >= MAX_REMEMBERED_DROPS
+                && let Some(old) = self.dropped.pop_front()
+            {
+                self.dropped_ids.remove(&old);
+            }
+            self.dropped.push_back(id);
+        }
+    }
+
     /// A pending write dropped before its first transmission, reported as `why`.
     fn drop_unsent(&mut self, r: Record, why: Dropped) {
         self.forget(&r, true);
         if let Some(id) = r.tag.message_id {
+            self.remember_dropped(id);
             self.report(match why {
                 Dropped::Squashed => MessageReport::Squashed { id },
                 Dropped::Expired => MessageReport::Expired { id },

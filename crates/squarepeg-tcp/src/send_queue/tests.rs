@@ -35,6 +35,14 @@ fn reports(q: &mut SendQueue) -> Vec<MessageReport> {
     std::iter::from_fn(|| q.poll_report()).collect()
 }
 
+/// The reports other than `Sent` (reading the queue's bytes in a test sends them).
+fn drops(q: &mut SendQueue) -> Vec<MessageReport> {
+    reports(q)
+        .into_iter()
+        .filter(|r| !matches!(r, MessageReport::Sent { .. }))
+        .collect()
+}
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
@@ -668,4 +676,136 @@ fn no_replacement_without_a_fitting_live_message_or_with_a_bad_padder() {
     q.insert_message(now, b"y", msg(4, None), None).unwrap();
     let r = q.replace_expired(0, 5, now + ms(5), now + ms(15), Padder(dots));
     assert_eq!(r, Replacement::default());
+}
+
+#[test]
+fn a_message_whose_dependency_was_dropped_expires_at_once() {
+    let now = Instant::now();
+    let mut q = SendQueue::new(1000, false);
+    let dep = |id, on, deadline| WriteTag {
+        message_id: Some(id),
+        depends_on: on,
+        deadline,
+        ..Default::default()
+    };
+    // Message 1 expires in the queue before anything depends on it.
+    q.insert_message(now, b"I", dep(1, None, Some(now + ms(10))), None)
+        .unwrap();
+    assert_eq!(q.expire(now + ms(20)), 1);
+    assert_eq!(drops(&mut q), vec![MessageReport::Expired { id: 1 }]);
+    // 2 depends on it, 3 on 2: both are useless to the receiver (Hollywood §7.2), even 3,
+    // which has no deadline, and neither squashes the pending message with its key.
+    q.insert_message(
+        now,
+        b"keep",
+        WriteTag {
+            squash_key: Some(5),
+            ..msg(9, None)
+        },
+        None,
+    )
+    .unwrap();
+    q.insert_message(
+        now + ms(20),
+        b"P1",
+        dep(2, Some(1), Some(now + ms(90))),
+        None,
+    )
+    .unwrap();
+    let forever = WriteTag {
+        squash_key: Some(5),
+        ..dep(3, Some(2), None)
+    };
+    q.insert_message(now + ms(20), b"P2", forever, None)
+        .unwrap();
+    assert_eq!(
+        drops(&mut q),
+        vec![
+            MessageReport::Expired { id: 2 },
+            MessageReport::Expired { id: 3 }
+        ]
+    );
+    assert_eq!(q.stats().messages_expired, 3);
+    assert_eq!(read_all(&mut q), b"keep");
+    // A squashed message counts as dropped too.
+    q.insert_message(
+        now,
+        b"old",
+        WriteTag {
+            squash_key: Some(7),
+            ..msg(10, None)
+        },
+        None,
+    )
+    .unwrap();
+    q.insert_message(
+        now,
+        b"new",
+        WriteTag {
+            squash_key: Some(7),
+            ..msg(11, None)
+        },
+        None,
+    )
+    .unwrap();
+    q.insert_message(now, b"on-old", dep(12, Some(10), None), None)
+        .unwrap();
+    q.insert_message(now, b"on-new", dep(13, Some(11), None), None)
+        .unwrap();
+    assert_eq!(
+        drops(&mut q),
+        vec![
+            MessageReport::Squashed { id: 10 },
+            MessageReport::Expired { id: 12 }
+        ]
+    );
+    assert_eq!(read_all(&mut q), b"keepnewon-new");
+    // A message that depends on one that was sent is queued as usual.
+    send_all(&mut q);
+    q.insert_message(now, b"on-sent", dep(14, Some(11), None), None)
+        .unwrap();
+    assert_eq!(read_all(&mut q), b"keepnewon-newon-sent");
+    // An id used again is not a dropped one any more.
+    q.insert_message(now, b"again", msg(1, None), None).unwrap();
+    q.insert_message(now, b"on-again", dep(15, Some(1), None), None)
+        .unwrap();
+    assert_eq!(read_all(&mut q), b"keepnewon-newon-sentagainon-again");
+    q.check_invariants();
+}
+
+#[test]
+fn dropped_ids_are_remembered_within_a_bound() {
+    let now = Instant::now();
+    let mut q = SendQueue::new(1 << 20, false);
+    let n = MAX_REMEMBERED_DROPS as u64 + 10;
+    for id in 0..n {
+        q.insert_message(now, b"x", msg(id, Some(now + ms(1))), None)
+            .unwrap();
+    }
+    assert_eq!(q.expire(now + ms(2)), n as usize);
+    assert!(q.dropped.len() <= MAX_REMEMBERED_DROPS);
+    assert_eq!(q.dropped_ids.len(), q.dropped.len());
+    // The oldest drops are forgotten: a message depending on one is sent (the standard
+    // behaviour); a recent one still expires its dependents.
+    q.insert_message(
+        now,
+        b"old",
+        WriteTag {
+            depends_on: Some(0),
+            ..msg(n, None)
+        },
+        None,
+    )
+    .unwrap();
+    q.insert_message(
+        now,
+        b"new",
+        WriteTag {
+            depends_on: Some(n - 1),
+            ..msg(n + 1, None)
+        },
+        None,
+    )
+    .unwrap();
+    assert_eq!(read_all(&mut q), b"old");
 }
