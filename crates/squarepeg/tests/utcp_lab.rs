@@ -299,13 +299,19 @@ fn assert_clean_close(who: &str, e: &ConnectionError) {
 // ------------------------------------------------------------- uTCP ↔ kernel
 
 /// The uTCP stack on the client end, the kernel-TCP squarepeg endpoint in the server
-/// namespace; `utcp_connects` picks who opens. Reliable messages and a stream both ways.
-fn utcp_kernel(utcp_connects: bool, seed: u64) {
+/// namespace; `utcp_connects` picks who opens, `ipv6` the address family. Reliable messages
+/// and a stream both ways.
+fn utcp_kernel(utcp_connects: bool, ipv6: bool, seed: u64) {
     if !can_run() {
         return;
     }
     let lab = Lab::start(lab_config(
-        if utcp_connects { "uk" } else { "ku" },
+        match (utcp_connects, ipv6) {
+            (true, false) => "uk",
+            (false, false) => "ku",
+            (true, true) => "uk6",
+            (false, true) => "ku6",
+        },
         seed,
         "delay=5ms loss=1.5% reorder=1%,2ms",
         "delay=5ms loss=1.5%",
@@ -324,8 +330,8 @@ fn utcp_kernel(utcp_connects: bool, seed: u64) {
         seed: 0xB2,
         ..utcp_plan
     };
-    let server_addr = SocketAddr::new(lab.addresses().server(false), PORT);
-    let stack_addr = SocketAddr::new(stack.address(false), PORT);
+    let server_addr = SocketAddr::new(lab.addresses().server(ipv6), PORT);
+    let stack_addr = SocketAddr::new(stack.address(ipv6), PORT);
     let rt = runtime();
 
     let (kernel, utcp) = std::thread::scope(|s| {
@@ -400,12 +406,22 @@ fn utcp_kernel(utcp_connects: bool, seed: u64) {
 
 #[test]
 fn utcp_client_with_kernel_server_through_lossy_lab() {
-    utcp_kernel(true, 11);
+    utcp_kernel(true, false, 11);
 }
 
 #[test]
 fn kernel_client_with_utcp_server_through_lossy_lab() {
-    utcp_kernel(false, 12);
+    utcp_kernel(false, false, 12);
+}
+
+#[test]
+fn utcp_client_with_kernel_server_through_lossy_lab_over_ipv6() {
+    utcp_kernel(true, true, 13);
+}
+
+#[test]
+fn kernel_client_with_utcp_server_through_lossy_lab_over_ipv6() {
+    utcp_kernel(false, true, 14);
 }
 
 // ------------------------------------------------------------- capture and wire audit
