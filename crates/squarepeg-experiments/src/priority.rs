@@ -2,8 +2,12 @@
 //!
 //! A synthetic application always has more to send than the path carries: it writes
 //! [`PriorityConfig::message_bytes`]-byte messages, each one uCOBS message frame written with
-//! `write_message`, whenever the TCP send buffer has room — so the buffer is always full —
-//! and one message in [`PriorityConfig::high_every`] is high priority. For every message we
+//! `write_message`, whenever the connection lets it — so the send buffer is always nearly
+//! full — and one message in [`PriorityConfig::high_every`] is high priority. As a socket
+//! writer would, the sender writes until the buffer is full, then waits for the connection's
+//! `Writable` event, which comes once a third of the buffer is free (Linux's
+//! `sk_stream_min_wspace`): the buffer holds between two thirds and all of its size, on the
+//! simulator as on the real lab. For every message we
 //! measure the delay from the send call (the write the connection accepted) to its delivery
 //! to the receiving application, per class, for two senders over squarepeg's userspace TCP
 //! on the deterministic simulator:
@@ -300,7 +304,8 @@ impl PriorityRun {
     }
 }
 
-/// The network-limited sender: writes whenever the send buffer has room, until `stop`.
+/// The network-limited sender: writes until the send buffer is full, then again once the
+/// connection says it is writable, until `stop`.
 #[derive(Debug)]
 struct PrioritySender {
     ep: Endpoint,
@@ -316,6 +321,8 @@ struct PrioritySender {
     transmitted: Vec<Option<u64>>,
     frame: Vec<u8>,
     packet: Vec<u8>,
+    /// The last write found the buffer full: wait for `Writable`.
+    write_blocked: bool,
     errors: Vec<String>,
 }
 
@@ -350,6 +357,7 @@ impl PrioritySender {
             transmitted: Vec::new(),
             frame: Vec::new(),
             packet: vec![0; PACKET_BUFFER],
+            write_blocked: false,
             errors,
         }
     }
@@ -363,6 +371,7 @@ impl PrioritySender {
                     }
                 }
                 Event::Closed(_, reason) => self.errors.push(format!("closed: {reason:?}")),
+                Event::Writable(_) => self.write_blocked = false,
                 _ => {}
             }
         }
@@ -379,7 +388,7 @@ impl PrioritySender {
                 self.order += 1;
             }
         }
-        while now < self.stop {
+        while now < self.stop && !self.write_blocked {
             let number = self.written.len() as u64;
             let at = now.saturating_duration_since(self.epoch);
             let high = self.config.is_high(number);
@@ -397,7 +406,10 @@ impl PrioritySender {
                     self.transmitted.push(None);
                     self.order += 1;
                 }
-                Err(TcpError::WouldBlock) => break,
+                Err(TcpError::WouldBlock) => {
+                    self.write_blocked = true;
+                    break;
+                }
                 Err(e) => {
                     self.errors.push(format!("write_message: {e}"));
                     break;
