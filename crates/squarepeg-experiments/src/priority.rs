@@ -33,7 +33,8 @@
 //!
 //! ```text
 //! { "schema": "squarepeg.priority/1", "seed", "duration_s", "message_bytes", "high_every",
-//!   "send_buffer", "runs": [ { "engine": "sim" | "lab", "variant": "priority" | "fifo",
+//!   "send_buffer", "notsent_lowat", "runs": [ { "engine": "sim" | "lab", "transport": "utcp" | "kernel-tcp",
+//!     "variant": "priority" | "fifo",
 //!     "messages_written",
 //!     "messages_delivered", "throughput_mbps",
 //!     "high": { "count", "delivered", "p50_ms", "p95_ms", "p99_ms", "max_ms" },
@@ -91,8 +92,11 @@ pub struct PriorityConfig {
     pub message_bytes: usize,
     /// One message in this many is high priority (Minion §8.3: 100).
     pub high_every: u64,
-    /// The sender's TCP send buffer.
+    /// The sender's TCP send buffer (over kernel TCP: the session's message queue).
     pub send_buffer: usize,
+    /// `TCP_NOTSENT_LOWAT` of the kernel-TCP sender (`None`: the `squarepeg` crate's
+    /// default, 64 KiB).
+    pub notsent_lowat: Option<u32>,
 }
 
 impl Default for PriorityConfig {
@@ -102,6 +106,7 @@ impl Default for PriorityConfig {
             message_bytes: 1000,
             high_every: 100,
             send_buffer: 256 * 1024,
+            notsent_lowat: None,
         }
     }
 }
@@ -126,6 +131,11 @@ impl PriorityConfig {
                 "a send buffer of {} bytes holds fewer than four messages",
                 self.send_buffer
             )));
+        }
+        if self.notsent_lowat == Some(0) {
+            return Err(VoipError::Config(
+                "TCP_NOTSENT_LOWAT must be at least 1 byte".into(),
+            ));
         }
         if self.duration.is_zero() || self.duration > Duration::from_secs(600) {
             return Err(VoipError::Config(
@@ -171,6 +181,28 @@ impl Variant {
         match self {
             Variant::Priority => "priority",
             Variant::Fifo => "fifo",
+        }
+    }
+}
+
+/// What carries the messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// squarepeg's userspace TCP, the uTCP interface: priority tags act inside the TCP send
+    /// queue (Minion §4.2). Simulator and real lab.
+    Utcp,
+    /// The `squarepeg` crate over kernel TCP with late binding (real lab only): priorities
+    /// act in the session's scheduler, on what the kernel has not taken yet; the kernel's
+    /// unsent queue is kept short with `TCP_NOTSENT_LOWAT` (the crate's default, 64 KiB).
+    KernelTcp,
+}
+
+impl Transport {
+    /// `utcp` or `kernel-tcp`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Utcp => "utcp",
+            Transport::KernelTcp => "kernel-tcp",
         }
     }
 }
@@ -236,6 +268,8 @@ pub struct Overtaking {
 pub struct PriorityRun {
     /// Simulator or real lab.
     pub engine: Engine,
+    /// What carried the messages.
+    pub transport: Transport,
     /// The variant.
     pub variant: Variant,
     /// The seed.
@@ -548,6 +582,7 @@ pub fn run(config: &PriorityConfig, variant: Variant, seed: u64) -> Result<Prior
     }
     Ok(PriorityRun {
         engine: Engine::Sim,
+        transport: Transport::Utcp,
         variant,
         seed,
         config: *config,
@@ -582,6 +617,7 @@ pub fn priority_json(config: &PriorityConfig, seed: u64, runs: &[PriorityRun]) -
                 .map(|o| json!({ "pairs": o.pairs, "delivered_first": o.delivered_first }));
             json!({
                 "engine": r.engine,
+                "transport": r.transport.name(),
                 "variant": r.variant.name(),
                 "messages_written": r.messages.len(),
                 "messages_delivered": r.messages.iter().filter(|m| m.arrival.is_some()).count(),
@@ -600,6 +636,7 @@ pub fn priority_json(config: &PriorityConfig, seed: u64, runs: &[PriorityRun]) -
         "message_bytes": config.message_bytes,
         "high_every": config.high_every,
         "send_buffer": config.send_buffer,
+        "notsent_lowat": config.notsent_lowat,
         "runs": runs,
     })
 }
@@ -609,8 +646,17 @@ pub fn priority_table(runs: &[PriorityRun]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<4} {:<9} {:<5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10}",
-        "eng", "variant", "class", "messages", "p50 ms", "p95 ms", "p99 ms", "max ms", "Mbit/s"
+        "{:<4} {:<10} {:<9} {:<5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10}",
+        "eng",
+        "transport",
+        "variant",
+        "class",
+        "messages",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "max ms",
+        "Mbit/s"
     );
     let f = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
     for r in runs {
@@ -618,8 +664,9 @@ pub fn priority_table(runs: &[PriorityRun]) -> String {
             let c = r.class(high);
             let _ = writeln!(
                 out,
-                "{:<4} {:<9} {:<5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10.2}",
+                "{:<4} {:<10} {:<9} {:<5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10.2}",
                 r.engine.name(),
+                r.transport.name(),
                 r.variant.name(),
                 name,
                 c.count,
@@ -651,7 +698,12 @@ pub fn plot_cdf(dir: &Path, runs: &[PriorityRun]) -> Result<Vec<PathBuf>, VoipEr
                 .collect();
             let total = delays.len();
             curves.push((
-                format!("{} {} {name}", r.engine.name(), r.variant.name()),
+                format!(
+                    "{} {} {} {name}",
+                    r.engine.name(),
+                    r.transport.name(),
+                    r.variant.name()
+                ),
                 delays,
                 total,
             ));
@@ -775,6 +827,26 @@ pub fn run_lab(
     let stats = lab.teardown();
     let (written, arrivals) = outcome?;
     stats?;
+    Ok(lab_run(
+        config,
+        Transport::Utcp,
+        variant,
+        seed,
+        &written,
+        &arrivals,
+    ))
+}
+
+/// A real-lab run from its observations: the write time of every message, by number, and
+/// the arrivals in delivery order.
+fn lab_run(
+    config: &PriorityConfig,
+    transport: Transport,
+    variant: Variant,
+    seed: u64,
+    written: &[Duration],
+    arrivals: &[(u64, Duration)],
+) -> PriorityRun {
     let mut messages: Vec<MessageOutcome> = written
         .iter()
         .enumerate()
@@ -801,12 +873,158 @@ pub fn run_lab(
             None => warnings.push(format!("message {number} arrived but was never written")),
         }
     }
-    Ok(PriorityRun {
+    PriorityRun {
         engine: Engine::Lab,
+        transport,
         variant,
         seed,
         config: *config,
         messages,
         warnings,
-    })
+    }
+}
+
+/// The result of a lab thread that ran a closure in a namespace.
+fn join_lab_thread<T>(
+    handle: std::thread::ScopedJoinHandle<'_, Result<T, squarepeg_lab::net::NetError>>,
+) -> Result<T, VoipError> {
+    handle
+        .join()
+        .map_err(|_| VoipError::Transport("a lab thread panicked".into()))?
+        .map_err(VoipError::from)
+}
+
+/// The receiver's largest receive buffer on the kernel-TCP runs: Linux advertises about half
+/// of it (`tcp_adv_win_scale` 1), so the window stays near [`RECEIVE_WINDOW`], as on the
+/// userspace-TCP runs.
+const KERNEL_RECEIVE_BUFFER: usize = 2 * RECEIVE_WINDOW;
+
+/// Runs one variant on the real lab with the `squarepeg` crate over kernel TCP (needs root):
+/// the sender in the server namespace sends every message with `send_message` (high ones at
+/// [`Priority::HIGHEST`](squarepeg::Priority) in the `priority` variant), its session queue
+/// as large as [`PriorityConfig::send_buffer`], so that it waits while the session holds
+/// that much; the kernel below holds about twice the crate's `TCP_NOTSENT_LOWAT` unsent
+/// plus what is in flight. The receiver in the client namespace connects and records each
+/// message's arrival; its receive buffer is capped (namespace sysctl `tcp_rmem`) so that
+/// the window stays near [`RECEIVE_WINDOW`].
+pub fn run_lab_kernel(
+    config: &PriorityConfig,
+    variant: Variant,
+    seed: u64,
+) -> Result<PriorityRun, VoipError> {
+    use squarepeg::{Connection, ConnectionConfig, Endpoint, MessageProps, Priority};
+    use squarepeg_lab::net::{Lab, LabConfig};
+
+    config.validate()?;
+    let index = LABS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let lab = Lab::start(
+        LabConfig::new(&format!("prio{index}"))
+            .with_bottleneck(priority_bottleneck())
+            .with_seed(seed),
+    )?;
+    let outcome = (|| -> Result<LabOutcome, VoipError> {
+        let rmem = format!("4096 {KERNEL_RECEIVE_BUFFER} {KERNEL_RECEIVE_BUFFER}");
+        lab.client()
+            .run(|| std::fs::write("/proc/sys/net/ipv4/tcp_rmem", &rmem))?
+            .map_err(VoipError::io("capping the receiver's tcp_rmem"))?;
+        let address = SocketAddr::new(lab.addresses().server(false), SENDER.port());
+        let mut send_config = ConnectionConfig::default();
+        send_config.session.message_send_queue = config.send_buffer;
+        if config.notsent_lowat.is_some() {
+            send_config.notsent_lowat = config.notsent_lowat;
+        }
+        let epoch = Instant::now();
+        let stop = epoch + config.duration;
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(VoipError::io("building a runtime"))
+        };
+        let (bound_tx, bound_rx) = std::sync::mpsc::channel::<()>();
+        let (server, client) = (lab.server(), lab.client());
+        let (written, arrivals) = std::thread::scope(|scope| {
+            let sender = scope.spawn(move || {
+                server.run(move || {
+                    runtime()?.block_on(async {
+                        let endpoint = Endpoint::bind(address, send_config.clone())
+                            .await
+                            .map_err(|e| VoipError::Transport(format!("bind: {e}")))?;
+                        let _ = bound_tx.send(());
+                        let connection = tokio::time::timeout(DRAIN, endpoint.accept())
+                            .await
+                            .map_err(|_| VoipError::Transport("nobody connected".into()))?
+                            .map_err(|e| VoipError::Transport(format!("accept: {e}")))?;
+                        let mut written = Vec::new();
+                        while Instant::now() < stop {
+                            let number = written.len() as u64;
+                            let at = Instant::now().saturating_duration_since(epoch);
+                            let payload =
+                                encode_payload(KIND_DATA, number, at, config.message_bytes);
+                            let high = config.is_high(number) && variant == Variant::Priority;
+                            let props = MessageProps {
+                                priority: if high {
+                                    Priority::HIGHEST
+                                } else {
+                                    Priority::DEFAULT
+                                },
+                                ..MessageProps::default()
+                            };
+                            // Network-limited: this waits while the session queue is full.
+                            // The send call "happens" when the session takes the message.
+                            connection
+                                .send_message(payload, props)
+                                .await
+                                .map_err(|e| VoipError::Transport(format!("send: {e}")))?;
+                            written.push(Instant::now().saturating_duration_since(epoch));
+                        }
+                        let _ = tokio::time::timeout(DRAIN * 4, connection.close()).await;
+                        Ok::<_, VoipError>(written)
+                    })
+                })
+            });
+            let receiver = scope.spawn(move || {
+                client.run(move || {
+                    runtime()?.block_on(async {
+                        bound_rx
+                            .recv_timeout(DRAIN)
+                            .map_err(|_| VoipError::Transport("the sender did not bind".into()))?;
+                        let connection = Connection::connect(address, ConnectionConfig::default())
+                            .await
+                            .map_err(|e| VoipError::Transport(format!("connect: {e}")))?;
+                        let mut arrivals = Vec::new();
+                        let deadline = stop + DRAIN * 4;
+                        while let Ok(Ok(m)) = tokio::time::timeout(
+                            deadline.saturating_duration_since(Instant::now()),
+                            connection.recv_message(),
+                        )
+                        .await
+                        {
+                            let at = Instant::now().saturating_duration_since(epoch);
+                            if let Some((KIND_DATA, number, _)) = decode_payload(&m.payload) {
+                                arrivals.push((number, at));
+                            }
+                        }
+                        connection.abort(0, b"");
+                        Ok::<_, VoipError>(arrivals)
+                    })
+                })
+            });
+            let written = join_lab_thread(sender)??;
+            let arrivals = join_lab_thread(receiver)??;
+            Ok::<_, VoipError>((written, arrivals))
+        })?;
+        Ok((written, arrivals))
+    })();
+    let stats = lab.teardown();
+    let (written, arrivals) = outcome?;
+    stats?;
+    Ok(lab_run(
+        config,
+        Transport::KernelTcp,
+        variant,
+        seed,
+        &written,
+        &arrivals,
+    ))
 }

@@ -7,6 +7,7 @@
 //! peg lab priority --sim                       # 20 s per variant, seed 1, priority-out/
 //! peg lab priority --sim --duration 60s --json
 //! sudo peg lab priority                        # the same on the real lab (userspace TCP on TUN)
+//! sudo peg lab priority --kernel-tcp           # plus the squarepeg crate over kernel TCP
 //! ```
 //!
 //! Prints the table (or the JSON, schema `squarepeg.priority/1`, with `--json`) and writes
@@ -18,7 +19,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use squarepeg_experiments::priority::{
-    PriorityConfig, Variant, plot_cdf, priority_json, priority_table, run_all, run_lab,
+    PriorityConfig, Transport, Variant, plot_cdf, priority_json, priority_table, run_all, run_lab,
+    run_lab_kernel,
 };
 use squarepeg_lab::units::parse_duration;
 
@@ -38,9 +40,17 @@ pub struct PriorityArgs {
     /// One message in this many is high priority.
     #[arg(long, default_value_t = 100)]
     high_every: u64,
-    /// The sender's TCP send buffer in bytes.
+    /// The sender's TCP send buffer in bytes (over kernel TCP: the session's message queue).
     #[arg(long, default_value_t = 256 * 1024)]
     send_buffer: usize,
+    /// On the real lab, also run the `squarepeg` crate over kernel TCP with late binding
+    /// (priorities in the session scheduler, the kernel's unsent queue kept short); the
+    /// simulator has no kernel TCP.
+    #[arg(long, conflicts_with = "sim")]
+    kernel_tcp: bool,
+    /// `TCP_NOTSENT_LOWAT` in bytes for the kernel-TCP sender (default: the crate's, 64 KiB).
+    #[arg(long, requires = "kernel_tcp")]
+    notsent_lowat: Option<u32>,
     /// Seed of the simulator.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -72,21 +82,32 @@ pub fn run(args: PriorityArgs) -> Result<()> {
         message_bytes: args.message_bytes,
         high_every: args.high_every,
         send_buffer: args.send_buffer,
+        notsent_lowat: args.notsent_lowat,
     };
     let runs = if args.sim {
         run_all(&config, args.seed)
     } else {
-        Variant::ALL
+        let transports: &[Transport] = if args.kernel_tcp {
+            &[Transport::Utcp, Transport::KernelTcp]
+        } else {
+            &[Transport::Utcp]
+        };
+        transports
             .iter()
-            .map(|&v| {
+            .flat_map(|&t| Variant::ALL.iter().map(move |&v| (t, v)))
+            .map(|(t, v)| {
                 if !args.json {
                     eprintln!(
-                        "{} on the real lab: {} s …",
+                        "{} {} on the real lab: {} s …",
+                        t.name(),
                         v.name(),
                         config.duration.as_secs_f64()
                     );
                 }
-                run_lab(&config, v, args.seed)
+                match t {
+                    Transport::Utcp => run_lab(&config, v, args.seed),
+                    Transport::KernelTcp => run_lab_kernel(&config, v, args.seed),
+                }
             })
             .collect()
     }

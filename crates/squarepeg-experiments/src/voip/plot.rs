@@ -297,13 +297,17 @@ pub fn cdfs(dir: &Path, runs: &[RunResult]) -> Result<Vec<PathBuf>, VoipError> {
     Ok(files)
 }
 
-pub(crate) const PALETTE: [RGBColor; 6] = [
+pub(crate) const PALETTE: [RGBColor; 10] = [
     RGBColor(214, 39, 40),
     RGBColor(31, 119, 180),
     RGBColor(44, 160, 44),
     RGBColor(148, 103, 189),
     RGBColor(255, 127, 14),
     RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
 ];
 
 /// The latency CDF of a group of runs of one engine and scenario, with the playout deadline
