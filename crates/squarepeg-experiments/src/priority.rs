@@ -10,11 +10,15 @@
 //! simulator as on the real lab. For every message we
 //! measure the delay from the send call (the write the connection accepted) to its delivery
 //! to the receiving application, per class, for two senders over squarepeg's userspace TCP
-//! on the deterministic simulator:
+//! on the deterministic simulator ([`run`]) or the real lab ([`run_lab`]):
 //!
 //! - `priority`: high-priority messages carry a higher priority tag, so the send queue
 //!   inserts them ahead of every lower-priority message not yet transmitted (Minion §4.2);
 //! - `fifo`: the same sender with every tag equal: standard TCP order.
+//!
+//! On the real lab, [`run_lab_kernel`] runs the same two variants with the `squarepeg` crate
+//! over kernel TCP ([`Transport::KernelTcp`]): priorities act in the session's scheduler on
+//! what the kernel has not taken, the late binding of design.md §3.
 //!
 //! Minion's Figure 10 predicts that high-priority messages see roughly the path's delay
 //! (they wait only behind data already transmitted), while FIFO messages of both classes
