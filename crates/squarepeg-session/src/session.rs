@@ -407,6 +407,13 @@ impl Session {
     // ---------------------------------------------------------------------
     // Messages.
 
+    /// Whether any message waits to be handed to the transport. A driver
+    /// that drains the queue whenever it is non-empty need only be woken
+    /// when a message arrives in an empty queue.
+    pub fn has_queued_messages(&self) -> bool {
+        !self.messages.is_empty()
+    }
+
     /// Bytes of messages queued and not yet handed to the transport.
     pub fn queued_message_bytes(&self) -> usize {
         self.queued_message_bytes

@@ -20,6 +20,14 @@ use crate::utcp::Glue;
 /// State shared by the driver and the application's handles.
 pub(crate) struct Shared {
     state: Mutex<State>,
+    /// Received messages the application's receive calls took out of the
+    /// session in one go, in order, ahead of those still in the session:
+    /// later calls take them under this lock alone, which only the
+    /// application's threads use, instead of the session lock the driver
+    /// holds while it decodes. Filled only with the session lock held
+    /// (lock order: state, then this), and only from an empty cache, so
+    /// that messages here are always older than those in the session.
+    received: Mutex<VecDeque<Message>>,
     /// Application → driver: something to send or room to read.
     pub(crate) driver: Notify,
     messages: Notify,
@@ -47,6 +55,18 @@ pub(crate) struct State {
 }
 
 impl State {
+    /// Whether a message queued now with `props` must wake the driver. The
+    /// kernel-TCP driver takes messages until the session's queue is empty
+    /// whenever it writes (and comes back on its own while the socket is
+    /// full), so only a message that finds the queue empty needs to wake
+    /// it: one wake-up per burst instead of an atomic handshake with the
+    /// driver's core per message. A message with a lifetime may bring the
+    /// earliest deadline, which the driver's timer must learn; and the uTCP
+    /// glue takes records only as its TCP window allows. Both wake it.
+    fn driver_needs_wake(&self, props: &MessageProps) -> bool {
+        self.utcp.is_some() || props.lifetime.is_some() || !self.session.has_queued_messages()
+    }
+
     /// The session's next event (through the uTCP glue, if there is one).
     fn poll_event(&mut self) -> Option<Event> {
         match self.utcp.as_mut() {
@@ -74,6 +94,7 @@ impl Shared {
                 driver_done: false,
                 utcp: None,
             }),
+            received: Mutex::new(VecDeque::new()),
             driver: Notify::new(),
             messages: Notify::new(),
             incoming: Notify::new(),
@@ -159,6 +180,33 @@ impl Shared {
         }
     }
 
+    fn received(&self) -> MutexGuard<'_, VecDeque<Message>> {
+        self.received.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The oldest received message, from the cache or else from the
+    /// session (`st` locked). Taking one from the session moves up to
+    /// [`RECEIVE_BATCH`] more into the cache. Returns the message and
+    /// whether the session's receive queue was full before (the driver
+    /// then waits for room and must be woken).
+    fn take_received(&self, st: &mut State) -> Option<(Message, bool)> {
+        let mut cache = self.received();
+        if let Some(m) = cache.pop_front() {
+            return Some((m, false));
+        }
+        let was_blocked = st.session.receive_blocked();
+        let m = st.session.poll_message()?;
+        let mut bytes = 0;
+        while cache.len() < RECEIVE_BATCH && bytes < RECEIVE_BATCH_BYTES {
+            let Some(next) = st.session.poll_message() else {
+                break;
+            };
+            bytes += next.payload.len();
+            cache.push_back(next);
+        }
+        Some((m, was_blocked))
+    }
+
     /// Waits on `notify` until `f` returns a value.
     async fn wait<T>(
         &self,
@@ -183,6 +231,14 @@ impl Shared {
         }
     }
 }
+
+/// Received messages a receive call moves from the session to the
+/// application's cache at most (see `Shared::received`): enough to take
+/// the session lock once per batch of small messages, few enough that the
+/// receive queue's bound grows by little (at most this many messages and
+/// about [`RECEIVE_BATCH_BYTES`] bytes).
+const RECEIVE_BATCH: usize = 64;
+const RECEIVE_BATCH_BYTES: usize = 64 * 1024;
 
 /// The `now` to queue a message with: the session reads it only for a
 /// message with a lifetime, and the clock read per message shows in
@@ -266,7 +322,7 @@ impl Connection {
         tokio::task::coop::consume_budget().await;
         let mut payload = Some(payload.into());
         let sh = self.shared();
-        let result = sh
+        let (result, wake_driver) = sh
             .wait(
                 |s| &s.send_space,
                 |st| {
@@ -275,15 +331,18 @@ impl Connection {
                         return None;
                     }
                     let p = payload.take()?;
+                    let wake = st.driver_needs_wake(&props);
                     let r = st
                         .session
                         .send_message(queue_time(&props), p, props.clone());
                     sh.dispatch(st);
-                    Some(r)
+                    Some((r, wake))
                 },
             )
             .await;
-        sh.driver.notify_one();
+        if wake_driver {
+            sh.driver.notify_one();
+        }
         result
     }
 
@@ -295,12 +354,15 @@ impl Connection {
     ) -> Result<MessageNumber, SendError> {
         let sh = self.shared();
         let mut st = sh.lock();
+        let wake_driver = st.driver_needs_wake(&props);
         let r = st
             .session
             .send_message(queue_time(&props), payload.into(), props);
         sh.dispatch(&mut st);
         drop(st);
-        sh.driver.notify_one();
+        if wake_driver {
+            sh.driver.notify_one();
+        }
         r
     }
 
@@ -309,13 +371,15 @@ impl Connection {
     pub async fn recv_message(&self) -> Result<Message, ConnectionError> {
         tokio::task::coop::consume_budget().await;
         let sh = self.shared();
+        if let Some(m) = sh.received().pop_front() {
+            return Ok(m);
+        }
         let r = sh
             .wait(
                 |s| &s.messages,
                 |st| {
-                    let was_blocked = st.session.receive_blocked();
-                    if let Some(m) = st.session.poll_message() {
-                        return Some(Ok((m, was_blocked)));
+                    if let Some(taken) = sh.take_received(st) {
+                        return Some(Ok(taken));
                     }
                     st.session.error().map(|e| Err(e.clone()))
                 },
@@ -332,9 +396,11 @@ impl Connection {
     /// A received message if one is waiting.
     pub fn try_recv_message(&self) -> Result<Option<Message>, ConnectionError> {
         let sh = self.shared();
+        if let Some(m) = sh.received().pop_front() {
+            return Ok(Some(m));
+        }
         let mut st = sh.lock();
-        let was_blocked = st.session.receive_blocked();
-        if let Some(m) = st.session.poll_message() {
+        if let Some((m, was_blocked)) = sh.take_received(&mut st) {
             drop(st);
             if was_blocked {
                 sh.driver.notify_one();
