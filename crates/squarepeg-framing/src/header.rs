@@ -98,6 +98,7 @@ impl FrameHeader {
 
     /// The encoded header: the first `n` bytes of the array. Lets a frame be
     /// built without allocating for its header.
+    #[inline]
     pub fn to_bytes(&self) -> Result<([u8; MAX_HEADER_LEN], usize), HeaderError> {
         let mut buf = [0u8; MAX_HEADER_LEN];
         buf[0] = (VERSION << 4) | self.kind() as u8;
@@ -127,6 +128,7 @@ impl FrameHeader {
 
     /// Parses a header from the front of `buf` (a decoded frame body);
     /// returns it and its length in bytes.
+    #[inline]
     pub fn decode(buf: &[u8]) -> Result<(Self, usize), HeaderError> {
         let [first, flags, ..] = *buf else {
             return Err(HeaderError::Truncated);

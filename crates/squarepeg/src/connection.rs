@@ -258,7 +258,9 @@ impl StatusQueue {
             self.pop();
         }
         match self.runs.back_mut() {
-            Some((first, count, s)) if *s == status && first.checked_add(*count) == Some(number) => {
+            Some((first, count, s))
+                if *s == status && first.checked_add(*count) == Some(number) =>
+            {
                 *count += 1;
             }
             _ => self.runs.push_back((number, 1, status)),
