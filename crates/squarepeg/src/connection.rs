@@ -603,13 +603,13 @@ mod tests {
             for _ in 0..5000 {
                 x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
                 let r = x >> 33;
-                if r % 5 == 0 {
+                if r.is_multiple_of(5) {
                     assert_eq!(runs.pop(), plain.pop_front());
                     continue;
                 }
                 // Mostly consecutive numbers and `Sent`, sometimes a gap or
                 // another status.
-                number += if r % 7 == 0 { 3 } else { 1 };
+                number += if r.is_multiple_of(7) { 3 } else { 1 };
                 let status = match r % 11 {
                     0 => MessageStatus::Expired,
                     1 => MessageStatus::Squashed,

@@ -137,13 +137,10 @@ impl Driver {
                 loop {
                     let mut st = self.shared.lock();
                     let slice_end = (self.out.len() + LOCK_SLICE).min(self.batch);
-                    let mut more = false;
-                    while self.out.len() < slice_end {
-                        more = st.session.poll_transmit(now, &mut self.out).is_some();
-                        if !more {
-                            break;
-                        }
-                    }
+                    st.session
+                        .poll_transmit_batch(now, &mut self.out, slice_end);
+                    // Short of the slice end: the session has nothing more.
+                    let more = self.out.len() >= slice_end;
                     drop(st);
                     if !more || self.out.len() >= self.batch {
                         break;
