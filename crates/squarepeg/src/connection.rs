@@ -115,6 +115,10 @@ impl Shared {
     /// Hands session events to whoever waits for them. Called with the
     /// state locked.
     pub(crate) fn dispatch(&self, st: &mut State) {
+        if st.utcp.is_none() && !st.session.has_events() {
+            // The common case on every send and every driver round.
+            return;
+        }
         // Each waiter list is notified at most once per call: a batch of
         // frames produces one wake-up, not one per message.
         let mut wake = [false; 5];
