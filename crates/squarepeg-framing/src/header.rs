@@ -98,6 +98,7 @@ impl FrameHeader {
 
     /// The encoded header: the first `n` bytes of the array. Lets a frame be
     /// built without allocating for its header.
+    #[inline]
     pub fn to_bytes(&self) -> Result<([u8; MAX_HEADER_LEN], usize), HeaderError> {
         let mut buf = [0u8; MAX_HEADER_LEN];
         buf[0] = (VERSION << 4) | self.kind() as u8;
@@ -127,6 +128,7 @@ impl FrameHeader {
 
     /// Parses a header from the front of `buf` (a decoded frame body);
     /// returns it and its length in bytes.
+    #[inline]
     pub fn decode(buf: &[u8]) -> Result<(Self, usize), HeaderError> {
         let [first, flags, ..] = *buf else {
             return Err(HeaderError::Truncated);
@@ -144,31 +146,32 @@ impl FrameHeader {
         if flags & !allowed != 0 {
             return Err(HeaderError::ReservedFlags(flags));
         }
-        let mut pos = 2;
-        let mut next = || -> Result<u64, HeaderError> {
-            let (v, n) = varint::decode(&buf[pos..])?;
-            pos += n;
-            Ok(v)
+        // The two varint fields of the kinds that have them.
+        let fields = || -> Result<(u64, u64, usize), HeaderError> {
+            let (a, n) = varint::decode(&buf[2..])?;
+            let (b, m) = varint::decode(&buf[2 + n..])?;
+            Ok((a, b, 2 + n + m))
         };
-        let header = match kind {
+        Ok(match kind {
             FrameKind::Message => {
-                let substream = next()?;
-                let number = next()?;
-                Self::Message { substream, number }
+                let (substream, number, len) = fields()?;
+                (Self::Message { substream, number }, len)
             }
             FrameKind::StreamChunk => {
-                let stream = next()?;
-                let offset = next()?;
-                Self::StreamChunk {
-                    stream,
-                    offset,
-                    fin: flags & FLAG_FIN != 0,
-                }
+                let (stream, offset, len) = fields()?;
+                let fin = flags & FLAG_FIN != 0;
+                (
+                    Self::StreamChunk {
+                        stream,
+                        offset,
+                        fin,
+                    },
+                    len,
+                )
             }
-            FrameKind::Padding => Self::Padding,
-            FrameKind::Control => Self::Control,
-        };
-        Ok((header, pos))
+            FrameKind::Padding => (Self::Padding, 2),
+            FrameKind::Control => (Self::Control, 2),
+        })
     }
 }
 

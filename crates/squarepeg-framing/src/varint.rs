@@ -11,6 +11,7 @@ use crate::HeaderError;
 pub const MAX: u64 = (1 << 62) - 1;
 
 /// Number of bytes [`encode`] writes for `value`, or `None` if it is too large.
+#[inline]
 pub fn len(value: u64) -> Option<usize> {
     match value {
         0..=0x3f => Some(1),
@@ -29,6 +30,7 @@ pub fn encode(value: u64, out: &mut Vec<u8>) -> Result<(), HeaderError> {
 }
 
 /// The shortest encoding of `value`: the first `n` bytes of the array.
+#[inline]
 pub fn to_bytes(value: u64) -> Result<([u8; 8], usize), HeaderError> {
     let n = len(value).ok_or(HeaderError::VarintTooLarge(value))?;
     // The length code (0..=3, for 1, 2, 4, 8 bytes) goes in the top two
@@ -40,7 +42,16 @@ pub fn to_bytes(value: u64) -> Result<([u8; 8], usize), HeaderError> {
 }
 
 /// Decodes one varint from the front of `buf`; returns it and the bytes used.
+#[inline]
 pub fn decode(buf: &[u8]) -> Result<(u64, usize), HeaderError> {
+    if let Some(word) = buf.first_chunk::<8>() {
+        // Eight bytes at hand (a frame body's header is followed by at
+        // least its 4-byte CRC): one load and a shift instead of a loop.
+        let word = u64::from_be_bytes(*word);
+        let n = 1usize << (word >> 62);
+        let value = (word << 2 >> 2) >> (64 - 8 * n);
+        return Ok((value, n));
+    }
     let first = *buf.first().ok_or(HeaderError::Truncated)?;
     let n = 1usize << (first >> 6);
     let bytes = buf.get(..n).ok_or(HeaderError::Truncated)?;
@@ -75,6 +86,35 @@ mod tests {
         }
         // A non-minimal encoding of 37 is accepted.
         assert_eq!(decode(&[0x40, 0x25]).unwrap(), (37, 2));
+    }
+
+    /// The eight-byte path and the byte loop agree, whatever follows the
+    /// varint.
+    #[test]
+    fn wide_and_short_inputs_agree() {
+        for value in [
+            0,
+            1,
+            37,
+            63,
+            64,
+            15_293,
+            16_383,
+            16_384,
+            494_878_333,
+            1 << 30,
+            MAX,
+        ] {
+            let mut out = Vec::new();
+            encode(value, &mut out).unwrap();
+            let n = out.len();
+            for fill in [0x00, 0xff, 0x5a] {
+                let mut wide = out.clone();
+                wide.resize(n + 8, fill);
+                assert_eq!(decode(&wide).unwrap(), (value, n));
+                assert_eq!(decode(&wide[..n]).unwrap(), (value, n));
+            }
+        }
     }
 
     #[test]

@@ -76,6 +76,18 @@ impl Scheduler {
     }
 
     /// Charges the flow `peek` returned for `bytes` sent.
+    /// Whether [`Scheduler::peek`] would return `flow` of class `urgency`
+    /// again without changing anything: it is at the front of its ring,
+    /// which is the first with flows, and its deficit is not spent. True
+    /// right after `peek` chose it and `charge` left it credit.
+    pub(crate) fn would_pick_again(&self, urgency: Priority, flow: Flow) -> bool {
+        let u = urgency.index();
+        self.rings[..u].iter().all(VecDeque::is_empty)
+            && self.rings[u]
+                .front()
+                .is_some_and(|&(f, deficit)| f == flow && deficit > 0)
+    }
+
     pub(crate) fn charge(&mut self, urgency: Priority, flow: Flow, bytes: usize) {
         let ring = &mut self.rings[urgency.index()];
         // `peek` left it at the front; look further only if the caller

@@ -964,3 +964,80 @@ fn stream_priorities_and_messages_share_the_scheduler() {
     // the remaining 8 bulk chunks.
     assert_eq!(order.concat(), "UUUmbbbbbbbb");
 }
+
+/// One session's load for the batch test: messages of several classes
+/// and sub-streams (some with lifetimes, dependencies and squash keys),
+/// a stream, and the peer's credit.
+fn loaded_session(now: Instant, ops: &[(u8, u8, u16, u8)]) -> Session {
+    let config = Config {
+        chunk_size: 1500,
+        ..Config::default()
+    };
+    let mut s = Session::new(Role::Client, config).unwrap();
+    s.handle_frame(
+        now,
+        control(ControlFrame::Params(control::Params {
+            initial_max_data: Some(1 << 30),
+            initial_max_stream_data: Some(1 << 30),
+            initial_max_streams: Some(10),
+        })),
+    );
+    let id = s.open_stream().unwrap();
+    for (i, &(urgency, substream, len, extra)) in ops.iter().enumerate() {
+        let mut p = props(u64::from(substream % 3), urgency % 4);
+        match extra % 8 {
+            0 => p.lifetime = Some(Duration::from_millis(u64::from(len % 3))),
+            1 if i > 0 => p.depends_on = Some(i as u64 - 1),
+            2 => p.squash_key = Some(u64::from(substream % 2)),
+            3 => {
+                s.stream_write(id, &vec![7; usize::from(len)]).unwrap();
+                continue;
+            }
+            _ => {}
+        }
+        let _ = s.send_message(now, vec![substream; usize::from(len)], p);
+    }
+    s
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// `poll_transmit_batch` writes exactly the bytes, and leaves exactly
+    /// the events, that repeated `poll_transmit` calls do, whatever the
+    /// batch limits.
+    #[test]
+    fn batch_transmit_equals_single_frames(
+        ops in proptest::collection::vec((0u8..8, 0u8..6, 0u16..3000, 0u8..16), 1..200),
+        limits in proptest::collection::vec(1usize..20_000, 1..50),
+    ) {
+        let start = Instant::now();
+        let now = start + Duration::from_millis(1);
+        let mut single = loaded_session(start, &ops);
+        let mut batched = loaded_session(start, &ops);
+        let mut one = Vec::new();
+        while single.poll_transmit(now, &mut one).is_some() {}
+        let mut many = Vec::new();
+        let mut frames = 0;
+        for limit in limits.iter().cycle() {
+            let until = many.len() + limit;
+            let n = batched.poll_transmit_batch(now, &mut many, until);
+            frames += n;
+            if n == 0 {
+                break;
+            }
+        }
+        prop_assert_eq!(&one, &many);
+        prop_assert_eq!(single.stats(), batched.stats());
+        prop_assert_eq!(frames as u64, batched.stats().frames_sent);
+        let mut events_single = Vec::new();
+        while let Some(e) = single.poll_event() {
+            events_single.push(e);
+        }
+        let mut events_batched = Vec::new();
+        while let Some(e) = batched.poll_event() {
+            events_batched.push(e);
+        }
+        prop_assert_eq!(events_single, events_batched);
+    }
+}

@@ -6,7 +6,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::Instant;
 
-use squarepeg_framing::{Frame, FrameError, StreamDecoder};
+use squarepeg_framing::StreamDecoder;
 use squarepeg_session::MAX_FRAME_BODY;
 use tokio::net::TcpStream;
 
@@ -28,7 +28,6 @@ pub(crate) async fn run(shared: Arc<Shared>, socket: TcpStream, config: Connecti
             config.read_buffer,
             config.session.message_receive_queue + 4 * config.read_buffer,
         ),
-        frames: Vec::new(),
         out: Vec::with_capacity(config.write_batch + 64 * 1024),
         out_pos: 0,
         batch: config.write_batch.max(1),
@@ -53,8 +52,6 @@ struct Driver {
     /// Reads go straight into the decoder's buffer; payloads come out as
     /// slices of shared chunks (see `StreamDecoder`).
     decoder: StreamDecoder,
-    /// Frames decoded from one read, handed to the session together.
-    frames: Vec<Result<Frame, FrameError>>,
     /// Encoded frames taken from the session, written from `out_pos`.
     out: Vec<u8>,
     out_pos: usize,
@@ -140,13 +137,10 @@ impl Driver {
                 loop {
                     let mut st = self.shared.lock();
                     let slice_end = (self.out.len() + LOCK_SLICE).min(self.batch);
-                    let mut more = false;
-                    while self.out.len() < slice_end {
-                        more = st.session.poll_transmit(now, &mut self.out).is_some();
-                        if !more {
-                            break;
-                        }
-                    }
+                    st.session
+                        .poll_transmit_batch(now, &mut self.out, slice_end);
+                    // Short of the slice end: the session has nothing more.
+                    let more = self.out.len() >= slice_end;
                     drop(st);
                     if !more || self.out.len() >= self.batch {
                         break;
@@ -186,13 +180,11 @@ impl Driver {
                     // Decode (COBS, CRC) without the lock, so the
                     // application's calls are not held up by it.
                     self.decoder.filled(n);
-                    self.frames.clear();
-                    while let Some(frame) = self.decoder.next_frame() {
-                        self.frames.push(frame);
-                    }
+                    // The frames wait decoded in the decoder's queue; under
+                    // the lock they are only moved into the session.
                     let mut st = self.shared.lock();
                     let now = Instant::now();
-                    for frame in self.frames.drain(..) {
+                    while let Some(frame) = self.decoder.next_frame() {
                         match frame {
                             Ok(f) => st.session.handle_frame(now, f),
                             Err(e) => st.session.handle_decode_error(now, e),
