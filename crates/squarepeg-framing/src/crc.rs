@@ -29,7 +29,6 @@ pub(crate) fn crc32c(parts: &[&[u8]]) -> u32 {
 
 /// [`crc32c`] by [`avx512`], if the CPU has what it needs.
 #[cfg(target_arch = "x86_64")]
-#[rustversion::since(1.89)]
 fn folded(parts: &[&[u8]]) -> Option<u32> {
     if !avx512::available() {
         return None;
@@ -45,13 +44,6 @@ fn folded(parts: &[&[u8]]) -> Option<u32> {
     Some(!state)
 }
 
-/// AVX-512 intrinsics are stable from Rust 1.89 on, and x86-64 only.
-#[cfg(target_arch = "x86_64")]
-#[rustversion::before(1.89)]
-fn folded(_parts: &[&[u8]]) -> Option<u32> {
-    None
-}
-
 #[cfg(not(target_arch = "x86_64"))]
 fn folded(_parts: &[&[u8]]) -> Option<u32> {
     None
@@ -64,7 +56,6 @@ fn folded(_parts: &[&[u8]]) -> Option<u32> {
 /// Gopal et al., "Fast CRC Computation Using PCLMULQDQ", Intel 2009, in the
 /// bit-reflected form whose last 128 bits the CRC32 instruction finishes).
 #[cfg(target_arch = "x86_64")]
-#[rustversion::since(1.89)]
 mod avx512 {
     use std::arch::x86_64::*;
     use std::sync::OnceLock;
