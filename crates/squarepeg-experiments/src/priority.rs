@@ -733,6 +733,18 @@ type LabOutcome = (Vec<Duration>, Vec<(u64, Duration)>);
 /// Lab runs get distinct names within a process.
 static LABS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
+/// Checks `config` and starts a lab of its own with [`priority_bottleneck`].
+fn start_lab(config: &PriorityConfig, seed: u64) -> Result<squarepeg_lab::net::Lab, VoipError> {
+    use squarepeg_lab::net::{Lab, LabConfig};
+    config.validate()?;
+    let index = LABS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Ok(Lab::start(
+        LabConfig::new(&format!("prio{index}"))
+            .with_bottleneck(priority_bottleneck())
+            .with_seed(seed),
+    )?)
+}
+
 /// Runs one variant on the real lab (needs root): the same sender and receiver on
 /// squarepeg's userspace TCP on TUN at each end of a lab with [`priority_bottleneck`]
 /// (`squarepeg_io::lab`), the uTCP interface through the stacks' byte streams as records.
@@ -743,20 +755,14 @@ pub fn run_lab(
     variant: Variant,
     seed: u64,
 ) -> Result<PriorityRun, VoipError> {
-    use squarepeg_lab::net::{Lab, LabConfig, Role};
+    use squarepeg_lab::net::Role;
     use squarepeg_tcp::utcp::record::{self, MessageMeta};
     use tokio::io::AsyncWriteExt;
 
     use crate::voip::lab::VoiceReceiver as _;
     use crate::voip::lab::utcp::open_utcp_pair;
 
-    config.validate()?;
-    let index = LABS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let lab = Lab::start(
-        LabConfig::new(&format!("prio{index}"))
-            .with_bottleneck(priority_bottleneck())
-            .with_seed(seed),
-    )?;
+    let lab = start_lab(config, seed)?;
     let outcome = (|| -> Result<LabOutcome, VoipError> {
         let (server_v4, _) = squarepeg_io::lab::stack_addresses(&lab, Role::Server)
             .ok_or_else(|| VoipError::Transport("no stack address on the server end".into()))?;
@@ -917,15 +923,8 @@ pub fn run_lab_kernel(
     seed: u64,
 ) -> Result<PriorityRun, VoipError> {
     use squarepeg::{Connection, ConnectionConfig, Endpoint, MessageProps, Priority};
-    use squarepeg_lab::net::{Lab, LabConfig};
 
-    config.validate()?;
-    let index = LABS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let lab = Lab::start(
-        LabConfig::new(&format!("prio{index}"))
-            .with_bottleneck(priority_bottleneck())
-            .with_seed(seed),
-    )?;
+    let lab = start_lab(config, seed)?;
     let outcome = (|| -> Result<LabOutcome, VoipError> {
         let rmem = format!("4096 {KERNEL_RECEIVE_BUFFER} {KERNEL_RECEIVE_BUFFER}");
         lab.client()

@@ -43,6 +43,16 @@ fn drops(q: &mut SendQueue) -> Vec<MessageReport> {
         .collect()
 }
 
+/// Message `id`, depending on message `on`.
+fn dep(id: u64, on: Option<u64>, deadline: Option<Instant>) -> WriteTag {
+    WriteTag {
+        message_id: Some(id),
+        depends_on: on,
+        deadline,
+        ..Default::default()
+    }
+}
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
@@ -264,12 +274,6 @@ fn expired_pending_messages_are_dropped_and_reported() {
 fn dependencies_keep_messages_alive_transitively() {
     let now = Instant::now();
     let mut q = SendQueue::new(1000, false);
-    let dep = |id, on, deadline| WriteTag {
-        message_id: Some(id),
-        depends_on: on,
-        deadline,
-        ..Default::default()
-    };
     q.insert_message(now, b"I", dep(1, None, Some(now + ms(10))), None)
         .unwrap();
     q.insert_message(now, b"P1", dep(2, Some(1), Some(now + ms(20))), None)
@@ -682,12 +686,6 @@ fn no_replacement_without_a_fitting_live_message_or_with_a_bad_padder() {
 fn a_message_whose_dependency_was_dropped_expires_at_once() {
     let now = Instant::now();
     let mut q = SendQueue::new(1000, false);
-    let dep = |id, on, deadline| WriteTag {
-        message_id: Some(id),
-        depends_on: on,
-        deadline,
-        ..Default::default()
-    };
     // Message 1 expires in the queue before anything depends on it.
     q.insert_message(now, b"I", dep(1, None, Some(now + ms(10))), None)
         .unwrap();
