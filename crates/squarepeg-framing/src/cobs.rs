@@ -9,8 +9,8 @@
 //! Expansion is at most one byte per 254 bytes, plus one.
 //!
 //! The codec is written for speed, with three code paths ([`Level`]), the
-//! best the CPU has chosen once at run time (the only `unsafe` code in the
-//! crate). On x86-64 with AVX2 the encoder moves 64 bytes per step: it
+//! best the CPU has chosen once at run time (with the CRC's, the crate's
+//! only `unsafe` code). On x86-64 with AVX2 the encoder moves 64 bytes per step: it
 //! stores them unchanged (the COBS output is the input with each zero turned
 //! into the next block's code byte) and finds the first zero with one vector
 //! compare. With AVX-512 (BW, VBMI2), stretches where zeros are dense, short
