@@ -98,8 +98,8 @@ pub struct PriorityConfig {
     pub high_every: u64,
     /// The sender's TCP send buffer (over kernel TCP: the session's message queue).
     pub send_buffer: usize,
-    /// `TCP_NOTSENT_LOWAT` of the kernel-TCP sender (`None`: the `squarepeg` crate's
-    /// default, 64 KiB).
+    /// A fixed `TCP_NOTSENT_LOWAT` for the kernel-TCP sender (`None`: the `squarepeg`
+    /// crate's default, which follows the delivery rate up to 64 KiB).
     pub notsent_lowat: Option<u32>,
 }
 
@@ -197,7 +197,8 @@ pub enum Transport {
     Utcp,
     /// The `squarepeg` crate over kernel TCP with late binding (real lab only): priorities
     /// act in the session's scheduler, on what the kernel has not taken yet; the kernel's
-    /// unsent queue is kept short with `TCP_NOTSENT_LOWAT` (the crate's default, 64 KiB).
+    /// unsent queue is kept short with `TCP_NOTSENT_LOWAT` (by default following the
+    /// delivery rate: a few milliseconds of data, at most 64 KiB).
     KernelTcp,
 }
 
@@ -913,8 +914,8 @@ const KERNEL_RECEIVE_BUFFER: usize = 2 * RECEIVE_WINDOW;
 /// the sender in the server namespace sends every message with `send_message` (high ones at
 /// [`Priority::HIGHEST`](squarepeg::Priority) in the `priority` variant), its session queue
 /// as large as [`PriorityConfig::send_buffer`], so that it waits while the session holds
-/// that much; the kernel below holds about twice the crate's `TCP_NOTSENT_LOWAT` unsent
-/// plus what is in flight. The receiver in the client namespace connects and records each
+/// that much; the kernel below holds about twice the `TCP_NOTSENT_LOWAT` unsent plus what
+/// is in flight. The receiver in the client namespace connects and records each
 /// message's arrival; its receive buffer is capped (namespace sysctl `tcp_rmem`) so that
 /// the window stays near [`RECEIVE_WINDOW`].
 pub fn run_lab_kernel(
@@ -935,6 +936,7 @@ pub fn run_lab_kernel(
         send_config.session.message_send_queue = config.send_buffer;
         if config.notsent_lowat.is_some() {
             send_config.notsent_lowat = config.notsent_lowat;
+            send_config.unsent_drain = None;
         }
         let epoch = Instant::now();
         let stop = epoch + config.duration;

@@ -1,5 +1,7 @@
 //! Per-connection configuration of the tokio driver.
 
+use std::time::Duration;
+
 use squarepeg_session::Config;
 
 /// Configuration of a [`crate::Connection`] and its driver.
@@ -10,9 +12,23 @@ pub struct ConnectionConfig {
     /// `TCP_NOTSENT_LOWAT` in bytes: the kernel keeps about twice this much
     /// unsent data at most; the rest waits in the session scheduler, where
     /// priorities, squash and lifetimes still apply. `None` leaves the
-    /// system default (the whole send buffer).
+    /// system default (the whole send buffer). An urgent message waits
+    /// behind at most about twice this (plus what is in flight): on slow
+    /// paths a smaller value binds later (16 KiB is 16 ms at 8 Mbit/s).
+    /// With [`unsent_drain`](Self::unsent_drain) set, this is the largest
+    /// lowat the driver uses.
     pub notsent_lowat: Option<u32>,
-    /// Bytes of frames gathered into one write system call.
+    /// When set (with `notsent_lowat`), the lowat follows the connection's
+    /// delivery rate (`TCP_INFO`, read every 50 ms): what the path carries
+    /// in this time, at least 8 KiB and at most `notsent_lowat`. The kernel
+    /// then holds a few milliseconds of unsent data on any path: enough to
+    /// bridge a late wake-up of the driver, little for an urgent message
+    /// to wait behind. `None`: `notsent_lowat` as set. (Linux only;
+    /// elsewhere the fixed value.)
+    pub unsent_drain: Option<Duration>,
+    /// Bytes of frames gathered into one write system call (at most the
+    /// lowat: the driver's batch is committed like the kernel's unsent
+    /// data).
     pub write_batch: usize,
     /// Bytes read from the socket per system call. Received payloads are
     /// slices of shared chunks of about this size (no copy or allocation
@@ -46,8 +62,14 @@ impl Default for ConnectionConfig {
             // and the same number of send calls, because loopback sends
             // each write at once and the unsent queue stays near empty.
             // 64 KiB keeps the worst-case wait of an urgent message near
-            // 1 ms at 1 Gbit/s while costing one wake-up per 32 KiB.
+            // 1 ms at 1 Gbit/s while costing one wake-up per 32 KiB; it is
+            // the maximum the adaptive lowat below uses.
             notsent_lowat: Some(64 * 1024),
+            // 4 ms: 64 KiB (the maximum) from about 130 Mbit/s up, so
+            // loopback and fast paths are unchanged; 8 KiB at 8 Mbit/s,
+            // where a fixed 64 KiB held an urgent message 64 ms longer
+            // (docs/results.md, Minion §8.3 experiment over kernel TCP).
+            unsent_drain: Some(Duration::from_millis(4)),
             // 64 KiB: as fast as 256 KiB on loopback (same CPU per byte
             // at 1 and 16 KiB messages), and a quarter of the memory.
             write_batch: 64 * 1024,

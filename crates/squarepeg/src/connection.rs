@@ -48,6 +48,8 @@ pub(crate) struct State {
     statuses_lagged: u64,
     /// The driver has stopped; the socket is closed.
     pub(crate) driver_done: bool,
+    /// The `TCP_NOTSENT_LOWAT` in force (kernel TCP), as the driver set it.
+    pub(crate) notsent_lowat: Option<u32>,
     /// Over the userspace TCP: the glue, through which the session's events pass (it
     /// corrects message statuses with the TCP queue's verdicts).
     pub(crate) utcp: Option<Box<Glue>>,
@@ -90,6 +92,7 @@ impl Shared {
                 statuses: StatusQueue::new(status_limit),
                 statuses_lagged: 0,
                 driver_done: false,
+                notsent_lowat: None,
                 utcp: None,
             }),
             received: Mutex::new(VecDeque::new()),
@@ -328,6 +331,9 @@ pub struct ConnectionStats {
     /// Over the userspace TCP: the glue's counters (segments read, frames rejected,
     /// messages expired, squashed or replaced in the TCP queue, sent as replacements).
     pub utcp: Option<crate::utcp::UtcpStats>,
+    /// Over kernel TCP: the `TCP_NOTSENT_LOWAT` in force (it follows the delivery rate
+    /// with `ConnectionConfig::unsent_drain`).
+    pub notsent_lowat: Option<u32>,
 }
 
 /// A squarepeg connection: messages and streams over one transport
@@ -586,6 +592,7 @@ impl Connection {
             session: st.session.stats(),
             statuses_lagged: st.statuses_lagged,
             utcp: st.utcp.as_ref().map(|g| g.stats),
+            notsent_lowat: st.notsent_lowat,
         }
     }
 }

@@ -12,6 +12,7 @@ use tokio::net::TcpStream;
 
 use crate::config::ConnectionConfig;
 use crate::connection::Shared;
+use crate::unsent::AdaptiveLowat;
 
 /// Reads per wake-up before the driver turns to writing again.
 const READ_BUDGET: usize = 16;
@@ -30,10 +31,24 @@ pub(crate) async fn run(shared: Arc<Shared>, socket: TcpStream, config: Connecti
         ),
         out: Vec::with_capacity(config.write_batch + 64 * 1024),
         out_pos: 0,
-        batch: config.write_batch.max(1),
+        // Frames taken from the session are committed: a batch larger than
+        // the lowat would hold an urgent message behind it, and one write
+        // larger than the lowat fills the kernel past it (the kernel checks
+        // the lowat only between its buffers, up to 64 KB each), so the
+        // batch follows the lowat down.
+        batch: config
+            .write_batch
+            .min(config.notsent_lowat.map_or(usize::MAX, |l| l as usize))
+            .max(1),
+        write_batch: config.write_batch.max(1),
+        lowat: match (config.notsent_lowat, config.unsent_drain) {
+            (Some(max), Some(drain)) => Some(AdaptiveLowat::new(drain, max)),
+            _ => None,
+        },
         read_open: true,
         write_shut: false,
     };
+    driver.shared.lock().notsent_lowat = config.notsent_lowat;
     driver.drive().await;
     let sh = &driver.shared;
     let mut st = sh.lock();
@@ -55,7 +70,12 @@ struct Driver {
     /// Encoded frames taken from the session, written from `out_pos`.
     out: Vec<u8>,
     out_pos: usize,
+    /// Bytes taken from the session per batch: the configured write batch,
+    /// at most the lowat in force.
     batch: usize,
+    write_batch: usize,
+    /// The lowat following the delivery rate, if configured.
+    lowat: Option<AdaptiveLowat>,
     read_open: bool,
     write_shut: bool,
 }
@@ -129,6 +149,12 @@ impl Driver {
                 self.out_pos = 0;
                 if self.write_shut {
                     return false;
+                }
+                if let Some(lowat) = self.lowat.as_mut()
+                    && let Some(new) = lowat.update(Instant::now(), &self.socket)
+                {
+                    self.batch = self.write_batch.min(new as usize).max(1);
+                    self.shared.lock().notsent_lowat = Some(new);
                 }
                 // Take the lock per slice of the batch: encoding happens
                 // under it, and the application should not wait a whole

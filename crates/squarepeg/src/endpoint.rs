@@ -189,12 +189,12 @@ fn start(
 }
 
 #[cfg(any(target_os = "linux", target_os = "android", target_vendor = "apple"))]
-fn set_notsent_lowat(socket: &TcpStream, lowat: u32) -> io::Result<()> {
+pub(crate) fn set_notsent_lowat(socket: &TcpStream, lowat: u32) -> io::Result<()> {
     socket2::SockRef::from(socket).set_tcp_notsent_lowat(lowat)
 }
 
 #[cfg(not(any(target_os = "linux", target_os = "android", target_vendor = "apple")))]
-fn set_notsent_lowat(_socket: &TcpStream, _lowat: u32) -> io::Result<()> {
+pub(crate) fn set_notsent_lowat(_socket: &TcpStream, _lowat: u32) -> io::Result<()> {
     // Not available: the kernel queue is bounded by the send buffer only.
     Ok(())
 }

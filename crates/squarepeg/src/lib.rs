@@ -25,15 +25,16 @@
 //! on data not yet handed to the kernel; and delivery is in order. To leave
 //! as much data as possible where those decisions can still be made, the
 //! driver keeps the kernel's unsent queue short (`TCP_NOTSENT_LOWAT`, see
-//! [`ConnectionConfig::notsent_lowat`]; a non-blocking write then stops
-//! being accepted once about twice that many bytes are unsent) and asks the
-//! session scheduler for frames only when the socket is writable, at most
-//! [`ConnectionConfig::write_batch`] bytes at a time. Everything else waits
-//! in the session, where a more urgent message overtakes queued bulk data,
-//! a newer message squashes an older one and an expired one is dropped. So
-//! an urgent message waits behind at most about twice the lowat plus one
-//! write batch of bulk data (192 KiB with the defaults), not behind the
-//! socket buffer.
+//! [`ConnectionConfig::notsent_lowat`]; by default it follows the delivery
+//! rate, [`ConnectionConfig::unsent_drain`]: a few milliseconds of data,
+//! between 8 and 64 KiB) and asks the session scheduler for frames only when
+//! the socket is writable, at most the lowat (and
+//! [`ConnectionConfig::write_batch`]) at a time. Everything else waits in
+//! the session, where a more urgent message overtakes queued bulk data, a
+//! newer message squashes an older one and an expired one is dropped. So an
+//! urgent message waits behind at most about twice the lowat of bulk data
+//! (16 KiB on an 8 Mbit/s path, 128 KiB on fast ones) plus what is in
+//! flight, not behind the socket buffer.
 //!
 //! # Over the userspace TCP
 //!
@@ -130,6 +131,7 @@ mod connection;
 mod driver;
 mod endpoint;
 mod stream;
+mod unsent;
 pub mod utcp;
 mod utcp_driver;
 

@@ -48,7 +48,8 @@ pub struct PriorityArgs {
     /// simulator has no kernel TCP.
     #[arg(long, conflicts_with = "sim")]
     kernel_tcp: bool,
-    /// `TCP_NOTSENT_LOWAT` in bytes for the kernel-TCP sender (default: the crate's, 64 KiB).
+    /// A fixed `TCP_NOTSENT_LOWAT` in bytes for the kernel-TCP sender (default: the crate's,
+    /// which follows the delivery rate, at most 64 KiB).
     #[arg(long, requires = "kernel_tcp")]
     notsent_lowat: Option<u32>,
     /// Seed of the simulator.
