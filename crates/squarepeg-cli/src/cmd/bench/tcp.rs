@@ -157,7 +157,13 @@ pub fn run(a: TcpBenchArgs) -> anyhow::Result<()> {
                     direction,
                     a.quiet,
                 )
-                .with_context(|| format!("smoltcp over TUN, MTU {mtu}, {direction:?}"))?;
+                .with_context(|| {
+                    let way = match direction {
+                        Direction::SquarepegSends => "sending",
+                        Direction::SquarepegReceives => "receiving",
+                    };
+                    format!("smoltcp over TUN, MTU {mtu}, {way}")
+                })?;
                 rows.push(r);
             }
             if !a.contenders.contains(&Contender::Squarepeg) {
