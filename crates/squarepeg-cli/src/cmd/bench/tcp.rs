@@ -242,7 +242,9 @@ pub(super) struct PeerReport {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub(super) enum Direction {
+    #[serde(rename = "userspace_sends")]
     SquarepegSends,
+    #[serde(rename = "userspace_receives")]
     SquarepegReceives,
 }
 
