@@ -6,6 +6,7 @@ use clap::{Args, Subcommand};
 
 mod framing;
 mod messages;
+mod smoltcp;
 mod tcp;
 
 #[derive(Args, Debug)]
@@ -23,7 +24,7 @@ enum BenchVerb {
     /// carrying the same bytes as length-prefixed records.
     Messages(messages::MessagesArgs),
     /// Bulk throughput and CPU per GiB: squarepeg's userspace TCP over TUN against the
-    /// kernel, next to kernel TCP over a veth pair (root).
+    /// kernel, next to smoltcp's on the same path and kernel TCP over a veth pair (root).
     Tcp(tcp::TcpBenchArgs),
 }
 

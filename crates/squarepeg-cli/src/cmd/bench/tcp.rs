@@ -10,6 +10,9 @@
 //! is in squarepeg's column, as it is in the sending kernel process's column on the veth.
 //! Throughput is always the receiver's: bytes over the time from accepting the connection to
 //! reading its end.
+//!
+//! smoltcp's TCP runs on the same path as squarepeg's rows (see [`super::smoltcp`]), so that
+//! squarepeg can be put next to another userspace TCP over TUN (design.md §6).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -48,6 +51,14 @@ pub struct TcpBenchArgs {
     /// read, squarepeg's segments coalesced on write), without, or both next to each other.
     #[arg(long, value_enum, default_value_t = OffloadChoice::Both)]
     offload: OffloadChoice,
+    /// Which contenders to run: the kernel over veth (the baseline of the ratios), squarepeg
+    /// and smoltcp over TUN.
+    #[arg(long, value_enum, value_delimiter = ',',
+          default_values_t = [Contender::Kernel, Contender::Squarepeg, Contender::Smoltcp])]
+    contenders: Vec<Contender>,
+    /// A smoltcp transfer that moves no byte and changes no state for this long fails.
+    #[arg(long, default_value = "10", value_parser = parse_seconds)]
+    stall_timeout: Duration,
     /// Print one JSON document instead of a table.
     #[arg(long)]
     json: bool,
@@ -80,8 +91,31 @@ impl OffloadChoice {
     }
 }
 
+/// The TCP implementations `peg bench tcp` can put side by side.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum Contender {
+    /// Kernel TCP at both ends of a veth pair.
+    Kernel,
+    /// squarepeg's TCP over a TUN device, the kernel at the other end.
+    Squarepeg,
+    /// smoltcp's TCP over a TUN device, the kernel at the other end.
+    Smoltcp,
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|e| format!("`{s}` is not a number of seconds: {e}"))?;
+    if secs.is_finite() && secs > 0.0 && secs <= 3600.0 {
+        Ok(Duration::from_secs_f64(secs))
+    } else {
+        Err(format!("`{s}`: give a number of seconds in (0, 3600]"))
+    }
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
-enum PeerRole {
+pub(super) enum PeerRole {
     Sink,
     Source,
 }
@@ -101,13 +135,40 @@ pub fn run(a: TcpBenchArgs) -> anyhow::Result<()> {
         squarepeg_io::validate_mtu(u32::from(m))?;
     }
     ensure!(a.bytes > 0, "--bytes must be positive");
+    ensure!(!a.contenders.is_empty(), "--contenders: give at least one");
     let buffer = usize::try_from(a.buffer).context("--buffer too large")?;
     let mut rows = Vec::new();
     for &mtu in &a.mtus {
-        let baseline = kernel_over_veth(mtu, a.bytes, a.quiet)
-            .with_context(|| format!("kernel ↔ kernel over veth, MTU {mtu}"))?;
-        rows.push(baseline);
+        if a.contenders.contains(&Contender::Kernel) {
+            let baseline = kernel_over_veth(mtu, a.bytes, a.quiet)
+                .with_context(|| format!("kernel ↔ kernel over veth, MTU {mtu}"))?;
+            rows.push(baseline);
+        }
         for direction in [Direction::SquarepegSends, Direction::SquarepegReceives] {
+            if a.contenders.contains(&Contender::Smoltcp) {
+                let r = super::smoltcp::smoltcp_over_tun(
+                    &super::smoltcp::SmoltcpRun {
+                        mtu,
+                        bytes: a.bytes,
+                        txqueuelen: a.txqueuelen,
+                        buffer,
+                        stall_timeout: a.stall_timeout,
+                    },
+                    direction,
+                    a.quiet,
+                )
+                .with_context(|| {
+                    let way = match direction {
+                        Direction::SquarepegSends => "sending",
+                        Direction::SquarepegReceives => "receiving",
+                    };
+                    format!("smoltcp over TUN, MTU {mtu}, {way}")
+                })?;
+                rows.push(r);
+            }
+            if !a.contenders.contains(&Contender::Squarepeg) {
+                continue;
+            }
             for &offload in a.offload.modes() {
                 let r = squarepeg_over_tun(
                     &TunRun {
@@ -140,13 +201,13 @@ pub fn run(a: TcpBenchArgs) -> anyhow::Result<()> {
 // ------------------------------------------------------------------ measurements
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
-struct Cpu {
+pub(super) struct Cpu {
     user: f64,
     system: f64,
 }
 
 impl Cpu {
-    fn now() -> Cpu {
+    pub(super) fn now() -> Cpu {
         // SAFETY: getrusage writes into the zeroed struct we own.
         let mut u: libc::rusage = unsafe { std::mem::zeroed() };
         // SAFETY: RUSAGE_SELF with a valid pointer.
@@ -157,7 +218,7 @@ impl Cpu {
             system: secs(u.ru_stime),
         }
     }
-    fn since(self, earlier: Cpu) -> Cpu {
+    pub(super) fn since(self, earlier: Cpu) -> Cpu {
         Cpu {
             user: self.user - earlier.user,
             system: self.system - earlier.system,
@@ -170,51 +231,60 @@ impl Cpu {
 
 /// What a kernel peer reports on its last stdout line.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct PeerReport {
-    bytes: u64,
+pub(super) struct PeerReport {
+    pub(super) bytes: u64,
     /// Accept (or connect) to the end of the transfer.
-    seconds: f64,
-    cpu: Cpu,
+    pub(super) seconds: f64,
+    pub(super) cpu: Cpu,
 }
 
+/// Which way the data goes between the userspace stack (squarepeg or smoltcp) and the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-enum Direction {
+pub(super) enum Direction {
+    #[serde(rename = "userspace_sends")]
     SquarepegSends,
+    #[serde(rename = "userspace_receives")]
     SquarepegReceives,
 }
 
 #[derive(Debug, Clone, Serialize)]
-struct Row {
-    contender: String,
-    mtu: u16,
-    bytes: u64,
+pub(super) struct Row {
+    pub(super) contender: String,
+    /// Whose TCP this row measures, and which way the userspace stack's data went (`None`
+    /// for the kernel baseline).
+    pub(super) stack: Contender,
+    pub(super) direction: Option<Direction>,
+    pub(super) mtu: u16,
+    pub(super) bytes: u64,
     /// Receiver's bytes per second.
-    bytes_per_second: f64,
+    pub(super) bytes_per_second: f64,
     /// CPU seconds per GiB moved, by side.
-    sender_cpu_per_gib: f64,
-    receiver_cpu_per_gib: f64,
-    sender_cpu: Cpu,
-    receiver_cpu: Cpu,
-    /// For squarepeg rows: throughput over the kernel-over-veth baseline of the same MTU.
-    ratio_to_kernel: Option<f64>,
+    pub(super) sender_cpu_per_gib: f64,
+    pub(super) receiver_cpu_per_gib: f64,
+    pub(super) sender_cpu: Cpu,
+    pub(super) receiver_cpu: Cpu,
+    /// For TUN rows: throughput over the kernel-over-veth baseline of the same MTU.
+    pub(super) ratio_to_kernel: Option<f64>,
+    /// For squarepeg rows: throughput over smoltcp's in the same direction at the same MTU.
+    pub(super) ratio_to_smoltcp: Option<f64>,
     /// Packets the kernel dropped at the TUN queue, squarepeg's retransmissions.
-    tun_queue_drops: Option<u64>,
-    retransmitted_packets: Option<u64>,
+    pub(super) tun_queue_drops: Option<u64>,
+    pub(super) retransmitted_packets: Option<u64>,
     /// Receiver's transfer time.
-    seconds: f64,
+    pub(super) seconds: f64,
     /// CPU seconds of squarepeg's driver thread (part of squarepeg's side), and that over the
     /// transfer time: near 1 means the driver thread is the bottleneck.
-    driver_cpu: Option<f64>,
-    driver_busy: Option<f64>,
+    pub(super) driver_cpu: Option<f64>,
+    pub(super) driver_busy: Option<f64>,
     /// For squarepeg rows: whether TUN offloads were on.
-    offload: Option<bool>,
+    pub(super) offload: Option<bool>,
     /// For squarepeg rows: segments moved per read and per write system call.
-    segments_per_read: Option<f64>,
-    segments_per_write: Option<f64>,
+    pub(super) segments_per_read: Option<f64>,
+    pub(super) segments_per_write: Option<f64>,
 }
 
-fn per_gib(cpu: Cpu, bytes: u64) -> f64 {
+pub(super) fn per_gib(cpu: Cpu, bytes: u64) -> f64 {
     cpu.total() / (bytes as f64 / f64::from(1u32 << 30))
 }
 
@@ -271,13 +341,18 @@ fn peer(role: PeerRole, addr: SocketAddr, bytes: u64) -> anyhow::Result<()> {
 }
 
 /// A kernel peer process in a namespace.
-struct PeerProcess {
+pub(super) struct PeerProcess {
     child: Child,
     lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
 }
 
 impl PeerProcess {
-    fn spawn(ns: &NetNs, role: PeerRole, addr: SocketAddr, bytes: u64) -> anyhow::Result<Self> {
+    pub(super) fn spawn(
+        ns: &NetNs,
+        role: PeerRole,
+        addr: SocketAddr,
+        bytes: u64,
+    ) -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("finding this program")?;
         let exe = exe.to_str().context("this program's path is not UTF-8")?;
         let mut child = ns
@@ -314,7 +389,7 @@ impl PeerProcess {
         }
     }
 
-    fn report(mut self) -> anyhow::Result<PeerReport> {
+    pub(super) fn report(mut self) -> anyhow::Result<PeerReport> {
         let line = self.next_line()?;
         let status = self.child.wait()?;
         ensure!(status.success(), "kernel peer failed: {status}");
@@ -331,7 +406,7 @@ impl Drop for PeerProcess {
     }
 }
 
-fn unique(tag: &str) -> String {
+pub(super) fn unique(tag: &str) -> String {
     format!("spbench-{tag}-{}", std::process::id())
 }
 
@@ -348,7 +423,7 @@ fn spinner(quiet: bool, what: String) -> ProgressBar {
     bar
 }
 
-fn bytes_bar(quiet: bool, total: u64, what: String) -> ProgressBar {
+pub(super) fn bytes_bar(quiet: bool, total: u64, what: String) -> ProgressBar {
     if quiet {
         return ProgressBar::hidden();
     }
@@ -412,6 +487,8 @@ fn kernel_over_veth(mtu: u16, bytes: u64, quiet: bool) -> anyhow::Result<Row> {
     );
     Ok(Row {
         contender: "kernel → kernel (veth)".into(),
+        stack: Contender::Kernel,
+        direction: None,
         mtu,
         bytes,
         bytes_per_second: bytes as f64 / got.seconds,
@@ -420,6 +497,7 @@ fn kernel_over_veth(mtu: u16, bytes: u64, quiet: bool) -> anyhow::Result<Row> {
         sender_cpu: sent.cpu,
         receiver_cpu: got.cpu,
         ratio_to_kernel: None,
+        ratio_to_smoltcp: None,
         tun_queue_drops: None,
         retransmitted_packets: None,
         seconds: got.seconds,
@@ -558,6 +636,8 @@ fn squarepeg_over_tun(run: &TunRun, direction: Direction, quiet: bool) -> anyhow
             (Direction::SquarepegReceives, false) => "kernel → squarepeg (TUN)".into(),
             (Direction::SquarepegReceives, true) => "kernel → squarepeg (TUN+offload)".into(),
         },
+        stack: Contender::Squarepeg,
+        direction: Some(direction),
         mtu,
         bytes,
         bytes_per_second: bytes as f64 / seconds,
@@ -566,6 +646,7 @@ fn squarepeg_over_tun(run: &TunRun, direction: Direction, quiet: bool) -> anyhow
         sender_cpu,
         receiver_cpu,
         ratio_to_kernel: None,
+        ratio_to_smoltcp: None,
         tun_queue_drops: drops,
         retransmitted_packets: Some(retransmitted),
         seconds,
@@ -586,6 +667,7 @@ struct Report {
     buffer: u64,
     batch: usize,
     offload: OffloadChoice,
+    contenders: Vec<Contender>,
     cpus: usize,
     rows: Vec<Row>,
 }
@@ -594,14 +676,26 @@ impl Report {
     fn new(mut rows: Vec<Row>, a: &TcpBenchArgs) -> Report {
         let baselines: Vec<(u16, f64)> = rows
             .iter()
-            .filter(|r| r.contender.starts_with("kernel → kernel"))
+            .filter(|r| r.stack == Contender::Kernel)
             .map(|r| (r.mtu, r.bytes_per_second))
             .collect();
+        let smoltcp: Vec<(u16, Option<Direction>, f64)> = rows
+            .iter()
+            .filter(|r| r.stack == Contender::Smoltcp)
+            .map(|r| (r.mtu, r.direction, r.bytes_per_second))
+            .collect();
         for r in rows.iter_mut() {
-            if !r.contender.starts_with("kernel → kernel")
+            if r.stack != Contender::Kernel
                 && let Some((_, base)) = baselines.iter().find(|(m, _)| *m == r.mtu)
             {
                 r.ratio_to_kernel = Some(r.bytes_per_second / base);
+            }
+            if r.stack == Contender::Squarepeg
+                && let Some((_, _, rival)) = smoltcp
+                    .iter()
+                    .find(|(m, d, _)| *m == r.mtu && *d == r.direction)
+            {
+                r.ratio_to_smoltcp = Some(r.bytes_per_second / rival);
             }
         }
         Report {
@@ -610,6 +704,7 @@ impl Report {
             buffer: a.buffer,
             batch: a.batch,
             offload: a.offload,
+            contenders: a.contenders.clone(),
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             rows,
         }
@@ -617,11 +712,12 @@ impl Report {
 
     fn print(&self) {
         println!(
-            "{:<34} {:>6} {:>8} {:>6} {:>14} {:>14} {:>7} {:>9} {:>8} {:>11}",
+            "{:<34} {:>6} {:>8} {:>6} {:>6} {:>14} {:>14} {:>7} {:>9} {:>8} {:>11}",
             "contender",
             "MTU",
             "Gbit/s",
             "ratio",
+            "÷smol",
             "send CPU s/GiB",
             "recv CPU s/GiB",
             "driver",
@@ -632,13 +728,18 @@ impl Report {
         let per_call = |x: Option<f64>| x.map_or_else(|| "-".into(), |v| format!("{v:.1}"));
         for r in &self.rows {
             println!(
-                "{:<34} {:>6} {:>8.2} {:>6} {:>14.2} {:>14.2} {:>7} {:>9} {:>8} {:>11}",
+                "{:<34} {:>6} {:>8.2} {:>6} {:>6} {:>14.2} {:>14.2} {:>7} {:>9} {:>8} {:>11}",
                 r.contender,
                 r.mtu,
                 r.bytes_per_second * 8.0 / 1e9,
-                r.ratio_to_kernel
+                match (r.stack, r.ratio_to_kernel) {
+                    (Contender::Kernel, _) => "1".into(),
+                    (_, Some(x)) => format!("{x:.2}×"),
+                    (_, None) => "-".into(),
+                },
+                r.ratio_to_smoltcp
                     .map(|x| format!("{x:.2}×"))
-                    .unwrap_or_else(|| "1".into()),
+                    .unwrap_or_else(|| "-".into()),
                 r.sender_cpu_per_gib,
                 r.receiver_cpu_per_gib,
                 r.driver_busy
@@ -665,7 +766,8 @@ impl Report {
             "{} bytes per transfer, {} CPUs. squarepeg's CPU includes the kernel's processing \
              of the packets it writes to the TUN device; `driver` is its driver thread's CPU \
              time over the transfer time; `seg/rd,wr` are the segments per read and per write \
-             system call of the device.",
+             system call of the device; `÷smol` is squarepeg's throughput over smoltcp's in the \
+             same direction at the same MTU.",
             self.bytes, self.cpus
         );
     }
