@@ -111,6 +111,10 @@ pub struct Endpoint {
     live: usize,
     half_open: usize,
     table: HashMap<Tuple, u32>,
+    /// The last tuple found in `table`: a bulk transfer's segments all hit it, and comparing
+    /// two tuples costs less than SipHashing one (3 % of the driver thread receiving at MTU
+    /// 1500). Cleared whenever `table` changes.
+    last_lookup: Option<(Tuple, u32)>,
     listeners: Vec<Option<Listener>>,
     listener_by_addr: HashMap<SocketAddr, ListenerHandle>,
     events: VecDeque<Event>,
@@ -142,6 +146,7 @@ impl Endpoint {
             live: 0,
             half_open: 0,
             table: HashMap::new(),
+            last_lookup: None,
             listeners: Vec::new(),
             listener_by_addr: HashMap::new(),
             events: VecDeque::new(),
@@ -362,6 +367,7 @@ impl Endpoint {
             generation: slot.generation,
         };
         self.table.insert(tuple, index);
+        self.last_lookup = None;
         self.live += 1;
         self.stats.connections_opened += 1;
         if half_open {
@@ -719,6 +725,7 @@ impl Endpoint {
             slot.in_table = false;
             if self.table.get(&tuple) == Some(&idx) {
                 self.table.remove(&tuple);
+                self.last_lookup = None;
             }
         }
         // Free the slot once the connection is closed, its last packet sent, and nobody holds
@@ -776,7 +783,15 @@ impl Endpoint {
             return Err(DropReason::NotLocal);
         }
         let tuple = (seg.dst, seg.src);
-        if let Some(&idx) = self.table.get(&tuple) {
+        let found = match self.last_lookup {
+            Some((last, idx)) if last == tuple => Some(idx),
+            _ => {
+                let idx = self.table.get(&tuple).copied();
+                self.last_lookup = idx.map(|i| (tuple, i));
+                idx
+            }
+        };
+        if let Some(idx) = found {
             if self.time_wait_reuse(now, idx, &seg) {
                 // Fall through to the listener as a new connection.
             } else {
