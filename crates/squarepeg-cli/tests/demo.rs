@@ -1,15 +1,9 @@
 //! `peg demo`: the JSON table on standard output, the files, and bad input.
 
-use std::process::Command;
+mod common;
 
+use common::peg;
 use serde_json::Value;
-
-fn peg(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_peg"))
-        .args(args)
-        .output()
-        .expect("run peg")
-}
 
 #[test]
 fn demo_prints_the_table_as_json_and_writes_plots() {

@@ -1,15 +1,9 @@
 //! `peg lab priority --sim`: the JSON on standard output and the refusal without `--sim`.
 
-use std::process::Command;
+mod common;
 
+use common::peg;
 use serde_json::Value;
-
-fn peg(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_peg"))
-        .args(args)
-        .output()
-        .expect("run peg")
-}
 
 #[test]
 fn priority_sim_prints_json() {

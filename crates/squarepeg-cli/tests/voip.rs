@@ -1,16 +1,10 @@
 //! `peg lab voip --sim`: the table, the JSON on standard output, the files, and the errors a
 //! user meets.
 
-use std::process::Command;
+mod common;
 
+use common::peg;
 use serde_json::Value;
-
-fn peg(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_peg"))
-        .args(args)
-        .output()
-        .expect("run peg")
-}
 
 #[test]
 fn sim_run_prints_json_and_writes_files() {

@@ -20,7 +20,8 @@ use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use squarepeg_experiments::voip::{VoipConfig, demo, report};
-use squarepeg_lab::units::parse_duration;
+
+use crate::cmd::parse_duration_arg;
 
 /// `peg demo`: VoIP over TCP, uTCP and UDP on the simulator.
 #[derive(Debug, Args)]
@@ -40,10 +41,6 @@ pub struct DemoArgs {
     /// Skip the plots.
     #[arg(long)]
     no_plots: bool,
-}
-
-fn parse_duration_arg(text: &str) -> Result<Duration, String> {
-    parse_duration(text).map_err(|e| e.to_string())
 }
 
 /// Runs `peg demo`.

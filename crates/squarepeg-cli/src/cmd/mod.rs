@@ -34,3 +34,8 @@ pub(crate) async fn copy_hashing(
     }
     Ok((total, hash.finalize().into()))
 }
+
+/// A duration argument (`20ms`, `5s`, `1m`) for clap.
+pub(crate) fn parse_duration_arg(text: &str) -> Result<std::time::Duration, String> {
+    squarepeg_lab::units::parse_duration(text).map_err(|e| e.to_string())
+}

@@ -22,7 +22,8 @@ use squarepeg_experiments::priority::{
     PriorityConfig, Transport, Variant, plot_cdf, priority_json, priority_table, run_all, run_lab,
     run_lab_kernel,
 };
-use squarepeg_lab::units::parse_duration;
+
+use crate::cmd::parse_duration_arg;
 
 /// `peg lab priority`: the Minion §8.3 priority experiment.
 #[derive(Debug, Args)]
@@ -64,10 +65,6 @@ pub struct PriorityArgs {
     /// Skip the plots.
     #[arg(long)]
     no_plots: bool,
-}
-
-fn parse_duration_arg(text: &str) -> Result<Duration, String> {
-    parse_duration(text).map_err(|e| e.to_string())
 }
 
 /// Runs `peg lab priority`.

@@ -26,7 +26,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use squarepeg_experiments::voip::{
     self, RunResult, SCENARIOS, Scenario, VoipConfig, lab, report, sim,
 };
-use squarepeg_lab::units::parse_duration;
+
+use crate::cmd::parse_duration_arg;
 
 /// `peg lab voip`: run the VoIP experiment.
 #[derive(Debug, Args)]
@@ -66,10 +67,6 @@ pub struct VoipArgs {
     /// Skip the plots.
     #[arg(long)]
     no_plots: bool,
-}
-
-fn parse_duration_arg(text: &str) -> Result<Duration, String> {
-    parse_duration(text).map_err(|e| e.to_string())
 }
 
 /// Runs `peg lab voip`.
