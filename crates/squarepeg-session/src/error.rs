@@ -88,12 +88,59 @@ pub enum ConnectionError {
     /// This side aborted the connection with an application code.
     #[error("connection aborted locally (code {0})")]
     LocallyAborted(u64),
-    /// The transport ended (EOF, reset, I/O error) without a CLOSE frame.
-    #[error("transport closed without a CLOSE frame: {0}")]
-    TransportClosed(String),
+    /// The transport below ended or failed without a CLOSE frame.
+    #[error("transport: {0}")]
+    Transport(TransportError),
     /// A graceful close did not finish in time.
     #[error("timed out waiting for the peer to finish closing")]
     TimedOut,
+}
+
+/// How the transport under a session ended without a CLOSE frame: the
+/// reasons an application can act on, from the kernel's socket errors or the
+/// userspace TCP's close reasons.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// The peer ended its byte stream (TCP FIN) without a CLOSE frame.
+    #[error("the peer closed the TCP connection without a CLOSE frame")]
+    PeerClosed,
+    /// The peer reset the connection (TCP RST).
+    #[error("connection reset by the peer")]
+    Reset,
+    /// Retransmissions, keepalives or the user timeout gave up.
+    #[error("connection timed out")]
+    TimedOut,
+    /// The peer refused the connection.
+    #[error("connection refused")]
+    Refused,
+    /// The peer's host or network cannot be reached.
+    #[error("peer unreachable")]
+    Unreachable,
+    /// A local I/O error of this kind.
+    #[error("local I/O error: {0}")]
+    Io(std::io::ErrorKind),
+}
+
+impl TransportError {
+    /// The error a socket operation's `io::Error` stands for.
+    pub fn from_io(e: &std::io::Error) -> Self {
+        Self::from_io_kind(e.kind())
+    }
+
+    /// The error an `io::ErrorKind` stands for.
+    pub fn from_io_kind(kind: std::io::ErrorKind) -> Self {
+        use std::io::ErrorKind as K;
+        match kind {
+            // EPIPE after the peer's RST reads as a broken pipe.
+            K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe => Self::Reset,
+            K::TimedOut => Self::TimedOut,
+            K::ConnectionRefused => Self::Refused,
+            K::HostUnreachable | K::NetworkUnreachable | K::NetworkDown => Self::Unreachable,
+            K::UnexpectedEof => Self::PeerClosed,
+            other => Self::Io(other),
+        }
+    }
 }
 
 fn fmt_reason(reason: &str) -> String {

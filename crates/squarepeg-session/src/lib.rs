@@ -70,7 +70,9 @@ pub use config::{
     Config, ConfigError, DEFAULT_INITIAL_MAX_DATA, DEFAULT_INITIAL_MAX_STREAM_DATA,
     DEFAULT_INITIAL_MAX_STREAMS, MAX_FRAME_BODY, MAX_MESSAGE_SIZE,
 };
-pub use error::{ConnectionError, ProtocolError, SendError, StreamError, transport_code};
+pub use error::{
+    ConnectionError, ProtocolError, SendError, StreamError, TransportError, transport_code,
+};
 pub use session::{
     Event, Message, MessageProps, MessageStatus, Role, Session, Stats, Transmit, TransmitContent,
 };

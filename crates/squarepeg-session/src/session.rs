@@ -11,7 +11,7 @@ use crate::config::{
     DEFAULT_INITIAL_MAX_STREAMS, MAX_MESSAGE_SIZE,
 };
 use crate::control::{ControlFrame, Params};
-use crate::error::{ConnectionError, ProtocolError, SendError, StreamError};
+use crate::error::{ConnectionError, ProtocolError, SendError, StreamError, TransportError};
 use crate::hash::{IntMap, IntSet};
 use crate::scheduler::{Flow, Scheduler};
 use crate::stream::{ReadOutcome, RecvHalf, SendHalf, initiated_by_client};
@@ -1091,8 +1091,9 @@ impl Session {
     // ---------------------------------------------------------------------
     // Transport side.
 
-    /// The transport ended (EOF, reset or error) with `reason`.
-    pub fn handle_transport_closed(&mut self, now: Instant, reason: &str) {
+    /// The transport ended (EOF, reset or error) for `reason`. After our own
+    /// CLOSE (or the peer's) any end of the transport just ends the drain.
+    pub fn handle_transport_closed(&mut self, now: Instant, reason: TransportError) {
         match &mut self.state {
             State::Closed {
                 peer_done,
@@ -1102,12 +1103,7 @@ impl Session {
                 *peer_done = true;
                 *close_frame = None;
             }
-            _ => self.enter_closed(
-                now,
-                ConnectionError::TransportClosed(reason.to_string()),
-                None,
-                true,
-            ),
+            _ => self.enter_closed(now, ConnectionError::Transport(reason), None, true),
         }
     }
 

@@ -700,7 +700,7 @@ fn graceful_close_flushes_then_both_ends_see_it() {
     assert_eq!(std::iter::from_fn(|| p.b.poll_message()).count(), 10);
     assert!(p.b.is_drained());
     assert!(!p.a.is_drained());
-    p.a.handle_transport_closed(p.now, "eof");
+    p.a.handle_transport_closed(p.now, TransportError::PeerClosed);
     assert!(p.a.is_drained());
     assert_eq!(p.a.error(), Some(&ConnectionError::LocallyClosed));
 }

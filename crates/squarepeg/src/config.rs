@@ -4,11 +4,18 @@ use std::time::Duration;
 
 use squarepeg_session::Config;
 
-/// Configuration of a [`crate::Connection`] and its driver.
+/// Configuration of a [`crate::Connection`] and its driver. Start from
+/// `ConnectionConfig::default()` and change fields (the struct may gain fields, so it is not
+/// built with a literal outside this crate).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct ConnectionConfig {
     /// The session core's limits (windows, queues, chunk size).
     pub session: Config,
+    /// Switch each direction to plain frames (no byte stuffing, markers or checksum,
+    /// docs/wire.md §3) where both ends allow it: the receiver reads in order and the
+    /// sender never replaces retransmitted bytes. Off: uCOBS both ways.
+    pub plain_frames: bool,
     /// `TCP_NOTSENT_LOWAT` in bytes: the kernel keeps about twice this much
     /// unsent data at most; the rest waits in the session scheduler, where
     /// priorities, squash and lifetimes still apply. `None` leaves the
@@ -30,7 +37,7 @@ pub struct ConnectionConfig {
     /// lowat: the driver's batch is committed like the kernel's unsent
     /// data).
     pub write_batch: usize,
-    /// Bytes read from the socket per system call. Received payloads are
+    /// Bytes read from the transport per system call. Received payloads are
     /// slices of shared chunks of about this size (no copy or allocation
     /// per message); while chunks kept alive by payloads the application
     /// (or the receive queue) still holds exceed
@@ -49,6 +56,7 @@ impl Default for ConnectionConfig {
     fn default() -> Self {
         Self {
             session: Config::default(),
+            plain_frames: true,
             // Late binding against throughput: a smaller lowat leaves more
             // data in the session, where a more urgent message still
             // overtakes it (an urgent message waits behind about twice the
@@ -76,5 +84,16 @@ impl Default for ConnectionConfig {
             read_buffer: 64 * 1024,
             status_queue: 1 << 16,
         }
+    }
+}
+
+impl ConnectionConfig {
+    /// The connection core's part of this configuration.
+    pub(crate) fn core_config(&self) -> squarepeg_connection::Config {
+        let mut c = squarepeg_connection::Config::default();
+        c.session = self.session.clone();
+        c.read_buffer = self.read_buffer;
+        c.plain_frames = self.plain_frames;
+        c
     }
 }

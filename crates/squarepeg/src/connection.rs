@@ -8,14 +8,14 @@ use std::task::Waker;
 use std::time::Instant;
 
 use bytes::Bytes;
+use squarepeg_connection::{Connection as Core, Send as SendKind, SessionStats, UtcpStats};
 use squarepeg_session::{
     ConnectionError, Event, Message, MessageNumber, MessageProps, MessageStatus, SendError,
-    Session, Stats, StreamError, StreamId,
+    StreamError, StreamId, TransportError,
 };
 use tokio::sync::Notify;
 
 use crate::stream::Stream;
-use crate::utcp::Glue;
 
 /// State shared by the driver and the application's handles.
 pub(crate) struct Shared {
@@ -41,7 +41,8 @@ pub(crate) struct Shared {
 }
 
 pub(crate) struct State {
-    pub(crate) session: Session,
+    /// The sans-IO connection: session, frame codec, substrate adapter.
+    pub(crate) conn: Core,
     pub(crate) read_wakers: HashMap<StreamId, Waker>,
     pub(crate) write_wakers: HashMap<StreamId, Waker>,
     statuses: StatusQueue,
@@ -50,9 +51,6 @@ pub(crate) struct State {
     pub(crate) driver_done: bool,
     /// The `TCP_NOTSENT_LOWAT` in force (kernel TCP), as the driver set it.
     pub(crate) notsent_lowat: Option<u32>,
-    /// Over the userspace TCP: the glue, through which the session's events pass (it
-    /// corrects message statuses with the TCP queue's verdicts).
-    pub(crate) utcp: Option<Box<Glue>>,
 }
 
 impl State {
@@ -62,38 +60,31 @@ impl State {
     /// full), so only a message that finds the queue empty needs to wake
     /// it: one wake-up per burst instead of an atomic handshake with the
     /// driver's core per message. A message with a lifetime may bring the
-    /// earliest deadline, which the driver's timer must learn; and the uTCP
-    /// glue takes records only as its TCP window allows. Both wake it.
+    /// earliest deadline, which the driver's timer must learn; and tagged
+    /// writes leave only as the TCP's window allows. Both wake it.
     fn driver_needs_wake(&self, props: &MessageProps) -> bool {
-        self.utcp.is_some() || props.lifetime.is_some() || !self.session.has_queued_messages()
-    }
-
-    /// The session's next event (through the uTCP glue, if there is one).
-    fn poll_event(&mut self) -> Option<Event> {
-        match self.utcp.as_mut() {
-            Some(glue) => glue.poll_event(&mut self.session),
-            None => self.session.poll_event(),
-        }
+        self.conn.substrate().send == SendKind::TaggedWrites
+            || props.lifetime.is_some()
+            || !self.conn.session().has_queued_messages()
     }
 }
 
 impl Shared {
     pub(crate) fn new(
-        session: Session,
+        conn: Core,
         status_limit: usize,
         local: SocketAddr,
         remote: SocketAddr,
     ) -> Self {
         Self {
             state: Mutex::new(State {
-                session,
+                conn,
                 read_wakers: HashMap::new(),
                 write_wakers: HashMap::new(),
                 statuses: StatusQueue::new(status_limit),
                 statuses_lagged: 0,
                 driver_done: false,
                 notsent_lowat: None,
-                utcp: None,
             }),
             received: Mutex::new(VecDeque::new()),
             driver: Notify::new(),
@@ -118,14 +109,14 @@ impl Shared {
     /// Hands session events to whoever waits for them. Called with the
     /// state locked.
     pub(crate) fn dispatch(&self, st: &mut State) {
-        if st.utcp.is_none() && !st.session.has_events() {
+        if !st.conn.has_events() {
             // The common case on every send and every driver round.
             return;
         }
         // Each waiter list is notified at most once per call: a batch of
         // frames produces one wake-up, not one per message.
         let mut wake = [false; 5];
-        while let Some(event) = st.poll_event() {
+        while let Some(event) = st.conn.poll_event() {
             match event {
                 Event::MessageStatus { number, status } => {
                     if st.statuses.limit == 0 {
@@ -197,11 +188,11 @@ impl Shared {
         if let Some(m) = cache.pop_front() {
             return Some((m, false));
         }
-        let was_blocked = st.session.receive_blocked();
-        let m = st.session.poll_message()?;
+        let was_blocked = st.conn.session().receive_blocked();
+        let m = st.conn.session_mut().poll_message()?;
         let mut bytes = 0;
         while cache.len() < RECEIVE_BATCH && bytes < RECEIVE_BATCH_BYTES {
-            let Some(next) = st.session.poll_message() else {
+            let Some(next) = st.conn.session_mut().poll_message() else {
                 break;
             };
             bytes += next.payload.len();
@@ -315,7 +306,7 @@ pub(crate) struct Handle(pub(crate) Arc<Shared>);
 impl Drop for Handle {
     fn drop(&mut self) {
         let mut st = self.0.lock();
-        st.session.close(0, b"");
+        st.conn.session_mut().close(0, b"");
         drop(st);
         self.0.driver.notify_one();
     }
@@ -323,14 +314,15 @@ impl Drop for Handle {
 
 /// Counters of a connection.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ConnectionStats {
-    pub session: Stats,
+    pub session: SessionStats,
     /// Message statuses dropped because the application did not take them
     /// (see `ConnectionConfig::status_queue`).
     pub statuses_lagged: u64,
     /// Over the userspace TCP: the glue's counters (segments read, frames rejected,
     /// messages expired, squashed or replaced in the TCP queue, sent as replacements).
-    pub utcp: Option<crate::utcp::UtcpStats>,
+    pub utcp: Option<UtcpStats>,
     /// Over kernel TCP: the `TCP_NOTSENT_LOWAT` in force (it follows the delivery rate
     /// with `ConnectionConfig::unsent_drain`).
     pub notsent_lowat: Option<u32>,
@@ -388,14 +380,15 @@ impl Connection {
                 |s| &s.send_space,
                 |st| {
                     let len = payload.as_ref().map_or(0, Bytes::len);
-                    if !st.session.message_queue_has_room(len) {
+                    if !st.conn.session_mut().message_queue_has_room(len) {
                         return None;
                     }
                     let p = payload.take()?;
                     let wake = st.driver_needs_wake(&props);
-                    let r = st
-                        .session
-                        .send_message(queue_time(&props), p, props.clone());
+                    let r =
+                        st.conn
+                            .session_mut()
+                            .send_message(queue_time(&props), p, props.clone());
                     sh.dispatch(st);
                     Some((r, wake))
                 },
@@ -417,7 +410,8 @@ impl Connection {
         let mut st = sh.lock();
         let wake_driver = st.driver_needs_wake(&props);
         let r = st
-            .session
+            .conn
+            .session_mut()
             .send_message(queue_time(&props), payload.into(), props);
         sh.dispatch(&mut st);
         drop(st);
@@ -442,7 +436,7 @@ impl Connection {
                     if let Some(taken) = sh.take_received(st) {
                         return Some(Ok(taken));
                     }
-                    st.session.error().map(|e| Err(e.clone()))
+                    st.conn.session().error().map(|e| Err(e.clone()))
                 },
             )
             .await;
@@ -468,7 +462,7 @@ impl Connection {
             }
             return Ok(Some(m));
         }
-        match st.session.error() {
+        match st.conn.session().error() {
             Some(e) => Err(e.clone()),
             None => Ok(None),
         }
@@ -491,7 +485,7 @@ impl Connection {
                     if let Some(s) = st.statuses.pop() {
                         return Some(Ok(s));
                     }
-                    st.session.error().map(|e| Err(e.clone()))
+                    st.conn.session().error().map(|e| Err(e.clone()))
                 },
             )
             .await
@@ -508,7 +502,7 @@ impl Connection {
             .shared()
             .wait(
                 |s| &s.streams_available,
-                |st| match st.session.open_stream() {
+                |st| match st.conn.session_mut().open_stream() {
                     Err(StreamError::StreamsBlocked) => None,
                     other => Some(other),
                 },
@@ -524,10 +518,10 @@ impl Connection {
             .wait(
                 |s| &s.incoming,
                 |st| {
-                    if let Some(id) = st.session.accept_stream() {
+                    if let Some(id) = st.conn.session_mut().accept_stream() {
                         return Some(Ok(id));
                     }
-                    st.session.error().map(|e| Err(e.clone()))
+                    st.conn.session().error().map(|e| Err(e.clone()))
                 },
             )
             .await?;
@@ -542,7 +536,7 @@ impl Connection {
     pub async fn close(&self) {
         {
             let mut st = self.shared().lock();
-            st.session.close(0, b"");
+            st.conn.session_mut().close(0, b"");
         }
         self.shared().driver.notify_one();
         self.closed().await;
@@ -553,7 +547,7 @@ impl Connection {
     pub fn abort(&self, code: u64, reason: &[u8]) {
         let sh = self.shared();
         let mut st = sh.lock();
-        st.session.abort(Instant::now(), code, reason);
+        st.conn.session_mut().abort(Instant::now(), code, reason);
         sh.dispatch(&mut st);
         drop(st);
         sh.driver.notify_one();
@@ -569,11 +563,15 @@ impl Connection {
                     if !st.driver_done {
                         return None;
                     }
+                    // The driver always leaves an error; a stand-in should it ever not.
                     Some(
-                        st.session
+                        st.conn
+                            .session()
                             .error()
                             .cloned()
-                            .unwrap_or(ConnectionError::TransportClosed("driver stopped".into())),
+                            .unwrap_or(ConnectionError::Transport(TransportError::Io(
+                                std::io::ErrorKind::Other,
+                            ))),
                     )
                 },
             )
@@ -582,16 +580,17 @@ impl Connection {
 
     /// The error that closed the connection, if it is closed.
     pub fn close_reason(&self) -> Option<ConnectionError> {
-        self.shared().lock().session.error().cloned()
+        self.shared().lock().conn.session().error().cloned()
     }
 
     /// Counters.
     pub fn stats(&self) -> ConnectionStats {
         let st = self.shared().lock();
+        let core = st.conn.stats();
         ConnectionStats {
-            session: st.session.stats(),
+            session: core.session,
             statuses_lagged: st.statuses_lagged,
-            utcp: st.utcp.as_ref().map(|g| g.stats),
+            utcp: core.utcp,
             notsent_lowat: st.notsent_lowat,
         }
     }

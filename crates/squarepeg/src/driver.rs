@@ -1,243 +1,245 @@
-//! The per-connection driver task: owns the socket, feeds the session what
-//! the socket reads, writes what the session's scheduler chooses, and runs
-//! the session's timer. Everything protocol-related is in the session.
+//! The per-connection driver task, the same for every substrate: it owns the transport,
+//! hands the connection core (`squarepeg_connection::Connection`, shared with the
+//! application's handles) what the transport reads, writes what the core gives, and runs the
+//! core's timer. Everything protocol-related is in the core; what differs between substrates
+//! — how output is encoded for the transport and where reads go — is a [`Wire`].
 
+use std::future::Future;
 use std::io;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Instant;
 
-use squarepeg_framing::StreamDecoder;
-use squarepeg_session::MAX_FRAME_BODY;
-use tokio::net::TcpStream;
+use squarepeg_connection::{Connection as Core, TransportError};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::config::ConnectionConfig;
 use crate::connection::Shared;
-use crate::unsent::AdaptiveLowat;
 
-/// Reads per wake-up before the driver turns to writing again.
-const READ_BUDGET: usize = 16;
-
-/// Bytes of frames taken from the session per lock acquisition.
+/// Bytes of output taken from the core per lock acquisition: encoding happens under the
+/// lock, and the application should not wait a whole batch to queue a message.
 const LOCK_SLICE: usize = 16 * 1024;
 
-pub(crate) async fn run(shared: Arc<Shared>, socket: TcpStream, config: ConnectionConfig) {
+/// How a substrate's transport meets the core. Methods marked "under the lock" are called
+/// with the connection's state locked; the others without.
+pub(crate) trait Wire: Send + 'static {
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+
+    /// Before a new batch is taken (without the lock): the batch size in force, which may
+    /// follow the transport's state.
+    fn batch(&mut self, io: &Self::Io, now: Instant) -> usize;
+
+    /// Under the lock: appends the core's next output, encoded for the transport, until
+    /// `out` holds `limit` bytes or the core has nothing more now. Returns whether it
+    /// stopped at `limit` (there may be more).
+    fn fill(&mut self, core: &mut Core, now: Instant, out: &mut Vec<u8>, limit: usize) -> bool;
+
+    /// Under the lock, before a read: takes what the read needs from the core.
+    fn begin_read(&mut self, core: &mut Core);
+
+    /// Where the next read goes (empty: nothing to read into now).
+    fn read_buffer(&mut self) -> &mut [u8];
+
+    /// `n > 0` bytes were read into [`Self::read_buffer`] (without the lock: decoding here
+    /// keeps it off the application's path).
+    fn filled(&mut self, n: usize);
+
+    /// Under the lock: hands what was read to the core.
+    fn end_read(&mut self, core: &mut Core, now: Instant);
+}
+
+/// What ended one wait of the driver.
+enum Wake {
+    Read(usize),
+    Wrote(usize),
+    ShutDown,
+    Failed(io::Error),
+    Notified,
+    Timer,
+}
+
+/// Runs the connection until the core is drained, then closes the transport.
+pub(crate) async fn run<W: Wire>(shared: Arc<Shared>, io: W::Io, wire: W, write_batch: usize) {
     let mut driver = Driver {
         shared,
-        socket,
-        decoder: StreamDecoder::with_buffers(
-            MAX_FRAME_BODY,
-            config.read_buffer,
-            config.session.message_receive_queue + 4 * config.read_buffer,
-        ),
-        out: Vec::with_capacity(config.write_batch + 64 * 1024),
+        io,
+        wire,
+        out: Vec::with_capacity(write_batch + LOCK_SLICE),
         out_pos: 0,
-        // Frames taken from the session are committed: a batch larger than
-        // the lowat would hold an urgent message behind it, and one write
-        // larger than the lowat fills the kernel past it (the kernel checks
-        // the lowat only between its buffers, up to 64 KB each), so the
-        // batch follows the lowat down.
-        batch: config
-            .write_batch
-            .min(config.notsent_lowat.map_or(usize::MAX, |l| l as usize))
-            .max(1),
-        write_batch: config.write_batch.max(1),
-        lowat: match (config.notsent_lowat, config.unsent_drain) {
-            (Some(max), Some(drain)) => Some(AdaptiveLowat::new(drain, max)),
-            _ => None,
-        },
         read_open: true,
-        write_shut: false,
+        fin: Fin::NotYet,
     };
-    driver.shared.lock().notsent_lowat = config.notsent_lowat;
     driver.drive().await;
     let sh = &driver.shared;
     let mut st = sh.lock();
-    if st.session.error().is_none() {
-        st.session
-            .handle_transport_closed(Instant::now(), "driver stopped");
+    if st.conn.session().error().is_none() {
+        // Not reached while the core runs to its end; a safety net for a driver bug.
+        st.conn
+            .handle_transport_closed(Instant::now(), TransportError::Io(io::ErrorKind::Other));
     }
     st.driver_done = true;
     sh.dispatch(&mut st);
     sh.wake_all(&mut st);
+    // Dropping the transport closes it (close(2) for a socket; the userspace stack finishes
+    // the exchange while it runs).
 }
 
-struct Driver {
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fin {
+    NotYet,
+    /// The core's last frame is out: end the sending direction once `out` is written.
+    Due,
+    /// Sent, or the sending direction failed.
+    Done,
+}
+
+struct Driver<W: Wire> {
     shared: Arc<Shared>,
-    socket: TcpStream,
-    /// Reads go straight into the decoder's buffer; payloads come out as
-    /// slices of shared chunks (see `StreamDecoder`).
-    decoder: StreamDecoder,
-    /// Encoded frames taken from the session, written from `out_pos`.
+    io: W::Io,
+    wire: W,
+    /// Output taken from the core, written from `out_pos`.
     out: Vec<u8>,
     out_pos: usize,
-    /// Bytes taken from the session per batch: the configured write batch,
-    /// at most the lowat in force.
-    batch: usize,
-    write_batch: usize,
-    /// The lowat following the delivery rate, if configured.
-    lowat: Option<AdaptiveLowat>,
     read_open: bool,
-    write_shut: bool,
+    fin: Fin,
 }
 
-/// What ended the driver's wait (only the timer needs handling; the other
-/// wake-ups lead to the next round of writing and reading).
-enum Wake {
-    Io,
-    Timer,
-}
-
-impl Driver {
+impl<W: Wire> Driver<W> {
     async fn drive(&mut self) {
         loop {
-            let write_blocked = self.write();
-            let (timeout, receive_blocked, drained) = {
+            let now = Instant::now();
+            if self.out_pos == self.out.len() && self.fin == Fin::NotYet {
+                self.refill(now);
+            }
+            let (timeout, wants_read, drained) = {
                 let mut st = self.shared.lock();
-                self.shared.dispatch(&mut st);
-                if st.session.is_send_finished()
-                    && self.out_pos == self.out.len()
-                    && !self.write_shut
-                {
-                    // Our CLOSE is out: end our direction (TCP FIN).
-                    self.write_shut = true;
-                    let _ =
-                        socket2::SockRef::from(&self.socket).shutdown(std::net::Shutdown::Write);
+                if self.out_pos == self.out.len() && st.conn.poll_shutdown() {
+                    self.fin = Fin::Due;
                 }
-                (
-                    st.session.poll_timeout(),
-                    st.session.receive_blocked(),
-                    st.session.is_drained(),
-                )
+                let wants_read = self.read_open && st.conn.wants_read();
+                if wants_read {
+                    self.wire.begin_read(&mut st.conn);
+                }
+                let r = (st.conn.poll_timeout(), wants_read, st.conn.is_drained());
+                self.shared.dispatch(&mut st);
+                r
             };
             if drained && self.out_pos == self.out.len() {
                 return;
             }
-            if self.read_open && !receive_blocked && self.read() {
-                // Read something: go round to answer it before sleeping.
-                continue;
-            }
             let wake = {
-                let readable = self.read_open && !receive_blocked;
-                let sleep = async {
-                    match timeout {
-                        Some(t) => tokio::time::sleep_until(t.into()).await,
-                        None => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    _ = self.socket.readable(), if readable => Wake::Io,
-                    _ = self.socket.writable(), if write_blocked => Wake::Io,
-                    _ = self.shared.driver.notified() => Wake::Io,
-                    _ = sleep => Wake::Timer,
-                }
-            };
-            if let Wake::Timer = wake {
-                let mut st = self.shared.lock();
-                st.session.handle_timeout(Instant::now());
-            }
-        }
-    }
-
-    /// Writes frames while the socket takes them, asking the session for a
-    /// new batch only when the previous one is fully written, so that the
-    /// scheduler decides as late as possible. Returns whether the socket is
-    /// full (wait for writability).
-    fn write(&mut self) -> bool {
-        loop {
-            if self.out_pos == self.out.len() {
-                self.out.clear();
-                self.out_pos = 0;
-                if self.write_shut {
-                    return false;
-                }
-                if let Some(lowat) = self.lowat.as_mut()
-                    && let Some(new) = lowat.update(Instant::now(), &self.socket)
-                {
-                    self.batch = self.write_batch.min(new as usize).max(1);
-                    self.shared.lock().notsent_lowat = Some(new);
-                }
-                // Take the lock per slice of the batch: encoding happens
-                // under it, and the application should not wait a whole
-                // batch to queue a message.
-                let now = Instant::now();
-                loop {
-                    let mut st = self.shared.lock();
-                    let slice_end = (self.out.len() + LOCK_SLICE).min(self.batch);
-                    st.session
-                        .poll_transmit_batch(now, &mut self.out, slice_end);
-                    // Short of the slice end: the session has nothing more.
-                    let more = self.out.len() >= slice_end;
-                    drop(st);
-                    if !more || self.out.len() >= self.batch {
-                        break;
-                    }
-                }
-                if self.out.is_empty() {
-                    return false;
-                }
-            }
-            match self.socket.try_write(&self.out[self.out_pos..]) {
-                Ok(n) => self.out_pos += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    self.transport_failed(&e);
-                    return false;
-                }
-            }
-        }
-    }
-
-    /// Reads and processes what the socket has, up to a budget. Returns
-    /// whether anything was read.
-    fn read(&mut self) -> bool {
-        let mut any = false;
-        for _ in 0..READ_BUDGET {
-            match self.socket.try_read(self.decoder.unfilled()) {
-                Ok(0) => {
-                    self.read_open = false;
-                    let mut st = self.shared.lock();
-                    st.session
-                        .handle_transport_closed(Instant::now(), "peer closed the TCP connection");
-                    return true;
-                }
-                Ok(n) => {
-                    any = true;
-                    // Decode (COBS, CRC) without the lock, so the
-                    // application's calls are not held up by it.
-                    self.decoder.filled(n);
-                    // The frames wait decoded in the decoder's queue; under
-                    // the lock they are only moved into the session.
-                    let mut st = self.shared.lock();
-                    let now = Instant::now();
-                    while let Some(frame) = self.decoder.next_frame() {
-                        match frame {
-                            Ok(f) => st.session.handle_frame(now, f),
-                            Err(e) => st.session.handle_decode_error(now, e),
+                let mut notified = pin!(self.shared.driver.notified());
+                let mut sleep = timeout.map(|t| Box::pin(tokio::time::sleep_until(t.into())));
+                let Self {
+                    io,
+                    wire,
+                    out,
+                    out_pos,
+                    fin,
+                    ..
+                } = self;
+                let pending = &out[*out_pos..];
+                let fin_due = *fin == Fin::Due && pending.is_empty();
+                std::future::poll_fn(|cx| {
+                    // Each poll registers the transport's waker for what would block, so any
+                    // of them wakes this one future.
+                    if !pending.is_empty() {
+                        match Pin::new(&mut *io).poll_write(cx, pending) {
+                            Poll::Ready(Ok(n)) => return Poll::Ready(Wake::Wrote(n)),
+                            Poll::Ready(Err(e)) => return Poll::Ready(Wake::Failed(e)),
+                            Poll::Pending => {}
                         }
                     }
-                    if st.session.receive_blocked() {
-                        break;
+                    if fin_due {
+                        match Pin::new(&mut *io).poll_shutdown(cx) {
+                            Poll::Ready(Ok(())) => return Poll::Ready(Wake::ShutDown),
+                            Poll::Ready(Err(e)) => return Poll::Ready(Wake::Failed(e)),
+                            Poll::Pending => {}
+                        }
                     }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    self.read_open = false;
-                    self.transport_failed(&e);
-                    return true;
-                }
+                    if wants_read {
+                        let mut buf = ReadBuf::new(wire.read_buffer());
+                        if buf.remaining() > 0 {
+                            match Pin::new(&mut *io).poll_read(cx, &mut buf) {
+                                Poll::Ready(Ok(())) => {
+                                    return Poll::Ready(Wake::Read(buf.filled().len()));
+                                }
+                                Poll::Ready(Err(e)) => return Poll::Ready(Wake::Failed(e)),
+                                Poll::Pending => {}
+                            }
+                        }
+                    }
+                    if notified.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(Wake::Notified);
+                    }
+                    if let Some(s) = sleep.as_mut()
+                        && s.as_mut().poll(cx).is_ready()
+                    {
+                        return Poll::Ready(Wake::Timer);
+                    }
+                    Poll::Pending
+                })
+                .await
+            };
+            let read = matches!(wake, Wake::Read(_));
+            match wake {
+                Wake::Wrote(n) => self.out_pos += n,
+                Wake::ShutDown => self.fin = Fin::Done,
+                Wake::Read(n) => self.received(n),
+                Wake::Failed(e) => self.failed(&e),
+                Wake::Notified => {}
+                Wake::Timer => self.shared.lock().conn.handle_timeout(Instant::now()),
+            }
+            if wants_read && !read {
+                // Nothing was read: give back what `begin_read` took.
+                let mut st = self.shared.lock();
+                self.wire.end_read(&mut st.conn, Instant::now());
             }
         }
-        any
     }
 
-    fn transport_failed(&mut self, e: &io::Error) {
+    /// Takes a new batch of output from the core, in slices of [`LOCK_SLICE`], only once the
+    /// last batch is written whole: until then frames wait in the core, where the scheduler
+    /// (or the TCP's tagged queue) still decides what goes first (late binding).
+    fn refill(&mut self, now: Instant) {
         self.out.clear();
         self.out_pos = 0;
-        self.write_shut = true;
+        let batch = self.wire.batch(&self.io, now).max(1);
+        loop {
+            let mut st = self.shared.lock();
+            let slice_end = (self.out.len() + LOCK_SLICE).min(batch);
+            let more = self.wire.fill(&mut st.conn, now, &mut self.out, slice_end);
+            drop(st);
+            if !more || self.out.len() >= batch {
+                break;
+            }
+        }
+    }
+
+    /// `n` bytes were read (0: the end of the peer's stream).
+    fn received(&mut self, n: usize) {
+        if n > 0 {
+            self.wire.filled(n);
+        }
+        let now = Instant::now();
         let mut st = self.shared.lock();
-        st.session
-            .handle_transport_closed(Instant::now(), &e.to_string());
+        self.wire.end_read(&mut st.conn, now);
+        if n == 0 {
+            self.read_open = false;
+            st.conn
+                .handle_transport_closed(now, TransportError::PeerClosed);
+        }
+        self.shared.dispatch(&mut st);
+    }
+
+    fn failed(&mut self, e: &io::Error) {
+        self.out.clear();
+        self.out_pos = 0;
+        self.read_open = false;
+        self.fin = Fin::Done;
+        let mut st = self.shared.lock();
+        st.conn
+            .handle_transport_closed(Instant::now(), TransportError::from_io(e));
+        self.shared.dispatch(&mut st);
     }
 }

@@ -1,27 +1,47 @@
 //! Listening for and opening connections over kernel TCP, or over the userspace TCP of a
-//! `squarepeg-io` [`Stack`].
+//! `squarepeg-io` [`Stack`](squarepeg_io::Stack).
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
 
-use squarepeg_session::{ConfigError, Role, Session};
+use squarepeg_connection::{NewConnectionError, Role};
+use squarepeg_session::{ConfigError, TransportError};
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 
 use crate::config::ConnectionConfig;
-use crate::connection::{Connection, Handle, Shared};
-use crate::driver;
-use crate::utcp::{Glue, UtcpConnection};
-use crate::utcp_driver;
-use squarepeg_io::Stack;
+use crate::connection::Connection;
+use crate::kernel;
 
 /// Why a connection could not be set up.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConnectError {
-    #[error("TCP: {0}")]
+    /// Opening the TCP connection failed: refused, unreachable, timed out, reset.
+    #[error("connecting: {0}")]
+    Transport(TransportError),
+    /// A local I/O error (binding, accepting, socket options, the stack).
+    #[error("local I/O: {0}")]
     Io(#[from] io::Error),
+    /// The configuration is out of range.
     #[error(transparent)]
     Config(#[from] ConfigError),
+}
+
+/// A failed connect: a transport outcome the application can act on, or a local error.
+fn connect_error(e: io::Error) -> ConnectError {
+    match TransportError::from_io(&e) {
+        TransportError::Io(_) => ConnectError::Io(e),
+        t => ConnectError::Transport(t),
+    }
+}
+
+impl From<NewConnectionError> for ConnectError {
+    fn from(e: NewConnectionError) -> Self {
+        match e {
+            NewConnectionError::Config(c) => ConnectError::Config(c),
+            other => ConnectError::Io(io::Error::new(io::ErrorKind::InvalidInput, other)),
+        }
+    }
 }
 
 /// A listening socket that accepts squarepeg connections: a kernel TCP socket
@@ -37,21 +57,12 @@ pub struct Endpoint {
 #[derive(Debug)]
 enum Listener {
     Kernel(TcpListener),
+    #[cfg(feature = "utcp")]
     Utcp {
         listener: squarepeg_io::TcpListener,
-        /// The TCP receive buffer, which sizes the glue's reassembler.
-        recv_buffer: usize,
+        /// The TCP receive buffer, which sizes the core's reassembler.
+        window: usize,
     },
-}
-
-/// The TCP configuration of a squarepeg connection over `stack`: the stack's defaults with
-/// the uTCP options (unordered receive, consistent segmentation, the uCOBS padder) and
-/// message writes (the driver writes tagged message records).
-fn utcp_tcp_config(stack: &Stack) -> squarepeg_tcp::ConnectionConfig {
-    squarepeg_tcp::ConnectionConfig {
-        message_writes: true,
-        ..UtcpConnection::tcp_config(stack.connection_config())
-    }
 }
 
 impl Endpoint {
@@ -60,7 +71,7 @@ impl Endpoint {
         addr: impl ToSocketAddrs,
         config: ConnectionConfig,
     ) -> Result<Self, ConnectError> {
-        config.session.validate()?;
+        config.core_config().validate()?;
         let listener = Listener::Kernel(TcpListener::bind(addr).await?);
         Ok(Self { listener, config })
     }
@@ -69,20 +80,16 @@ impl Endpoint {
     /// every stack address of its family). Connections use the stack's default TCP
     /// configuration ([`squarepeg_io::StackConfig::connection`]) with the uTCP options on;
     /// see the crate docs, "Over the userspace TCP".
+    #[cfg(feature = "utcp")]
     pub fn listen_utcp(
-        stack: &Stack,
+        stack: &squarepeg_io::Stack,
         addr: SocketAddr,
         config: ConnectionConfig,
     ) -> Result<Self, ConnectError> {
-        config.session.validate()?;
-        let tcp = utcp_tcp_config(stack);
-        let recv_buffer = tcp.recv_buffer;
-        let listener = stack.listen_with(&[addr], tcp)?;
+        config.core_config().validate()?;
+        let (listener, window) = crate::utcp::listen(stack, addr)?;
         Ok(Self {
-            listener: Listener::Utcp {
-                listener,
-                recv_buffer,
-            },
+            listener: Listener::Utcp { listener, window },
             config,
         })
     }
@@ -91,6 +98,7 @@ impl Endpoint {
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         match &self.listener {
             Listener::Kernel(l) => l.local_addr(),
+            #[cfg(feature = "utcp")]
             Listener::Utcp { listener, .. } => {
                 listener.local_addrs().first().copied().ok_or_else(|| {
                     io::Error::new(io::ErrorKind::NotConnected, "listening on no address")
@@ -104,14 +112,12 @@ impl Endpoint {
         match &self.listener {
             Listener::Kernel(l) => {
                 let (socket, _) = l.accept().await?;
-                start(socket, Role::Server, self.config.clone())
+                kernel::start(socket, Role::Server, self.config.clone())
             }
-            Listener::Utcp {
-                listener,
-                recv_buffer,
-            } => {
+            #[cfg(feature = "utcp")]
+            Listener::Utcp { listener, window } => {
                 let (stream, _) = listener.accept().await?;
-                start_utcp(stream, Role::Server, self.config.clone(), *recv_buffer)
+                crate::utcp::start(stream, Role::Server, self.config.clone(), *window)
             }
         }
     }
@@ -123,78 +129,24 @@ impl Connection {
         addr: impl ToSocketAddrs,
         config: ConnectionConfig,
     ) -> Result<Connection, ConnectError> {
-        config.session.validate()?;
-        let socket = TcpStream::connect(addr).await?;
-        start(socket, Role::Client, config)
+        config.core_config().validate()?;
+        let socket = TcpStream::connect(addr).await.map_err(connect_error)?;
+        kernel::start(socket, Role::Client, config)
     }
 
     /// Opens a connection to `addr` over the userspace TCP of `stack` (with the stack's
     /// default TCP configuration and the uTCP options on; see the crate docs, "Over the
     /// userspace TCP"). The peer may be any squarepeg endpoint, over kernel or userspace TCP.
+    #[cfg(feature = "utcp")]
     pub async fn connect_utcp(
-        stack: &Stack,
+        stack: &squarepeg_io::Stack,
         addr: SocketAddr,
         config: ConnectionConfig,
     ) -> Result<Connection, ConnectError> {
-        config.session.validate()?;
-        let tcp = utcp_tcp_config(stack);
-        let recv_buffer = tcp.recv_buffer;
-        let stream = stack.connect_with(addr, tcp).await?;
-        start_utcp(stream, Role::Client, config, recv_buffer)
+        config.core_config().validate()?;
+        let (stream, window) = crate::utcp::connect(stack, addr)
+            .await
+            .map_err(connect_error)?;
+        crate::utcp::start(stream, Role::Client, config, window)
     }
-}
-
-/// Builds the session and the uTCP glue and spawns the uTCP driver.
-fn start_utcp(
-    stream: squarepeg_io::TcpStream,
-    role: Role,
-    config: ConnectionConfig,
-    recv_buffer: usize,
-) -> Result<Connection, ConnectError> {
-    let glue = Glue::new(recv_buffer)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-    let session = Session::new(role, config.session.clone())?;
-    let shared = Arc::new(Shared::new(
-        session,
-        config.status_queue,
-        stream.local_addr(),
-        stream.peer_addr(),
-    ));
-    shared.lock().utcp = Some(Box::new(glue));
-    tokio::spawn(utcp_driver::run(shared.clone(), stream, config));
-    Ok(Connection {
-        handle: Arc::new(Handle(shared)),
-    })
-}
-
-/// Sets the socket options, builds the session and spawns the driver.
-fn start(
-    socket: TcpStream,
-    role: Role,
-    config: ConnectionConfig,
-) -> Result<Connection, ConnectError> {
-    // Messages must not wait for Nagle (Hollywood §4.2).
-    socket.set_nodelay(true)?;
-    if let Some(lowat) = config.notsent_lowat {
-        set_notsent_lowat(&socket, lowat)?;
-    }
-    let local = socket.local_addr()?;
-    let remote = socket.peer_addr()?;
-    let session = Session::new(role, config.session.clone())?;
-    let shared = Arc::new(Shared::new(session, config.status_queue, local, remote));
-    tokio::spawn(driver::run(shared.clone(), socket, config));
-    Ok(Connection {
-        handle: Arc::new(Handle(shared)),
-    })
-}
-
-#[cfg(any(target_os = "linux", target_os = "android", target_vendor = "apple"))]
-pub(crate) fn set_notsent_lowat(socket: &TcpStream, lowat: u32) -> io::Result<()> {
-    socket2::SockRef::from(socket).set_tcp_notsent_lowat(lowat)
-}
-
-#[cfg(not(any(target_os = "linux", target_os = "android", target_vendor = "apple")))]
-pub(crate) fn set_notsent_lowat(_socket: &TcpStream, _lowat: u32) -> io::Result<()> {
-    // Not available: the kernel queue is bounded by the send buffer only.
-    Ok(())
 }

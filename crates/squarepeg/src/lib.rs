@@ -1,8 +1,10 @@
 //! The squarepeg transport API: connections carrying messages and streams,
 //! with priorities, lifetimes, dependencies and squash, in the style of
 //! quinn. Connections run over kernel TCP or over squarepeg's own TCP
-//! (`squarepeg-tcp` on a `squarepeg-io` TUN stack); the same session core
-//! (`squarepeg-session`) runs on both.
+//! (`squarepeg-tcp` on a `squarepeg-io` TUN stack, the `utcp` feature); the same
+//! sans-IO connection core (`squarepeg-connection`: session, frame codec,
+//! substrate adapter) runs on both, and this crate's one tokio driver drives
+//! it.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -38,16 +40,15 @@
 //!
 //! # Over the userspace TCP
 //!
-//! The same [`Connection`] (and [`Endpoint`]) run over squarepeg's own
-//! TCP (`squarepeg-tcp`) on a `squarepeg-io` TUN [`squarepeg_io::Stack`]
-//! (or a `squarepeg_io::lab::LabStack`'s stack): open with
-//! [`Connection::connect_utcp`] or listen with [`Endpoint::listen_utcp`];
-//! everything after that — messages, statuses, streams, close — is the
-//! same API. The peer may be any squarepeg endpoint, over kernel or
-//! userspace TCP (the wire is TCP carrying uCOBS either way).
+//! With the `utcp` feature (on by default), the same [`Connection`] (and [`Endpoint`]) run
+//! over squarepeg's own TCP (`squarepeg-tcp`) on a `squarepeg-io` TUN [`Stack`]: open with
+//! [`Connection::connect_utcp`] or listen with [`Endpoint::listen_utcp`]; everything after
+//! that — messages, statuses, streams, close — is the same API. The peer may be any
+//! squarepeg endpoint, over kernel or userspace TCP (the wire is TCP either way).
 //!
 //! ```no_run
-//! # async fn demo(stack: &squarepeg_io::Stack) -> Result<(), Box<dyn std::error::Error>> {
+//! # #[cfg(feature = "utcp")]
+//! # async fn demo(stack: &squarepeg::Stack) -> Result<(), Box<dyn std::error::Error>> {
 //! use squarepeg::{Connection, ConnectionConfig, MessageProps};
 //! use std::time::Duration;
 //! let conn = Connection::connect_utcp(stack, "10.77.0.1:4433".parse()?, ConnectionConfig::default()).await?;
@@ -57,44 +58,41 @@
 //! # Ok(()) }
 //! ```
 //!
-//! What changes is the substrate's behaviour (see [`utcp`] for the
-//! details): messages are delivered as soon as their frame is complete,
-//! out of order, once each; streams are ordered per stream only; late
-//! binding moves into the TCP's tagged send queue (priority insertion,
-//! squash, deadlines, inconsistent retransmissions, Minion §4 and
-//! Hollywood §4.2); and a message status is the TCP queue's verdict
-//! (`Sent` once transmitted — with a lifetime, once acknowledged —,
-//! `Expired` when dropped before transmission or replaced by an
-//! inconsistent retransmission). [`ConnectionStats::utcp`] has the glue's
-//! counters. The TCP options come from the stack's
-//! [`squarepeg_io::StackConfig::connection`] with unordered receive,
-//! message writes, consistent segmentation and the uCOBS padder switched
-//! on.
+//! What changes is the substrate's behaviour (the connection core,
+//! `squarepeg_connection`, documents it): messages are delivered as soon as their frame is
+//! complete, out of order, once each; streams are ordered per stream only; late binding
+//! moves into the TCP's tagged send queue (priority insertion, squash, deadlines,
+//! inconsistent retransmissions, Minion §4 and Hollywood §4.2); and a message status is the
+//! TCP queue's verdict (`Sent` once transmitted — with a lifetime, once acknowledged —,
+//! `Expired` when dropped before transmission or replaced by an inconsistent
+//! retransmission). [`ConnectionStats::utcp`] has the uTCP interface's counters. The TCP
+//! options come from the stack's [`squarepeg_io::StackConfig::connection`] with unordered
+//! receive, message writes, consistent segmentation and the uCOBS padder switched on.
 //!
-//! **How the driver reaches the TCP (design choice).** The sans-IO glue
-//! ([`utcp::UtcpConnection`] in the simulator) needs the connection's uTCP
-//! interface: segments with offsets, tagged message writes, message
-//! reports. The tokio driver gets it through `squarepeg-io`'s `TcpStream`
-//! in *record mode* — unordered-receive `read`s return REPORT and SEGMENT
-//! records, message-writes `write`s take MESSAGE records
-//! (`squarepeg_tcp::utcp::record`) — rather than through a hook in the
-//! stack's driver thread, because: (1) like Minion's socket options, it
-//! needs nothing but the ordinary stream calls, so `squarepeg-io` stays a
-//! protocol-free packet driver and the stack's thread never runs session
-//! code under the endpoint's lock; (2) the session stays in the
-//! connection's shared state next to the application's handles, exactly
-//! as over kernel TCP, which is what lets the two substrates share the
-//! `Connection` type and its driver structure; (3) it is the interface
-//! other users of `squarepeg-io` already have. The costs: each segment is
-//! copied once more (into its record), and a deadline travels as a
-//! lifetime relative to the write — encoded just before the write; the
-//! TCP counts it from the next time its clock is set, at most one stack
-//! driver turn later, so a message may live that much longer, never
-//! shorter. The driver takes at most [`ConnectionConfig::write_batch`]
-//! bytes of frames from the session at a time, and the next batch only
-//! when the last one is written whole, so frames wait either in the
-//! session or in the TCP's tagged queue, where late binding applies to
-//! them.
+//! **How the driver reaches the TCP (design choice).** The core needs the connection's
+//! uTCP interface: segments with offsets, tagged message writes, message reports. The tokio
+//! driver gets it through `squarepeg-io`'s `TcpStream` in *record mode* — unordered-receive
+//! `read`s return REPORT and SEGMENT records, message-writes `write`s take MESSAGE records
+//! (`squarepeg_tcp::utcp::record`) — rather than through a hook in the stack's driver
+//! thread, because: (1) like Minion's socket options, it needs nothing but the ordinary
+//! stream calls, so `squarepeg-io` stays a protocol-free packet driver and the stack's
+//! thread never runs session code under the endpoint's lock; (2) the core stays in the
+//! connection's shared state next to the application's handles, exactly as over kernel
+//! TCP, which is what lets the two substrates share the `Connection` type and one driver;
+//! (3) it is the interface other users of `squarepeg-io` already have. The costs: each
+//! segment is copied once more (into its record), and a deadline travels as a lifetime
+//! relative to the write — encoded just before the write; the TCP counts it from the next
+//! time its clock is set, at most one stack driver turn later, so a message may live that
+//! much longer, never shorter. The driver takes at most [`ConnectionConfig::write_batch`]
+//! bytes of frames from the core at a time, and the next batch only when the last one is
+//! written whole, so frames wait either in the session or in the TCP's tagged queue, where
+//! late binding applies to them.
+//!
+//! # Framing
+//!
+//! Connections start in uCOBS and switch each direction to plain, length-prefixed frames
+//! when the receiver reads in order and the sender never replaces retransmissions (over
+//! kernel TCP both ways, by default; [`ConnectionConfig::plain_frames`]); docs/wire.md §3.
 //!
 //! # Backpressure
 //!
@@ -121,28 +119,37 @@
 //! # Threading
 //!
 //! One driver task per connection owns the socket (over the userspace
-//! TCP: the stack's `TcpStream`); the session sits behind
-//! a mutex shared with the application's handles. The driver wakes on socket
-//! readiness, on application calls and on the session's timer.
+//! TCP: the stack's `TcpStream`); the connection core (session, frame codec,
+//! substrate adapter) sits behind a mutex shared with the application's
+//! handles. The driver wakes on socket readiness, on application calls and
+//! on the core's timer. It is the same driver for both substrates
+//! (`driver.rs`); what differs is a small adapter (`kernel.rs`, `utcp.rs`).
 
 pub mod bench;
 mod config;
 mod connection;
 mod driver;
 mod endpoint;
+mod kernel;
 mod stream;
 mod unsent;
-pub mod utcp;
-mod utcp_driver;
+#[cfg(feature = "utcp")]
+mod utcp;
 
 pub use config::ConnectionConfig;
 pub use connection::{Connection, ConnectionStats};
 pub use endpoint::{ConnectError, Endpoint};
 pub use stream::Stream;
 
+// Every type the public signatures use.
 pub use bytes::Bytes;
+pub use squarepeg_connection::UtcpStats;
+pub use squarepeg_framing::{CobsError, FrameError, HeaderError};
+#[cfg(feature = "utcp")]
+pub use squarepeg_io::Stack;
+pub use squarepeg_session::control::ControlError;
 pub use squarepeg_session::{
-    Config as SessionConfig, ConnectionError, MAX_MESSAGE_SIZE, Message, MessageNumber,
-    MessageProps, MessageStatus, Priority, SendError, Stats as SessionStats, StreamError, StreamId,
-    transport_code,
+    Config as SessionConfig, ConfigError, ConnectionError, MAX_MESSAGE_SIZE, Message,
+    MessageNumber, MessageProps, MessageStatus, Priority, ProtocolError, SendError,
+    Stats as SessionStats, StreamError, StreamId, TransportError, transport_code,
 };

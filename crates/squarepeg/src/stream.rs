@@ -58,7 +58,7 @@ impl Stream {
     fn with<T>(&self, f: impl FnOnce(&mut squarepeg_session::Session) -> T) -> T {
         let sh = self.conn.shared();
         let mut st = sh.lock();
-        let r = f(&mut st.session);
+        let r = f(st.conn.session_mut());
         sh.dispatch(&mut st);
         drop(st);
         sh.driver.notify_one();
@@ -97,7 +97,10 @@ impl AsyncRead for Stream {
         let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
         let sh = self.conn.shared();
         let mut st = sh.lock();
-        let r = st.session.stream_read(self.id, buf.initialize_unfilled());
+        let r = st
+            .conn
+            .session_mut()
+            .stream_read(self.id, buf.initialize_unfilled());
         if !matches!(r, Ok(ReadOutcome::Blocked)) {
             coop.made_progress();
         }
@@ -105,7 +108,7 @@ impl AsyncRead for Stream {
             Ok(ReadOutcome::Data(n)) => {
                 buf.advance(n);
                 // Reading may have freed credit the peer is waiting for.
-                let wake_driver = st.session.has_pending_control();
+                let wake_driver = st.conn.session_mut().has_pending_control();
                 drop(st);
                 if wake_driver {
                     sh.driver.notify_one();
@@ -134,7 +137,7 @@ impl AsyncWrite for Stream {
         let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
         let sh = self.conn.shared();
         let mut st = sh.lock();
-        let r = st.session.stream_write(self.id, buf);
+        let r = st.conn.session_mut().stream_write(self.id, buf);
         if !matches!(r, Ok(0)) {
             coop.made_progress();
         }
@@ -172,7 +175,7 @@ impl Drop for Stream {
         let mut st = sh.lock();
         st.read_wakers.remove(&self.id);
         st.write_wakers.remove(&self.id);
-        st.session.stream_release(self.id);
+        st.conn.session_mut().stream_release(self.id);
         sh.dispatch(&mut st);
         drop(st);
         sh.driver.notify_one();

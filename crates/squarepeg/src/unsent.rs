@@ -71,7 +71,7 @@ impl AdaptiveLowat {
         if (lo..=hi).contains(&target) {
             return None;
         }
-        crate::endpoint::set_notsent_lowat(socket, target).ok()?;
+        crate::kernel::set_notsent_lowat(socket, target).ok()?;
         self.current = target;
         Some(target)
     }

@@ -55,10 +55,9 @@ pub struct PeerArgs {
 
 impl PeerArgs {
     pub fn connection_config(&self) -> ConnectionConfig {
-        ConnectionConfig {
-            notsent_lowat: (self.notsent_lowat > 0).then_some(self.notsent_lowat),
-            ..ConnectionConfig::default()
-        }
+        let mut config = ConnectionConfig::default();
+        config.notsent_lowat = (self.notsent_lowat > 0).then_some(self.notsent_lowat);
+        config
     }
 
     fn props(&self) -> MessageProps {

@@ -1,9 +1,9 @@
 //! Squarepeg connections over the userspace TCP in the lab's deterministic simulator.
 //!
-//! [`PegHost`] is a simulator host with one squarepeg connection: over uTCP
-//! ([`squarepeg::utcp::UtcpConnection`]) or over a standard, in-order TCP read through a
-//! `StreamDecoder` (what the kernel substrate does: the stock-TCP peer of Minion §3.3 and
-//! Hollywood §4.4). Its application sends a seeded plan of messages (some with lifetimes,
+//! [`PegHost`] is a simulator host with one squarepeg connection — the library's connection
+//! core (`squarepeg_connection::Connection`, driven by its `EndpointLink`) — over uTCP or over
+//! a standard, in-order TCP (what the kernel substrate does: the stock-TCP peer of Minion §3.3
+//! and Hollywood §4.4). Its application sends a seeded plan of messages (some with lifetimes,
 //! priorities, sub-streams) and one stream, and checks everything it receives against the
 //! peer's plan: every message byte-identical to the one sent under its number, none twice,
 //! the stream's SHA-256.
@@ -14,13 +14,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
-use squarepeg::utcp::{UtcpConnection, UtcpStats};
 use squarepeg::{MessageProps, MessageStatus, Priority};
-use squarepeg_framing::StreamDecoder;
-use squarepeg_lab::sim::Host;
-use squarepeg_session::{
-    Config, Event, MAX_FRAME_BODY, MessageNumber, ReadOutcome, Role, Session, StreamId,
+use squarepeg_connection::{
+    Config, Connection, EndpointLink, Substrate, UtcpStats, tcp_config as core_tcp_config,
 };
+use squarepeg_lab::sim::Host;
+use squarepeg_session::{Event, MessageNumber, ReadOutcome, Role, Session, StreamId};
 use squarepeg_tcp::{ConnectionConfig, ConnectionHandle, Endpoint, EndpointConfig};
 
 pub const CLIENT: &str = "10.0.0.1:40000";
@@ -110,70 +109,10 @@ impl SendPlan {
     }
 }
 
-/// The connection underneath: uTCP or a standard in-order TCP.
-enum Glue {
-    Utcp(Box<UtcpConnection>),
-    Ordered(Box<OrderedGlue>),
-}
-
-/// Squarepeg over a standard TCP connection of the simulated stack, read in order (the
-/// kernel substrate's behaviour).
-struct OrderedGlue {
-    handle: ConnectionHandle,
-    session: Session,
-    decoder: StreamDecoder,
-    out: Vec<u8>,
-    out_pos: usize,
-    fin_sent: bool,
-    closed: bool,
-}
-
-impl OrderedGlue {
-    fn drive(&mut self, now: Instant, ep: &mut Endpoint) {
-        while !self.closed && !self.session.receive_blocked() {
-            match ep.read(self.handle, self.decoder.unfilled()) {
-                Ok(0) => {
-                    self.closed = true;
-                    self.session.handle_transport_closed(now, "peer FIN");
-                }
-                Ok(n) => {
-                    self.decoder.filled(n);
-                    while let Some(f) = self.decoder.next_frame() {
-                        match f {
-                            Ok(f) => self.session.handle_frame(now, f),
-                            Err(e) => self.session.handle_decode_error(now, e),
-                        }
-                    }
-                }
-                Err(squarepeg_tcp::Error::WouldBlock) => break,
-                Err(e) => {
-                    self.closed = true;
-                    self.session.handle_transport_closed(now, &e.to_string());
-                }
-            }
-        }
-        while !self.closed && !self.fin_sent {
-            if self.out_pos == self.out.len() {
-                self.out.clear();
-                self.out_pos = 0;
-                if self.session.poll_transmit(now, &mut self.out).is_none() {
-                    if self.session.is_send_finished() {
-                        self.fin_sent = true;
-                        let _ = ep.shutdown(now, self.handle);
-                    }
-                    break;
-                }
-            }
-            match ep.write(self.handle, &self.out[self.out_pos..]) {
-                Ok(n) => self.out_pos += n,
-                Err(_) => break,
-            }
-        }
-        if ep.connection(self.handle).is_none() && !self.closed {
-            self.closed = true;
-            self.session.handle_transport_closed(now, "closed");
-        }
-    }
+/// The connection core on one connection of the simulated endpoint.
+struct Glue {
+    conn: Connection,
+    link: EndpointLink,
 }
 
 /// One side's application state and findings.
@@ -199,8 +138,7 @@ pub struct PegHost {
     addr: IpAddr,
     start: Instant,
     role: Role,
-    utcp: bool,
-    tcp_config: ConnectionConfig,
+    substrate: Substrate,
     glue: Option<Glue>,
     pub plan: SendPlan,
     pub peer_plan: SendPlan,
@@ -226,11 +164,12 @@ impl PegHost {
             Role::Client => (CLIENT.parse().unwrap(), SERVER.parse().unwrap()),
             Role::Server => (SERVER.parse().unwrap(), CLIENT.parse().unwrap()),
         };
-        let tcp_config = if utcp {
-            UtcpConnection::tcp_config(tcp_config)
+        let substrate = if utcp {
+            Substrate::utcp(tcp_config.recv_buffer)
         } else {
-            tcp_config
+            Substrate::byte_stream()
         };
+        let tcp_config = core_tcp_config(tcp_config, substrate, true);
         let ep = Endpoint::new(
             EndpointConfig {
                 secret: [role as u8 + 1; 32],
@@ -244,8 +183,7 @@ impl PegHost {
             addr: local.ip(),
             start,
             role,
-            utcp,
-            tcp_config: tcp_config.clone(),
+            substrate,
             glue: None,
             plan,
             peer_plan,
@@ -271,43 +209,19 @@ impl PegHost {
     }
 
     fn attach(&mut self, h: ConnectionHandle) {
-        let config = Config::default();
-        self.glue = Some(if self.utcp {
-            Glue::Utcp(Box::new(
-                UtcpConnection::new(
-                    self.role,
-                    config,
-                    &mut self.ep,
-                    h,
-                    self.tcp_config.recv_buffer,
-                )
-                .expect("glue"),
-            ))
-        } else {
-            Glue::Ordered(Box::new(OrderedGlue {
-                handle: h,
-                session: Session::new(self.role, config).expect("session"),
-                decoder: StreamDecoder::new(MAX_FRAME_BODY),
-                out: Vec::new(),
-                out_pos: 0,
-                fin_sent: false,
-                closed: false,
-            }))
+        let conn = Connection::new(self.role, Config::default(), self.substrate).expect("core");
+        self.glue = Some(Glue {
+            conn,
+            link: EndpointLink::new(h),
         });
     }
 
     fn session(&mut self) -> Option<&mut Session> {
-        match self.glue.as_mut()? {
-            Glue::Utcp(g) => Some(g.session_mut()),
-            Glue::Ordered(g) => Some(&mut g.session),
-        }
+        Some(self.glue.as_mut()?.conn.session_mut())
     }
 
     pub fn utcp_stats(&self) -> Option<UtcpStats> {
-        match self.glue.as_ref()? {
-            Glue::Utcp(g) => Some(g.stats()),
-            Glue::Ordered(_) => None,
-        }
+        self.glue.as_ref()?.conn.stats().utcp
     }
 
     /// Our sends are all queued and settled, and we have everything the peer sends reliably.
@@ -322,11 +236,7 @@ impl PegHost {
     }
 
     pub fn drained(&self) -> bool {
-        match &self.glue {
-            Some(Glue::Utcp(g)) => g.is_drained(),
-            Some(Glue::Ordered(g)) => g.session.is_drained(),
-            None => false,
-        }
+        self.glue.as_ref().is_some_and(|g| g.conn.is_drained())
     }
 
     fn step(&mut self, now: Instant) {
@@ -343,31 +253,22 @@ impl PegHost {
             }
         }
         while self.ep.poll_event().is_some() {}
-        let handle = match self.glue.as_ref() {
-            Some(Glue::Utcp(g)) => Some(g.handle()),
-            Some(Glue::Ordered(g)) => Some(g.handle),
-            None => None,
-        };
+        let handle = self.glue.as_ref().map(|g| g.link.handle());
         if let Some(stats) = handle.and_then(|h| self.ep.stats_of(h).ok()) {
             self.tcp_stats = Some(stats);
         }
         for _ in 0..4 {
             self.app_round(now);
             let ep = &mut self.ep;
-            match self.glue.as_mut() {
-                Some(Glue::Utcp(g)) => g.drive(now, ep),
-                Some(Glue::Ordered(g)) => g.drive(now, ep),
-                None => {}
+            if let Some(g) = self.glue.as_mut() {
+                g.link.drive(now, &mut g.conn, ep);
             }
         }
         self.app_round(now);
     }
 
     fn poll_app_event(&mut self) -> Option<Event> {
-        match self.glue.as_mut()? {
-            Glue::Utcp(g) => g.poll_event(),
-            Glue::Ordered(g) => g.session.poll_event(),
-        }
+        self.glue.as_mut()?.conn.poll_event()
     }
 
     fn app_round(&mut self, now: Instant) {
@@ -528,11 +429,7 @@ impl Host for PegHost {
     }
 
     fn poll_timeout(&mut self) -> Option<Instant> {
-        let session = match self.glue.as_ref() {
-            Some(Glue::Utcp(g)) => g.poll_timeout(),
-            Some(Glue::Ordered(g)) => g.session.poll_timeout(),
-            None => None,
-        };
+        let session = self.glue.as_ref().and_then(|g| g.conn.poll_timeout());
         let next_message = self
             .plan
             .messages
@@ -549,12 +446,8 @@ impl Host for PegHost {
         if self.ep.poll_timeout().is_some_and(|t| t <= now) {
             self.ep.handle_timeout(now);
         }
-        match self.glue.as_mut() {
-            Some(Glue::Utcp(g)) => g.handle_timeout(now),
-            Some(Glue::Ordered(g)) if g.session.poll_timeout().is_some_and(|t| t <= now) => {
-                g.session.handle_timeout(now);
-            }
-            _ => {}
+        if let Some(g) = self.glue.as_mut() {
+            g.conn.handle_timeout(now);
         }
         self.step(now);
     }

@@ -1,0 +1,415 @@
+//! The sans-IO squarepeg connection: one [`Session`], its frame codec, the record layer, and
+//! the adapter to the substrate below, in one type that every driver drives — the tokio
+//! drivers of the `squarepeg` crate, the simulator's hosts, the experiments and the tests —
+//! as quinn's drivers and tests all drive `quinn_proto::Connection`.
+//!
+//! A [`Connection`] does no I/O, reads no clock and depends on no runtime. It is fed what the
+//! substrate delivered and the time, and polled for what to hand the substrate, for the
+//! application's events ([`Connection::poll_event`]) and for its next timer
+//! ([`Connection::poll_timeout`]). The application's side — messages, streams, priorities,
+//! lifetimes, close — is the session ([`Connection::session_mut`]).
+//!
+//! # Substrates
+//!
+//! A connection is made for a [`Substrate`]: how it receives and how it sends.
+//!
+//! - **In-order byte stream** ([`Receive::InOrder`], [`Send::ByteStream`]: kernel TCP, or the
+//!   userspace TCP read and written as a plain stream). Received bytes go into the frame
+//!   reader ([`Connection::handle_bytes`], or zero-copy through [`Connection::take_receiver`]);
+//!   a frame that fails to decode is a protocol violation (the stream is reliable, so the peer
+//!   sent it). Frames to send are appended to the driver's buffer by
+//!   [`Connection::poll_transmit`] as the transport can take them, so the session's scheduler
+//!   decides as late as possible (late binding).
+//! - **Segments and tagged writes** ([`Receive::Segments`], [`Send::TaggedWrites`]: the
+//!   userspace TCP's uTCP interface, Minion §4). Every segment goes in with its stream offset
+//!   ([`Connection::handle_segment`]), out of order and more than once; the uCOBS reassembler
+//!   yields each frame as soon as its bytes between two markers are present and its checksum
+//!   holds, and the session delivers a message at once, each number once. Frames that fail
+//!   their checksum (a middlebox mixing two transmissions, Hollywood §4.5) are dropped and
+//!   counted. The peer's CLOSE waits until everything before it has arrived. Frames to send
+//!   leave one at a time as tagged writes ([`Connection::poll_write`]) for the TCP's tagged
+//!   queue, which binds late itself (priority insertion, squash, deadlines, inconsistent
+//!   retransmissions, Minion §4.2 and Hollywood §4.2) and reports each message's fate
+//!   ([`Connection::handle_report`]); see "Message statuses".
+//!
+//! [`EndpointLink`] drives a connection on a `squarepeg_tcp::Endpoint` (the simulator's
+//! hosts and the tests); the `squarepeg` crate's tokio driver drives it over a kernel socket
+//! or over `squarepeg-io`'s TUN stack.
+//!
+//! # Framing per connection
+//!
+//! Every connection starts in uCOBS (docs/wire.md §1). uCOBS's markers are needed only where
+//! a receiver reads segments out of order, or a sender may replace retransmitted bytes. Each
+//! side's PARAMS says which frame formats it can receive; a sender whose peer reads in order
+//! and who never replaces retransmissions switches its direction to plain frames
+//! (length-prefixed, no stuffing and no checksum, docs/wire.md §3) with a Switch frame,
+//! after which every byte is in the new format. A peer that does not announce plain frames
+//! (an older squarepeg, a stock uCOBS receiver, a uTCP receiver) keeps getting uCOBS.
+//!
+//! # Message statuses
+//!
+//! The session reports `Sent` when it hands a message over. Over a byte stream that is the
+//! end. Over tagged writes it is not yet, so the connection holds the session's status of a
+//! message written to the TCP and reports the TCP queue's verdict instead:
+//! - dropped before its first transmission: `Expired` (deadline) or `Squashed`;
+//! - transmitted, without a deadline: `Sent`;
+//! - transmitted, with a deadline: `Sent` once acknowledged, `Expired` if a retransmission
+//!   of its range carried other messages instead (it was *replaced*: it arrives only if its
+//!   first transmission did); messages sent *as* replacements are counted in
+//!   [`UtcpStats::sent_as_replacement`];
+//! - still undecided when the connection ends: `Sent` if transmitted, otherwise `Discarded`.
+//!
+//! # Driver contract
+//!
+//! After anything happened (bytes or segments arrived, a report, a timer, an application
+//! call on the session), a driver:
+//! - hands the substrate what [`Connection::poll_transmit`] (byte stream) or
+//!   [`Connection::poll_write`] / [`Connection::write_done`] (tagged writes) give, while
+//!   the substrate takes more;
+//! - ends its sending direction once [`Connection::poll_shutdown`] says so and everything
+//!   handed out before is written;
+//! - reads only while [`Connection::wants_read`];
+//! - drains [`Connection::poll_event`];
+//! - calls [`Connection::handle_timeout`] at [`Connection::poll_timeout`];
+//! - reports the substrate's end with [`Connection::handle_transport_closed`], and stops
+//!   at [`Connection::is_drained`].
+
+mod config;
+mod link;
+mod receive;
+pub mod record;
+mod send;
+
+use std::time::Instant;
+
+pub use config::{Config, Receive, Send, Substrate};
+pub use link::{EndpointLink, tcp_config, tcp_error, transport_error};
+pub use receive::Receiver;
+pub use send::TaggedWrite;
+
+pub use squarepeg_session::{
+    Config as SessionConfig, ConfigError, ConnectionError, Event, Role, Session,
+    Stats as SessionStats, TransportError,
+};
+pub use squarepeg_tcp::{MessageReport, WriteTag};
+
+use receive::SegmentReceiver;
+use record::Protection;
+use send::TaggedSender;
+
+/// Counters of the uTCP interface (segments in, tagged writes out).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UtcpStats {
+    /// Segments (or pieces of them) received.
+    pub segments_read: u64,
+    /// Bytes received in segments (duplicates included).
+    pub bytes_read: u64,
+    /// Byte ranges between markers that were not valid frames (checksum, encoding); dropped.
+    pub frames_rejected: u64,
+    /// Segments the reassembler refused (over its memory limit).
+    pub segments_refused: u64,
+    /// Frames written to the TCP queue.
+    pub frames_written: u64,
+    /// Messages dropped by the TCP queue before their first transmission (deadline).
+    pub expired_in_tcp: u64,
+    /// Messages squashed in the TCP queue.
+    pub squashed_in_tcp: u64,
+    /// Transmitted messages whose retransmission carried other messages (Hollywood §4.2).
+    pub replaced: u64,
+    /// Messages first transmitted in the range of replaced ones.
+    pub sent_as_replacement: u64,
+}
+
+/// Counters of a connection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// The session's counters.
+    pub session: SessionStats,
+    /// Over the uTCP interface: its counters.
+    pub utcp: Option<UtcpStats>,
+}
+
+/// Why a connection could not be made.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NewConnectionError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("reassembler: {0}")]
+    Reassembly(#[from] squarepeg_framing::ReassemblyError),
+}
+
+#[derive(Debug)]
+enum ReceivePath {
+    /// In order; `None` while the driver has borrowed the receiver.
+    InOrder(Option<Box<Receiver>>),
+    Segments(Box<SegmentReceiver>),
+}
+
+#[derive(Debug)]
+enum SendPath {
+    ByteStream,
+    Tagged(Box<TaggedSender>),
+}
+
+/// One squarepeg connection over one substrate (crate docs).
+#[derive(Debug)]
+pub struct Connection {
+    session: Session,
+    substrate: Substrate,
+    receive: ReceivePath,
+    send: SendPath,
+    protection: Protection,
+    utcp: Option<UtcpStats>,
+    /// The sending direction's end was handed out ([`Connection::poll_shutdown`]).
+    fin_sent: bool,
+    /// The substrate ended (or failed); reported to the session once.
+    transport_closed: bool,
+}
+
+impl Connection {
+    /// A connection for an established transport connection of `substrate`.
+    pub fn new(
+        role: Role,
+        config: Config,
+        substrate: Substrate,
+    ) -> Result<Self, NewConnectionError> {
+        config.validate()?;
+        let receive = match substrate.receive {
+            Receive::InOrder => {
+                let pinned = config.session.message_receive_queue + 4 * config.read_buffer;
+                ReceivePath::InOrder(Some(Box::new(Receiver::new(config.read_buffer, pinned))))
+            }
+            Receive::Segments { window } => {
+                ReceivePath::Segments(Box::new(SegmentReceiver::new(window)?))
+            }
+        };
+        let send = match substrate.send {
+            Send::ByteStream => SendPath::ByteStream,
+            Send::TaggedWrites => SendPath::Tagged(Box::default()),
+        };
+        let uses_utcp =
+            matches!(receive, ReceivePath::Segments(_)) || matches!(send, SendPath::Tagged(_));
+        Ok(Self {
+            session: Session::new(role, config.session)?,
+            substrate,
+            receive,
+            send,
+            protection: Protection::Cleartext,
+            utcp: uses_utcp.then(UtcpStats::default),
+            fin_sent: false,
+            transport_closed: false,
+        })
+    }
+
+    /// The substrate this connection was made for.
+    pub fn substrate(&self) -> Substrate {
+        self.substrate
+    }
+
+    /// How this connection's bytes are protected.
+    pub fn protection(&self) -> Protection {
+        self.protection
+    }
+
+    /// The session: send and receive messages, open and use streams, close.
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// The session, to act on it. After a call that may produce output (queueing a message,
+    /// writing a stream, closing), the driver polls for it.
+    pub fn session_mut(&mut self) -> &mut Session {
+        &mut self.session
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> Stats {
+        Stats {
+            session: self.session.stats(),
+            utcp: self.utcp,
+        }
+    }
+
+    // ------------------------------------------------------------------ receiving
+
+    /// Whether the driver should read: the session has room for what arrives, and the
+    /// substrate has not ended.
+    pub fn wants_read(&self) -> bool {
+        !self.transport_closed && !self.session.receive_blocked()
+    }
+
+    /// In-order bytes from the substrate (copied into the frame reader).
+    pub fn handle_bytes(&mut self, now: Instant, data: &[u8]) {
+        match &mut self.receive {
+            ReceivePath::InOrder(Some(r)) => r.push(data),
+            ReceivePath::InOrder(None) => {
+                self.driver_misuse(now, "in-order bytes handed in while the receiver is lent");
+                return;
+            }
+            ReceivePath::Segments(_) => {
+                self.driver_misuse(now, "in-order bytes on a segment substrate");
+                return;
+            }
+        }
+        self.take_frames(now);
+    }
+
+    /// Lends the in-order receiver, so that the driver reads and decodes without holding the
+    /// connection; give it back with [`Self::return_receiver`]. `None` on a segment
+    /// substrate, or while it is lent.
+    pub fn take_receiver(&mut self) -> Option<Box<Receiver>> {
+        match &mut self.receive {
+            ReceivePath::InOrder(r) => r.take(),
+            ReceivePath::Segments(_) => None,
+        }
+    }
+
+    /// Takes the receiver back and hands the frames it decoded to the session.
+    pub fn return_receiver(&mut self, now: Instant, receiver: Box<Receiver>) {
+        if let ReceivePath::InOrder(slot @ None) = &mut self.receive {
+            *slot = Some(receiver);
+            self.take_frames(now);
+        }
+    }
+
+    /// Moves decoded frames from the in-order receiver into the session.
+    fn take_frames(&mut self, now: Instant) {
+        let ReceivePath::InOrder(Some(r)) = &mut self.receive else {
+            return;
+        };
+        while let Some(frame) = r.next_frame() {
+            match frame {
+                Ok(f) => self.session.handle_frame(now, f),
+                // The stream is reliable and in order: the peer sent it.
+                Err(e) => self.session.handle_decode_error(now, e),
+            }
+        }
+    }
+
+    /// A segment (or piece of one) at stream offset `offset`, on a segment substrate.
+    pub fn handle_segment(&mut self, now: Instant, offset: u64, data: &[u8]) {
+        match &mut self.receive {
+            ReceivePath::Segments(r) => {
+                let stats = self.utcp.get_or_insert_default();
+                r.handle_segment(now, &mut self.session, stats, offset, data);
+            }
+            ReceivePath::InOrder(_) => {
+                self.driver_misuse(now, "a segment on an in-order substrate")
+            }
+        }
+    }
+
+    /// A report of the TCP's tagged queue about a message this connection wrote.
+    pub fn handle_report(&mut self, report: MessageReport) {
+        if let SendPath::Tagged(t) = &mut self.send {
+            t.handle_report(report, self.utcp.get_or_insert_default());
+        }
+    }
+
+    /// The substrate ended (the peer's FIN: [`TransportError::PeerClosed`]) or failed. Told to
+    /// the session once; later calls change nothing.
+    pub fn handle_transport_closed(&mut self, now: Instant, reason: TransportError) {
+        if !self.transport_closed {
+            self.transport_closed = true;
+            self.session.handle_transport_closed(now, reason);
+        }
+    }
+
+    /// Whether the substrate's end was reported.
+    pub fn is_transport_closed(&self) -> bool {
+        self.transport_closed
+    }
+
+    /// A driver broke the contract (a bug, not the peer's doing): close rather than lose
+    /// bytes silently.
+    fn driver_misuse(&mut self, now: Instant, what: &str) {
+        tracing::error!("squarepeg connection: {what}");
+        debug_assert!(false, "{what}");
+        self.handle_transport_closed(now, TransportError::Io(std::io::ErrorKind::InvalidInput));
+    }
+
+    // ------------------------------------------------------------------ sending
+
+    /// Appends frames to `out` (a byte stream's output) until it holds at least `limit`
+    /// bytes or nothing is left to send now; returns the number of frames appended. Ask only
+    /// when the substrate can take more, so that the scheduler decides as late as possible.
+    pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>, limit: usize) -> usize {
+        if !matches!(self.send, SendPath::ByteStream) || self.fin_sent || self.transport_closed {
+            return 0;
+        }
+        match self.protection {
+            Protection::Cleartext => self.session.poll_transmit_batch(now, out, limit),
+        }
+    }
+
+    /// The next tagged write, on a tagged-write substrate: it stays the next one until
+    /// [`Self::write_done`] says the substrate took it.
+    pub fn poll_write(&mut self, now: Instant) -> Option<TaggedWrite<'_>> {
+        if self.fin_sent || self.transport_closed {
+            return None;
+        }
+        match &mut self.send {
+            SendPath::Tagged(t) => t.poll_write(now, &mut self.session),
+            SendPath::ByteStream => None,
+        }
+    }
+
+    /// The substrate took the write [`Self::poll_write`] returned.
+    pub fn write_done(&mut self) {
+        if let SendPath::Tagged(t) = &mut self.send {
+            t.write_done(self.utcp.get_or_insert_default());
+        }
+    }
+
+    /// Whether the sending direction ends now (the TCP FIN): true once, after the session's
+    /// last frame was handed out. End it once everything handed out before is written.
+    pub fn poll_shutdown(&mut self) -> bool {
+        let pending_write = matches!(&self.send, SendPath::Tagged(t) if t.has_pending());
+        if self.fin_sent
+            || self.transport_closed
+            || pending_write
+            || !self.session.is_send_finished()
+        {
+            return false;
+        }
+        self.fin_sent = true;
+        true
+    }
+
+    // ------------------------------------------------------------------ events, timers
+
+    /// The next event for the application (message statuses as "Message statuses" says).
+    pub fn poll_event(&mut self) -> Option<Event> {
+        match &mut self.send {
+            SendPath::Tagged(t) => t.poll_event(&mut self.session),
+            SendPath::ByteStream => self.session.poll_event(),
+        }
+    }
+
+    /// Whether [`Self::poll_event`] has something (cheaper than asking it).
+    pub fn has_events(&self) -> bool {
+        self.session.has_events() || matches!(&self.send, SendPath::Tagged(t) if t.has_events())
+    }
+
+    /// When [`Self::handle_timeout`] should next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.session.poll_timeout()
+    }
+
+    /// Runs the timers that are due.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.session.poll_timeout().is_some_and(|t| t <= now) {
+            self.session.handle_timeout(now);
+        }
+    }
+
+    /// Whether the connection is finished: closed, its last frame handed out, and the peer
+    /// done or the drain timer expired. The driver then flushes what it holds, closes the
+    /// transport and stops.
+    pub fn is_drained(&self) -> bool {
+        self.session.is_drained()
+    }
+}

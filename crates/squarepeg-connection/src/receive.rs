@@ -1,0 +1,126 @@
+//! The receive side: bytes or segments from the substrate, through the record layer (see
+//! `record`) and the frame codec, into the session.
+
+use std::time::Instant;
+
+use squarepeg_framing::{
+    Frame, FrameError, FrameHeader, ReassembledFrame, Reassembler, ReassemblyError, StreamDecoder,
+};
+use squarepeg_session::control::ControlFrame;
+use squarepeg_session::{MAX_FRAME_BODY, Session};
+
+use crate::UtcpStats;
+
+/// The in-order receive path's frame reader: the substrate's bytes go straight into its
+/// buffer ([`Receiver::buffer`], [`Receiver::filled`]) and come out as frames whose payloads
+/// are slices of pooled chunks.
+///
+/// A driver that wants to read and decode without holding whatever guards the connection
+/// (the tokio driver shares the connection with the application's handles behind a lock)
+/// borrows it with [`crate::Connection::take_receiver`], reads into it, and gives it back
+/// with [`crate::Connection::return_receiver`], which hands the decoded frames to the
+/// session.
+#[derive(Debug)]
+pub struct Receiver {
+    decoder: StreamDecoder,
+}
+
+impl Receiver {
+    pub(crate) fn new(read_buffer: usize, pinned_limit: usize) -> Self {
+        Self {
+            decoder: StreamDecoder::with_buffers(MAX_FRAME_BODY, read_buffer, pinned_limit),
+        }
+    }
+
+    /// Where the next bytes of the stream go (read into it, then call [`Self::filled`]).
+    pub fn buffer(&mut self) -> &mut [u8] {
+        self.decoder.unfilled()
+    }
+
+    /// `n` bytes were written into [`Self::buffer`]: decodes the frames they complete.
+    pub fn filled(&mut self, n: usize) {
+        self.decoder.filled(n);
+    }
+
+    /// Copies `data` in and decodes the frames it completes.
+    pub fn push(&mut self, data: &[u8]) {
+        self.decoder.push(data);
+    }
+
+    /// Bytes received so far.
+    pub fn offset(&self) -> u64 {
+        self.decoder.offset()
+    }
+
+    pub(crate) fn next_frame(&mut self) -> Option<Result<Frame, FrameError>> {
+        self.decoder.next_frame()
+    }
+}
+
+/// The unordered receive path (Minion §4.1, §5.2): segments at their stream offsets into
+/// the reassembler, every frame to the session as soon as it is complete.
+#[derive(Debug)]
+pub(crate) struct SegmentReceiver {
+    reassembler: Reassembler,
+    /// The peer's CLOSE, held until the stream before it is complete.
+    held_close: Option<ReassembledFrame>,
+}
+
+impl SegmentReceiver {
+    /// `window` is the transport's receive buffer: the reassembler holds that much plus one
+    /// maximal frame, so that no segment the transport accepts is refused.
+    pub(crate) fn new(window: usize) -> Result<Self, ReassemblyError> {
+        let limit = window + Reassembler::min_limit(MAX_FRAME_BODY);
+        Ok(Self {
+            reassembler: Reassembler::new(MAX_FRAME_BODY, limit)?,
+            held_close: None,
+        })
+    }
+
+    pub(crate) fn handle_segment(
+        &mut self,
+        now: Instant,
+        session: &mut Session,
+        stats: &mut UtcpStats,
+        offset: u64,
+        data: &[u8],
+    ) {
+        stats.segments_read += 1;
+        stats.bytes_read += data.len() as u64;
+        if let Err(e) = self.reassembler.insert(offset, data) {
+            tracing::debug!("segment refused: {e}");
+            stats.segments_refused += 1;
+        }
+        while let Some(frame) = self.reassembler.next_frame() {
+            match frame {
+                Ok(f) if is_close(&f.frame) => self.held_close = Some(f),
+                Ok(f) => session.handle_frame(now, f.frame),
+                Err(rejected) => {
+                    // A mix of two transmissions, or a middlebox's doing: over an unordered
+                    // substrate not the peer's fault (Hollywood §4.5).
+                    tracing::debug!("{rejected}");
+                    stats.frames_rejected += 1;
+                }
+            }
+        }
+        // The peer's CLOSE ends the session, so it is taken only once everything sent
+        // before it has arrived: it must not overtake frames still being retransmitted.
+        if self
+            .held_close
+            .as_ref()
+            .is_some_and(|f| self.reassembler.in_order_offset() > f.offset)
+            && let Some(f) = self.held_close.take()
+        {
+            session.handle_frame(now, f.frame);
+        }
+    }
+}
+
+/// Whether `frame` is a CLOSE or APPLICATION_CLOSE.
+fn is_close(frame: &Frame) -> bool {
+    frame.header == FrameHeader::Control
+        && matches!(
+            ControlFrame::decode(&frame.payload),
+            Ok(ControlFrame::Close { .. } | ControlFrame::ApplicationClose { .. })
+        )
+}

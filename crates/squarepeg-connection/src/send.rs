@@ -1,0 +1,206 @@
+//! The send side over tagged writes (the userspace TCP's uTCP interface): frames from the
+//! session become tagged writes, and the TCP queue's reports about them become the
+//! messages' statuses.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+use squarepeg_session::{Event, MessageNumber, MessageStatus, Session, TransmitContent};
+use squarepeg_tcp::{MessageReport, WriteTag};
+
+use crate::UtcpStats;
+
+/// TCP priority of control frames (above every urgency class).
+const CONTROL_PRIORITY: i32 = 9;
+
+/// What the TCP queue has said about a message written to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum InTcp {
+    /// Not yet transmitted.
+    Queued { deadline: bool },
+    /// Transmitted; a verdict (acknowledged or replaced) is still to come.
+    Transmitted,
+}
+
+/// A frame for the TCP's tagged send queue, with its tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaggedWrite<'a> {
+    /// One whole frame.
+    pub frame: &'a [u8],
+    /// Priority, squash key, deadline, dependency and message number for the queue.
+    pub tag: WriteTag,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct TaggedSender {
+    /// The frame taken last from the session, until the transport takes it.
+    frame: Vec<u8>,
+    pending: Option<WriteTag>,
+    /// Messages in the TCP queue whose final status is not known yet.
+    in_tcp: HashMap<MessageNumber, InTcp>,
+    /// Statuses decided here, ahead of the session's events.
+    events: VecDeque<Event>,
+}
+
+impl TaggedSender {
+    /// The next write: the one not yet taken, or a new frame from the session.
+    pub(crate) fn poll_write(
+        &mut self,
+        now: Instant,
+        session: &mut Session,
+    ) -> Option<TaggedWrite<'_>> {
+        if self.pending.is_none() {
+            self.pending = self.next_frame(now, session);
+        }
+        let tag = self.pending?;
+        Some(TaggedWrite {
+            frame: &self.frame,
+            tag,
+        })
+    }
+
+    /// The transport took the write [`Self::poll_write`] returned.
+    pub(crate) fn write_done(&mut self, stats: &mut UtcpStats) {
+        if self.pending.take().is_some() {
+            stats.frames_written += 1;
+        }
+    }
+
+    /// Takes the next frame from the session into `frame`; returns its TCP tag.
+    ///
+    /// Priorities: session urgency `u` (0 most urgent) becomes TCP priority `8 - u`;
+    /// control frames (flow credit, stream resets) get 9 and so overtake data, except the
+    /// final CLOSE, which goes at the tail (priority `i32::MIN`) so that it never overtakes
+    /// data queued before it.
+    fn next_frame(&mut self, now: Instant, session: &mut Session) -> Option<WriteTag> {
+        self.frame.clear();
+        let t = session.poll_transmit(now, &mut self.frame)?;
+        let priority = match t.priority {
+            Some(p) => 8 - i32::from(p.urgency()),
+            // Handing out the CLOSE moves the session from closing to closed, so both
+            // states count.
+            None if session.is_closing() || session.is_send_finished() => i32::MIN,
+            None => CONTROL_PRIORITY,
+        };
+        let tag = match t.content {
+            TransmitContent::Message {
+                number,
+                deadline,
+                depends_on,
+                squash_key,
+                ..
+            } => {
+                // From here the TCP queue decides its status (set before the session's
+                // `Sent` can be polled).
+                self.in_tcp.insert(
+                    number,
+                    InTcp::Queued {
+                        deadline: deadline.is_some(),
+                    },
+                );
+                WriteTag {
+                    priority,
+                    squash_key,
+                    deadline,
+                    depends_on,
+                    message_id: Some(number),
+                }
+            }
+            _ => WriteTag {
+                priority,
+                ..Default::default()
+            },
+        };
+        Some(tag)
+    }
+
+    /// The next event of `session`, message statuses corrected: a message written to the
+    /// TCP gets the TCP queue's verdict instead of the session's `Sent`.
+    pub(crate) fn poll_event(&mut self, session: &mut Session) -> Option<Event> {
+        loop {
+            if let Some(e) = self.events.pop_front() {
+                return Some(e);
+            }
+            let e = session.poll_event()?;
+            if let Event::MessageStatus {
+                number,
+                status: MessageStatus::Sent,
+            } = e
+                && self.in_tcp.contains_key(&number)
+            {
+                continue;
+            }
+            if matches!(e, Event::ConnectionLost(_)) {
+                self.settle_all();
+            }
+            return Some(e);
+        }
+    }
+
+    /// Whether a write was handed out and not yet taken.
+    pub(crate) fn has_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    pub(crate) fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
+    fn status(&mut self, number: MessageNumber, status: MessageStatus) {
+        self.events
+            .push_back(Event::MessageStatus { number, status });
+    }
+
+    /// A report of the TCP queue about a message written to it.
+    pub(crate) fn handle_report(&mut self, report: MessageReport, stats: &mut UtcpStats) {
+        let id = report.id();
+        let Some(&state) = self.in_tcp.get(&id) else {
+            return;
+        };
+        match report {
+            MessageReport::Sent { replacement, .. } => {
+                if replacement {
+                    stats.sent_as_replacement += 1;
+                }
+                if state == (InTcp::Queued { deadline: true }) {
+                    self.in_tcp.insert(id, InTcp::Transmitted);
+                } else {
+                    self.in_tcp.remove(&id);
+                    self.status(id, MessageStatus::Sent);
+                }
+            }
+            MessageReport::Acked { .. } => {
+                self.in_tcp.remove(&id);
+                self.status(id, MessageStatus::Sent);
+            }
+            MessageReport::Expired { .. } => {
+                stats.expired_in_tcp += 1;
+                self.in_tcp.remove(&id);
+                self.status(id, MessageStatus::Expired);
+            }
+            MessageReport::Squashed { .. } => {
+                stats.squashed_in_tcp += 1;
+                self.in_tcp.remove(&id);
+                self.status(id, MessageStatus::Squashed);
+            }
+            MessageReport::Replaced { .. } => {
+                stats.replaced += 1;
+                self.in_tcp.remove(&id);
+                self.status(id, MessageStatus::Expired);
+            }
+        }
+    }
+
+    /// The connection ended: messages still waiting for a verdict get their last status.
+    fn settle_all(&mut self) {
+        let mut left: Vec<(MessageNumber, InTcp)> = self.in_tcp.drain().collect();
+        left.sort_unstable_by_key(|&(n, _)| n);
+        for (n, state) in left {
+            let status = match state {
+                InTcp::Transmitted => MessageStatus::Sent,
+                InTcp::Queued { .. } => MessageStatus::Discarded,
+            };
+            self.status(n, status);
+        }
+    }
+}

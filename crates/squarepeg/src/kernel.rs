@@ -1,0 +1,129 @@
+//! The kernel-TCP substrate: an ordinary socket carrying the core's byte stream.
+//!
+//! Reads go straight into the core's in-order receiver, which the driver borrows for the
+//! read and decodes outside the connection's lock; output is the core's frames, taken in
+//! batches no larger than the `TCP_NOTSENT_LOWAT` in force (late binding, see the crate
+//! docs).
+
+use std::io;
+use std::sync::Arc;
+use std::time::Instant;
+
+use squarepeg_connection::{Connection as Core, Receiver, Role, Substrate};
+use tokio::net::TcpStream;
+
+use crate::config::ConnectionConfig;
+use crate::connection::{Connection, Handle, Shared};
+use crate::driver::{self, Wire};
+use crate::endpoint::ConnectError;
+use crate::unsent::AdaptiveLowat;
+
+struct KernelWire {
+    /// The core's receiver while a read is under way.
+    receiver: Option<Box<Receiver>>,
+    /// Frames taken from the core are committed: a batch larger than the lowat would hold an
+    /// urgent message behind it, and one write larger than the lowat fills the kernel past
+    /// it (the kernel checks the lowat only between its buffers, up to 64 KB each), so the
+    /// batch follows the lowat down.
+    batch: usize,
+    write_batch: usize,
+    /// The lowat following the delivery rate, if configured.
+    lowat: Option<AdaptiveLowat>,
+    shared: Arc<Shared>,
+}
+
+impl Wire for KernelWire {
+    type Io = TcpStream;
+
+    fn batch(&mut self, io: &TcpStream, now: Instant) -> usize {
+        if let Some(lowat) = self.lowat.as_mut()
+            && let Some(new) = lowat.update(now, io)
+        {
+            self.batch = self.write_batch.min(new as usize).max(1);
+            self.shared.lock().notsent_lowat = Some(new);
+        }
+        self.batch
+    }
+
+    fn fill(&mut self, core: &mut Core, now: Instant, out: &mut Vec<u8>, limit: usize) -> bool {
+        core.poll_transmit(now, out, limit);
+        // Short of the limit: the core has nothing more.
+        out.len() >= limit
+    }
+
+    fn begin_read(&mut self, core: &mut Core) {
+        if self.receiver.is_none() {
+            self.receiver = core.take_receiver();
+        }
+    }
+
+    fn read_buffer(&mut self) -> &mut [u8] {
+        match self.receiver.as_mut() {
+            Some(r) => r.buffer(),
+            None => &mut [],
+        }
+    }
+
+    fn filled(&mut self, n: usize) {
+        if let Some(r) = self.receiver.as_mut() {
+            r.filled(n);
+        }
+    }
+
+    fn end_read(&mut self, core: &mut Core, now: Instant) {
+        if let Some(r) = self.receiver.take() {
+            core.return_receiver(now, r);
+        }
+    }
+}
+
+/// Sets the socket options, builds the core and spawns the driver.
+pub(crate) fn start(
+    socket: TcpStream,
+    role: Role,
+    config: ConnectionConfig,
+) -> Result<Connection, ConnectError> {
+    // Messages must not wait for Nagle (Hollywood §4.2).
+    socket.set_nodelay(true)?;
+    if let Some(lowat) = config.notsent_lowat {
+        set_notsent_lowat(&socket, lowat)?;
+    }
+    let local = socket.local_addr()?;
+    let remote = socket.peer_addr()?;
+    let core = Core::new(role, config.core_config(), Substrate::byte_stream())?;
+    let shared = Arc::new(Shared::new(core, config.status_queue, local, remote));
+    shared.lock().notsent_lowat = config.notsent_lowat;
+    let wire = KernelWire {
+        receiver: None,
+        batch: config
+            .write_batch
+            .min(config.notsent_lowat.map_or(usize::MAX, |l| l as usize))
+            .max(1),
+        write_batch: config.write_batch.max(1),
+        lowat: match (config.notsent_lowat, config.unsent_drain) {
+            (Some(max), Some(drain)) => Some(AdaptiveLowat::new(drain, max)),
+            _ => None,
+        },
+        shared: shared.clone(),
+    };
+    tokio::spawn(driver::run(
+        shared.clone(),
+        socket,
+        wire,
+        config.write_batch,
+    ));
+    Ok(Connection {
+        handle: Arc::new(Handle(shared)),
+    })
+}
+
+#[cfg(any(target_os = "linux", target_os = "android", target_vendor = "apple"))]
+pub(crate) fn set_notsent_lowat(socket: &TcpStream, lowat: u32) -> io::Result<()> {
+    socket2::SockRef::from(socket).set_tcp_notsent_lowat(lowat)
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android", target_vendor = "apple")))]
+pub(crate) fn set_notsent_lowat(_socket: &TcpStream, _lowat: u32) -> io::Result<()> {
+    // Not available: the kernel queue is bounded by the send buffer only.
+    Ok(())
+}
