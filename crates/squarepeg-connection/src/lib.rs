@@ -87,6 +87,7 @@ pub use link::{EndpointLink, tcp_config, tcp_error, transport_error};
 pub use receive::Receiver;
 pub use send::TaggedWrite;
 
+pub use squarepeg_framing::FrameFormat;
 pub use squarepeg_session::{
     Config as SessionConfig, ConfigError, ConnectionError, Event, Role, Session,
     Stats as SessionStats, TransportError,
@@ -177,10 +178,16 @@ impl Connection {
         substrate: Substrate,
     ) -> Result<Self, NewConnectionError> {
         config.validate()?;
+        let receive_plain = config.plain_frames && substrate.receives_in_order();
+        let send_plain = config.plain_frames && substrate.may_send_plain();
         let receive = match substrate.receive {
             Receive::InOrder => {
                 let pinned = config.session.message_receive_queue + 4 * config.read_buffer;
-                ReceivePath::InOrder(Some(Box::new(Receiver::new(config.read_buffer, pinned))))
+                ReceivePath::InOrder(Some(Box::new(Receiver::new(
+                    config.read_buffer,
+                    pinned,
+                    receive_plain,
+                ))))
             }
             Receive::Segments { window } => {
                 ReceivePath::Segments(Box::new(SegmentReceiver::new(window)?))
@@ -192,8 +199,10 @@ impl Connection {
         };
         let uses_utcp =
             matches!(receive, ReceivePath::Segments(_)) || matches!(send, SendPath::Tagged(_));
+        let mut session = Session::new(role, config.session)?;
+        session.set_frame_formats(receive_plain, send_plain);
         Ok(Self {
-            session: Session::new(role, config.session)?,
+            session,
             substrate,
             receive,
             send,

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use squarepeg_framing::{
-    Frame, FrameError, FrameHeader, ReassembledFrame, Reassembler, ReassemblyError, StreamDecoder,
+    Frame, FrameError, FrameHeader, FrameReader, ReassembledFrame, Reassembler, ReassemblyError,
 };
 use squarepeg_session::control::ControlFrame;
 use squarepeg_session::{MAX_FRAME_BODY, Session};
@@ -13,7 +13,8 @@ use crate::UtcpStats;
 
 /// The in-order receive path's frame reader: the substrate's bytes go straight into its
 /// buffer ([`Receiver::buffer`], [`Receiver::filled`]) and come out as frames whose payloads
-/// are slices of pooled chunks.
+/// are slices of pooled chunks — uCOBS frames, and plain frames after the peer's switch
+/// (docs/wire.md §3).
 ///
 /// A driver that wants to read and decode without holding whatever guards the connection
 /// (the tokio driver shares the connection with the application's handles behind a lock)
@@ -22,14 +23,14 @@ use crate::UtcpStats;
 /// session.
 #[derive(Debug)]
 pub struct Receiver {
-    decoder: StreamDecoder,
+    decoder: FrameReader,
 }
 
 impl Receiver {
-    pub(crate) fn new(read_buffer: usize, pinned_limit: usize) -> Self {
-        Self {
-            decoder: StreamDecoder::with_buffers(MAX_FRAME_BODY, read_buffer, pinned_limit),
-        }
+    pub(crate) fn new(read_buffer: usize, pinned_limit: usize, accept_plain: bool) -> Self {
+        let mut decoder = FrameReader::with_buffers(MAX_FRAME_BODY, read_buffer, pinned_limit);
+        decoder.accept_plain(accept_plain);
+        Self { decoder }
     }
 
     /// Where the next bytes of the stream go (read into it, then call [`Self::filled`]).

@@ -80,6 +80,8 @@ pub struct StreamDecoder {
     pool: Arc<ChunkPool>,
     pinned_limit: usize,
     offset: u64,
+    /// Stop at a Switch frame to another format ([`StreamDecoder::stop_at_switch`]).
+    stop_at_switch: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,6 +93,9 @@ enum Mode {
     /// Dropping bytes up to the next marker (garbage before the first
     /// marker, or the rest of an oversize frame).
     Skip,
+    /// After a Switch frame to another format: `buf[start..filled]` is not
+    /// uCOBS and waits for [`StreamDecoder::take_rest`].
+    Stopped,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -125,17 +130,46 @@ impl StreamDecoder {
             spans: Vec::new(),
             ready: VecDeque::new(),
             scratch: Vec::new(),
-            pool: Arc::new(ChunkPool {
-                free: Mutex::new(Vec::new()),
-                live: AtomicUsize::new(0),
-                // A read's frames plus the window slack of the last one,
-                // with some room for a frame carried over from the last
-                // read (a longer batch gets a buffer of its own).
-                chunk_size: read_size + read_size / 4 + cobs::WINDOW,
-            }),
+            // A read's frames plus the window slack of the last one, with
+            // some room for a frame carried over from the last read (a
+            // longer batch gets a buffer of its own).
+            pool: ChunkPool::new(read_size + read_size / 4 + cobs::WINDOW),
             pinned_limit,
             offset: 0,
+            stop_at_switch: false,
         }
+    }
+
+    /// With `on`, the decoder stops after a Switch frame to plain frames
+    /// (docs/wire.md §3): the frames before it and the Switch frame itself
+    /// come out of [`StreamDecoder::next_frame`], and the bytes after its
+    /// closing marker wait for [`StreamDecoder::take_rest`] (see
+    /// [`crate::FrameReader`]). Off (the default), a Switch frame is just a
+    /// frame.
+    pub fn stop_at_switch(&mut self, on: bool) {
+        self.stop_at_switch = on;
+    }
+
+    pub(crate) fn pool(&self) -> Arc<ChunkPool> {
+        self.pool.clone()
+    }
+
+    /// Whether the decoder stopped at a Switch frame.
+    pub fn is_stopped(&self) -> bool {
+        self.mode == Mode::Stopped
+    }
+
+    /// After a stop at a Switch frame: the bytes received after it (empty
+    /// otherwise). Later bytes pushed into a stopped decoder are held for
+    /// this too.
+    pub fn take_rest(&mut self) -> Vec<u8> {
+        if self.mode != Mode::Stopped {
+            return Vec::new();
+        }
+        let rest = self.buf[self.start..self.filled].to_vec();
+        self.start = self.filled;
+        self.scanned = self.filled;
+        rest
     }
 
     /// Room to read into: at least the read size. Bytes written at its
@@ -208,13 +242,14 @@ impl StreamDecoder {
 
     /// Bytes of output chunks kept alive by payloads now.
     pub fn pinned_bytes(&self) -> usize {
-        self.pool.live.load(Ordering::Relaxed)
+        self.pool.live()
     }
 
     /// Finds the complete runs in `buf[start..filled]`.
     fn scan(&mut self) {
         loop {
             match self.mode {
+                Mode::Stopped => return,
                 Mode::Start => {
                     if self.start == self.filled {
                         return;
@@ -256,13 +291,37 @@ impl StreamDecoder {
                     };
                     let end = self.scanned + k;
                     if end > self.start + 1 {
-                        self.found.push(Found::Run(self.start + 1, end));
+                        let run = (self.start + 1, end);
+                        self.found.push(Found::Run(run.0, run.1));
+                        if self.stop_at_switch && self.is_switch_to_plain(run.0, run.1) {
+                            self.mode = Mode::Stopped;
+                            self.start = end + 1;
+                            self.scanned = end + 1;
+                            return;
+                        }
                     }
                     self.start = end;
                     self.scanned = end + 1;
                 }
             }
         }
+    }
+
+    /// Whether the run `buf[a..b]` is a valid Switch frame to plain frames
+    /// (a Switch to a format this build does not read is left to the
+    /// session, which rejects it). The first body byte of a Switch frame (version and kind)
+    /// is checked first, so other frames cost one compare.
+    fn is_switch_to_plain(&self, a: usize, b: usize) -> bool {
+        const SWITCH_BYTE0: u8 = (crate::VERSION << 4) | crate::FrameKind::Switch as u8;
+        let run = &self.buf[a..b];
+        run.len() >= 2
+            && run[0] >= 2
+            && run[1] == SWITCH_BYTE0
+            && matches!(
+                crate::frame::decode_run(run, self.max_body),
+                Ok(Frame { header: FrameHeader::Switch { format }, .. })
+                    if crate::FrameFormat::from_id(format) == Some(crate::FrameFormat::Plain)
+            )
     }
 
     /// Decodes the runs found, into one pooled chunk if they are worth it
@@ -290,7 +349,7 @@ impl StreamDecoder {
     }
 
     fn decode_into_chunk(&mut self, total: usize) {
-        let mut out = self.pool.take(total + cobs::WINDOW);
+        let mut out = self.pool.get(total + cobs::WINDOW);
         let mut o = 0;
         for f in &self.found {
             self.spans.push(match *f {
@@ -307,10 +366,7 @@ impl StreamDecoder {
                 Found::Error(e) => Err(e),
             });
         }
-        let chunk = Bytes::from_owner(Chunk {
-            buf: out,
-            pool: self.pool.clone(),
-        });
+        let chunk = self.pool.share(out);
         for span in self.spans.drain(..) {
             self.ready.push_back(span.map(|(header, range)| Frame {
                 header,
@@ -347,30 +403,53 @@ impl StreamDecoder {
 
 /// Output chunks not in use, and a count of those in use.
 #[derive(Debug)]
-struct ChunkPool {
+pub(crate) struct ChunkPool {
     free: Mutex<Vec<Vec<u8>>>,
     /// Bytes of the chunks alive through payload slices.
     live: AtomicUsize,
-    chunk_size: usize,
+    pub(crate) chunk_size: usize,
 }
 
 impl ChunkPool {
-    /// The size of the chunk that holds `len` bytes: the pooled size, or
-    /// for a frame larger than that, a buffer of its own.
-    fn chunk_len(&self, len: usize) -> usize {
-        len.max(self.chunk_size)
+    pub(crate) fn new(chunk_size: usize) -> Arc<Self> {
+        Arc::new(Self {
+            free: Mutex::new(Vec::new()),
+            live: AtomicUsize::new(0),
+            chunk_size,
+        })
     }
 
-    /// An initialised buffer of at least `len` bytes, counted as live.
-    fn take(&self, len: usize) -> Vec<u8> {
+    /// Bytes of the chunks alive through payload slices.
+    pub(crate) fn live(&self) -> usize {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// An initialised buffer of at least `len` bytes (a pooled one if `len`
+    /// fits the pooled size), not yet counted as live.
+    pub(crate) fn get(&self, len: usize) -> Vec<u8> {
         let len = self.chunk_len(len);
-        self.live.fetch_add(len, Ordering::Relaxed);
         if len == self.chunk_size {
             let reused = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
             reused.unwrap_or_else(|| vec![0; len])
         } else {
             vec![0; len]
         }
+    }
+
+    /// Shares `buf` as [`Bytes`] to slice payloads from, counted as live
+    /// until the last slice is dropped, then returned to the pool.
+    pub(crate) fn share(self: &Arc<Self>, buf: Vec<u8>) -> Bytes {
+        self.live.fetch_add(buf.len(), Ordering::Relaxed);
+        Bytes::from_owner(Chunk {
+            buf,
+            pool: self.clone(),
+        })
+    }
+
+    /// The size of the chunk that holds `len` bytes: the pooled size, or
+    /// for a frame larger than that, a buffer of its own.
+    pub(crate) fn chunk_len(&self, len: usize) -> usize {
+        len.max(self.chunk_size)
     }
 
     fn give_back(&self, buf: Vec<u8>) {

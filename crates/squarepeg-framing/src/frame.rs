@@ -257,7 +257,7 @@ pub(crate) fn decode_zero_free(
 }
 
 /// Reads the header bytes off the front of a body: two bytes, then, for
-/// kinds with fields, two varints whose first bytes give their lengths.
+/// kinds with fields, their varints whose first bytes give their lengths.
 /// Stops early at the end of the body, leaving [`FrameHeader::decode`] to
 /// name the problem, as it does for versions and kinds it does not know.
 fn read_header(
@@ -281,18 +281,23 @@ fn read_header(
         return Ok(n);
     }
     let kind = first & 0x0f;
-    let has_fields = first >> 4 == crate::VERSION
-        && (kind == FrameKind::Message as u8 || kind == FrameKind::StreamChunk as u8);
-    if has_fields {
-        for _field in 0..2 {
-            let Some(b) = take(reader, &mut n)? else {
+    let fields = if first >> 4 != crate::VERSION {
+        0
+    } else if kind == FrameKind::Message as u8 || kind == FrameKind::StreamChunk as u8 {
+        2
+    } else if kind == FrameKind::Switch as u8 {
+        1
+    } else {
+        0
+    };
+    for _field in 0..fields {
+        let Some(b) = take(reader, &mut n)? else {
+            return Ok(n);
+        };
+        // RFC 9000 §16: the top two bits give the varint's length.
+        for _ in 1..1usize << (b >> 6) {
+            if take(reader, &mut n)?.is_none() {
                 return Ok(n);
-            };
-            // RFC 9000 §16: the top two bits give the varint's length.
-            for _ in 1..1usize << (b >> 6) {
-                if take(reader, &mut n)?.is_none() {
-                    return Ok(n);
-                }
             }
         }
     }

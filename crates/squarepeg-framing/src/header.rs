@@ -9,6 +9,8 @@
 //!   StreamChunk  varint stream id, varint stream offset
 //!   Padding      nothing
 //!   Control      nothing (the payload is a control body, see squarepeg-session)
+//!   Switch       varint frame format (docs/wire.md §3): every later byte of the
+//!                direction is in that format
 //! ```
 //!
 //! Varints are QUIC varints (RFC 9000 §16). Only the sub-stream id travels
@@ -38,6 +40,8 @@ pub enum FrameKind {
     Padding = 3,
     /// Connection control (flow control, stream open/reset, close).
     Control = 4,
+    /// The sender's frame format changes after this frame (docs/wire.md §3).
+    Switch = 5,
 }
 
 impl FrameKind {
@@ -47,6 +51,7 @@ impl FrameKind {
             2 => Ok(Self::StreamChunk),
             3 => Ok(Self::Padding),
             4 => Ok(Self::Control),
+            5 => Ok(Self::Switch),
             other => Err(HeaderError::UnknownKind(other)),
         }
     }
@@ -66,6 +71,9 @@ pub enum FrameHeader {
     Padding,
     /// A control frame; its payload is a control body.
     Control,
+    /// From the byte after this frame, the sender writes frames in `format`
+    /// (a [`crate::FrameFormat`] id); its payload is empty.
+    Switch { format: u64 },
 }
 
 impl FrameHeader {
@@ -76,6 +84,7 @@ impl FrameHeader {
             Self::StreamChunk { .. } => FrameKind::StreamChunk,
             Self::Padding => FrameKind::Padding,
             Self::Control => FrameKind::Control,
+            Self::Switch { .. } => FrameKind::Switch,
         }
     }
 
@@ -85,6 +94,7 @@ impl FrameHeader {
         Ok(2 + match *self {
             Self::Message { substream, number } => vlen(substream)? + vlen(number)?,
             Self::StreamChunk { stream, offset, .. } => vlen(stream)? + vlen(offset)?,
+            Self::Switch { format } => vlen(format)?,
             Self::Padding | Self::Control => 0,
         })
     }
@@ -103,25 +113,24 @@ impl FrameHeader {
         let mut buf = [0u8; MAX_HEADER_LEN];
         buf[0] = (VERSION << 4) | self.kind() as u8;
         let (flags, fields) = match *self {
-            Self::Message { substream, number } => (0, Some((substream, number))),
+            Self::Message { substream, number } => (0, [Some(substream), Some(number)]),
             Self::StreamChunk {
                 stream,
                 offset,
                 fin,
-            } => (if fin { FLAG_FIN } else { 0 }, Some((stream, offset))),
-            Self::Padding | Self::Control => (0, None),
+            } => (if fin { FLAG_FIN } else { 0 }, [Some(stream), Some(offset)]),
+            Self::Switch { format } => (0, [Some(format), None]),
+            Self::Padding | Self::Control => (0, [None, None]),
         };
         buf[1] = flags;
         let mut n = 2;
-        if let Some((a, b)) = fields {
-            for v in [a, b] {
-                let (bytes, len) = varint::to_bytes(v)?;
-                // Copy all eight bytes (a fixed-size move, not a memcpy
-                // call): the next field or the unused tail overwrites the
-                // excess, and two fields never need more than the array.
-                buf[n..n + 8].copy_from_slice(&bytes);
-                n += len;
-            }
+        for v in fields.into_iter().flatten() {
+            let (bytes, len) = varint::to_bytes(v)?;
+            // Copy all eight bytes (a fixed-size move, not a memcpy
+            // call): the next field or the unused tail overwrites the
+            // excess, and two fields never need more than the array.
+            buf[n..n + 8].copy_from_slice(&bytes);
+            n += len;
         }
         Ok((buf, n))
     }
@@ -171,6 +180,10 @@ impl FrameHeader {
             }
             FrameKind::Padding => (Self::Padding, 2),
             FrameKind::Control => (Self::Control, 2),
+            FrameKind::Switch => {
+                let (format, n) = varint::decode(&buf[2..])?;
+                (Self::Switch { format }, 2 + n)
+            }
         })
     }
 }
@@ -217,11 +230,12 @@ mod tests {
     #[test]
     fn rejects_bad_headers() {
         use HeaderError::*;
-        let cases: [(&[u8], HeaderError); 7] = [
+        let cases: [(&[u8], HeaderError); 8] = [
             (&[], Truncated),
             (&[0x11], Truncated),
             (&[0x21, 0, 0, 0], UnsupportedVersion(2)),
-            (&[0x15, 0], UnknownKind(5)),
+            (&[0x16, 0], UnknownKind(6)),
+            (&[0x15, 0], Truncated),
             (&[0x10, 0], UnknownKind(0)),
             (&[0x11, 0x01, 0, 0], ReservedFlags(1)),
             (&[0x12, 0x02, 0, 0], ReservedFlags(2)),

@@ -1,4 +1,5 @@
-//! uCOBS framing for squarepeg (Minion §5).
+//! Framing for squarepeg: uCOBS (Minion §5), and plain length-prefixed frames
+//! where uCOBS's markers are not needed.
 //!
 //! Every frame travels as `0x00 ‖ COBS(header ‖ payload ‖ CRC32C) ‖ 0x00`.
 //! The markers at both ends make each frame self-delimiting in any fragment
@@ -29,6 +30,12 @@
 //!   pooled chunk, their payloads [`bytes::Bytes`] slices of it (no
 //!   allocation or copy per frame); it reports exactly what the
 //!   [`Reassembler`] reports for the same bytes (tested against it).
+//! - [`plain`]: plain frames, `varint(length) ‖ header ‖ payload`, for a
+//!   direction whose receiver reads in order and whose sender never
+//!   replaces retransmitted bytes (docs/wire.md §3); [`FrameFormat`]
+//!   encodes in either format.
+//! - [`reader`]: [`FrameReader`], the in-order receive side that follows
+//!   the sender's switch from uCOBS to plain frames.
 //! - `crc`: CRC32C, by `crc-fast` (carry-less multiplication folding).
 //! - [`sample`]: deterministic sample payloads (random, text-like,
 //!   zero-heavy) for the benchmarks and tests.
@@ -45,6 +52,8 @@ mod crc;
 pub mod decoder;
 pub mod frame;
 pub mod header;
+pub mod plain;
+pub mod reader;
 pub mod reassembler;
 pub mod sample;
 pub mod varint;
@@ -55,6 +64,8 @@ pub use frame::{
     encode_padding,
 };
 pub use header::{FrameHeader, FrameKind, MAX_HEADER_LEN, VERSION};
+pub use plain::{FrameFormat, encode_plain_frame};
+pub use reader::FrameReader;
 pub use reassembler::{
     ReassembledFrame, Reassembler, ReassemblyError, ReassemblyStats, RejectedFrame,
 };

@@ -1,12 +1,13 @@
-//! Checks every test vector in docs/wire.md §1.4 against the code, encoding
-//! and decoding, so that the document and the implementation cannot drift.
+//! Checks every test vector in docs/wire.md §1.4 and §3.1 against the code,
+//! encoding and decoding, so that the document and the implementation cannot
+//! drift.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use squarepeg_framing::{
-    Frame, FrameError, FrameHeader, HeaderError, Reassembler, StreamDecoder, cobs, decode_frame,
-    encode_frame, encode_padding,
+    Frame, FrameError, FrameHeader, FrameReader, HeaderError, Reassembler, StreamDecoder, cobs,
+    decode_frame, encode_frame, encode_padding, encode_plain_frame,
 };
 
 /// The `vector` blocks of the document, as key/value maps.
@@ -72,6 +73,7 @@ fn header(spec: &str) -> FrameHeader {
         },
         "padding" => FrameHeader::Padding,
         "control" => FrameHeader::Control,
+        "switch" => FrameHeader::Switch { format: num(1) },
         other => panic!("unknown header kind {other:?}"),
     }
 }
@@ -105,6 +107,18 @@ fn found(wire: &[u8]) -> (Found, Found) {
         .map(|x| x.map(|f| f.frame).map_err(|e| e.error))
         .collect();
     (in_order, any_order)
+}
+
+/// Everything a reader that accepts plain frames finds in `wire`, fed `cut` bytes at a time.
+fn read_all(wire: &[u8], cut: usize) -> Found {
+    let mut r = FrameReader::with_buffers(1 << 16, 1024, 1 << 20);
+    r.accept_plain(true);
+    let mut out = Vec::new();
+    for piece in wire.chunks(cut) {
+        r.push(piece);
+        out.extend(std::iter::from_fn(|| r.next_frame()));
+    }
+    out
 }
 
 #[test]
@@ -181,6 +195,52 @@ fn wire_md_vectors_match_the_code() {
                 assert_eq!(a, [Err(err)]);
                 assert_eq!(b, [Err(err)]);
             }
+            "plain" => {
+                let h = header(&v["header"]);
+                let payload = hex(&v["payload"]);
+                let wire = hex(&v["wire"]);
+                let mut enc = Vec::new();
+                assert_eq!(encode_plain_frame(&h, &payload, &mut enc), Ok(wire.len()));
+                assert_eq!(enc, wire, "{v:?}");
+                // Decoded after a switch, cut at every byte.
+                let mut stream = Vec::new();
+                encode_frame(&FrameHeader::Switch { format: 1 }, &[], &mut stream).unwrap();
+                let switch_len = stream.len();
+                stream.extend_from_slice(&wire);
+                for cut in [1, 2, 3, stream.len()] {
+                    let got = read_all(&stream, cut);
+                    assert_eq!(got.len(), 2, "{v:?}");
+                    assert_eq!(
+                        got[1],
+                        Ok(Frame {
+                            header: h,
+                            payload: payload.clone().into()
+                        }),
+                        "cut {cut}: {v:?}"
+                    );
+                }
+                assert!(switch_len > 0);
+            }
+            "switch" => {
+                let wire = hex(&v["wire"]);
+                let expected: Vec<Frame> = v["frames"]
+                    .split(';')
+                    .map(|f| {
+                        let (h, p) = f.split_once(':').expect("header : payload");
+                        Frame {
+                            header: header(h),
+                            payload: hex(p).into(),
+                        }
+                    })
+                    .collect();
+                for cut in 1..=wire.len() {
+                    let got: Vec<Frame> = read_all(&wire, cut)
+                        .into_iter()
+                        .map(|f| f.unwrap_or_else(|e| panic!("cut {cut}: {e}")))
+                        .collect();
+                    assert_eq!(got, expected, "cut {cut}");
+                }
+            }
             other => panic!("unknown vector type {other:?}"),
         }
     }
@@ -191,6 +251,8 @@ fn wire_md_vectors_match_the_code() {
         ("frame", 4),
         ("padding", 3),
         ("reject", 2),
+        ("plain", 3),
+        ("switch", 1),
     ] {
         assert!(
             counts.get(ty).copied().unwrap_or(0) >= min,

@@ -29,6 +29,7 @@ pub mod param_id {
     pub const INITIAL_MAX_DATA: u64 = 0x01;
     pub const INITIAL_MAX_STREAM_DATA: u64 = 0x02;
     pub const INITIAL_MAX_STREAMS: u64 = 0x03;
+    pub const RECEIVE_FORMATS: u64 = 0x04;
 }
 
 /// The longest CLOSE reason a sender writes and a receiver accepts.
@@ -43,6 +44,9 @@ pub struct Params {
     pub initial_max_stream_data: Option<u64>,
     /// How many streams the peer may open (cumulative count).
     pub initial_max_streams: Option<u64>,
+    /// The frame formats the sender reads after a Switch, as bits of format ids
+    /// (docs/wire.md §3); absent: uCOBS only.
+    pub receive_formats: Option<u64>,
 }
 
 /// A decoded control frame.
@@ -158,6 +162,7 @@ impl ControlFrame {
                     (param_id::INITIAL_MAX_DATA, p.initial_max_data),
                     (param_id::INITIAL_MAX_STREAM_DATA, p.initial_max_stream_data),
                     (param_id::INITIAL_MAX_STREAMS, p.initial_max_streams),
+                    (param_id::RECEIVE_FORMATS, p.receive_formats),
                 ];
                 for (id, value) in pairs {
                     if let Some(v) = value {
@@ -211,6 +216,7 @@ impl ControlFrame {
                             p.initial_max_stream_data = Some(value)
                         }
                         param_id::INITIAL_MAX_STREAMS => p.initial_max_streams = Some(value),
+                        param_id::RECEIVE_FORMATS => p.receive_formats = Some(value),
                         // Unknown parameters are ignored (docs/wire.md §2.2).
                         _ => {}
                     }
@@ -263,6 +269,7 @@ mod tests {
             initial_max_data: Some(1 << 24),
             initial_max_stream_data: Some(1 << 20),
             initial_max_streams: Some(100),
+            receive_formats: Some(0b11),
         }));
         round_trip(ControlFrame::Params(Params::default()));
         round_trip(ControlFrame::MaxData(varint::MAX));

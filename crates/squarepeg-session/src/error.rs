@@ -43,6 +43,9 @@ pub enum ProtocolError {
     StreamState { stream: u64, what: &'static str },
     #[error("stream {stream}: final size {got} conflicts with {known}")]
     FinalSize { stream: u64, known: u64, got: u64 },
+    /// A Switch frame to a format this side did not announce, or a second one.
+    #[error("unexpected switch to frame format {format}")]
+    UnexpectedSwitch { format: u64 },
 }
 
 impl ProtocolError {
@@ -58,6 +61,7 @@ impl ProtocolError {
             Self::StreamLimit { .. } => STREAM_LIMIT_ERROR,
             Self::StreamState { .. } => STREAM_STATE_ERROR,
             Self::FinalSize { .. } => FINAL_SIZE_ERROR,
+            Self::UnexpectedSwitch { .. } => PROTOCOL_VIOLATION,
         }
     }
 }

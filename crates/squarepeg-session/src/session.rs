@@ -4,7 +4,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use squarepeg_framing::{Frame, FrameError, FrameHeader, encode_frame};
+use squarepeg_framing::{Frame, FrameError, FrameFormat, FrameHeader};
 
 use crate::config::{
     Config, ConfigError, DEFAULT_INITIAL_MAX_DATA, DEFAULT_INITIAL_MAX_STREAM_DATA,
@@ -126,6 +126,7 @@ pub enum TransmitContent {
 
 /// Counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     pub messages_sent: u64,
     pub messages_expired: u64,
@@ -138,6 +139,24 @@ pub struct Stats {
     pub stream_bytes_received: u64,
     pub frames_sent: u64,
     pub frames_received: u64,
+    /// The format this side's frames are written in now (docs/wire.md §3).
+    pub send_format: FrameFormat,
+    /// The format the peer's frames are read in now.
+    pub receive_format: FrameFormat,
+}
+
+/// PARAMS receive_formats with uCOBS (bit 0) and plain frames (bit 1).
+const FORMATS_WITH_PLAIN: u64 = 0b11;
+
+/// The frame-format choices of a session (docs/wire.md §3).
+#[derive(Clone, Copy, Debug, Default)]
+struct Formats {
+    /// Announce (and accept a Switch to) plain frames.
+    receive_plain: bool,
+    /// Switch the sending direction to plain frames if the peer reads them.
+    send_plain: bool,
+    /// The peer announced plain frames: the Switch goes out next.
+    switch_pending: bool,
 }
 
 #[derive(Debug)]
@@ -244,6 +263,11 @@ pub struct Session {
     events: VecDeque<Event>,
     stats: Stats,
 
+    /// Frame formats (docs/wire.md §3): what this side announces it reads,
+    /// whether its sending side may switch, and a switch decided but not
+    /// yet sent.
+    formats: Formats,
+
     // Control frames waiting to go, coalesced: flags and sets, not a queue
     // of frames, so repeated credit updates cost one frame.
     params_pending: bool,
@@ -306,6 +330,7 @@ impl Session {
             state: State::Open,
             events: VecDeque::new(),
             stats: Stats::default(),
+            formats: Formats::default(),
             params_pending: true,
             max_data_pending: false,
             max_streams_pending: false,
@@ -1088,6 +1113,19 @@ impl Session {
                 .all(|s| s.send.unsent() == 0 && (!s.send.fin_requested || s.send.is_closed()))
     }
 
+    /// Which frame formats this session may use besides uCOBS (docs/wire.md §3): with
+    /// `receive_plain` it announces that it reads plain frames (only a receiver reading the
+    /// stream in order may), with `send_plain` it switches its sending direction to plain
+    /// frames once the peer announces them (only a sender writing a plain byte stream, with
+    /// no tagged queue and no inconsistent retransmissions, may). Set by whoever knows the
+    /// substrate, before the first frame is sent; both are off by default.
+    pub fn set_frame_formats(&mut self, receive_plain: bool, send_plain: bool) {
+        if self.params_pending {
+            self.formats.receive_plain = receive_plain;
+        }
+        self.formats.send_plain = send_plain;
+    }
+
     // ---------------------------------------------------------------------
     // Transport side.
 
@@ -1152,6 +1190,17 @@ impl Session {
                 fin,
             } => self.handle_chunk(stream, offset, frame.payload, fin)?,
             FrameHeader::Padding => {}
+            FrameHeader::Switch { format } => {
+                // The frame reader already follows the switch; here it is checked: only to a
+                // format we announced, and only once (docs/wire.md §3).
+                if !self.formats.receive_plain
+                    || FrameFormat::from_id(format) != Some(FrameFormat::Plain)
+                    || self.stats.receive_format != FrameFormat::Ucobs
+                {
+                    return Err(ProtocolError::UnexpectedSwitch { format });
+                }
+                self.stats.receive_format = FrameFormat::Plain;
+            }
             FrameHeader::Control => {
                 let control = ControlFrame::decode(&frame.payload)?;
                 self.handle_control(now, control)?;
@@ -1291,6 +1340,14 @@ impl Session {
     }
 
     fn handle_params(&mut self, p: Params) {
+        // The peer reads plain frames: switch our direction (docs/wire.md §3).
+        if p.receive_formats
+            .is_some_and(|f| f & FORMATS_WITH_PLAIN == FORMATS_WITH_PLAIN)
+            && self.formats.send_plain
+            && self.stats.send_format == FrameFormat::Ucobs
+        {
+            self.formats.switch_pending = true;
+        }
         if let Some(v) = p.initial_max_data
             && v > self.conn_send_max
         {
@@ -1334,6 +1391,22 @@ impl Session {
             return self.transmit_control(&frame, buf);
         }
         self.expire(now);
+        if self.formats.switch_pending && !self.params_pending {
+            // After our PARAMS, which opens the stream (docs/wire.md §2.2). The Switch frame
+            // itself is uCOBS; everything after it is plain.
+            self.formats.switch_pending = false;
+            let switch = FrameHeader::Switch {
+                format: FrameFormat::Plain.id(),
+            };
+            let len = FrameFormat::Ucobs.encode(&switch, &[], buf).ok()?;
+            self.stats.send_format = FrameFormat::Plain;
+            self.stats.frames_sent += 1;
+            return Some(Transmit {
+                len,
+                priority: None,
+                content: TransmitContent::Control,
+            });
+        }
         if let Some(frame) = self.next_control() {
             return self.transmit_control(&frame, buf);
         }
@@ -1393,6 +1466,7 @@ impl Session {
                 initial_max_data: Some(self.config.connection_receive_window),
                 initial_max_stream_data: Some(self.config.stream_receive_window),
                 initial_max_streams: Some(self.local_max_streams),
+                receive_formats: self.formats.receive_plain.then_some(FORMATS_WITH_PLAIN),
             }));
         }
         if let Some(f) = self.control_queue.pop_front() {
@@ -1420,7 +1494,11 @@ impl Session {
         // Our own control frames always encode: values come from varint
         // ranges we keep (credits never exceed 2^62 in practice).
         frame.encode(&mut self.control_body).ok()?;
-        let len = encode_frame(&FrameHeader::Control, &self.control_body, buf).ok()?;
+        let len = self
+            .stats
+            .send_format
+            .encode(&FrameHeader::Control, &self.control_body, buf)
+            .ok()?;
         self.stats.frames_sent += 1;
         Some(Transmit {
             len,
@@ -1467,7 +1545,11 @@ impl Session {
         self.pin_dependencies(msg.depends_on);
         let header = FrameHeader::Message { substream, number };
         // Message numbers and sub-streams below 2^62 always encode.
-        let len = encode_frame(&header, &msg.payload, buf).ok()?;
+        let len = self
+            .stats
+            .send_format
+            .encode(&header, &msg.payload, buf)
+            .ok()?;
         Some(Transmit {
             len,
             priority: Some(priority),
@@ -1506,7 +1588,11 @@ impl Session {
             offset,
             fin,
         };
-        let len = encode_frame(&header, s.send.peek(n), buf).ok()?;
+        let len = self
+            .stats
+            .send_format
+            .encode(&header, s.send.peek(n), buf)
+            .ok()?;
         s.send.advance(n, fin);
         self.conn_sent += n as u64;
         self.stats.stream_bytes_sent += n as u64;

@@ -14,9 +14,17 @@ fn expected() -> Vec<(&'static str, ControlFrame)> {
                 initial_max_data: Some(16_777_216),
                 initial_max_stream_data: Some(1_048_576),
                 initial_max_streams: Some(100),
+                receive_formats: None,
             }),
         ),
         ("PARAMS (empty)", ControlFrame::Params(Params::default())),
+        (
+            "PARAMS receive_formats=0b11",
+            ControlFrame::Params(Params {
+                receive_formats: Some(0b11),
+                ..Params::default()
+            }),
+        ),
         ("MAX_DATA 1048576", ControlFrame::MaxData(1_048_576)),
         (
             "MAX_STREAM_DATA stream=5 max=70000",

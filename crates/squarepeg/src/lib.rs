@@ -144,7 +144,7 @@ pub use stream::Stream;
 // Every type the public signatures use.
 pub use bytes::Bytes;
 pub use squarepeg_connection::UtcpStats;
-pub use squarepeg_framing::{CobsError, FrameError, HeaderError};
+pub use squarepeg_framing::{CobsError, FrameError, FrameFormat, HeaderError};
 #[cfg(feature = "utcp")]
 pub use squarepeg_io::Stack;
 pub use squarepeg_session::control::ControlError;

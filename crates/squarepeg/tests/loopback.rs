@@ -577,3 +577,121 @@ async fn squash_and_status_reporting() {
     assert_eq!(squashed, 99);
     client.close().await;
 }
+
+/// Messages and a stream both ways; returns each side's stats before the close.
+async fn exchange_both_ways(
+    client: &Connection,
+    server: &Connection,
+) -> (ConnectionStats, ConnectionStats) {
+    for (from, to, seed) in [(client, server, 1u8), (server, client, 2u8)] {
+        let blob = pattern(300_000, seed);
+        let mut s = from.open_stream().await.unwrap();
+        for i in 0..300u32 {
+            from.send_message(pattern(1 + (i as usize * 37) % 3000, seed), props(0, 3))
+                .await
+                .unwrap();
+        }
+        s.write_all(&blob).await.unwrap();
+        s.shutdown().await.unwrap();
+        for i in 0..300u64 {
+            let m = no_hang(to.recv_message()).await.unwrap();
+            assert_eq!(m.number, i);
+            assert_eq!(m.payload, pattern(1 + (i as usize * 37) % 3000, seed));
+        }
+        let mut r = no_hang(to.accept_stream()).await.unwrap();
+        let mut data = Vec::new();
+        no_hang(r.read_to_end(&mut data)).await.unwrap();
+        assert_eq!(Sha256::digest(&data), Sha256::digest(&blob));
+    }
+    (client.stats(), server.stats())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frame_format_is_negotiated_and_falls_back_to_ucobs() {
+    use squarepeg_framing::FrameFormat::{Plain, Ucobs};
+    for (client_plain, server_plain) in [(true, true), (true, false), (false, true), (false, false)]
+    {
+        let (mut cc, mut sc) = (ConnectionConfig::default(), ConnectionConfig::default());
+        cc.plain_frames = client_plain;
+        sc.plain_frames = server_plain;
+        let (client, server) = pair_with("127.0.0.1:0", cc, sc).await;
+        let (c, s) = exchange_both_ways(&client, &server).await;
+        // Over kernel TCP both sides read in order and write a byte stream: a direction is
+        // plain exactly when both sides allow it (one announces, the other switches).
+        let want = if client_plain && server_plain {
+            Plain
+        } else {
+            Ucobs
+        };
+        let case = format!("client {client_plain}, server {server_plain}");
+        assert_eq!(c.session.send_format, want, "{case}");
+        assert_eq!(s.session.receive_format, want, "{case}");
+        assert_eq!(s.session.send_format, want, "{case}");
+        assert_eq!(c.session.receive_format, want, "{case}");
+        client.close().await;
+        assert!(matches!(
+            no_hang(server.closed()).await,
+            ConnectionError::ApplicationClosed { code: 0, .. }
+        ));
+    }
+}
+
+/// A peer written from docs/wire.md §3 alone: PARAMS announcing nothing, a Switch to plain
+/// frames, a plain message; then a second Switch, which the session must reject.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_encoded_switch_is_followed_and_a_second_one_rejected() {
+    use squarepeg_framing::encode_plain_frame;
+    let ep = Endpoint::bind("127.0.0.1:0", quick_drain()).await.unwrap();
+    let mut raw = TcpStream::connect(ep.local_addr().unwrap()).await.unwrap();
+    let server = ep.accept().await.unwrap();
+    let mut wire = Vec::new();
+    // PARAMS (empty): the raw peer reads uCOBS only, so the server never switches to it.
+    encode_frame(&FrameHeader::Control, &[0x01], &mut wire).unwrap();
+    encode_frame(&FrameHeader::Switch { format: 1 }, &[], &mut wire).unwrap();
+    let hello = FrameHeader::Message {
+        substream: 2,
+        number: 0,
+    };
+    encode_plain_frame(&hello, b"plain hello", &mut wire).unwrap();
+    raw.write_all(&wire).await.unwrap();
+    let m = no_hang(server.recv_message()).await.unwrap();
+    assert_eq!((m.substream, &m.payload[..]), (2, &b"plain hello"[..]));
+    assert_eq!(
+        server.stats().session.receive_format,
+        squarepeg_framing::FrameFormat::Plain
+    );
+    wire.clear();
+    encode_plain_frame(&FrameHeader::Switch { format: 1 }, &[], &mut wire).unwrap();
+    raw.write_all(&wire).await.unwrap();
+    assert_eq!(
+        no_hang(read_close(&mut raw)).await,
+        transport_code::PROTOCOL_VIOLATION
+    );
+    assert!(matches!(
+        no_hang(server.closed()).await,
+        ConnectionError::ProtocolViolation(ProtocolError::UnexpectedSwitch { format: 1 })
+    ));
+}
+
+/// A Switch to a format the receiver did not announce is a protocol violation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switch_to_an_unannounced_format_is_rejected() {
+    let mut config = quick_drain();
+    config.plain_frames = false;
+    for (format, cfg) in [(1u64, config.clone()), (9, quick_drain())] {
+        let ep = Endpoint::bind("127.0.0.1:0", cfg).await.unwrap();
+        let mut raw = TcpStream::connect(ep.local_addr().unwrap()).await.unwrap();
+        let server = ep.accept().await.unwrap();
+        let mut wire = Vec::new();
+        encode_frame(&FrameHeader::Switch { format }, &[], &mut wire).unwrap();
+        raw.write_all(&wire).await.unwrap();
+        assert_eq!(
+            no_hang(read_close(&mut raw)).await,
+            transport_code::PROTOCOL_VIOLATION
+        );
+        assert!(matches!(
+            no_hang(server.closed()).await,
+            ConnectionError::ProtocolViolation(ProtocolError::UnexpectedSwitch { .. })
+        ));
+    }
+}

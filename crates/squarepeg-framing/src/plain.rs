@@ -1,0 +1,246 @@
+//! Plain frames (docs/wire.md §3): `varint(body length) ‖ header ‖ payload`.
+//!
+//! uCOBS pays for its markers and checksum on every byte: they are what lets a receiver find
+//! frames in segments handed over out of order (Minion §5.3) and reject frames a middlebox
+//! assembled from two different transmissions (Hollywood §4.5). A receiver that reads the
+//! stream in order from a sender that never replaces retransmitted bytes needs neither, and a
+//! length prefix costs one varint per frame with no pass over the payload. A connection
+//! starts in uCOBS and each direction switches to plain frames only when its receiver has
+//! announced it can read them (PARAMS, docs/wire.md §2.2), with a uCOBS Switch frame after
+//! which every byte is plain.
+//!
+//! The body is the same header as in uCOBS ([`FrameHeader`]) and the payload; the body length
+//! counts both. There is no checksum: TCP's checksum covers corruption on the path as it does
+//! for any TCP application, and TLS's AEAD will authenticate (the record layer).
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::decoder::ChunkPool;
+use crate::{Frame, FrameError, FrameHeader, HeaderError, varint};
+
+/// The frame formats a direction of a connection can be in (the `format` of a Switch frame,
+/// and bits of the PARAMS receive-formats parameter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum FrameFormat {
+    /// uCOBS frames (docs/wire.md §1): every connection starts in it.
+    #[default]
+    Ucobs,
+    /// Length-prefixed frames (docs/wire.md §3).
+    Plain,
+}
+
+impl FrameFormat {
+    /// The format's id on the wire.
+    pub const fn id(self) -> u64 {
+        match self {
+            Self::Ucobs => 0,
+            Self::Plain => 1,
+        }
+    }
+
+    /// The format with wire id `id`, if this build knows it.
+    pub const fn from_id(id: u64) -> Option<Self> {
+        match id {
+            0 => Some(Self::Ucobs),
+            1 => Some(Self::Plain),
+            _ => None,
+        }
+    }
+
+    /// Appends one frame in this format to `out`; returns the bytes appended. `out` is
+    /// unchanged on error.
+    #[inline]
+    pub fn encode(
+        self,
+        header: &FrameHeader,
+        payload: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<usize, FrameError> {
+        match self {
+            Self::Ucobs => crate::encode_frame(header, payload, out),
+            Self::Plain => encode_plain_frame(header, payload, out),
+        }
+    }
+}
+
+/// Appends `varint(len) ‖ header ‖ payload` to `out` (`len` = header and payload bytes) and
+/// returns the bytes appended. `out` is unchanged on error.
+#[inline]
+pub fn encode_plain_frame(
+    header: &FrameHeader,
+    payload: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<usize, FrameError> {
+    let (head, head_len) = header.to_bytes()?;
+    if let FrameHeader::StreamChunk { offset, .. } = *header
+        && offset
+            .checked_add(payload.len() as u64)
+            .is_none_or(|end| end > varint::MAX)
+    {
+        return Err(FrameError::OffsetOverflow);
+    }
+    let body = (head_len + payload.len()) as u64;
+    let (len, len_len) = varint::to_bytes(body)?;
+    out.reserve(len_len + head_len + payload.len());
+    out.extend_from_slice(&len[..len_len]);
+    out.extend_from_slice(&head[..head_len]);
+    out.extend_from_slice(payload);
+    Ok(len_len + head_len + payload.len())
+}
+
+/// Splits an in-order stream of plain frames into frames, reading straight into pooled chunks
+/// whose slices become the payloads (no copy per frame, no allocation per read in a steady
+/// stream). The memory rules are the uCOBS decoder's ([`crate::StreamDecoder`]): while the
+/// chunks that payloads keep alive would exceed the pinning limit, or for reads too small to
+/// be worth a chunk, payloads are copied out instead.
+#[derive(Debug)]
+pub(crate) struct PlainDecoder {
+    max_body: usize,
+    read_size: usize,
+    /// The current chunk: `buf[start..filled]` is not yet cut into frames.
+    buf: Vec<u8>,
+    start: usize,
+    filled: usize,
+    pool: Arc<ChunkPool>,
+    pinned_limit: usize,
+    /// Frames of the latest read: header and payload range in `buf`, or an error.
+    spans: Vec<Result<(FrameHeader, Range<usize>), FrameError>>,
+    ready: VecDeque<Result<Frame, FrameError>>,
+    /// A length over the limit was read: frame boundaries are lost, so every later byte is
+    /// dropped (on a reliable stream the error ends the connection anyway).
+    failed: bool,
+}
+
+impl PlainDecoder {
+    pub(crate) fn new(
+        max_body: usize,
+        read_size: usize,
+        pool: Arc<ChunkPool>,
+        pinned_limit: usize,
+    ) -> Self {
+        Self {
+            max_body,
+            read_size,
+            buf: Vec::new(),
+            start: 0,
+            filled: 0,
+            pool,
+            pinned_limit,
+            spans: Vec::new(),
+            ready: VecDeque::new(),
+            failed: false,
+        }
+    }
+
+    pub(crate) fn unfilled(&mut self) -> &mut [u8] {
+        if self.buf.len() - self.filled < self.read_size {
+            if self.start > 0 {
+                self.buf.copy_within(self.start..self.filled, 0);
+                self.filled -= self.start;
+                self.start = 0;
+            }
+            let want = self.filled + self.read_size;
+            if self.buf.len() < want {
+                if self.buf.is_empty() {
+                    self.buf = self.pool.get(want);
+                } else {
+                    self.buf.resize(want, 0);
+                }
+            }
+        }
+        &mut self.buf[self.filled..]
+    }
+
+    pub(crate) fn filled(&mut self, n: usize) {
+        if self.failed {
+            return; // dropped: see `failed`
+        }
+        self.filled += n.min(self.buf.len() - self.filled);
+        self.cut();
+    }
+
+    pub(crate) fn next_frame(&mut self) -> Option<Result<Frame, FrameError>> {
+        self.ready.pop_front()
+    }
+
+    pub(crate) fn ready_len(&self) -> usize {
+        self.ready.len()
+    }
+
+    /// Bytes held waiting for the end of a frame.
+    pub(crate) fn buffered(&self) -> usize {
+        self.filled - self.start
+    }
+
+    /// Cuts the complete frames out of `buf[start..filled]`.
+    fn cut(&mut self) {
+        let mut pos = self.start;
+        let mut consumed = 0;
+        while pos < self.filled {
+            let rest = &self.buf[pos..self.filled];
+            let Ok((len, len_len)) = varint::decode(rest) else {
+                break; // the length itself is incomplete
+            };
+            if len > self.max_body as u64 {
+                self.spans.push(Err(FrameError::Oversize {
+                    len: usize::try_from(len).unwrap_or(usize::MAX),
+                    limit: self.max_body,
+                }));
+                self.failed = true;
+                break;
+            }
+            let len = len as usize;
+            if rest.len() < len_len + len {
+                break;
+            }
+            let body = pos + len_len..pos + len_len + len;
+            self.spans.push(
+                FrameHeader::decode(&self.buf[body.clone()])
+                    .map(|(header, head_len)| (header, body.start + head_len..body.end))
+                    .map_err(|e| match e {
+                        // A body too short for its header.
+                        HeaderError::Truncated => FrameError::TooShort,
+                        other => other.into(),
+                    }),
+            );
+            consumed += len_len + len;
+            pos = body.end;
+        }
+        if self.spans.is_empty() {
+            return;
+        }
+        let worth_a_chunk = consumed >= self.pool.chunk_size / 8;
+        if worth_a_chunk && self.pool.live() + self.buf.len() <= self.pinned_limit {
+            // The frames' bytes stay where they were read: the chunk is shared and the
+            // payloads are slices of it; the partial frame after them moves to a new chunk.
+            let tail = self.filled - pos;
+            let mut next = self.pool.get(tail + self.read_size);
+            next[..tail].copy_from_slice(&self.buf[pos..self.filled]);
+            let chunk = self.pool.share(std::mem::replace(&mut self.buf, next));
+            for span in self.spans.drain(..) {
+                self.ready.push_back(span.map(|(header, range)| Frame {
+                    header,
+                    payload: chunk.slice(range),
+                }));
+            }
+            self.start = 0;
+            self.filled = tail;
+        } else {
+            for span in self.spans.drain(..) {
+                self.ready.push_back(span.map(|(header, range)| Frame {
+                    header,
+                    payload: Bytes::copy_from_slice(&self.buf[range]),
+                }));
+            }
+            self.start = pos;
+        }
+        if self.failed {
+            self.start = 0;
+            self.filled = 0;
+        }
+    }
+}
