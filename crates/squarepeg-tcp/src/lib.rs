@@ -27,16 +27,18 @@
 //! timeout, probe and state change with the congestion state after it; the simulation tests
 //! and `examples/trace.rs` read it.
 //!
-//! Extension points for the uTCP / Hollywood layers: the [`SendQueue`] keeps writes as tagged
-//! records split into committed (sequence numbers fixed) and pending parts, with priority
-//! insertion, squash and same-length replacement; every accepted data segment passes through
-//! one receive-buffer insertion with its stream offset, where an "every segment at once" mode
-//! can hook in; stream offsets, SRTT and RTTVAR are exposed on [`Connection`].
+//! The uTCP / Hollywood extensions ([`utcp`], Minion §4, Hollywood §4.2–4.3): unordered
+//! receive (every accepted segment handed to the application at once with its stream offset,
+//! [`Endpoint::read_segment`]); tagged message writes into the [`SendQueue`], which keeps
+//! them split into committed (sequence numbers fixed) and pending parts, with priority
+//! insertion, squash, deadlines, same-length replacement of expired messages in
+//! retransmissions (inconsistent retransmissions, with a padder), and per-message reports
+//! ([`Endpoint::poll_report`]); both also as record streams over `read`/`write`
+//! ([`utcp::record`]). Stream offsets, SRTT and RTTVAR are exposed on [`Connection`].
 //!
-//! Not implemented (yet): the uTCP "every segment at once" receive mode itself, PRR,
-//! HyStart++, spurious-retransmission undo (Eifel/D-SACK), ECN, TCP Fast Open, urgent data
-//! (URG is ignored and data delivered inline, RFC 6093), path MTU discovery / ICMP, receive
-//! buffer auto-tuning, pacing and segmentation offloads.
+//! Not implemented (yet): PRR, HyStart++, spurious-retransmission undo (Eifel/D-SACK), ECN,
+//! TCP Fast Open, urgent data (URG is ignored and data delivered inline, RFC 6093), path MTU
+//! discovery / ICMP, receive buffer auto-tuning, pacing and segmentation offloads.
 //!
 //! ```
 //! use std::time::Instant;

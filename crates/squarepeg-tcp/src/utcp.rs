@@ -47,7 +47,7 @@
 //! # Send: message writes (Minion §4.2, Hollywood §4.2)
 //!
 //! [`Endpoint::write_message`](crate::Endpoint::write_message) queues a whole message with a
-//! [`WriteTag`](crate::WriteTag); see [`crate::SendQueue`] for priority insertion, squash,
+//! [`WriteTag`]; see [`crate::SendQueue`] for priority insertion, squash,
 //! expiry, dependencies, consistent segmentation and inconsistent retransmissions, and
 //! [`MessageReport`] for what the connection tells the application.
 //!

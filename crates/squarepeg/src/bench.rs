@@ -24,13 +24,36 @@ use crate::{Connection, ConnectionConfig, Endpoint, MessageProps};
 
 /// Result of one measurement.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct Measurement {
     pub size: usize,
     pub count: usize,
     pub elapsed: Duration,
+    /// CPU time of the whole process (user + system) during the run: both ends run in this
+    /// process, so this is what the transfer cost, steadier than `elapsed` on a busy machine.
+    pub cpu: Duration,
+}
+
+/// CPU time (user + system) this process has used so far.
+fn process_cpu() -> Duration {
+    // SAFETY: getrusage only writes the struct it is given; all-zero is a valid rusage.
+    let u = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut u);
+        u
+    };
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    tv(u.ru_utime) + tv(u.ru_stime)
 }
 
 impl Measurement {
+    /// CPU nanoseconds per payload byte.
+    pub fn cpu_ns_per_byte(&self) -> f64 {
+        self.cpu.as_nanos() as f64 / (self.size * self.count) as f64
+    }
+
     /// Payload bytes per second.
     pub fn bytes_per_sec(&self) -> f64 {
         (self.size * self.count) as f64 / self.elapsed.as_secs_f64()
@@ -56,6 +79,7 @@ pub async fn squarepeg_messages(
     let client = client.map_err(std::io::Error::other)?;
     let server = server.map_err(std::io::Error::other)?;
     let payload = Bytes::from(vec![0x5au8; size]);
+    let cpu = process_cpu();
     let start = Instant::now();
     let sender = tokio::spawn(async move {
         for _ in 0..count {
@@ -72,6 +96,7 @@ pub async fn squarepeg_messages(
         bytes += m.payload.len();
     }
     let elapsed = start.elapsed();
+    let cpu = process_cpu().saturating_sub(cpu);
     let client = sender.await.map_err(std::io::Error::other)??;
     if bytes != size * count {
         return Err(std::io::Error::other("byte count mismatch"));
@@ -81,6 +106,7 @@ pub async fn squarepeg_messages(
         size,
         count,
         elapsed,
+        cpu,
     })
 }
 
@@ -106,6 +132,7 @@ pub async fn raw_tcp_messages_with(
     server.set_nodelay(true)?;
     let (write_batch, read_size) = (config.write_batch, config.read_buffer);
     let payload = Bytes::from(vec![0x5au8; size]);
+    let cpu = process_cpu();
     let start = Instant::now();
     let sender = tokio::spawn(async move {
         let mut w = BufWriter::with_capacity(write_batch, client);
@@ -139,6 +166,7 @@ pub async fn raw_tcp_messages_with(
         }
     }
     let elapsed = start.elapsed();
+    let cpu = process_cpu().saturating_sub(cpu);
     sender.await.map_err(std::io::Error::other)??;
     if bytes != size * count {
         return Err(std::io::Error::other("byte count mismatch"));
@@ -147,5 +175,6 @@ pub async fn raw_tcp_messages_with(
         size,
         count,
         elapsed,
+        cpu,
     })
 }

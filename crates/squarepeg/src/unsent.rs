@@ -1,5 +1,6 @@
-//! How much unsent data the kernel may hold (late binding, design.md §3): a
-//! `TCP_NOTSENT_LOWAT` that follows the connection's delivery rate.
+//! How much unsent data the kernel may hold (late binding, Hollywood §4.2 and
+//! ARCHITECTURE.md): a `TCP_NOTSENT_LOWAT` that follows the connection's
+//! delivery rate.
 //!
 //! Whatever the kernel holds unsent is committed: an urgent message waits
 //! behind it (and behind what is in flight), so the less the better. But the

@@ -1,5 +1,6 @@
-//! `peg bench messages`: message throughput over loopback, squarepeg over kernel TCP
-//! against plain tokio TCP carrying the same bytes as length-prefixed records.
+//! `peg bench messages`: message throughput over loopback, squarepeg over kernel TCP (with
+//! the negotiated plain frames, and held to uCOBS) against plain tokio TCP carrying the same
+//! bytes as length-prefixed records; wall-clock and CPU-time ratios.
 
 use clap::Args;
 
@@ -19,54 +20,105 @@ pub struct MessagesArgs {
     pub json: bool,
 }
 
+/// The best of a contender's runs: wall-clock rate and CPU per byte, each at its best.
+#[derive(Clone, Copy)]
+struct Best {
+    bytes_per_sec: f64,
+    messages_per_sec: f64,
+    cpu_ns_per_byte: f64,
+}
+
+impl Best {
+    fn new() -> Self {
+        Self {
+            bytes_per_sec: f64::MIN,
+            messages_per_sec: f64::MIN,
+            cpu_ns_per_byte: f64::MAX,
+        }
+    }
+
+    fn add(&mut self, m: &squarepeg::bench::Measurement) {
+        self.bytes_per_sec = self.bytes_per_sec.max(m.bytes_per_sec());
+        self.messages_per_sec = self.messages_per_sec.max(m.messages_per_sec());
+        self.cpu_ns_per_byte = self.cpu_ns_per_byte.min(m.cpu_ns_per_byte());
+    }
+}
+
 pub fn run(args: MessagesArgs) -> anyhow::Result<()> {
     use squarepeg::bench::{raw_tcp_messages, squarepeg_messages};
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
+    // squarepeg as negotiated over kernel TCP (plain frames, docs/wire.md §3), squarepeg held
+    // to uCOBS, and raw TCP, in turn within each round, so that load on the machine hits all
+    // three alike.
+    let plain = squarepeg::ConnectionConfig::default();
+    let mut ucobs = squarepeg::ConnectionConfig::default();
+    ucobs.plain_frames = false;
     if !args.json {
         println!(
-            "{:>8} {:>10} {:>14} {:>14} {:>12} {:>7}",
-            "size", "messages", "squarepeg MB/s", "raw TCP MB/s", "squarepeg k/s", "ratio"
+            "{:>6} {:>9} | {:>9} {:>9} {:>9} | {:>6} {:>6} | {:>7} {:>7} {:>7} | {:>6} {:>6}",
+            "size",
+            "messages",
+            "plain",
+            "uCOBS",
+            "raw",
+            "plain",
+            "uCOBS",
+            "plain",
+            "uCOBS",
+            "raw",
+            "plain",
+            "uCOBS"
+        );
+        println!(
+            "{:>6} {:>9} | {:>29} | {:>13} | {:>23} | {:>13}",
+            "B", "", "MB/s", "ratio (wall)", "CPU ns/B", "ratio (CPU)"
         );
     }
     for &size in &args.sizes {
         anyhow::ensure!(size > 0, "message size must be > 0");
         let count = (args.bytes / size).max(1);
-        let mut best_peg = f64::MIN;
-        let mut best_raw = f64::MIN;
-        let mut best_rate = f64::MIN;
+        let (mut p, mut u, mut r) = (Best::new(), Best::new(), Best::new());
         for _ in 0..args.runs.max(1) {
-            let p = rt.block_on(squarepeg_messages(
-                size,
-                count,
-                squarepeg::ConnectionConfig::default(),
-            ))?;
-            let r = rt.block_on(raw_tcp_messages(size, count))?;
-            best_peg = best_peg.max(p.bytes_per_sec());
-            best_rate = best_rate.max(p.messages_per_sec());
-            best_raw = best_raw.max(r.bytes_per_sec());
+            p.add(&rt.block_on(squarepeg_messages(size, count, plain.clone()))?);
+            u.add(&rt.block_on(squarepeg_messages(size, count, ucobs.clone()))?);
+            r.add(&rt.block_on(raw_tcp_messages(size, count))?);
         }
-        let ratio = best_peg / best_raw;
+        let wall = |b: &Best| b.bytes_per_sec / r.bytes_per_sec;
+        let cpu = |b: &Best| r.cpu_ns_per_byte / b.cpu_ns_per_byte;
         if args.json {
             println!(
                 "{}",
                 serde_json::json!({
                     "bench": "messages", "size": size, "count": count,
-                    "squarepeg_bytes_per_sec": best_peg, "raw_tcp_bytes_per_sec": best_raw,
-                    "squarepeg_messages_per_sec": best_rate, "ratio": ratio,
+                    "squarepeg_bytes_per_sec": p.bytes_per_sec,
+                    "squarepeg_messages_per_sec": p.messages_per_sec,
+                    "squarepeg_cpu_ns_per_byte": p.cpu_ns_per_byte,
+                    "ucobs_bytes_per_sec": u.bytes_per_sec,
+                    "ucobs_cpu_ns_per_byte": u.cpu_ns_per_byte,
+                    "raw_tcp_bytes_per_sec": r.bytes_per_sec,
+                    "raw_tcp_cpu_ns_per_byte": r.cpu_ns_per_byte,
+                    "ratio": wall(&p), "ucobs_ratio": wall(&u),
+                    "cpu_ratio": cpu(&p), "ucobs_cpu_ratio": cpu(&u),
                 })
             );
         } else {
             println!(
-                "{:>8} {:>10} {:>14.1} {:>14.1} {:>12.1} {:>7.2}",
+                "{:>6} {:>9} | {:>9.1} {:>9.1} {:>9.1} | {:>6.2} {:>6.2} | {:>7.3} {:>7.3} {:>7.3} | {:>6.2} {:>6.2}",
                 size,
                 count,
-                best_peg / 1e6,
-                best_raw / 1e6,
-                best_rate / 1e3,
-                ratio
+                p.bytes_per_sec / 1e6,
+                u.bytes_per_sec / 1e6,
+                r.bytes_per_sec / 1e6,
+                wall(&p),
+                wall(&u),
+                p.cpu_ns_per_byte,
+                u.cpu_ns_per_byte,
+                r.cpu_ns_per_byte,
+                cpu(&p),
+                cpu(&u),
             );
         }
     }

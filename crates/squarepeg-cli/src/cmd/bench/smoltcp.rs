@@ -1,5 +1,5 @@
-//! smoltcp's TCP on squarepeg's path in `peg bench tcp` (design.md §6: "userspace TCP over
-//! TUN: ahead of smoltcp on the same path").
+//! smoltcp's TCP on squarepeg's path in `peg bench tcp`: the userspace TCP over TUN is meant to
+//! be ahead of smoltcp on the same path (docs/results.md).
 //!
 //! Same namespace layout, addresses and routes as squarepeg's rows (`HostSetup::lab`, IPv4
 //! only), the same kernel peer process, the same TUN MTU and queue length, socket buffers of

@@ -12,7 +12,7 @@
 //! reading its end.
 //!
 //! smoltcp's TCP runs on the same path as squarepeg's rows (see [`super::smoltcp`]), so that
-//! squarepeg can be put next to another userspace TCP over TUN (design.md §6).
+//! squarepeg can be put next to another userspace TCP over TUN (docs/results.md).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
