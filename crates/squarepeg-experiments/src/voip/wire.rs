@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
 use etherparse::{SlicedPacket, TransportSlice};
-use squarepeg_framing::{FrameHeader, decode_frame};
+use squarepeg_framing::{FrameFormat, FrameHeader, decode_frame, varint};
 use squarepeg_lab::sim::{KIND_DATA, decode_payload};
 use squarepeg_session::MAX_FRAME_BODY;
 
@@ -35,8 +35,9 @@ pub enum Framing {
     Datagram,
     /// A TCP byte stream of records: a 4-byte big-endian length, then the message.
     LengthPrefixed,
-    /// A TCP byte stream of uCOBS frames (squarepeg sessions): message frames carry the
-    /// message as their payload; control and padding frames carry none.
+    /// A TCP byte stream of squarepeg frames: uCOBS frames (message frames carry the
+    /// message as their payload; control and padding frames carry none), and plain frames
+    /// after a Switch frame (docs/wire.md §3).
     Ucobs,
 }
 
@@ -276,12 +277,24 @@ pub fn locate(stream: &[u8], framing: Framing) -> Result<Vec<(u64, Range<u64>)>,
                     break;
                 };
                 let end = start + len;
-                if len > 0
-                    && let Ok(frame) = decode_frame(&stream[start..end], MAX_FRAME_BODY)
-                    && let FrameHeader::Message { .. } = frame.header
-                    && let Some(n) = number(&frame.payload)
-                {
-                    out.push((n, (start - 1) as u64..(end + 1) as u64));
+                let frame = (len > 0)
+                    .then(|| decode_frame(&stream[start..end], MAX_FRAME_BODY).ok())
+                    .flatten();
+                match frame.map(|f| (f.header, f.payload)) {
+                    Some((FrameHeader::Message { .. }, payload)) => {
+                        if let Some(n) = number(&payload) {
+                            out.push((n, (start - 1) as u64..(end + 1) as u64));
+                        }
+                    }
+                    Some((FrameHeader::Switch { format }, _))
+                        if FrameFormat::from_id(format) == Some(FrameFormat::Plain) =>
+                    {
+                        // The sender switched to plain frames after this one (docs/wire.md
+                        // §3): the rest of the stream is length-prefixed.
+                        locate_plain(&stream[end + 1..], (end + 1) as u64, &number, &mut out);
+                        break;
+                    }
+                    _ => {}
                 }
                 // The closing marker may open the next frame only if the sender shares
                 // markers; squarepeg writes two, so resume at the closing one.
@@ -290,6 +303,32 @@ pub fn locate(stream: &[u8], framing: Framing) -> Result<Vec<(u64, Range<u64>)>,
         }
     }
     Ok(out)
+}
+
+/// The messages among plain frames (`varint(length) ‖ header ‖ payload`, docs/wire.md §3) that
+/// start at stream offset `base`, up to the first incomplete frame.
+fn locate_plain(
+    stream: &[u8],
+    base: u64,
+    number: &dyn Fn(&[u8]) -> Option<u64>,
+    out: &mut Vec<(u64, Range<u64>)>,
+) {
+    let mut at = 0usize;
+    while let Ok((len, len_len)) = varint::decode(&stream[at..]) {
+        let body_at = at + len_len;
+        let Some(body) = usize::try_from(len)
+            .ok()
+            .and_then(|len| stream.get(body_at..body_at + len))
+        else {
+            break;
+        };
+        if let Ok((FrameHeader::Message { .. }, head_len)) = FrameHeader::decode(body)
+            && let Some(n) = number(&body[head_len..])
+        {
+            out.push((n, base + at as u64..base + (body_at + body.len()) as u64));
+        }
+        at = body_at + body.len();
+    }
 }
 
 #[cfg(test)]
@@ -407,6 +446,38 @@ mod tests {
         assert_eq!(found[0].1.start, first as u64);
         assert_eq!(found[1].1.end, stream.len() as u64);
         assert_eq!(found[0].1.end, found[1].1.start);
+    }
+
+    #[test]
+    fn plain_frames_after_a_switch_are_found() {
+        let mut stream = Vec::new();
+        let header = |n| FrameHeader::Message {
+            substream: 0,
+            number: n,
+        };
+        squarepeg_framing::encode_frame(&header(0), &message(0), &mut stream).expect("frame");
+        squarepeg_framing::encode_frame(&FrameHeader::Switch { format: 1 }, &[], &mut stream)
+            .expect("frame");
+        let plain_at = stream.len();
+        for n in 1..3 {
+            squarepeg_framing::encode_plain_frame(&header(n), &message(n), &mut stream)
+                .expect("frame");
+        }
+        squarepeg_framing::encode_plain_frame(&FrameHeader::Control, &[1], &mut stream)
+            .expect("frame");
+        let found = locate(&stream, Framing::Ucobs).expect("locate");
+        let numbers: Vec<u64> = found.iter().map(|(n, _)| *n).collect();
+        assert_eq!(numbers, [0, 1, 2]);
+        assert_eq!(found[1].1.start, plain_at as u64);
+        assert_eq!(found[1].1.end, found[2].1.start);
+        // A stream cut inside the last message frame yields only the complete ones.
+        let cut = found[2].1.end as usize - 1;
+        assert_eq!(
+            locate(&stream[..cut], Framing::Ucobs)
+                .expect("locate")
+                .len(),
+            2
+        );
     }
 
     fn message_frame(n: u64, bytes: usize) -> Vec<u8> {
