@@ -405,21 +405,25 @@ fn utcp_kernel(utcp_connects: bool, ipv6: bool, seed: u64) {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn utcp_client_with_kernel_server_through_lossy_lab() {
     utcp_kernel(true, false, 11);
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn kernel_client_with_utcp_server_through_lossy_lab() {
     utcp_kernel(false, false, 12);
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn utcp_client_with_kernel_server_through_lossy_lab_over_ipv6() {
     utcp_kernel(true, true, 13);
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn kernel_client_with_utcp_server_through_lossy_lab_over_ipv6() {
     utcp_kernel(false, true, 14);
 }
@@ -466,6 +470,7 @@ fn tshark_check(pcap: &Path) -> Option<(Vec<String>, usize)> {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn emulator_capture_of_utcp_sender_with_deadlines_passes_wire_audit_and_tshark() {
     if !can_run() {
         return;
@@ -648,16 +653,19 @@ fn cache() -> MiddleboxConfig {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn utcp_through_resegmenter_delivers_only_sent_messages_once() {
     utcp_pair_through("rs", 31, vec![reseg(31)], vec![]);
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn utcp_through_retransmission_cache_delivers_only_sent_messages_once() {
     utcp_pair_through("rc", 32, vec![], vec![cache()]);
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn utcp_through_resegmenter_and_cache_delivers_only_sent_messages_once() {
     utcp_pair_through("rb", 33, vec![reseg(33)], vec![cache(), reseg(34)]);
 }
