@@ -18,10 +18,11 @@ use squarepeg_session::{Config, MAX_FRAME_BODY, MessageProps, Role, Session};
 const BATCH: usize = 256;
 
 fn pair() -> (Session, Session) {
-    let config = Config {
-        message_send_queue: 64 << 20,
-        message_receive_queue: 64 << 20,
-        ..Config::default()
+    let config = {
+        let mut c = Config::default();
+        c.message_send_queue = 64 << 20;
+        c.message_receive_queue = 64 << 20;
+        c
     };
     (
         Session::new(Role::Client, config.clone()).expect("config"),

@@ -39,10 +39,11 @@ fn main() {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(1024);
-    let config = Config {
-        message_send_queue: 1 << 30,
-        message_receive_queue: 1 << 30,
-        ..Config::default()
+    let config = {
+        let mut c = Config::default();
+        c.message_send_queue = 1 << 30;
+        c.message_receive_queue = 1 << 30;
+        c
     };
     let payload = Bytes::from(
         squarepeg_framing::sample::payload(squarepeg_framing::sample::PayloadKind::Text, size, 1)

@@ -22,6 +22,7 @@ pub const DEFAULT_INITIAL_MAX_STREAMS: u64 = 8;
 /// Configuration of one [`crate::Session`]. Every buffer the peer or the
 /// application can grow has a bound here.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Config {
     /// Largest stream chunk payload. Large writes are cut into chunks of this
     /// size so urgent messages can slip in between (late binding).

@@ -178,9 +178,10 @@ fn strict_priority_and_late_binding() {
 
 #[test]
 fn round_robin_is_fair_by_bytes_across_substreams_and_streams() {
-    let config = Config {
-        chunk_size: 4096,
-        ..Config::default()
+    let config = {
+        let mut c = Config::default();
+        c.chunk_size = 4096;
+        c
     };
     let mut s = Session::new(Role::Client, config).unwrap();
     let now = Instant::now();
@@ -501,10 +502,11 @@ fn flow_control_violations_close_with_typed_errors() {
     assert!(s.is_send_finished());
 
     // Connection credit across several streams.
-    let config = Config {
-        connection_receive_window: 1 << 20,
-        stream_receive_window: 1 << 20,
-        ..Config::default()
+    let config = {
+        let mut c = Config::default();
+        c.connection_receive_window = 1 << 20;
+        c.stream_receive_window = 1 << 20;
+        c
     };
     let mut s = Session::new(Role::Server, config).unwrap();
     s.handle_frame(now, chunk(0, 0, &vec![0; 600_000], false));
@@ -552,11 +554,12 @@ fn flow_control_violations_close_with_typed_errors() {
 
 #[test]
 fn flow_control_accounting_and_credit_updates() {
-    let small = Config {
-        stream_receive_window: 64 * 1024,
-        connection_receive_window: 96 * 1024,
-        chunk_size: 8 * 1024,
-        ..Config::default()
+    let small = {
+        let mut c = Config::default();
+        c.stream_receive_window = 64 * 1024;
+        c.connection_receive_window = 96 * 1024;
+        c.chunk_size = 8 * 1024;
+        c
     };
     let mut p = Pair::with(Config::default(), small);
     p.settle();
@@ -806,9 +809,10 @@ fn reset_and_stop_sending() {
 
 #[test]
 fn stream_limit_and_release() {
-    let config = Config {
-        max_concurrent_peer_streams: 8,
-        ..Config::default()
+    let config = {
+        let mut c = Config::default();
+        c.max_concurrent_peer_streams = 8;
+        c
     };
     let mut p = Pair::with(Config::default(), config);
     p.settle();
@@ -845,7 +849,11 @@ proptest! {
         chunk in 200usize..5000,
         messages in 0usize..80,
     ) {
-        let config = Config { chunk_size: chunk, ..Config::default() };
+        let config = {
+            let mut c = Config::default();
+            c.chunk_size = chunk;
+            c
+        };
         let mut a = Session::new(Role::Client, config).unwrap();
         let mut b = session(Role::Server);
         let now = Instant::now();
@@ -930,9 +938,10 @@ proptest! {
 
 #[test]
 fn stream_priorities_and_messages_share_the_scheduler() {
-    let config = Config {
-        chunk_size: 1000,
-        ..Config::default()
+    let config = {
+        let mut c = Config::default();
+        c.chunk_size = 1000;
+        c
     };
     let mut s = Session::new(Role::Client, config).unwrap();
     let now = Instant::now();
@@ -970,9 +979,10 @@ fn stream_priorities_and_messages_share_the_scheduler() {
 /// and sub-streams (some with lifetimes, dependencies and squash keys),
 /// a stream, and the peer's credit.
 fn loaded_session(now: Instant, ops: &[(u8, u8, u16, u8)]) -> Session {
-    let config = Config {
-        chunk_size: 1500,
-        ..Config::default()
+    let config = {
+        let mut c = Config::default();
+        c.chunk_size = 1500;
+        c
     };
     let mut s = Session::new(Role::Client, config).unwrap();
     s.handle_frame(
