@@ -1,7 +1,7 @@
 //! `peg`: the squarepeg command-line tool. Each verb lives in its own module
 //! under `cmd/`; this file only parses the command line and dispatches.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod cmd;
 
@@ -23,10 +23,12 @@ enum Command {
     Demo(cmd::demo::DemoArgs),
     /// Userspace TCP on a TUN device: servers and clients to use with nc, socat or curl.
     Tcp(Box<cmd::tcp::TcpArgs>),
-    /// Accept one connection and exchange messages and files.
-    Listen(cmd::listen::ListenArgs),
-    /// Connect and exchange messages and files.
-    Connect(cmd::connect::ConnectArgs),
+    /// Accept one connection and exchange messages and files (over kernel TCP, or the
+    /// userspace TCP with --substrate utcp).
+    Listen(Box<cmd::listen::ListenArgs>),
+    /// Connect and exchange messages and files (over kernel TCP, or the userspace TCP with
+    /// --substrate utcp).
+    Connect(Box<cmd::connect::ConnectArgs>),
     /// Run benchmarks.
     Bench(cmd::bench::BenchArgs),
     /// The network lab: namespaces joined through the userspace link emulator.
@@ -34,12 +36,20 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Which options were given, not defaulted (the substrate check needs it).
+    let given = |verb: &str| {
+        matches
+            .subcommand_matches(verb)
+            .map(cmd::stack::StackArgs::given_in)
+            .unwrap_or_default()
+    };
     match cli.command {
         Command::Demo(a) => cmd::demo::run(a),
         Command::Tcp(a) => cmd::tcp::run(*a),
-        Command::Listen(a) => cmd::listen::run(a),
-        Command::Connect(a) => cmd::connect::run(a),
+        Command::Listen(a) => cmd::listen::run(*a, &given("listen")),
+        Command::Connect(a) => cmd::connect::run(*a, &given("connect")),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Lab(args) => cmd::lab::run(args),
     }

@@ -63,6 +63,7 @@ impl Drop for Down {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn bad_input_is_refused_with_a_clear_message() {
     let output = peg(&["lab", "up", "--up", "rate=8mbit delay=35"]);
     assert!(!output.status.success());
@@ -97,6 +98,7 @@ fn bad_input_is_refused_with_a_clear_message() {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn a_lab_from_up_to_down() {
     if !can_run() {
         return;
@@ -236,6 +238,7 @@ fn a_lab_from_up_to_down() {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn cleanup_removes_what_a_dead_daemon_left() {
     if !can_run() {
         return;

@@ -158,6 +158,7 @@ fn digest_in(text: &str) -> String {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn sink_prints_the_digest_of_what_a_kernel_client_sent() {
     if !can_run() {
         return;
@@ -194,6 +195,7 @@ fn sink_prints_the_digest_of_what_a_kernel_client_sent() {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn source_sends_socat_exactly_what_it_reports() {
     if !can_run() {
         return;
@@ -231,6 +233,7 @@ fn source_sends_socat_exactly_what_it_reports() {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn echo_returns_every_byte() {
     if !can_run() {
         return;
@@ -267,6 +270,7 @@ fn echo_returns_every_byte() {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn send_and_recv_move_files_to_and_from_kernel_servers() {
     if !can_run() {
         return;
@@ -336,6 +340,7 @@ fn send_and_recv_move_files_to_and_from_kernel_servers() {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn errors_are_clear() {
     if !can_run() {
         return;
@@ -413,4 +418,125 @@ fn errors_are_clear() {
         let e = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && e.contains("run as root"), "{e}");
     }
+}
+
+/// Runs `peg ARGS` inside `ns` (the kernel's side of the device), with `stdin` as its input.
+fn peg_in(ns: &NetNs, args: &[&str], stdin: &str) -> (bool, String, String) {
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns.name(), PEG])
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run peg in the namespace");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `peg listen` and `peg connect` over the userspace TCP (`--substrate utcp`), each facing
+/// the other substrate: messages arrive intact, and a file sent over a stream matches.
+#[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
+fn listen_and_connect_run_over_the_userspace_tcp() {
+    if !can_run() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("spcli-substrate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = random(2 << 20, 9);
+    let file = dir.join("blob.bin");
+    std::fs::write(&file, &data).unwrap();
+
+    // The userspace TCP listens; the kernel's `peg connect` sends two lines and a file.
+    let ns = namespace("ulisten");
+    let recv_dir = dir.join("received");
+    std::fs::create_dir_all(&recv_dir).unwrap();
+    let mut listener = Peg::spawn(&[
+        "listen",
+        "[::]:4433",
+        "--substrate",
+        "utcp",
+        "--setup",
+        "--netns",
+        ns.name(),
+        "--no-stdin",
+        "-q",
+        "--recv-dir",
+        recv_dir.to_str().unwrap(),
+    ]);
+    listener.wait_for("listening on");
+    let to = SocketAddr::new(LAB_V4.stack, 4433).to_string();
+    let file_arg = file.to_str().unwrap();
+    let (ok, _, err) = peg_in(
+        &ns,
+        &["connect", &to, "-q", "--send-file", file_arg],
+        "hello over utcp\nsecond line\n",
+    );
+    assert!(ok, "kernel connect: {err}");
+    let (ok, out, err) = listener.finish();
+    assert!(ok, "utcp listen: {err}");
+    assert!(out.contains("] hello over utcp"), "{out}");
+    assert!(out.contains("] second line"), "{out}");
+    assert_eq!(std::fs::read(recv_dir.join("blob.bin")).unwrap(), data);
+
+    // The kernel's `peg listen` (wildcard: it exists before the device does); the userspace
+    // TCP connects, over IPv6.
+    let ns = namespace("uconnect");
+    let ns_name = ns.name().to_string();
+    let kernel = std::thread::spawn(move || {
+        let r = peg_in(&ns, &["listen", "[::]:4434", "--no-stdin", "-q"], "");
+        (r, ns)
+    });
+    let from = SocketAddr::new(LAB_V6.kernel, 4434).to_string();
+    // The kernel listener may not be up yet: retry the connection a few times.
+    let mut last = String::new();
+    let mut connected = false;
+    for _ in 0..20 {
+        let mut c = Command::new(PEG)
+            .args([
+                "connect",
+                &from,
+                "--substrate",
+                "utcp",
+                "--setup",
+                "--netns",
+            ])
+            .arg(&ns_name)
+            .args(["-q"])
+            .env("RUST_BACKTRACE", "0")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin
+            .take()
+            .unwrap()
+            .write_all(b"from the userspace side\n")
+            .unwrap();
+        let out = c.wait_with_output().unwrap();
+        if out.status.success() {
+            connected = true;
+            break;
+        }
+        last = String::from_utf8_lossy(&out.stderr).into_owned();
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(connected, "utcp connect: {last}");
+    let ((ok, out, err), _ns) = kernel.join().unwrap();
+    assert!(ok, "kernel listen: {err}");
+    assert!(out.contains("] from the userspace side"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -37,6 +37,7 @@ fn our_namespaces() -> usize {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn short_call_on_the_real_lab() {
     if !can_run() {
         return;

@@ -44,6 +44,7 @@ fn tshark(capture: &Path, filter: &str, fields: &[&str]) -> Vec<String> {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn tshark_finds_no_malformed_packets_no_bad_checksums_and_all_options() {
     if !can_run() {
         return;

@@ -196,6 +196,7 @@ fn lab_stack_v6() -> std::net::IpAddr {
 macro_rules! case {
     ($name:ident, $role:ident, $v6:expr, $mss:expr, $impaired:expr) => {
         #[test]
+        #[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
         fn $name() {
             run_case(Role::$role, $v6, $mss, $impaired);
         }
@@ -297,6 +298,7 @@ case!(
 /// squarepeg must announce the reopened window; squarepeg probes the kernel's (RFC 9293
 /// §3.8.6.1) and resumes when the kernel reopens it. Everything arrives, both ways.
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn zero_windows_both_ways() {
     if !can_run() {
         return;
@@ -390,6 +392,7 @@ fn zero_windows_both_ways() {
 /// SACK, no timestamps), through the impaired path: the kernel falls back to the RFC 9293
 /// basics and squarepeg recovers losses with NewReno (RFC 6582), both roles, IPv4.
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn impaired_without_options_both_roles() {
     if !can_run() {
         return;
@@ -456,6 +459,7 @@ fn impaired_without_options_both_roles() {
 /// (RFC 4987 §3.6): the options the cookie carries in the timestamp (window scale, SACK) must
 /// come back to life, and the exchange is the same as without cookies.
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn kernel_client_against_syn_cookies() {
     if !can_run() {
         return;

@@ -231,22 +231,26 @@ fn run(case: Case) {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn stack_client_to_kernel_server_ipv4() {
     run(Case::small(Role::Client, true, false, 1));
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn kernel_client_to_stack_server_ipv6() {
     run(Case::small(Role::Server, false, true, 2));
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn kernel_client_to_stack_on_client_end_ipv4() {
     // The stack on the client end accepting: the wiring works for both ends and both roles.
     run(Case::small(Role::Client, false, false, 3));
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn stack_on_server_end_connects_ipv6() {
     run(Case::small(Role::Server, true, true, 4));
 }
@@ -256,6 +260,7 @@ fn stack_on_server_end_connects_ipv6() {
 /// issue 3 on the lab's path; `interop.rs` runs the whole matrix with 4 MiB through the
 /// driver's shim). Loss is 0.1 % so that 64 MiB fits in CI time.
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn large_transfers_on_an_impaired_path() {
     for (seed, v6, mss, stack_connects) in [
         (5, false, 1460, true),

@@ -110,6 +110,7 @@ fn assert_offloaded(stats: &StackStats, flags: &FlagCounts) {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn offloads_move_super_packets_ipv4() {
     if let Some((stats, flags)) = transfer(Offload::On, false) {
         assert_offloaded(&stats, &flags);
@@ -117,6 +118,7 @@ fn offloads_move_super_packets_ipv4() {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn offloads_move_super_packets_ipv6() {
     if let Some((stats, flags)) = transfer(Offload::On, true) {
         assert_offloaded(&stats, &flags);
@@ -124,6 +126,7 @@ fn offloads_move_super_packets_ipv6() {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn without_offloads_every_packet_is_a_system_call() {
     if let Some((stats, _)) = transfer(Offload::Off, false) {
         let d = &stats.device;

@@ -13,6 +13,7 @@ use squarepeg_io::{Error, NetNs, Offload, Stack, StackConfig, TunConfig, TunDevi
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn device_errors_are_typed() {
     if !can_run() {
         return;
@@ -84,6 +85,7 @@ fn device_errors_are_typed() {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn device_and_addresses_vanish_with_the_stack() {
     if !can_run() {
         return;
@@ -109,6 +111,7 @@ fn device_and_addresses_vanish_with_the_stack() {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn refused_wrong_family_resets_and_aborts() {
     if !can_run() {
         return;
@@ -193,6 +196,7 @@ fn refused_wrong_family_resets_and_aborts() {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn many_connections_at_once_each_get_their_own_bytes() {
     if !can_run() {
         return;
@@ -261,6 +265,7 @@ fn many_connections_at_once_each_get_their_own_bytes() {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn every_stack_draws_its_own_secret() {
     if !can_run() {
         return;
@@ -301,6 +306,7 @@ fn every_stack_draws_its_own_secret() {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn driver_stops_with_an_error_when_the_device_is_deleted() {
     if !can_run() {
         return;
@@ -384,11 +390,13 @@ fn packet_longer_than_the_mtu(offload: Offload) {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn packets_longer_than_the_mtu_are_dropped_and_counted() {
     packet_longer_than_the_mtu(Offload::Off);
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn packets_longer_than_the_mtu_reach_the_endpoint_with_offloads() {
     packet_longer_than_the_mtu(Offload::On);
 }

@@ -200,6 +200,7 @@ fn udp_rtts(lab: &Lab, ipv6: bool, count: u64, interval: Duration) -> Vec<Durati
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn rtt_matches_the_configured_delay_within_a_millisecond() {
     if !can_run("rtt_matches_the_configured_delay_within_a_millisecond") {
         return;
@@ -250,6 +251,7 @@ fn rtt_matches_the_configured_delay_within_a_millisecond() {
 // Calibration: loss
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn loss_rate_is_within_binomial_bounds_over_20000_datagrams() {
     if !can_run("loss_rate_is_within_binomial_bounds_over_20000_datagrams") {
         return;
@@ -318,6 +320,7 @@ fn loss_rate_is_within_binomial_bounds_over_20000_datagrams() {
 // Calibration: rate
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn rate_limited_path_carries_kernel_tcp_at_the_configured_rate() {
     if !can_run("rate_limited_path_carries_kernel_tcp_at_the_configured_rate") {
         return;
@@ -533,6 +536,7 @@ fn upstream(segments: &[Segment], lab_client: IpAddr) -> Vec<&Segment> {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn resegmentation_changes_segment_sizes_and_tcp_still_works() {
     if !can_run("resegmentation_changes_segment_sizes_and_tcp_still_works") {
         return;
@@ -579,6 +583,7 @@ fn resegmentation_changes_segment_sizes_and_tcp_still_works() {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn option_stripping_removes_options_and_tcp_still_works() {
     if !can_run("option_stripping_removes_options_and_tcp_still_works") {
         return;
@@ -616,6 +621,7 @@ fn option_stripping_removes_options_and_tcp_still_works() {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn sequence_rewriting_offsets_one_side_and_tcp_still_works() {
     if !can_run("sequence_rewriting_offsets_one_side_and_tcp_still_works") {
         return;
@@ -663,6 +669,7 @@ fn sequence_rewriting_offsets_one_side_and_tcp_still_works() {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn window_rewriting_caps_the_advertised_window_and_tcp_still_works() {
     if !can_run("window_rewriting_caps_the_advertised_window_and_tcp_still_works") {
         return;
@@ -700,6 +707,7 @@ fn window_rewriting_caps_the_advertised_window_and_tcp_still_works() {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn retransmission_cache_restores_original_bytes_and_tcp_still_works() {
     if !can_run("retransmission_cache_restores_original_bytes_and_tcp_still_works") {
         return;
@@ -806,6 +814,7 @@ fn retransmission_cache_restores_original_bytes_and_tcp_still_works() {
 // The two engines agree
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn simulator_and_emulator_agree_on_loss_and_delay_distribution() {
     if !can_run("simulator_and_emulator_agree_on_loss_and_delay_distribution") {
         return;
@@ -925,6 +934,7 @@ fn simulator_and_emulator_agree_on_loss_and_delay_distribution() {
 // Cleanup is certain
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn a_panicking_test_leaves_nothing_behind() {
     if !can_run("a_panicking_test_leaves_nothing_behind") {
         return;
@@ -945,6 +955,7 @@ fn a_panicking_test_leaves_nothing_behind() {
 /// Run as a child process by `leftovers_of_a_killed_owner_are_removed_by_the_next_run`: builds
 /// a lab, says so, and waits to be killed.
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 #[ignore = "helper: run by another test as a child process"]
 fn child_holds_a_lab_until_killed() {
     if std::env::var_os("SQPG_LAB_CHILD").is_none() {
@@ -961,6 +972,7 @@ fn child_holds_a_lab_until_killed() {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn leftovers_of_a_killed_owner_are_removed_by_the_next_run() {
     if !can_run("leftovers_of_a_killed_owner_are_removed_by_the_next_run") {
         return;
@@ -1017,6 +1029,7 @@ fn leftovers_of_a_killed_owner_are_removed_by_the_next_run() {
 }
 
 #[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn invalid_configurations_fail_clearly() {
     let too_long = LabConfig::new(&"x".repeat(40));
     assert!(matches!(

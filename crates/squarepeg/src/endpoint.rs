@@ -77,7 +77,7 @@ impl Endpoint {
     }
 
     /// Listens on `addr` over the userspace TCP of `stack` (an unspecified address listens on
-    /// every stack address of its family). Connections use the stack's default TCP
+    /// its port at every address of the stack). Connections use the stack's default TCP
     /// configuration ([`squarepeg_io::StackConfig::connection`]) with the uTCP options on;
     /// see the crate docs, "Over the userspace TCP".
     #[cfg(feature = "utcp")]

@@ -145,13 +145,13 @@ pub use stream::Stream;
 pub use bytes::Bytes;
 pub use squarepeg_connection::UtcpStats;
 pub use squarepeg_framing::{CobsError, FrameError, FrameFormat, HeaderError};
-#[cfg(feature = "utcp")]
-pub use squarepeg_io::Stack;
 /// The userspace TCP's TUN stack (`squarepeg-io`): devices, stack configuration, streams —
 /// what it takes to make the [`Stack`] that [`Connection::connect_utcp`] and
 /// [`Endpoint::listen_utcp`] run on.
 #[cfg(feature = "utcp")]
 pub use squarepeg_io as io;
+#[cfg(feature = "utcp")]
+pub use squarepeg_io::Stack;
 pub use squarepeg_session::control::ControlError;
 pub use squarepeg_session::{
     Config as SessionConfig, ConfigError, ConnectionError, MAX_MESSAGE_SIZE, Message,

@@ -126,14 +126,25 @@ pub(crate) fn start(
     })
 }
 
-/// Listens on `addr` of `stack` with the uTCP options; see [`crate::Endpoint::listen_utcp`].
+/// Listens on `addr` of `stack` with the uTCP options — an unspecified address (`0.0.0.0`,
+/// `[::]`) means that port on every address of the stack; see
+/// [`crate::Endpoint::listen_utcp`].
 pub(crate) fn listen(
     stack: &Stack,
     addr: SocketAddr,
 ) -> io::Result<(squarepeg_io::TcpListener, usize)> {
     let tcp = tcp_config(stack);
     let window = tcp.recv_buffer;
-    Ok((stack.listen_with(&[addr], tcp)?, window))
+    let addrs: Vec<SocketAddr> = if addr.ip().is_unspecified() {
+        stack
+            .addresses()
+            .into_iter()
+            .map(|ip| SocketAddr::new(ip, addr.port()))
+            .collect()
+    } else {
+        vec![addr]
+    };
+    Ok((stack.listen_with(&addrs, tcp)?, window))
 }
 
 /// Opens a uTCP connection to `addr` from `stack`.

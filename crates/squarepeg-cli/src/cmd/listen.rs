@@ -1,30 +1,60 @@
 //! `peg listen ADDR`: accept one squarepeg connection and exchange messages
-//! and files with the peer (see `peer`).
+//! and files with the peer (see `peer`), over kernel TCP or the userspace TCP.
+
+use std::time::Duration;
 
 use clap::Args;
 
 use super::peer::{PeerArgs, run_peer};
+use super::substrate::{Substrate, SubstrateArgs};
 
 /// Accept one connection on ADDR and exchange messages (stdin lines) and
 /// files.
 #[derive(Args, Debug)]
 pub struct ListenArgs {
-    /// Address to listen on, e.g. 127.0.0.1:4433 or [::]:4433 (port 0 picks
-    /// one; the chosen address is printed on stderr).
+    /// Address to listen on, e.g. 127.0.0.1:4433 or [::]:4433 (over kernel TCP, port 0 picks
+    /// one; the chosen address is printed on stderr). With --substrate utcp: a stack address,
+    /// or [::]:PORT for all of them.
     pub addr: String,
     #[command(flatten)]
     pub peer: PeerArgs,
+    #[command(flatten)]
+    pub substrate: SubstrateArgs,
 }
 
-pub fn run(args: ListenArgs) -> anyhow::Result<()> {
+/// `given`: the stack options given on the command line (they need `--substrate utcp`).
+pub fn run(mut args: ListenArgs, given: &[String]) -> anyhow::Result<()> {
+    args.substrate.check(given)?;
+    args.peer.quiet = args.substrate.stack.quiet;
     let rt = tokio::runtime::Runtime::new()?;
-    let result = rt.block_on(async {
-        let ep = squarepeg::Endpoint::bind(&args.addr, args.peer.connection_config()).await?;
-        eprintln!("listening on {}", ep.local_addr()?);
-        let conn = ep.accept().await?;
-        eprintln!("connection from {}", conn.remote_address());
-        run_peer(conn, args.peer, false).await
-    });
+    let config = args.peer.connection_config();
+    let result = match args.substrate.substrate {
+        Substrate::Kernel => rt.block_on(async {
+            let ep = squarepeg::Endpoint::bind(&args.addr, config).await?;
+            eprintln!("listening on {}", ep.local_addr()?);
+            let conn = ep.accept().await?;
+            eprintln!("connection from {}", conn.remote_address());
+            run_peer(conn, args.peer, false).await
+        }),
+        Substrate::Utcp => {
+            let (addr, mut running) = args.substrate.start_listening(&args.addr)?;
+            let quiet = args.peer.quiet;
+            let result = rt.block_on(async {
+                let ep = squarepeg::Endpoint::listen_utcp(running.stack(), addr, config)?;
+                eprintln!(
+                    "listening on {addr} over the userspace TCP (device {})",
+                    running.stack().device_name()
+                );
+                let conn = ep.accept().await?;
+                eprintln!("connection from {}", conn.remote_address());
+                run_peer(conn, args.peer, false).await
+            });
+            // The closing handshake runs in the stack after the connection is gone.
+            rt.block_on(running.linger(Duration::from_secs(3)));
+            let finished = rt.block_on(running.finish(quiet));
+            result.and(finished)
+        }
+    };
     // stdin is read on a blocking thread that may still wait for a line.
     rt.shutdown_background();
     result

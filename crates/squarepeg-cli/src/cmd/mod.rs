@@ -7,6 +7,8 @@ pub mod lab;
 pub mod listen;
 mod peer;
 pub mod priority;
+pub mod stack;
+pub mod substrate;
 pub mod tcp;
 pub mod voip;
 
@@ -38,4 +40,26 @@ pub(crate) async fn copy_hashing(
 /// A duration argument (`20ms`, `5s`, `1m`) for clap.
 pub(crate) fn parse_duration_arg(text: &str) -> Result<std::time::Duration, String> {
     squarepeg_lab::units::parse_duration(text).map_err(|e| e.to_string())
+}
+
+/// What to check when a connection through a TUN device gets no answer.
+pub(crate) const THROUGH_DEVICE: &str =
+    "is the route through the device right? is the peer's firewall open?";
+
+/// Awaits `connecting` (a connection to `to`) for at most `limit`; `hint` says what to check
+/// when nothing answers.
+pub(crate) async fn connect_within<T, E>(
+    to: impl std::fmt::Display,
+    limit: std::time::Duration,
+    hint: &str,
+    connecting: impl Future<Output = Result<T, E>>,
+) -> anyhow::Result<T>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    use anyhow::Context;
+    tokio::time::timeout(limit, connecting)
+        .await
+        .map_err(|_| anyhow::anyhow!("connecting to {to}: no answer in {limit:?} ({hint})"))?
+        .with_context(|| format!("connecting to {to}"))
 }

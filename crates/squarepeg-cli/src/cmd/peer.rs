@@ -44,8 +44,8 @@ pub struct PeerArgs {
     /// Do not read stdin.
     #[arg(long)]
     pub no_stdin: bool,
-    /// No progress bars.
-    #[arg(long)]
+    /// No progress bars (set from `--quiet`, which the substrate options carry).
+    #[arg(skip)]
     pub quiet: bool,
     /// Kernel unsent-queue bound in bytes (TCP_NOTSENT_LOWAT); 0 leaves the
     /// system default.

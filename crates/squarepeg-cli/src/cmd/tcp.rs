@@ -4,22 +4,21 @@
 //! `teardown` manage a persistent device for users without root; `--setup` on any verb makes a
 //! device for the run and removes it on exit.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, ensure};
 use clap::{Args, Subcommand};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use sha2::{Digest, Sha256};
-use squarepeg_io::{
-    AddressPair, Capture, HostSetup, Impairment, LAB_V4, LAB_V6, NetNs, Stack, StackConfig,
-    TcpStream, TunConfig, TunDevice,
-};
+use squarepeg_io::{HostSetup, TcpStream};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::stack::{RunningStack, StackArgs, check_target};
 
 #[derive(Args, Debug)]
 pub struct TcpArgs {
@@ -62,75 +61,6 @@ pub fn run(args: TcpArgs) -> anyhow::Result<()> {
     }
 }
 
-// ------------------------------------------------------------------ the stack's options
-
-/// How to find or make the device and run the stack on it.
-#[derive(Args, Debug, Clone)]
-pub struct StackArgs {
-    /// TUN device to use.
-    #[arg(long, default_value = "sp0")]
-    pub dev: String,
-    /// Create the device, the kernel's addresses and the route for this run (root); all of it
-    /// disappears on exit. Without it the device must exist (see `peg tcp setup`).
-    #[arg(long)]
-    pub setup: bool,
-    /// The stack's own address behind the device; repeat for IPv4 and IPv6.
-    /// [default: 10.77.0.2 and fd00:77::2]
-    #[arg(long = "addr", value_name = "IP")]
-    pub addrs: Vec<IpAddr>,
-    /// With --setup: the kernel's address on the device, as IP/PREFIX; repeat per family.
-    /// [default: 10.77.0.1/24 and fd00:77::1/64]
-    #[arg(long = "kernel-addr", value_name = "IP/PREFIX", value_parser = parse_prefixed)]
-    pub kernel_addrs: Vec<(IpAddr, u8)>,
-    /// Device MTU (set with --setup, or checked against an existing device).
-    #[arg(long)]
-    pub mtu: Option<u16>,
-    /// MSS to advertise (default: from the MTU).
-    #[arg(long)]
-    pub mss: Option<u16>,
-    /// Device transmit queue (kernel → squarepeg) in packets; the kernel drops beyond it.
-    /// [default with --setup: 4096]
-    #[arg(long)]
-    pub txqueuelen: Option<u32>,
-    /// Open the device in this network namespace (it must exist).
-    #[arg(long)]
-    pub netns: Option<String>,
-    /// Capture the device's packets to this pcap file.
-    #[arg(long, value_name = "FILE")]
-    pub pcap: Option<PathBuf>,
-    /// Bytes kept per captured packet.
-    #[arg(long, default_value_t = 65535)]
-    pub snaplen: u32,
-    /// Impair both directions with the lab's link model, e.g. "delay=5ms loss=1%".
-    #[arg(long, value_name = "SPEC")]
-    pub impair: Option<String>,
-    /// Impair only kernel → squarepeg (overrides --impair for that direction).
-    #[arg(long, value_name = "SPEC")]
-    pub impair_in: Option<String>,
-    /// Impair only squarepeg → kernel (overrides --impair for that direction).
-    #[arg(long, value_name = "SPEC")]
-    pub impair_out: Option<String>,
-    /// Seed of the impairments.
-    #[arg(long, default_value_t = 1)]
-    pub impair_seed: u64,
-    /// No progress display.
-    #[arg(short, long)]
-    pub quiet: bool,
-}
-
-fn parse_prefixed(s: &str) -> Result<(IpAddr, u8), String> {
-    let (ip, prefix) = s
-        .split_once('/')
-        .ok_or_else(|| format!("`{s}`: expected IP/PREFIX, e.g. 10.77.0.1/24"))?;
-    let ip: IpAddr = ip
-        .parse()
-        .map_err(|e| format!("`{ip}` is not an IP address: {e}"))?;
-    let prefix: u8 = prefix
-        .parse()
-        .map_err(|_| format!("`{prefix}` is not a prefix length"))?;
-    Ok((ip, prefix))
-}
-
 /// Parses a byte count: a number with an optional binary suffix (K, M, G, T; `KiB` and `KB`
 /// mean the same here).
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -150,171 +80,6 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     };
     n.checked_mul(1u64 << shift)
         .ok_or_else(|| format!("`{s}` is too large"))
-}
-
-impl StackArgs {
-    /// The address pairs: given or the lab defaults.
-    fn host_setup(&self) -> anyhow::Result<HostSetup> {
-        let stack_addrs = if self.addrs.is_empty() {
-            vec![LAB_V4.stack, LAB_V6.stack]
-        } else {
-            self.addrs.clone()
-        };
-        let kernel: Vec<(IpAddr, u8)> = if self.kernel_addrs.is_empty() {
-            vec![
-                (LAB_V4.kernel, LAB_V4.prefix_len),
-                (LAB_V6.kernel, LAB_V6.prefix_len),
-            ]
-        } else {
-            self.kernel_addrs.clone()
-        };
-        let mut pairs = Vec::new();
-        for stack in &stack_addrs {
-            let Some(&(k, p)) = kernel.iter().find(|(k, _)| k.is_ipv4() == stack.is_ipv4()) else {
-                bail!(
-                    "bad address {stack}: give the kernel's address of its family too \
-                     (--kernel-addr IP/PREFIX)"
-                );
-            };
-            pairs.push(AddressPair {
-                kernel: k,
-                prefix_len: p,
-                stack: *stack,
-            });
-        }
-        let setup = HostSetup {
-            device: self.dev.clone(),
-            netns: self.netns.clone(),
-            pairs,
-        };
-        setup.validate()?;
-        Ok(setup)
-    }
-
-    fn impairment(&self) -> anyhow::Result<Option<Impairment>> {
-        let parse =
-            |s: &Option<String>| -> anyhow::Result<Option<squarepeg_lab::model::LinkConfig>> {
-                s.as_deref()
-                    .map(|spec| {
-                        squarepeg_lab::model::parse_spec(spec)
-                            .with_context(|| format!("bad impairment `{spec}`"))
-                    })
-                    .transpose()
-            };
-        let both = parse(&self.impair)?;
-        let inbound = parse(&self.impair_in)?.or_else(|| both.clone());
-        let outbound = parse(&self.impair_out)?.or(both);
-        if inbound.is_none() && outbound.is_none() {
-            return Ok(None);
-        }
-        let mut i = Impairment::symmetric(Default::default(), self.impair_seed);
-        i.inbound = inbound.unwrap_or_default();
-        i.outbound = outbound.unwrap_or_default();
-        Ok(Some(i))
-    }
-
-    /// Opens (or creates, with --setup) the device and starts the stack.
-    pub fn start(&self) -> anyhow::Result<RunningStack> {
-        let setup = self.host_setup()?;
-        let impairment = self.impairment()?;
-        let ns = self.netns.as_deref().map(NetNs::existing).transpose()?;
-        let in_ns = |f: &(dyn Fn() -> anyhow::Result<TunDevice> + Sync)| match &ns {
-            Some(ns) => ns.run(f)?,
-            None => f(),
-        };
-        squarepeg_io::validate_device_name(&self.dev)?;
-        let exists = std::process::Command::new("ip")
-            .args(setup.netns.iter().flat_map(|n| ["-n", n.as_str()]))
-            .args(["link", "show", "dev", &self.dev])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if self.setup {
-            // SAFETY: geteuid has no preconditions.
-            ensure!(
-                unsafe { libc::geteuid() } == 0,
-                "--setup creates a TUN device and configures addresses: run as root, or have \
-                 root create a device for you once (`sudo peg tcp setup --user $USER`)"
-            );
-            ensure!(
-                !exists,
-                "device `{}` exists already: run without --setup to use it, or choose another \
-                 --dev",
-                self.dev
-            );
-        } else {
-            ensure!(
-                exists,
-                "no device `{}`: create one with `sudo peg tcp setup [--user $USER]`, or pass \
-                 --setup to make one for this run (root)",
-                self.dev
-            );
-        }
-        let tun = TunConfig {
-            name: Some(self.dev.clone()),
-            mtu: self.mtu,
-            tx_queue_len: self.txqueuelen.or(self.setup.then_some(4096)),
-            ..Default::default()
-        };
-        let device = in_ns(&|| Ok(TunDevice::open(&tun)?))?;
-        if self.setup {
-            setup.apply()?;
-            if !self.quiet {
-                for line in setup.command_lines() {
-                    eprintln!("set up: {line}");
-                }
-            }
-        } else if self.mtu.is_some_and(|m| m != device.mtu()) {
-            bail!(
-                "device `{}` has MTU {}, not {}",
-                device.name(),
-                device.mtu(),
-                self.mtu.unwrap_or_default()
-            );
-        }
-        let mut config = StackConfig::new(setup.stack_addresses());
-        config.connection.mss = self.mss;
-        config.impairment = impairment;
-        if let Some(path) = &self.pcap {
-            config.capture = Some(Capture::to_file(path, self.snaplen)?);
-        }
-        let stack = Stack::new(device, config)?;
-        Ok(RunningStack {
-            stack: Some(stack),
-            _ns: ns,
-        })
-    }
-}
-
-/// A running stack (and the namespace handle it was opened in).
-pub struct RunningStack {
-    pub stack: Option<Stack>,
-    _ns: Option<NetNs>,
-}
-
-impl RunningStack {
-    pub fn stack(&self) -> &Stack {
-        self.stack.as_ref().expect("stack running")
-    }
-
-    /// Stops the stack, reporting the driver's error if it had one.
-    pub async fn finish(&mut self, quiet: bool) -> anyhow::Result<()> {
-        if let Some(stack) = self.stack.take() {
-            let stats = stack.shutdown().await?;
-            if !quiet {
-                eprintln!(
-                    "stack: {} packets in, {} out, {} dropped by the endpoint, {} resets sent",
-                    stats.device.packets_read,
-                    stats.device.packets_written,
-                    stats.endpoint.dropped_total(),
-                    stats.endpoint.resets_sent,
-                );
-                if let Some(e) = stats.capture_error {
-                    eprintln!("capture stopped early: {e}");
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -633,46 +398,19 @@ struct RecvArgs {
     connect_timeout: u64,
 }
 
-/// Checks a client's target before any device is touched.
-fn check_target(stack: &StackArgs, to: SocketAddr) -> anyhow::Result<()> {
-    squarepeg_io::check_unicast(to.ip())?;
-    let setup = stack.host_setup()?;
-    ensure!(
-        !setup.stack_addresses().contains(&to.ip()),
-        "bad address {to}: that is the stack's own address; connect to the kernel side (e.g. {})",
-        setup
-            .pairs
-            .iter()
-            .find(|p| p.kernel.is_ipv4() == to.is_ipv4())
-            .map(|p| p.kernel.to_string())
-            .unwrap_or_default()
-    );
-    ensure!(
-        setup
-            .pairs
-            .iter()
-            .any(|p| p.stack.is_ipv4() == to.is_ipv4()),
-        "bad address {to}: the stack has no {} address (--addr)",
-        if to.is_ipv4() { "IPv4" } else { "IPv6" }
-    );
-    Ok(())
-}
-
 async fn connect(
     running: &RunningStack,
     to: SocketAddr,
     timeout: u64,
 ) -> anyhow::Result<TcpStream> {
-    let conn = tokio::time::timeout(Duration::from_secs(timeout), running.stack().connect(to))
-        .await
-        .with_context(|| {
-            format!(
-                "connecting to {to}: no answer in {timeout} s (is the route through the \
-                 device right? is the peer's firewall open?)"
-            )
-        })?
-        .with_context(|| format!("connecting to {to}"))?;
-    Ok(conn)
+    let limit = Duration::from_secs(timeout);
+    super::connect_within(
+        to,
+        limit,
+        super::THROUGH_DEVICE,
+        running.stack().connect(to),
+    )
+    .await
 }
 
 fn send(a: SendArgs) -> anyhow::Result<()> {
@@ -813,15 +551,5 @@ mod tests {
         assert!(parse_bytes("5X").is_err());
         assert!(parse_bytes("").is_err());
         assert!(parse_bytes("99999999999T").is_err());
-    }
-
-    #[test]
-    fn prefixed_addresses() {
-        assert_eq!(
-            parse_prefixed("10.1.0.1/24"),
-            Ok(("10.1.0.1".parse().unwrap(), 24))
-        );
-        assert!(parse_prefixed("10.1.0.1").is_err());
-        assert!(parse_prefixed("10.1.0/24").is_err());
     }
 }
