@@ -203,14 +203,8 @@ impl StreamDecoder {
 
     /// Appends received bytes (a copy; see [`StreamDecoder::unfilled`] to
     /// read into the decoder directly).
-    pub fn push(&mut self, mut data: &[u8]) {
-        while !data.is_empty() {
-            let room = self.unfilled();
-            let n = room.len().min(data.len());
-            room[..n].copy_from_slice(&data[..n]);
-            self.filled(n);
-            data = &data[n..];
-        }
+    pub fn push(&mut self, data: &[u8]) {
+        Fill::push_bytes(self, data);
     }
 
     /// Returns the next complete frame, `None` if more bytes are needed, or
@@ -398,6 +392,32 @@ impl StreamDecoder {
         if self.scratch.len() > self.read_size + cobs::WINDOW {
             self.scratch = Vec::new();
         }
+    }
+}
+
+/// A receiver read into in place: room to read into, then how much was read.
+pub(crate) trait Fill {
+    fn room(&mut self) -> &mut [u8];
+    fn take(&mut self, n: usize);
+
+    /// Copies `data` in through the room, as reads would.
+    fn push_bytes(&mut self, mut data: &[u8]) {
+        while !data.is_empty() {
+            let room = self.room();
+            let n = room.len().min(data.len());
+            room[..n].copy_from_slice(&data[..n]);
+            self.take(n);
+            data = &data[n..];
+        }
+    }
+}
+
+impl Fill for StreamDecoder {
+    fn room(&mut self) -> &mut [u8] {
+        self.unfilled()
+    }
+    fn take(&mut self, n: usize) {
+        self.filled(n);
     }
 }
 

@@ -50,13 +50,7 @@ pub fn encode_frame(
 ) -> Result<usize, FrameError> {
     let (head, head_len) = header.to_bytes()?;
     let head = &head[..head_len];
-    if let FrameHeader::StreamChunk { offset, .. } = *header
-        && offset
-            .checked_add(payload.len() as u64)
-            .is_none_or(|end| end > crate::varint::MAX)
-    {
-        return Err(FrameError::OffsetOverflow);
-    }
+    check_stream_end(header, payload.len())?;
     let start = out.len();
     out.reserve(cobs::max_encoded_len(head_len + payload.len() + CRC_LEN) + 2);
     out.push(0);
@@ -80,6 +74,21 @@ pub fn encode_frame(
     }
     out.push(0);
     Ok(out.len() - start)
+}
+
+/// A stream chunk must end at an offset a varint can carry (docs/wire.md §1.1).
+#[inline]
+pub(crate) fn check_stream_end(header: &FrameHeader, payload_len: usize) -> Result<(), FrameError> {
+    match *header {
+        FrameHeader::StreamChunk { offset, .. }
+            if offset
+                .checked_add(payload_len as u64)
+                .is_none_or(|end| end > crate::varint::MAX) =>
+        {
+            Err(FrameError::OffsetOverflow)
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Payloads up to this size are encoded from one contiguous copy of the

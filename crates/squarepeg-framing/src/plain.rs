@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::decoder::ChunkPool;
+use crate::decoder::{ChunkPool, Fill};
 use crate::{Frame, FrameError, FrameHeader, HeaderError, varint};
 
 /// The frame formats a direction of a connection can be in (the `format` of a Switch frame,
@@ -76,13 +76,7 @@ pub fn encode_plain_frame(
     out: &mut Vec<u8>,
 ) -> Result<usize, FrameError> {
     let (head, head_len) = header.to_bytes()?;
-    if let FrameHeader::StreamChunk { offset, .. } = *header
-        && offset
-            .checked_add(payload.len() as u64)
-            .is_none_or(|end| end > varint::MAX)
-    {
-        return Err(FrameError::OffsetOverflow);
-    }
+    crate::frame::check_stream_end(header, payload.len())?;
     let body = (head_len + payload.len()) as u64;
     let (len, len_len) = varint::to_bytes(body)?;
     out.reserve(len_len + head_len + payload.len());
@@ -242,5 +236,14 @@ impl PlainDecoder {
             self.start = 0;
             self.filled = 0;
         }
+    }
+}
+
+impl Fill for PlainDecoder {
+    fn room(&mut self) -> &mut [u8] {
+        self.unfilled()
+    }
+    fn take(&mut self, n: usize) {
+        self.filled(n);
     }
 }

@@ -1,7 +1,7 @@
 //! The in-order receive side with the format switch (docs/wire.md §3): uCOBS from the start
 //! of the stream, plain frames after a Switch frame, if this side announced it reads them.
 
-use crate::decoder::{DEFAULT_PINNED_LIMIT, DEFAULT_READ_SIZE};
+use crate::decoder::{DEFAULT_PINNED_LIMIT, DEFAULT_READ_SIZE, Fill};
 use crate::plain::PlainDecoder;
 use crate::{Frame, FrameError, FrameFormat, StreamDecoder};
 
@@ -86,14 +86,8 @@ impl FrameReader {
 
     /// Appends received bytes (a copy; see [`FrameReader::unfilled`] to read into the reader
     /// directly).
-    pub fn push(&mut self, mut data: &[u8]) {
-        while !data.is_empty() {
-            let room = self.unfilled();
-            let n = room.len().min(data.len());
-            room[..n].copy_from_slice(&data[..n]);
-            self.filled(n);
-            data = &data[n..];
-        }
+    pub fn push(&mut self, data: &[u8]) {
+        Fill::push_bytes(self, data);
     }
 
     /// The next complete frame (or an error for bytes that cannot be one), in stream order.
@@ -141,15 +135,17 @@ impl FrameReader {
             self.ucobs.pool(),
             self.pinned_limit,
         );
-        let mut data = &rest[..];
-        while !data.is_empty() {
-            let room = plain.unfilled();
-            let n = room.len().min(data.len());
-            room[..n].copy_from_slice(&data[..n]);
-            plain.filled(n);
-            data = &data[n..];
-        }
+        plain.push_bytes(&rest);
         self.plain = Some(plain);
+    }
+}
+
+impl Fill for FrameReader {
+    fn room(&mut self) -> &mut [u8] {
+        self.unfilled()
+    }
+    fn take(&mut self, n: usize) {
+        self.filled(n);
     }
 }
 
