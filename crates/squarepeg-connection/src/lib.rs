@@ -53,9 +53,9 @@
 //! message written to the TCP and reports the TCP queue's verdict instead:
 //! - dropped before its first transmission: `Expired` (deadline) or `Squashed`;
 //! - transmitted, without a deadline: `Sent`;
-//! - transmitted, with a deadline: `Sent` once acknowledged, `Expired` if a retransmission
-//!   of its range carried other messages instead (it was *replaced*: it arrives only if its
-//!   first transmission did); messages sent *as* replacements are counted in
+//! - transmitted, with a deadline: `Sent` once acknowledged, `Replaced` if a retransmission
+//!   of its range carried other messages instead (it arrives only if its first transmission
+//!   did); messages sent *as* replacements are counted in
 //!   [`UtcpStats::sent_as_replacement`];
 //! - still undecided when the connection ends: `Sent` if transmitted, otherwise `Discarded`.
 //!

@@ -186,7 +186,7 @@ impl TaggedSender {
             MessageReport::Replaced { .. } => {
                 stats.replaced += 1;
                 self.in_tcp.remove(&id);
-                self.status(id, MessageStatus::Expired);
+                self.status(id, MessageStatus::Replaced);
             }
         }
     }

@@ -68,6 +68,10 @@ pub enum MessageStatus {
     Squashed,
     /// Dropped because the connection closed or aborted first.
     Discarded,
+    /// Transmitted once, then its retransmission carried other, live messages instead
+    /// (an inconsistent retransmission, Hollywood §4.2, over the userspace TCP only): it
+    /// arrives if its first transmission did, and not otherwise.
+    Replaced,
 }
 
 /// Something the application may want to react to.
@@ -570,7 +574,7 @@ impl Session {
     fn report(&mut self, number: MessageNumber, status: MessageStatus) {
         match status {
             MessageStatus::Sent => self.stats.messages_sent += 1,
-            MessageStatus::Expired => self.stats.messages_expired += 1,
+            MessageStatus::Expired | MessageStatus::Replaced => self.stats.messages_expired += 1,
             MessageStatus::Squashed => self.stats.messages_squashed += 1,
             MessageStatus::Discarded => self.stats.messages_discarded += 1,
         }

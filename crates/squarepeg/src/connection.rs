@@ -472,8 +472,8 @@ impl Connection {
     /// or `Squashed` when dropped before, `Discarded` when the connection
     /// closed first. Over the userspace TCP the TCP queue decides (see
     /// [`crate::utcp`], "Message statuses"): `Sent` when transmitted (with a
-    /// lifetime: when acknowledged), `Expired` also when an inconsistent
-    /// retransmission replaced it. Statuses are kept (up to
+    /// lifetime: when acknowledged), `Replaced` when an inconsistent
+    /// retransmission carried other messages in its place. Statuses are kept (up to
     /// `ConnectionConfig::status_queue`) until taken here.
     pub async fn next_message_status(
         &self,

@@ -64,8 +64,8 @@
 //! moves into the TCP's tagged send queue (priority insertion, squash, deadlines,
 //! inconsistent retransmissions, Minion §4 and Hollywood §4.2); and a message status is the
 //! TCP queue's verdict (`Sent` once transmitted — with a lifetime, once acknowledged —,
-//! `Expired` when dropped before transmission or replaced by an inconsistent
-//! retransmission). [`ConnectionStats::utcp`] has the uTCP interface's counters. The TCP
+//! `Expired` when dropped before transmission, `Replaced` when an inconsistent
+//! retransmission carried other messages in its place). [`ConnectionStats::utcp`] has the uTCP interface's counters. The TCP
 //! options come from the stack's [`squarepeg_io::StackConfig::connection`] with unordered
 //! receive, message writes, consistent segmentation and the uCOBS padder switched on.
 //!

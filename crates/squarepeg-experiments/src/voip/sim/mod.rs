@@ -194,7 +194,7 @@ fn collect_tcp(sim: &Simulator, ends: SimEnds, call: &SimCall) -> Result<Recorde
     let mut errors: Vec<String> = sender.errors().to_vec();
     errors.extend(receiver.errors().iter().cloned());
     let (dropped_by_sender, replaced_by_sender) = match sender.codec() {
-        StreamCodec::Unordered(u) => (u.expired().clone(), u.replaced().clone()),
+        StreamCodec::Squarepeg(c) => (c.dropped().clone(), c.replaced().clone()),
         _ => Default::default(),
     };
     Ok(Recorded {
@@ -234,7 +234,7 @@ impl SimTransport for SimSession {
         "squarepeg"
     }
     fn description(&self) -> &'static str {
-        "squarepeg session messages (uCOBS) over squarepeg's userspace TCP, standard mode"
+        "squarepeg messages over squarepeg's userspace TCP read in order, standard mode (the kernel substrate's behaviour: plain frames after the handshake)"
     }
     fn framing(&self) -> Framing {
         Framing::Ucobs
@@ -282,8 +282,7 @@ impl SimTransport for SimUtcp {
     fn install(&self, sim: &mut Simulator, call: &SimCall) -> Result<SimEnds, VoipError> {
         let offset = call.scenario.playout_offset();
         install_tcp(sim, call, || {
-            StreamCodec::unordered(offset, self.inconsistent)
-                .map_err(|e| VoipError::Config(e.to_string()))
+            Ok(StreamCodec::unordered(offset, self.inconsistent))
         })
     }
     fn collect(

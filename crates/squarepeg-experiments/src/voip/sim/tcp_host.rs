@@ -8,14 +8,18 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
-use squarepeg_framing::{FrameHeader, Reassembler, StreamDecoder, encode_frame, encode_padding};
+use squarepeg_connection::{
+    Config as CoreConfig, Connection as Core, EndpointLink, Substrate,
+    tcp_config as core_tcp_config,
+};
+use squarepeg_framing::{FrameHeader, Reassembler, encode_frame};
 use squarepeg_lab::sim::{Host, KIND_DATA, decode_payload, encode_payload};
-use squarepeg_session::{MAX_FRAME_BODY, MessageProps, Role, Session};
+use squarepeg_session::{MAX_FRAME_BODY, MessageProps, MessageStatus, Role};
 use squarepeg_tcp::{
     ConnectionConfig, ConnectionHandle, Endpoint, EndpointConfig, Error as TcpError, Event,
-    ListenerHandle, MessageReport, Padder, WriteTag,
+    ListenerHandle, WriteTag,
 };
 
 use crate::voip::config::{MAX_MESSAGE_BYTES, VoipConfig};
@@ -56,51 +60,39 @@ pub enum StreamCodec {
         /// Bytes received but not yet a whole record.
         partial: Vec<u8>,
     },
-    /// squarepeg session messages in uCOBS frames.
-    Session {
-        /// The session, once the connection is established.
-        session: Option<Box<Session>>,
-        /// The in-order frame decoder of the receive side.
-        decoder: Box<StreamDecoder>,
-        /// The lifetime given to each message (Hollywood §7.2): its playout budget.
-        lifetime: Option<Duration>,
-    },
-    /// uCOBS message frames over the uTCP interface (Minion §4, Hollywood §4): each voice
-    /// message one [`Endpoint::write_message`] whose deadline is its playout time; the
-    /// receiver takes every segment at once and decodes whole frames out of order.
-    Unordered(Box<UnorderedCodec>),
+    /// squarepeg messages through the library's connection core
+    /// (`squarepeg_connection::Connection`, driven on the endpoint by its `EndpointLink`):
+    /// what a user of `squarepeg::Connection` gets, on either substrate.
+    Squarepeg(Box<SquarepegCodec>),
 }
 
-/// The state of [`StreamCodec::Unordered`] at either end.
+/// The state of [`StreamCodec::Squarepeg`] at either end.
 #[derive(Debug)]
-pub struct UnorderedCodec {
-    /// Added to a message's send time to give its deadline: the scenario's playout offset
-    /// (one-way delay plus playout delay), the time by which it must have arrived.
-    deadline_offset: Duration,
-    /// Inconsistent retransmissions (Hollywood §4.2), padded with uCOBS padding frames.
+pub struct SquarepegCodec {
+    substrate: Substrate,
+    /// Inconsistent retransmissions (Hollywood §4.2), on the uTCP substrate.
     inconsistent: bool,
-    /// Receive side: frames from segments in any order (Minion §5.2).
-    reassembler: Reassembler,
-    /// Receive side: message numbers delivered (a message may arrive more than once: in
-    /// its original place and as a replacement, or through a spurious retransmission).
-    delivered: BTreeSet<u64>,
+    /// The lifetime of each voice message: its playout budget (Hollywood §7.2).
+    lifetime: Option<Duration>,
+    /// The connection core and its link to the endpoint connection, once established.
+    conn: Option<(Core, EndpointLink)>,
+    /// Send side: the voice message number of each session message number.
+    numbers: HashMap<u64, u64>,
+    /// Send side: messages dropped unsent (lifetime over, or squashed).
+    dropped: BTreeSet<u64>,
     /// Send side: messages whose retransmission carried others instead (Hollywood §4.2).
     replaced: BTreeSet<u64>,
-    /// Send side: messages dropped unsent because their deadline passed.
-    expired: BTreeSet<u64>,
-    /// Scratch for a frame being encoded.
-    frame: Vec<u8>,
 }
 
-impl UnorderedCodec {
+impl SquarepegCodec {
     /// Messages the sender replaced in a retransmission.
     pub fn replaced(&self) -> &BTreeSet<u64> {
         &self.replaced
     }
 
-    /// Messages the sender dropped unsent (deadline passed).
-    pub fn expired(&self) -> &BTreeSet<u64> {
-        &self.expired
+    /// Messages the sender dropped unsent.
+    pub fn dropped(&self) -> &BTreeSet<u64> {
+        &self.dropped
     }
 }
 
@@ -112,42 +104,39 @@ impl StreamCodec {
         }
     }
 
-    /// Session messages with `lifetime`.
+    /// squarepeg over the in-order byte stream (what kernel TCP gives), each message with
+    /// `lifetime`.
     pub fn session(lifetime: Option<Duration>) -> Self {
-        Self::Session {
-            session: None,
-            decoder: Box::new(StreamDecoder::new(MAX_FRAME_BODY)),
-            lifetime,
-        }
+        Self::squarepeg(Substrate::byte_stream(), false, lifetime)
     }
 
-    /// uCOBS messages over the uTCP interface, each due `deadline_offset` after it is sent;
-    /// with `inconsistent`, expired retransmissions carry live messages instead.
-    pub fn unordered(
-        deadline_offset: Duration,
-        inconsistent: bool,
-    ) -> Result<Self, squarepeg_framing::ReassemblyError> {
-        Ok(Self::Unordered(Box::new(UnorderedCodec {
-            deadline_offset,
+    /// squarepeg over the uTCP interface (unordered segments in, tagged writes out), each
+    /// message due `lifetime` after it is sent; with `inconsistent`, expired retransmissions
+    /// carry live messages instead.
+    pub fn unordered(lifetime: Duration, inconsistent: bool) -> Self {
+        let window = ConnectionConfig::default().recv_buffer;
+        Self::squarepeg(Substrate::utcp(window), inconsistent, Some(lifetime))
+    }
+
+    fn squarepeg(substrate: Substrate, inconsistent: bool, lifetime: Option<Duration>) -> Self {
+        Self::Squarepeg(Box::new(SquarepegCodec {
+            substrate,
             inconsistent,
-            reassembler: unordered_reassembler()?,
-            delivered: BTreeSet::new(),
+            lifetime,
+            conn: None,
+            numbers: HashMap::new(),
+            dropped: BTreeSet::new(),
             replaced: BTreeSet::new(),
-            expired: BTreeSet::new(),
-            frame: Vec::new(),
-        })))
+        }))
     }
 
     /// The connection options this codec needs at either end.
     pub fn connection_config(&self) -> ConnectionConfig {
         match self {
-            Self::Unordered(u) => ConnectionConfig {
-                unordered_receive: true,
-                consistent_segmentation: true,
-                padder: u.inconsistent.then_some(Padder(encode_padding)),
-                ..ConnectionConfig::default()
-            },
-            _ => ConnectionConfig::default(),
+            Self::Squarepeg(c) => {
+                core_tcp_config(ConnectionConfig::default(), c.substrate, c.inconsistent)
+            }
+            Self::Records { .. } => ConnectionConfig::default(),
         }
     }
 }
@@ -217,25 +206,6 @@ pub(crate) fn write_message_frame(
     )
     .map_err(|_| TcpError::BadRecord("the message does not fit a uCOBS frame"))?;
     ep.write_message(h, frame, tag)
-}
-
-/// Writes voice message `number` as one uCOBS message frame with a tag: its message id is
-/// its number (so that the connection reports on it) and its deadline is its playout time
-/// (Hollywood §4.2 lifetimes).
-fn write_voice_message(
-    ep: &mut Endpoint,
-    h: ConnectionHandle,
-    u: &mut UnorderedCodec,
-    number: u64,
-    now: Instant,
-    message: &[u8],
-) -> Result<(), String> {
-    let tag = WriteTag {
-        deadline: Some(now + u.deadline_offset),
-        message_id: Some(number),
-        ..WriteTag::default()
-    };
-    write_message_frame(ep, h, &mut u.frame, number, message, tag).map_err(|e| e.to_string())
 }
 
 /// Which end of the call a host is.
@@ -355,8 +325,8 @@ impl TcpVoiceHost {
     fn established(&self) -> bool {
         match &self.codec {
             // Only the sender sends, and its connection is set once accepted (established).
-            StreamCodec::Records { .. } | StreamCodec::Unordered(_) => self.conn.is_some(),
-            StreamCodec::Session { session, .. } => session.is_some(),
+            StreamCodec::Records { .. } => self.conn.is_some(),
+            StreamCodec::Squarepeg(c) => c.conn.is_some(),
         }
     }
 
@@ -381,24 +351,27 @@ impl TcpVoiceHost {
                         encode_record(&message, &mut self.unsent);
                         true
                     }
-                    StreamCodec::Session {
-                        session: Some(session),
-                        lifetime,
-                        ..
-                    } => {
+                    StreamCodec::Squarepeg(c) => {
                         let props = MessageProps {
-                            lifetime: *lifetime,
+                            lifetime: c.lifetime,
                             ..MessageProps::default()
                         };
-                        session.send_message(now, message, props).is_ok()
+                        match c.conn.as_mut() {
+                            Some((core, _)) => {
+                                match core.session_mut().send_message(now, message, props) {
+                                    Ok(n) => {
+                                        c.numbers.insert(n, number);
+                                        true
+                                    }
+                                    Err(e) => {
+                                        self.errors.push(format!("message {number}: {e}"));
+                                        false
+                                    }
+                                }
+                            }
+                            None => false,
+                        }
                     }
-                    StreamCodec::Session { session: None, .. } => false,
-                    StreamCodec::Unordered(u) => match self.conn {
-                        Some(h) => write_voice_message(&mut self.ep, h, u, number, now, &message)
-                            .map_err(|e| self.errors.push(format!("message {number}: {e}")))
-                            .is_ok(),
-                        None => false,
-                    },
                 };
             self.sent.push(accepted.then_some(at));
         }
@@ -431,10 +404,10 @@ impl TcpVoiceHost {
     }
 
     fn start_session(&mut self, role: Role) {
-        if let StreamCodec::Session { session, .. } = &mut self.codec {
-            match Session::new(role, squarepeg_session::Config::default()) {
-                Ok(s) => *session = Some(Box::new(s)),
-                Err(e) => self.errors.push(format!("session: {e}")),
+        if let (StreamCodec::Squarepeg(c), Some(h)) = (&mut self.codec, self.conn) {
+            match Core::new(role, CoreConfig::default(), c.substrate) {
+                Ok(core) => c.conn = Some((core, EndpointLink::new(h))),
+                Err(e) => self.errors.push(format!("connection: {e}")),
             }
         }
     }
@@ -442,22 +415,11 @@ impl TcpVoiceHost {
     fn read(&mut self, now: Instant) {
         let Some(h) = self.conn else { return };
         let at = now.saturating_duration_since(self.epoch);
-        if matches!(self.codec, StreamCodec::Unordered(_)) {
-            self.read_unordered_segments(h, at);
-            let StreamCodec::Unordered(u) = &mut self.codec else {
-                return;
-            };
-            while let Ok(Some(report)) = self.ep.poll_report(h) {
-                match report {
-                    MessageReport::Replaced { id } => {
-                        u.replaced.insert(id);
-                    }
-                    MessageReport::Expired { id } | MessageReport::Squashed { id } => {
-                        u.expired.insert(id);
-                    }
-                    MessageReport::Sent { .. } | MessageReport::Acked { .. } => {}
-                }
+        if let StreamCodec::Squarepeg(c) = &mut self.codec {
+            if let Some((core, link)) = c.conn.as_mut() {
+                link.drive(now, core, &mut self.ep);
             }
+            self.take_squarepeg(at);
             return;
         }
         loop {
@@ -466,86 +428,68 @@ impl TcpVoiceHost {
                 Ok(n) => n,
             };
             let data = &self.read_buf[..n];
-            match &mut self.codec {
-                StreamCodec::Records { partial } => {
-                    partial.extend_from_slice(data);
-                    match take_records(partial, MAX_MESSAGE_BYTES) {
-                        Ok(records) => {
-                            for r in records {
-                                if let Some((KIND_DATA, number, _)) = decode_payload(&r) {
-                                    self.arrivals.push((number, at));
-                                }
+            if let StreamCodec::Records { partial } = &mut self.codec {
+                partial.extend_from_slice(data);
+                match take_records(partial, MAX_MESSAGE_BYTES) {
+                    Ok(records) => {
+                        for r in records {
+                            if let Some((KIND_DATA, number, _)) = decode_payload(&r) {
+                                self.arrivals.push((number, at));
                             }
                         }
-                        Err(e) => self.errors.push(e.to_string()),
                     }
+                    Err(e) => self.errors.push(e.to_string()),
                 }
-                StreamCodec::Session {
-                    session: Some(session),
-                    decoder,
-                    ..
-                } => {
-                    decoder.push(data);
-                    while let Some(frame) = decoder.next_frame() {
-                        match frame {
-                            Ok(frame) => session.handle_frame(now, frame),
-                            Err(e) => session.handle_decode_error(now, e),
-                        }
-                    }
-                    while let Some(m) = session.poll_message() {
-                        if let Some((KIND_DATA, number, _)) = decode_payload(&m.payload) {
-                            self.arrivals.push((number, at));
-                        }
-                    }
-                }
-                StreamCodec::Session { session: None, .. } | StreamCodec::Unordered(_) => {}
             }
         }
     }
 
-    /// The uTCP receive path (Minion §4.1, §5.2): every voice message recorded at once,
-    /// each number once.
-    fn read_unordered_segments(&mut self, h: ConnectionHandle, at: Duration) {
-        let StreamCodec::Unordered(u) = &mut self.codec else {
+    /// What the connection core has for the application: voice messages (each number
+    /// once, as soon as it is complete), the sender's message statuses, the end.
+    fn take_squarepeg(&mut self, at: Duration) {
+        let StreamCodec::Squarepeg(c) = &mut self.codec else {
             return;
         };
-        let delivered = &mut u.delivered;
-        let arrivals = &mut self.arrivals;
-        read_unordered(
-            &mut self.ep,
-            h,
-            &mut u.reassembler,
-            &mut self.read_buf,
-            &mut self.errors,
-            |payload| {
-                if let Some((KIND_DATA, number, _)) = decode_payload(payload)
-                    && delivered.insert(number)
-                {
-                    arrivals.push((number, at));
+        let Some((core, _)) = c.conn.as_mut() else {
+            return;
+        };
+        while let Some(m) = core.session_mut().poll_message() {
+            if let Some((KIND_DATA, number, _)) = decode_payload(&m.payload) {
+                self.arrivals.push((number, at));
+            }
+        }
+        while let Some(event) = core.poll_event() {
+            match event {
+                squarepeg_session::Event::MessageStatus { number, status } => {
+                    let voice = c.numbers.get(&number).copied().unwrap_or(number);
+                    match status {
+                        MessageStatus::Expired | MessageStatus::Squashed => {
+                            c.dropped.insert(voice);
+                        }
+                        MessageStatus::Replaced => {
+                            c.replaced.insert(voice);
+                        }
+                        _ => {}
+                    }
                 }
-            },
-        );
+                squarepeg_session::Event::ConnectionLost(e) => {
+                    self.errors.push(format!("session lost: {e}"));
+                }
+                _ => {}
+            }
+        }
     }
 
     fn write(&mut self, now: Instant) {
         let Some(h) = self.conn else { return };
-        if let StreamCodec::Session {
-            session: Some(session),
-            ..
-        } = &mut self.codec
-        {
-            // The session binds frames as late as the endpoint lets it: only while the
-            // endpoint has taken everything before.
-            while self.unsent.is_empty() && session.poll_transmit(now, &mut self.unsent).is_some() {
-                if let Ok(n) = self.ep.write(h, &self.unsent) {
-                    self.unsent.drain(..n);
-                }
+        if let StreamCodec::Squarepeg(c) = &mut self.codec {
+            // The core binds frames as late as the endpoint lets it.
+            if let Some((core, link)) = c.conn.as_mut() {
+                link.drive(now, core, &mut self.ep);
             }
-            while let Some(event) = session.poll_event() {
-                if let squarepeg_session::Event::ConnectionLost(e) = event {
-                    self.errors.push(format!("session lost: {e}"));
-                }
-            }
+            let at = now.saturating_duration_since(self.epoch);
+            self.take_squarepeg(at);
+            return;
         }
         if !self.unsent.is_empty()
             && let Ok(n) = self.ep.write(h, &self.unsent)
@@ -572,10 +516,8 @@ impl Host for TcpVoiceHost {
 
     fn poll_timeout(&mut self) -> Option<Instant> {
         let session = match &self.codec {
-            StreamCodec::Session {
-                session: Some(s), ..
-            } => s.poll_timeout(),
-            _ => None,
+            StreamCodec::Squarepeg(c) => c.conn.as_ref().and_then(|(core, _)| core.poll_timeout()),
+            StreamCodec::Records { .. } => None,
         };
         [self.ep.poll_timeout(), self.next_due(), session]
             .into_iter()
@@ -585,12 +527,10 @@ impl Host for TcpVoiceHost {
 
     fn handle_timeout(&mut self, now: Instant) {
         self.ep.handle_timeout(now);
-        if let StreamCodec::Session {
-            session: Some(s), ..
-        } = &mut self.codec
-            && s.poll_timeout().is_some_and(|t| t <= now)
+        if let StreamCodec::Squarepeg(c) = &mut self.codec
+            && let Some((core, _)) = c.conn.as_mut()
         {
-            s.handle_timeout(now);
+            core.handle_timeout(now);
         }
         self.process(now);
         self.send_due(now);
