@@ -18,7 +18,7 @@
 //!
 //! On the real lab, [`run_lab_kernel`] runs the same two variants with the `squarepeg` crate
 //! over kernel TCP ([`Transport::KernelTcp`]): priorities act in the session's scheduler on
-//! what the kernel has not taken, the late binding of design.md §3.
+//! what the kernel has not taken, the late binding of the `squarepeg` crate (ARCHITECTURE.md).
 //!
 //! Minion's Figure 10 predicts that high-priority messages see roughly the path's delay
 //! (they wait only behind data already transmitted), while FIFO messages of both classes

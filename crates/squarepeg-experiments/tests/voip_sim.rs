@@ -1,5 +1,5 @@
 //! The VoIP experiment on the simulator, end to end, for every transport on a shortened
-//! call: the properties the model must have (Hollywood §5.1-5.2, design.md §6), determinism,
+//! call: the properties the model must have (Hollywood §5.1-5.2), determinism,
 //! and the stability of the JSON schema.
 
 mod common;

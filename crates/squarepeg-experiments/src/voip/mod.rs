@@ -1,5 +1,5 @@
 //! The VoIP experiment: how many messages of a voice call miss their playout time over each
-//! transport, and why (Hollywood §5.1-5.2, Minion §8.2; design.md §6).
+//! transport, and why (Hollywood §5.1-5.2, Minion §8.2).
 //!
 //! squarepeg's claim for real-time traffic over TCP is that only the messages the network
 //! itself lost should miss their playout time: no head-of-line tail, no retransmission that
