@@ -16,6 +16,12 @@ pub struct ConnectionConfig {
     /// docs/wire.md §3) where both ends allow it: the receiver reads in order and the
     /// sender never replaces retransmitted bytes. Off: uCOBS both ways.
     pub plain_frames: bool,
+    /// Over the userspace TCP: when a retransmission would carry only messages that will
+    /// arrive after their deadline, the TCP sends live messages in their place, padded to the
+    /// same length (inconsistent retransmissions, Hollywood §4.2; reported as
+    /// `MessageStatus::Replaced`). Off: every byte is retransmitted as first sent. No effect
+    /// over kernel TCP.
+    pub inconsistent_retransmissions: bool,
     /// `TCP_NOTSENT_LOWAT` in bytes: the kernel keeps about twice this much
     /// unsent data at most; the rest waits in the session scheduler, where
     /// priorities, squash and lifetimes still apply. `None` leaves the
@@ -57,6 +63,7 @@ impl Default for ConnectionConfig {
         Self {
             session: Config::default(),
             plain_frames: true,
+            inconsistent_retransmissions: true,
             // Late binding against throughput: a smaller lowat leaves more
             // data in the session, where a more urgent message still
             // overtakes it (an urgent message waits behind about twice the

@@ -87,7 +87,8 @@ impl Endpoint {
         config: ConnectionConfig,
     ) -> Result<Self, ConnectError> {
         config.core_config().validate()?;
-        let (listener, window) = crate::utcp::listen(stack, addr)?;
+        let (listener, window) =
+            crate::utcp::listen(stack, addr, config.inconsistent_retransmissions)?;
         Ok(Self {
             listener: Listener::Utcp { listener, window },
             config,
@@ -144,9 +145,10 @@ impl Connection {
         config: ConnectionConfig,
     ) -> Result<Connection, ConnectError> {
         config.core_config().validate()?;
-        let (stream, window) = crate::utcp::connect(stack, addr)
-            .await
-            .map_err(connect_error)?;
+        let (stream, window) =
+            crate::utcp::connect(stack, addr, config.inconsistent_retransmissions)
+                .await
+                .map_err(connect_error)?;
         crate::utcp::start(stream, Role::Client, config, window)
     }
 }

@@ -22,12 +22,12 @@ use crate::driver::{self, Wire};
 use crate::endpoint::ConnectError;
 
 /// The TCP configuration of a squarepeg connection over `stack`: the stack's defaults with
-/// the uTCP options on (unordered receive, message writes, consistent segmentation, and the
-/// uCOBS padder for inconsistent retransmissions).
-pub(crate) fn tcp_config(stack: &Stack) -> squarepeg_tcp::ConnectionConfig {
+/// the uTCP options on (unordered receive, message writes, consistent segmentation, and,
+/// with `inconsistent`, the uCOBS padder for inconsistent retransmissions).
+pub(crate) fn tcp_config(stack: &Stack, inconsistent: bool) -> squarepeg_tcp::ConnectionConfig {
     let base = stack.connection_config();
     let window = base.recv_buffer;
-    core_tcp_config(base, Substrate::utcp(window), true)
+    core_tcp_config(base, Substrate::utcp(window), inconsistent)
 }
 
 struct UtcpWire {
@@ -132,8 +132,9 @@ pub(crate) fn start(
 pub(crate) fn listen(
     stack: &Stack,
     addr: SocketAddr,
+    inconsistent: bool,
 ) -> io::Result<(squarepeg_io::TcpListener, usize)> {
-    let tcp = tcp_config(stack);
+    let tcp = tcp_config(stack, inconsistent);
     let window = tcp.recv_buffer;
     let addrs: Vec<SocketAddr> = if addr.ip().is_unspecified() {
         stack
@@ -148,8 +149,12 @@ pub(crate) fn listen(
 }
 
 /// Opens a uTCP connection to `addr` from `stack`.
-pub(crate) async fn connect(stack: &Stack, addr: SocketAddr) -> io::Result<(TcpStream, usize)> {
-    let tcp = tcp_config(stack);
+pub(crate) async fn connect(
+    stack: &Stack,
+    addr: SocketAddr,
+    inconsistent: bool,
+) -> io::Result<(TcpStream, usize)> {
+    let tcp = tcp_config(stack, inconsistent);
     let window = tcp.recv_buffer;
     Ok((stack.connect_with(addr, tcp).await?, window))
 }

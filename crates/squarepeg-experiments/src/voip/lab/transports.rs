@@ -1,12 +1,14 @@
 //! The lab's transports: kernel UDP, kernel TCP with length-prefixed records, and the
-//! `squarepeg` crate's messages over kernel TCP.
+//! `squarepeg` crate's messages over kernel TCP (and, through [`open_library`], over its
+//! userspace TCP: `super::utcp`).
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use squarepeg::{Connection, ConnectionConfig, Endpoint, MessageProps, SendError};
+use squarepeg::{Connection, ConnectionConfig, Endpoint, MessageProps, MessageStatus, SendError};
+use squarepeg_io::lab::LabStack;
 use squarepeg_lab::net::{Lab, NetNs};
 
 use super::{LabCall, LabEnds, LabTransport, SenderDrops, VoiceReceiver, VoiceSender};
@@ -252,6 +254,18 @@ struct SquarepegSender {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// Which TCP the `squarepeg` crate runs over in a lab call.
+pub(crate) enum Library {
+    /// The kernel's, in the lab's namespaces.
+    Kernel,
+    /// Its userspace TCP on a TUN stack at each end (kept alive by the call's threads).
+    Utcp {
+        sender: Box<LabStack>,
+        receiver: Box<LabStack>,
+        inconsistent_retransmissions: bool,
+    },
+}
+
 impl VoiceSender for SquarepegSender {
     fn send(&mut self, message: &[u8]) -> Result<bool, VoipError> {
         match self
@@ -271,7 +285,20 @@ impl VoiceSender for SquarepegSender {
             t.join()
                 .map_err(|_| VoipError::Transport("the sender runtime panicked".into()))?;
         }
-        Ok(SenderDrops::default())
+        // The connection has closed (or given up): every message has its final status.
+        let mut drops = SenderDrops::default();
+        while let Some((number, status)) = self.connection.try_next_message_status() {
+            match status {
+                MessageStatus::Expired | MessageStatus::Squashed => {
+                    drops.dropped.insert(number);
+                }
+                MessageStatus::Replaced => {
+                    drops.replaced.insert(number);
+                }
+                _ => {}
+            }
+        }
+        Ok(drops)
     }
 }
 
@@ -314,108 +341,146 @@ impl LabTransport for LabSquarepeg {
         "squarepeg"
     }
     fn description(&self) -> &'static str {
-        "squarepeg crate: session messages (uCOBS) over kernel TCP, lifetime = playout delay"
+        "squarepeg crate: messages over kernel TCP (plain frames after the handshake), lifetime = playout delay"
     }
     fn framing(&self) -> Framing {
         Framing::Ucobs
     }
     fn open(&self, lab: &Lab, call: &LabCall) -> Result<LabEnds, VoipError> {
-        // Sender: listen, accept one connection, hand it over, wait for the end of the call.
-        let (bound_tx, bound_rx) = mpsc::channel::<Result<(), String>>();
-        let (accepted_tx, accepted_rx) = mpsc::channel::<Result<Connection, String>>();
-        let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
-        let address = call.sender;
-        let sender_thread = spawn_in(lab.server(), "voip-sender", move || async move {
-            let endpoint = match Endpoint::bind(address, ConnectionConfig::default()).await {
-                Ok(e) => e,
-                Err(e) => {
-                    let _ = bound_tx.send(Err(format!("bind: {e}")));
-                    return;
-                }
-            };
-            let _ = bound_tx.send(Ok(()));
-            let connection = match endpoint.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    let _ = accepted_tx.send(Err(format!("accept: {e}")));
-                    return;
-                }
-            };
-            let _ = accepted_tx.send(Ok(connection.clone()));
-            let _ = shutdown_rx.await;
-            // Deliver what is queued, then close; bounded so a dead peer cannot hang us.
-            let _ = tokio::time::timeout(Duration::from_secs(5), connection.close()).await;
-        })?;
-        match bound_rx.recv_timeout(OPEN_TIMEOUT) {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(VoipError::Transport(format!("squarepeg sender: {e}"))),
-            Err(_) => {
-                return Err(VoipError::Transport(
-                    "squarepeg sender did not start".into(),
-                ));
-            }
+        open_library(lab, call, Library::Kernel, call.scenario.playout_delay)
+    }
+}
+
+/// Opens a call between two `squarepeg::Connection`s over `library`'s TCP, each voice
+/// message sent with `lifetime`. The sender's message statuses become its [`SenderDrops`].
+pub(crate) fn open_library(
+    lab: &Lab,
+    call: &LabCall,
+    library: Library,
+    lifetime: Duration,
+) -> Result<LabEnds, VoipError> {
+    let (sender_stack, receiver_stack, config) = match library {
+        Library::Kernel => (None, None, ConnectionConfig::default()),
+        Library::Utcp {
+            sender,
+            receiver,
+            inconsistent_retransmissions,
+        } => {
+            let mut config = ConnectionConfig::default();
+            config.inconsistent_retransmissions = inconsistent_retransmissions;
+            (Some(sender), Some(receiver), config)
         }
-        // Receiver: connect and forward every message with its arrival time.
-        let (messages_tx, messages_rx) = mpsc::channel();
-        let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let (connected_tx, connected_rx) = mpsc::channel::<Result<(), String>>();
-        spawn_in(lab.client(), "voip-receiver", move || async move {
-            let connection = match Connection::connect(address, ConnectionConfig::default()).await {
-                Ok(c) => c,
-                Err(e) => {
-                    let _ = connected_tx.send(Err(format!("connect: {e}")));
-                    return;
-                }
-            };
-            let _ = connected_tx.send(Ok(()));
-            loop {
-                tokio::select! {
-                    m = connection.recv_message() => match m {
-                        Ok(m) => {
-                            let at = Instant::now();
-                            if messages_tx.send((Vec::from(m.payload), at)).is_err() {
-                                break;
-                            }
-                        }
-                        Err(_) => break,
-                    },
-                    _ = &mut stop_rx => break,
-                }
-            }
-            connection.abort(0, b"");
-        })?;
-        match connected_rx.recv_timeout(OPEN_TIMEOUT) {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(VoipError::Transport(format!("squarepeg receiver: {e}"))),
-            Err(_) => {
-                return Err(VoipError::Transport(
-                    "squarepeg receiver did not connect".into(),
-                ));
-            }
-        }
-        let connection = match accepted_rx.recv_timeout(OPEN_TIMEOUT) {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(VoipError::Transport(format!("squarepeg sender: {e}"))),
-            Err(_) => {
-                return Err(VoipError::Transport(
-                    "squarepeg sender accepted nothing".into(),
-                ));
+    };
+    // Deliver what is queued, then close; bounded so a dead peer cannot hang us.
+    let close_limit = call.config.drain.max(Duration::from_secs(5));
+    // Sender: listen, accept one connection, hand it over, wait for the end of the call.
+    let (bound_tx, bound_rx) = mpsc::channel::<Result<(), String>>();
+    let (accepted_tx, accepted_rx) = mpsc::channel::<Result<Connection, String>>();
+    let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
+    let address = call.sender;
+    let sender_config = config.clone();
+    let sender_thread = spawn_in(lab.server(), "voip-sender", move || async move {
+        let bound = match &sender_stack {
+            None => Endpoint::bind(address, sender_config).await,
+            Some(stack) => Endpoint::listen_utcp(stack.stack(), address, sender_config),
+        };
+        let endpoint = match bound {
+            Ok(e) => e,
+            Err(e) => {
+                let _ = bound_tx.send(Err(format!("bind: {e}")));
+                return;
             }
         };
-        Ok(LabEnds {
-            sender: Box::new(SquarepegSender {
-                connection,
-                props: MessageProps {
-                    lifetime: Some(call.scenario.playout_delay),
-                    ..MessageProps::default()
-                },
-                shutdown: Some(shutdown_tx),
-                thread: Some(sender_thread),
-            }),
-            receiver: Box::new(SquarepegReceiver {
-                messages: messages_rx,
-                stop: Some(stop_tx),
-            }),
-        })
+        let _ = bound_tx.send(Ok(()));
+        let connection = match endpoint.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = accepted_tx.send(Err(format!("accept: {e}")));
+                return;
+            }
+        };
+        let _ = accepted_tx.send(Ok(connection.clone()));
+        let _ = shutdown_rx.await;
+        let _ = tokio::time::timeout(close_limit, connection.close()).await;
+        // The stack (if any) goes with this thread, after the close.
+        drop(endpoint);
+        drop(sender_stack);
+    })?;
+    match bound_rx.recv_timeout(OPEN_TIMEOUT) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(VoipError::Transport(format!("squarepeg sender: {e}"))),
+        Err(_) => {
+            return Err(VoipError::Transport(
+                "squarepeg sender did not start".into(),
+            ));
+        }
     }
+    // Receiver: connect and forward every message with its arrival time.
+    let (messages_tx, messages_rx) = mpsc::channel();
+    let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (connected_tx, connected_rx) = mpsc::channel::<Result<(), String>>();
+    spawn_in(lab.client(), "voip-receiver", move || async move {
+        let connected = match &receiver_stack {
+            None => Connection::connect(address, config).await,
+            Some(stack) => Connection::connect_utcp(stack.stack(), address, config).await,
+        };
+        let connection = match connected {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = connected_tx.send(Err(format!("connect: {e}")));
+                return;
+            }
+        };
+        let _ = connected_tx.send(Ok(()));
+        loop {
+            tokio::select! {
+                m = connection.recv_message() => match m {
+                    Ok(m) => {
+                        let at = Instant::now();
+                        if messages_tx.send((Vec::from(m.payload), at)).is_err() {
+                            break;
+                        }
+                    }
+                    Err(_) => break,
+                },
+                _ = &mut stop_rx => break,
+            }
+        }
+        connection.abort(0, b"");
+        drop(connection);
+        drop(receiver_stack);
+    })?;
+    match connected_rx.recv_timeout(OPEN_TIMEOUT) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(VoipError::Transport(format!("squarepeg receiver: {e}"))),
+        Err(_) => {
+            return Err(VoipError::Transport(
+                "squarepeg receiver did not connect".into(),
+            ));
+        }
+    }
+    let connection = match accepted_rx.recv_timeout(OPEN_TIMEOUT) {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return Err(VoipError::Transport(format!("squarepeg sender: {e}"))),
+        Err(_) => {
+            return Err(VoipError::Transport(
+                "squarepeg sender accepted nothing".into(),
+            ));
+        }
+    };
+    Ok(LabEnds {
+        sender: Box::new(SquarepegSender {
+            connection,
+            props: MessageProps {
+                lifetime: Some(lifetime),
+                ..MessageProps::default()
+            },
+            shutdown: Some(shutdown_tx),
+            thread: Some(sender_thread),
+        }),
+        receiver: Box::new(SquarepegReceiver {
+            messages: messages_rx,
+            stop: Some(stop_tx),
+        }),
+    })
 }

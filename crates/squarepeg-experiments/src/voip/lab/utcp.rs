@@ -1,36 +1,32 @@
 //! The userspace-TCP variants on the real lab: squarepeg's TCP on a TUN device at each end
-//! of the lab (`squarepeg_io::lab::LabStack`), crossing the emulator like any kernel TCP,
-//! with the uTCP interface through the stack's byte stream as records
-//! (`squarepeg_tcp::utcp::record`, Minion's socket options).
+//! of the lab (`squarepeg_io::lab::LabStack`), crossing the emulator like any kernel TCP.
 //!
-//! - Sender (server end, stack address `.4`): `message_writes` — each voice message is one
-//!   uCOBS message frame in one message record, with its message number as id and the
-//!   scenario's playout offset as lifetime (the connection turns it into a deadline when it
-//!   takes the write); `utcp-ir` also sets the padder (inconsistent retransmissions).
-//! - Receiver (client end, `.3`): `unordered_receive` — every `read` returns segment records
-//!   (offset and bytes), which go into a `squarepeg_framing::Reassembler`; each whole
-//!   message frame is delivered at once, deduplicated by number.
+//! The voice call runs the library: `squarepeg::Endpoint::listen_utcp` on the sender's
+//! (server end, stack address `.4`) and `squarepeg::Connection::connect_utcp` on the
+//! receiver's stack (client end, `.3`), each message with the scenario's playout offset as
+//! lifetime; `utcp-ir` keeps `inconsistent_retransmissions` on, `utcp` turns it off. The
+//! sender's message statuses (`Expired`, `Squashed`, `Replaced`) are what it dropped or
+//! replaced.
 //!
-//! Each end runs its own current-thread tokio runtime; the stacks' driver threads do the
-//! packet I/O. The sender's connection has `unordered_receive` too, so that its message
-//! reports (replaced, expired) come back through `read` as report records; the run counts
-//! them as replaced or dropped by the sender.
+//! [`open_utcp_pair`] is the raw uTCP record interface across a lab, which the priority
+//! experiment's lab run still uses.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use squarepeg_framing::{FrameHeader, encode_frame, encode_padding};
+use squarepeg_framing::FrameHeader;
 use squarepeg_io::lab::{LabStack, stack_addresses};
 use squarepeg_io::{StackConfig, TcpStream};
 use squarepeg_lab::net::{Lab, Role};
 use squarepeg_lab::sim::{KIND_DATA, decode_payload};
-use squarepeg_tcp::utcp::record::{self, MessageMeta, ReadRecord};
-use squarepeg_tcp::{ConnectionConfig, MessageReport, Padder};
+use squarepeg_tcp::ConnectionConfig;
+use squarepeg_tcp::utcp::record::{self, ReadRecord};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{LabCall, LabEnds, LabTransport, SenderDrops, VOICE_PORT, VoiceReceiver, VoiceSender};
+use super::transports::{Library, open_library};
+use super::{LabCall, LabEnds, LabTransport, VOICE_PORT, VoiceReceiver};
 use crate::voip::VoipError;
 use crate::voip::sim::tcp_host::unordered_reassembler;
 use crate::voip::wire::Framing;
@@ -89,34 +85,14 @@ impl LabTransport for LabUtcp {
         ))
     }
     fn open(&self, lab: &Lab, call: &LabCall) -> Result<LabEnds, VoipError> {
-        let send_config = ConnectionConfig {
-            message_writes: true,
-            // The message reports come back through `read` as records only in this mode
-            // (the peer sends no data).
-            unordered_receive: true,
-            consistent_segmentation: true,
-            padder: self.inconsistent.then_some(Padder(encode_padding)),
-            ..ConnectionConfig::default()
+        // The library end to end: `squarepeg::Connection` over each end's stack, each
+        // message with the scenario's playout offset as lifetime (its deadline).
+        let library = Library::Utcp {
+            sender: Box::new(attach(lab, Role::Server)?),
+            receiver: Box::new(attach(lab, Role::Client)?),
+            inconsistent_retransmissions: self.inconsistent,
         };
-        let recv_config = ConnectionConfig {
-            unordered_receive: true,
-            ..ConnectionConfig::default()
-        };
-        let pair = open_utcp_pair(lab, call.sender, send_config, recv_config)?;
-        Ok(LabEnds {
-            sender: Box::new(UtcpSender {
-                rt: pair.rt,
-                stream: Some(pair.stream),
-                _stack: pair.stack,
-                lifetime: call.scenario.playout_offset(),
-                drain: call.config.drain,
-                record: Vec::new(),
-                frame: Vec::new(),
-                reports: vec![0; READ_BUFFER],
-                drops: SenderDrops::default(),
-            }),
-            receiver: Box::new(pair.receiver),
-        })
+        open_library(lab, call, library, call.scenario.playout_offset())
     }
 }
 
@@ -250,138 +226,6 @@ async fn receive_records(
                 }
             }
         }
-    }
-}
-
-struct UtcpSender {
-    rt: tokio::runtime::Runtime,
-    stream: Option<TcpStream>,
-    /// Kept alive while the call runs (its TUN device carries the connection).
-    _stack: LabStack,
-    lifetime: Duration,
-    /// How long after the last message the call's data may still be in flight.
-    drain: Duration,
-    record: Vec<u8>,
-    frame: Vec<u8>,
-    /// Read buffer for report records.
-    reports: Vec<u8>,
-    drops: SenderDrops,
-}
-
-impl UtcpSender {
-    /// Takes the report records waiting (without waiting for more). Reports are bounded in
-    /// the connection (`MAX_PENDING_REPORTS`), so they are taken after every message.
-    fn take_reports(&mut self) -> Result<(), VoipError> {
-        let Some(stream) = self.stream.as_mut() else {
-            return Ok(());
-        };
-        loop {
-            // A zero timeout polls the read once: records now, or nothing.
-            let read = self.rt.block_on(async {
-                tokio::time::timeout(Duration::ZERO, stream.read(&mut self.reports)).await
-            });
-            let n = match read {
-                Ok(Ok(n)) if n > 0 => n,
-                Ok(Ok(_)) | Err(_) => return Ok(()),
-                Ok(Err(e)) => return Err(VoipError::Transport(format!("read reports: {e}"))),
-            };
-            note_reports(&self.reports[..n], &mut self.drops)?;
-        }
-    }
-}
-
-/// Notes the replaced and dropped messages among report records.
-fn note_reports(buf: &[u8], drops: &mut SenderDrops) -> Result<(), VoipError> {
-    for rec in record::decode_read(buf) {
-        match rec.map_err(|e| VoipError::Transport(e.to_string()))? {
-            ReadRecord::Report(MessageReport::Replaced { id }) => {
-                drops.replaced.insert(id);
-            }
-            ReadRecord::Report(MessageReport::Expired { id } | MessageReport::Squashed { id }) => {
-                drops.dropped.insert(id);
-            }
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-impl VoiceSender for UtcpSender {
-    fn send(&mut self, message: &[u8]) -> Result<bool, VoipError> {
-        let Some((KIND_DATA, number, _)) = decode_payload(message) else {
-            return Err(VoipError::Transport("not a voice message".into()));
-        };
-        self.frame.clear();
-        encode_frame(
-            &FrameHeader::Message {
-                substream: 0,
-                number,
-            },
-            message,
-            &mut self.frame,
-        )
-        .map_err(|e| VoipError::Transport(format!("frame: {e}")))?;
-        self.record.clear();
-        let meta = MessageMeta {
-            lifetime: Some(self.lifetime),
-            message_id: Some(number),
-            ..MessageMeta::default()
-        };
-        record::encode_message(&meta, &self.frame, &mut self.record);
-        self.take_reports()?;
-        let Some(stream) = self.stream.as_mut() else {
-            return Ok(false);
-        };
-        // A message record is taken whole or not at all; a full send buffer refuses it
-        // rather than blocking the call's clock.
-        let record = &self.record;
-        let written = self.rt.block_on(async {
-            tokio::time::timeout(Duration::from_millis(1), stream.write(record)).await
-        });
-        match written {
-            Ok(Ok(n)) if n == record.len() => Ok(true),
-            Ok(Ok(n)) => Err(VoipError::Transport(format!(
-                "the stack took {n} of a {}-byte message record",
-                record.len()
-            ))),
-            Ok(Err(e)) => Err(VoipError::Transport(format!("write: {e}"))),
-            Err(_) => Ok(false),
-        }
-    }
-
-    fn close(mut self: Box<Self>) -> Result<SenderDrops, VoipError> {
-        self.take_reports()?;
-        if let Some(mut stream) = self.stream.take() {
-            // FIN after everything queued. The stack (and so the connection) must live until
-            // the receiver has everything: until the peer's FIN (the end of our read side)
-            // and the close handshake, or the call's drain time. Reports keep coming until
-            // then (a retransmission may be replaced after the last write).
-            self.rt
-                .block_on(stream.shutdown())
-                .map_err(io_err("shutdown"))?;
-            let drain = self.drain;
-            let (buf, drops) = (&mut self.reports, &mut self.drops);
-            let outcome = self.rt.block_on(async {
-                tokio::time::timeout(drain, async {
-                    loop {
-                        match stream.read(buf).await {
-                            Ok(0) => break,
-                            Ok(n) => note_reports(&buf[..n], drops)?,
-                            Err(e) => {
-                                return Err(VoipError::Transport(format!("read reports: {e}")));
-                            }
-                        }
-                    }
-                    let _ = stream.wait_closed().await;
-                    Ok(())
-                })
-                .await
-            });
-            if let Ok(r) = outcome {
-                r?;
-            }
-        }
-        Ok(std::mem::take(&mut self.drops))
     }
 }
 
