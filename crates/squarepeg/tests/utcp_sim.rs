@@ -164,9 +164,9 @@ fn run(s: &Setup) -> Outcome {
                     sv.app.received_stream,
                     sv.app.stream_digest.is_some(),
                     c.app.statuses.len(),
-                    c.plan.messages.len(),
+                    c.app.plan.messages.len(),
                     sv.app.statuses.len(),
-                    sv.plan.messages.len(),
+                    sv.app.plan.messages.len(),
                 );
             }
         }

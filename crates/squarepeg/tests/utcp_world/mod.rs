@@ -3,10 +3,10 @@
 //! [`PegHost`] is a simulator host with one squarepeg connection — the library's connection
 //! core (`squarepeg_connection::Connection`, driven by its `EndpointLink`) — over uTCP or over
 //! a standard, in-order TCP (what the kernel substrate does: the stock-TCP peer of Minion §3.3
-//! and Hollywood §4.4). Its application sends a seeded plan of messages (some with lifetimes,
-//! priorities, sub-streams) and one stream, and checks everything it receives against the
-//! peer's plan: every message byte-identical to the one sent under its number, none twice,
-//! the stream's SHA-256.
+//! and Hollywood §4.4), with an [`App`] on top. The default one, [`PlanApp`], sends a seeded
+//! plan of messages (some with lifetimes, priorities, sub-streams) and one stream, and checks
+//! everything it receives against the peer's plan: every message byte-identical to the one
+//! sent under its number, none twice, the stream's SHA-256.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -19,7 +19,7 @@ use squarepeg_connection::{
     Config, Connection, EndpointLink, Substrate, UtcpStats, tcp_config as core_tcp_config,
 };
 use squarepeg_lab::sim::Host;
-use squarepeg_session::{Event, MessageNumber, ReadOutcome, Role, Session, StreamId};
+use squarepeg_session::{Event, MessageNumber, ReadOutcome, Role, StreamId};
 use squarepeg_tcp::{ConnectionConfig, ConnectionHandle, Endpoint, EndpointConfig};
 
 pub const CLIENT: &str = "10.0.0.1:40000";
@@ -115,9 +115,25 @@ struct Glue {
     link: EndpointLink,
 }
 
-/// One side's application state and findings.
-#[derive(Debug, Default)]
-pub struct AppState {
+/// The application on a [`PegHost`]'s connection.
+pub trait App: 'static {
+    /// One round: take the connection's events and received data, and act on it. Called
+    /// after anything happened to the host, and between the link's moves of data.
+    fn round(&mut self, now: Instant, conn: &mut Connection);
+    /// When the application wants a round although nothing happens (a planned send).
+    fn poll_timeout(&self) -> Option<Instant>;
+}
+
+/// Sends a [`SendPlan`] and checks what arrives against the peer's; closes once both are
+/// complete.
+#[derive(Debug)]
+pub struct PlanApp {
+    start: Instant,
+    pub plan: SendPlan,
+    pub peer_plan: SendPlan,
+    send_stream: Option<StreamId>,
+    recv_stream: Option<StreamId>,
+    buf: Vec<u8>,
     pub next_message: usize,
     pub statuses: BTreeMap<MessageNumber, MessageStatus>,
     pub stream_written: u64,
@@ -133,25 +149,60 @@ pub struct AppState {
     pub out_of_order: u64,
 }
 
-pub struct PegHost {
+impl PlanApp {
+    pub fn new(plan: SendPlan, peer_plan: SendPlan, start: Instant) -> Self {
+        Self {
+            start,
+            plan,
+            peer_plan,
+            send_stream: None,
+            recv_stream: None,
+            buf: vec![0; 64 * 1024],
+            next_message: 0,
+            statuses: BTreeMap::new(),
+            stream_written: 0,
+            stream_finished: false,
+            received: HashMap::new(),
+            received_stream: 0,
+            stream_hash: Sha256::new(),
+            stream_digest: None,
+            errors: Vec::new(),
+            closing: false,
+            lost: None,
+            out_of_order: 0,
+        }
+    }
+
+    /// Our sends are all queued and settled, and we have everything the peer sends reliably.
+    pub fn complete(&self) -> bool {
+        self.next_message == self.plan.messages.len()
+            && self.statuses.len() == self.plan.messages.len()
+            && self.stream_finished
+            && self.stream_digest.is_some()
+            && self
+                .peer_plan
+                .messages
+                .iter()
+                .enumerate()
+                .all(|(i, m)| m.props.lifetime.is_some() || self.received.contains_key(&(i as u64)))
+    }
+}
+
+/// A simulator host with one squarepeg connection and application `A` on it.
+pub struct PegHost<A: App = PlanApp> {
     pub ep: Endpoint,
     addr: IpAddr,
-    start: Instant,
     role: Role,
     substrate: Substrate,
     glue: Option<Glue>,
-    pub plan: SendPlan,
-    pub peer_plan: SendPlan,
-    pub app: AppState,
+    pub app: A,
     /// The TCP connection's counters, as last seen while it existed.
     pub tcp_stats: Option<squarepeg_tcp::ConnectionStats>,
-    send_stream: Option<StreamId>,
-    recv_stream: Option<StreamId>,
-    buf: Vec<u8>,
 }
 
-impl PegHost {
-    /// A client (connecting at once) or a server (listening), over uTCP or standard TCP.
+impl PegHost<PlanApp> {
+    /// A client (connecting at once) or a server (listening), over uTCP or standard TCP,
+    /// sending `plan` and expecting `peer_plan`.
     pub fn new(
         role: Role,
         utcp: bool,
@@ -160,6 +211,31 @@ impl PegHost {
         peer_plan: SendPlan,
         start: Instant,
     ) -> PegHost {
+        PegHost::with_app(
+            role,
+            utcp,
+            tcp_config,
+            PlanApp::new(plan, peer_plan, start),
+            start,
+        )
+    }
+
+    /// Our sends are all queued and settled, and we have everything the peer sends reliably.
+    pub fn complete(&self) -> bool {
+        self.app.complete()
+    }
+}
+
+impl<A: App> PegHost<A> {
+    /// A client (connecting at once) or a server (listening), over uTCP or standard TCP,
+    /// with `app` on its connection.
+    pub fn with_app(
+        role: Role,
+        utcp: bool,
+        tcp_config: ConnectionConfig,
+        app: A,
+        start: Instant,
+    ) -> Self {
         let (local, remote): (SocketAddr, SocketAddr) = match role {
             Role::Client => (CLIENT.parse().unwrap(), SERVER.parse().unwrap()),
             Role::Server => (SERVER.parse().unwrap(), CLIENT.parse().unwrap()),
@@ -181,17 +257,11 @@ impl PegHost {
         let mut host = PegHost {
             ep,
             addr: local.ip(),
-            start,
             role,
             substrate,
             glue: None,
-            plan,
-            peer_plan,
-            app: AppState::default(),
+            app,
             tcp_stats: None,
-            send_stream: None,
-            recv_stream: None,
-            buf: vec![0; 64 * 1024],
         };
         match role {
             Role::Client => {
@@ -216,23 +286,13 @@ impl PegHost {
         });
     }
 
-    fn session(&mut self) -> Option<&mut Session> {
-        Some(self.glue.as_mut()?.conn.session_mut())
+    /// The connection core, once the TCP connection exists.
+    pub fn conn(&self) -> Option<&Connection> {
+        Some(&self.glue.as_ref()?.conn)
     }
 
     pub fn utcp_stats(&self) -> Option<UtcpStats> {
         self.glue.as_ref()?.conn.stats().utcp
-    }
-
-    /// Our sends are all queued and settled, and we have everything the peer sends reliably.
-    pub fn complete(&self) -> bool {
-        self.app.next_message == self.plan.messages.len()
-            && self.app.statuses.len() == self.plan.messages.len()
-            && self.app.stream_finished
-            && self.app.stream_digest.is_some()
-            && self.peer_plan.messages.iter().enumerate().all(|(i, m)| {
-                m.props.lifetime.is_some() || self.app.received.contains_key(&(i as u64))
-            })
     }
 
     pub fn drained(&self) -> bool {
@@ -257,54 +317,52 @@ impl PegHost {
         if let Some(stats) = handle.and_then(|h| self.ep.stats_of(h).ok()) {
             self.tcp_stats = Some(stats);
         }
+        let Some(g) = self.glue.as_mut() else { return };
         for _ in 0..4 {
-            self.app_round(now);
-            let ep = &mut self.ep;
-            if let Some(g) = self.glue.as_mut() {
-                g.link.drive(now, &mut g.conn, ep);
-            }
+            self.app.round(now, &mut g.conn);
+            g.link.drive(now, &mut g.conn, &mut self.ep);
         }
-        self.app_round(now);
+        self.app.round(now, &mut g.conn);
+    }
+}
+
+impl App for PlanApp {
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.plan
+            .messages
+            .get(self.next_message)
+            .map(|m| self.start + m.at)
     }
 
-    fn poll_app_event(&mut self) -> Option<Event> {
-        self.glue.as_mut()?.conn.poll_event()
-    }
-
-    fn app_round(&mut self, now: Instant) {
+    fn round(&mut self, now: Instant, conn: &mut Connection) {
         let elapsed = now - self.start;
         // Messages due.
-        while self.app.next_message < self.plan.messages.len()
-            && self.plan.messages[self.app.next_message].at <= elapsed
+        while self.next_message < self.plan.messages.len()
+            && self.plan.messages[self.next_message].at <= elapsed
         {
-            let i = self.app.next_message;
+            let i = self.next_message;
             let payload = self.plan.payload(i);
             let props = self.plan.messages[i].props.clone();
-            let Some(s) = self.session() else { return };
-            match s.send_message(now, payload, props) {
+            match conn.session_mut().send_message(now, payload, props) {
                 Ok(n) => {
                     if n != i as u64 {
-                        self.app.errors.push(format!("message {i} got number {n}"));
+                        self.errors.push(format!("message {i} got number {n}"));
                     }
-                    self.app.next_message += 1;
+                    self.next_message += 1;
                 }
                 Err(squarepeg::SendError::QueueFull { .. }) => break,
                 Err(e) => {
-                    self.app.errors.push(format!("send {i}: {e}"));
-                    self.app.next_message += 1;
+                    self.errors.push(format!("send {i}: {e}"));
+                    self.next_message += 1;
                 }
             }
         }
         // The stream.
-        if !self.app.stream_finished {
-            let (seed, total, written) = (
-                self.plan.seed,
-                self.plan.stream_bytes,
-                self.app.stream_written,
-            );
-            let id = self.send_stream;
-            let Some(s) = self.session() else { return };
-            let id = match id {
+        if !self.stream_finished {
+            let (seed, total, written) =
+                (self.plan.seed, self.plan.stream_bytes, self.stream_written);
+            let s = conn.session_mut();
+            let id = match self.send_stream {
                 Some(id) => Some(id),
                 None => s.open_stream().ok(),
             };
@@ -319,50 +377,42 @@ impl PegHost {
                 }
                 let finished = written == total && s.stream_finish(id).is_ok();
                 self.send_stream = Some(id);
-                self.app.stream_written = written;
-                self.app.stream_finished = finished;
+                self.stream_written = written;
+                self.stream_finished = finished;
             }
         }
         // Receiving.
-        while let Some(ev) = self.poll_app_event() {
+        while let Some(ev) = conn.poll_event() {
             match ev {
                 Event::MessageStatus { number, status }
-                    if self.app.statuses.insert(number, status).is_some() =>
+                    if self.statuses.insert(number, status).is_some() =>
                 {
-                    self.app
-                        .errors
-                        .push(format!("message {number}: two statuses"));
+                    self.errors.push(format!("message {number}: two statuses"));
                 }
-                Event::ConnectionLost(e) => self.app.lost = Some(e.to_string()),
+                Event::ConnectionLost(e) => self.lost = Some(e.to_string()),
                 _ => {}
             }
         }
-        loop {
-            let Some(s) = self.session() else { return };
-            let Some(m) = s.poll_message() else { break };
+        while let Some(m) = conn.session_mut().poll_message() {
             let n = m.number as usize;
-            let lower_missing = (0..m.number).any(|k| !self.app.received.contains_key(&k));
-            self.app.out_of_order += u64::from(lower_missing);
-            let count = self.app.received.entry(m.number).or_insert(0);
+            let lower_missing = (0..m.number).any(|k| !self.received.contains_key(&k));
+            self.out_of_order += u64::from(lower_missing);
+            let count = self.received.entry(m.number).or_insert(0);
             *count += 1;
             if *count > 1 {
-                self.app.errors.push(format!("message {n} delivered twice"));
+                self.errors.push(format!("message {n} delivered twice"));
             }
             if n >= self.peer_plan.messages.len() || m.payload[..] != self.peer_plan.payload(n)[..]
             {
-                self.app
-                    .errors
+                self.errors
                     .push(format!("message {n}: payload differs from the one sent"));
             } else if m.substream != self.peer_plan.messages[n].props.substream {
-                self.app
-                    .errors
-                    .push(format!("message {n}: wrong substream"));
+                self.errors.push(format!("message {n}: wrong substream"));
             }
         }
         loop {
-            let recv = self.recv_stream;
-            let Some(s) = self.session() else { return };
-            let id = match recv {
+            let s = conn.session_mut();
+            let id = match self.recv_stream {
                 Some(id) => id,
                 None => match s.accept_stream() {
                     Some(id) => id,
@@ -370,51 +420,38 @@ impl PegHost {
                 },
             };
             self.recv_stream = Some(id);
-            let mut buf = std::mem::take(&mut self.buf);
-            let Some(s) = self.session() else { return };
-            let r = s.stream_read(id, &mut buf);
-            match r {
+            match s.stream_read(id, &mut self.buf) {
                 Ok(ReadOutcome::Data(n)) => {
-                    let expect = pattern(self.peer_plan.seed, self.app.received_stream, n);
-                    if buf[..n] != expect[..] {
-                        self.app.errors.push(format!(
-                            "stream bytes differ at {}",
-                            self.app.received_stream
-                        ));
+                    let expect = pattern(self.peer_plan.seed, self.received_stream, n);
+                    if self.buf[..n] != expect[..] {
+                        self.errors
+                            .push(format!("stream bytes differ at {}", self.received_stream));
                     }
-                    self.app.stream_hash.update(&buf[..n]);
-                    self.app.received_stream += n as u64;
-                    self.buf = buf;
+                    self.stream_hash.update(&self.buf[..n]);
+                    self.received_stream += n as u64;
                 }
                 Ok(ReadOutcome::Finished) => {
-                    self.buf = buf;
-                    if self.app.stream_digest.is_none() {
-                        self.app.stream_digest =
-                            Some(std::mem::take(&mut self.app.stream_hash).finalize().into());
+                    if self.stream_digest.is_none() {
+                        self.stream_digest =
+                            Some(std::mem::take(&mut self.stream_hash).finalize().into());
                     }
                     break;
                 }
-                Ok(ReadOutcome::Blocked) => {
-                    self.buf = buf;
-                    break;
-                }
+                Ok(ReadOutcome::Blocked) => break,
                 Err(e) => {
-                    self.buf = buf;
-                    self.app.errors.push(format!("stream read: {e}"));
+                    self.errors.push(format!("stream read: {e}"));
                     break;
                 }
             }
         }
-        if self.complete() && !self.app.closing {
-            self.app.closing = true;
-            if let Some(s) = self.session() {
-                s.close(0, b"done");
-            }
+        if self.complete() && !self.closing {
+            self.closing = true;
+            conn.session_mut().close(0, b"done");
         }
     }
 }
 
-impl Host for PegHost {
+impl<A: App> Host for PegHost<A> {
     fn addresses(&self) -> Vec<IpAddr> {
         vec![self.addr]
     }
@@ -430,13 +467,8 @@ impl Host for PegHost {
 
     fn poll_timeout(&mut self) -> Option<Instant> {
         let session = self.glue.as_ref().and_then(|g| g.conn.poll_timeout());
-        let next_message = self
-            .plan
-            .messages
-            .get(self.app.next_message)
-            .filter(|_| self.glue.is_some())
-            .map(|m| self.start + m.at);
-        [self.ep.poll_timeout(), session, next_message]
+        let app = self.glue.as_ref().and_then(|_| self.app.poll_timeout());
+        [self.ep.poll_timeout(), session, app]
             .into_iter()
             .flatten()
             .min()
@@ -461,13 +493,13 @@ pub fn check(side: &str, me: &PegHost, peer: &PegHost) -> Result<(), String> {
         .iter()
         .map(|e| format!("{side}: {e}"))
         .collect();
-    if me.app.stream_digest != Some(me.peer_plan.stream_digest()) {
+    if me.app.stream_digest != Some(me.app.peer_plan.stream_digest()) {
         problems.push(format!(
             "{side}: stream digest differs ({} of {} bytes)",
-            me.app.received_stream, me.peer_plan.stream_bytes
+            me.app.received_stream, me.app.peer_plan.stream_bytes
         ));
     }
-    for (i, m) in me.peer_plan.messages.iter().enumerate() {
+    for (i, m) in me.app.peer_plan.messages.iter().enumerate() {
         let got = me.app.received.contains_key(&(i as u64));
         let status = peer.app.statuses.get(&(i as u64));
         if m.props.lifetime.is_none() && !got {
