@@ -57,7 +57,9 @@
 //!   of its range carried other messages instead (it arrives only if its first transmission
 //!   did); messages sent *as* replacements are counted in
 //!   [`UtcpStats::sent_as_replacement`];
-//! - still undecided when the connection ends: `Sent` if transmitted, otherwise `Discarded`.
+//! - still undecided when the connection ends (the transport's end, or the session drained;
+//!   after a graceful close of ours, the messages queued in the TCP before the CLOSE still go
+//!   out and get their verdicts first): `Sent` if transmitted, otherwise `Discarded`.
 //!
 //! # Driver contract
 //!
@@ -324,6 +326,10 @@ impl Connection {
         if !self.transport_closed {
             self.transport_closed = true;
             self.session.handle_transport_closed(now, reason);
+            if let SendPath::Tagged(t) = &mut self.send {
+                // Nothing more will be transmitted or reported.
+                t.settle_all();
+            }
         }
     }
 
@@ -393,14 +399,22 @@ impl Connection {
     /// The next event for the application (message statuses as "Message statuses" says).
     pub fn poll_event(&mut self) -> Option<Event> {
         match &mut self.send {
-            SendPath::Tagged(t) => t.poll_event(&mut self.session),
+            SendPath::Tagged(t) => {
+                if self.session.is_drained() {
+                    // The driver stops now: no report is coming any more.
+                    t.settle_all();
+                }
+                t.poll_event(&mut self.session)
+            }
             SendPath::ByteStream => self.session.poll_event(),
         }
     }
 
     /// Whether [`Self::poll_event`] has something (cheaper than asking it).
     pub fn has_events(&self) -> bool {
-        self.session.has_events() || matches!(&self.send, SendPath::Tagged(t) if t.has_events())
+        self.session.has_events()
+            || matches!(&self.send, SendPath::Tagged(t)
+                if t.has_events() || (t.has_unsettled() && self.session.is_drained()))
     }
 
     /// When [`Self::handle_timeout`] should next be called.

@@ -5,7 +5,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
-use squarepeg_session::{Event, MessageNumber, MessageStatus, Session, TransmitContent};
+use squarepeg_session::{
+    ConnectionError, Event, MessageNumber, MessageStatus, Session, TransmitContent,
+};
 use squarepeg_tcp::{MessageReport, WriteTag};
 
 use crate::UtcpStats;
@@ -130,7 +132,13 @@ impl TaggedSender {
             {
                 continue;
             }
-            if matches!(e, Event::ConnectionLost(_)) {
+            // A graceful close of ours hands the CLOSE to the TCP behind everything queued
+            // there, which still goes out: those messages are settled by their reports, or
+            // when the connection ends (`settle_all` from the connection). Any other end
+            // stops the queue now.
+            if let Event::ConnectionLost(reason) = &e
+                && *reason != ConnectionError::LocallyClosed
+            {
                 self.settle_all();
             }
             return Some(e);
@@ -144,6 +152,11 @@ impl TaggedSender {
 
     pub(crate) fn has_events(&self) -> bool {
         !self.events.is_empty()
+    }
+
+    /// Whether messages in the TCP queue still wait for a verdict.
+    pub(crate) fn has_unsettled(&self) -> bool {
+        !self.in_tcp.is_empty()
     }
 
     fn status(&mut self, number: MessageNumber, status: MessageStatus) {
@@ -192,7 +205,7 @@ impl TaggedSender {
     }
 
     /// The connection ended: messages still waiting for a verdict get their last status.
-    fn settle_all(&mut self) {
+    pub(crate) fn settle_all(&mut self) {
         let mut left: Vec<(MessageNumber, InTcp)> = self.in_tcp.drain().collect();
         left.sort_unstable_by_key(|&(n, _)| n);
         for (n, state) in left {
