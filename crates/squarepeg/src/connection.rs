@@ -471,10 +471,10 @@ impl Connection {
     /// The next message status: `Sent` when handed to the kernel, `Expired`
     /// or `Squashed` when dropped before, `Discarded` when the connection
     /// closed first. Over the userspace TCP the TCP queue decides (see
-    /// [`crate::utcp`], "Message statuses"): `Sent` when transmitted (with a
-    /// lifetime: when acknowledged), `Replaced` when an inconsistent
-    /// retransmission carried other messages in its place. Statuses are kept (up to
-    /// `ConnectionConfig::status_queue`) until taken here.
+    /// `squarepeg_connection`, "Message statuses"): `Sent` when transmitted
+    /// (with a lifetime: when acknowledged), `Replaced` when an inconsistent
+    /// retransmission carried other messages in its place. Statuses are kept
+    /// (up to `ConnectionConfig::status_queue`) until taken here.
     pub async fn next_message_status(
         &self,
     ) -> Result<(MessageNumber, MessageStatus), ConnectionError> {
