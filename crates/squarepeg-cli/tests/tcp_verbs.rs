@@ -11,7 +11,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use squarepeg_io::{LAB_V4, LAB_V6, NetNs};
+use squarepeg_io::{LAB_V4, LAB_V6};
+use squarepeg_lab::net::NetNs;
 
 const PEG: &str = env!("CARGO_BIN_EXE_peg");
 

@@ -748,7 +748,7 @@ fn start_lab(config: &PriorityConfig, seed: u64) -> Result<squarepeg_lab::net::L
 
 /// Runs one variant on the real lab (needs root): the same sender and receiver on
 /// squarepeg's userspace TCP on TUN at each end of a lab with [`priority_bottleneck`]
-/// (`squarepeg_io::lab`), the uTCP interface through the stacks' byte streams as records.
+/// (`squarepeg_lab::stack`), the uTCP interface through the stacks' byte streams as records.
 /// Times are real; the sender does not learn first-transmission times, so there is no
 /// overtaking count.
 pub fn run_lab(
@@ -765,7 +765,7 @@ pub fn run_lab(
 
     let lab = start_lab(config, seed)?;
     let outcome = (|| -> Result<LabOutcome, VoipError> {
-        let (server_v4, _) = squarepeg_io::lab::stack_addresses(&lab, Role::Server)
+        let (server_v4, _) = squarepeg_lab::stack::stack_addresses(&lab, Role::Server)
             .ok_or_else(|| VoipError::Transport("no stack address on the server end".into()))?;
         let sender = SocketAddr::new(IpAddr::V4(server_v4), SENDER.port());
         let send_config = ConnectionConfig {

@@ -285,7 +285,7 @@ pub struct InterfaceCounters {
 
 impl InterfaceCounters {
     /// Reads the counters of interface `name` in the calling thread's network namespace (from
-    /// a [`NetNs::run`](crate::NetNs::run) closure for another namespace).
+    /// a thread that has joined another namespace, e.g. in `squarepeg_lab::net::NetNs::run`).
     pub fn read(name: &str) -> Result<InterfaceCounters, Error> {
         let path = "/proc/thread-self/net/dev";
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;

@@ -75,17 +75,6 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
-    /// A network namespace that does not exist, or a name that cannot be one.
-    #[error("network namespace `{name}`: {reason}")]
-    Namespace {
-        /// The name.
-        name: String,
-        /// What is wrong.
-        reason: String,
-    },
-    /// An impairment configuration the lab's link model rejects.
-    #[error("bad impairment: {0}")]
-    Impairment(#[from] squarepeg_lab::model::ConfigError),
     /// A host set-up command (iproute2) failed.
     #[error("`{command}` failed: {message}")]
     Command {

@@ -72,22 +72,23 @@
 //!
 //! # Impairments and captures
 //!
-//! [`StackConfig::impairment`] puts the lab's link model ([`squarepeg_lab::model`]), one
-//! direction each way, between the device and the endpoint: packets are lost, delayed,
-//! reordered or duplicated as the model says and held until their arrival time (delivered at
-//! the driver's timer resolution, 1 ms). [`StackConfig::capture`] writes every packet crossing
-//! the device to a pcap file (the lab's writer), as the kernel sees it.
+//! [`StackConfig::impairment`] puts a [`PathModel`], one each way, between the device and the
+//! endpoint: packets are lost, delayed, reordered or duplicated as the model says and held
+//! until their arrival time (delivered at the driver's timer resolution, 1 ms).
+//! [`StackConfig::capture`] hands every packet crossing the device to a [`PacketTap`], as the
+//! kernel sees it. This crate brings no model and no file format of its own: the lab's link
+//! model and pcap writer plug in there (`squarepeg_lab::stack`), so that using the driver
+//! does not mean compiling the lab.
 //!
 //! # Namespaces
 //!
-//! A TUN device belongs to the network namespace of the thread that creates it. [`NetNs`]
-//! creates a namespace and runs code inside it ([`NetNs::run`]), so tests and benchmarks open
-//! the device and the kernel's sockets there and remove everything when done.
+//! A TUN device belongs to the network namespace of the thread that creates it, so opening it
+//! on a thread that has joined another namespace (`squarepeg_lab::net::NetNs::run`) puts it
+//! there; [`HostSetup::netns`] configures the kernel's side of it in that namespace. The lab
+//! puts a stack on one end of its network with `squarepeg_lab::stack::LabStack`.
 
 mod device;
 mod error;
-pub mod lab;
-mod netns;
 mod offload;
 mod setup;
 mod shim;
@@ -98,11 +99,10 @@ pub use device::{
     InterfaceCounters, MIN_MTU, Offload, TunConfig, TunDevice, validate_device_name, validate_mtu,
 };
 pub use error::Error;
-pub use netns::NetNs;
 pub use setup::{AddressPair, HostSetup, LAB_V4, LAB_V6, check_unicast};
-pub use shim::{DEFAULT_MAX_HELD_PACKETS, Impairment, ShimStats};
+pub use shim::{DEFAULT_MAX_HELD_PACKETS, Impairment, PathModel, ShimStats};
 pub use stack::{
-    Capture, DEFAULT_BACKLOG, DEFAULT_BATCH, DeviceStats, Stack, StackConfig, StackStats,
+    DEFAULT_BACKLOG, DEFAULT_BATCH, DeviceStats, PacketTap, Stack, StackConfig, StackStats,
     TURN_BYTES,
 };
 pub use stream::{TcpListener, TcpStream};

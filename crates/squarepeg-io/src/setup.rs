@@ -7,7 +7,6 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::process::Command;
 
 use crate::error::Error;
-use crate::netns::run_command;
 
 /// One address family's pair: the kernel's address on the device (with its prefix, which also
 /// gives the kernel a route for the prefix through the device) and the stack's address.
@@ -264,6 +263,30 @@ impl HostSetup {
         run_command(self.ip().args(["link", "del", "dev", &self.device]))?;
         Ok(())
     }
+}
+
+/// Runs a command to completion; a non-zero exit is an error carrying its stderr.
+fn run_command(command: &mut Command) -> Result<String, Error> {
+    let line = format!("{command:?}").replace('"', "");
+    let out = command.output().map_err(|e| Error::Command {
+        command: line.clone(),
+        message: if e.kind() == std::io::ErrorKind::NotFound {
+            "not found: install iproute2".to_string()
+        } else {
+            e.to_string()
+        },
+    })?;
+    if !out.status.success() {
+        return Err(Error::Command {
+            command: line,
+            message: format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 #[cfg(test)]

@@ -1,45 +1,53 @@
-//! The impairment shim: loss, reordering, delay (everything the lab's link model does) applied
-//! to packets between the TUN device and the endpoint, one [`LinkDirection`] per direction.
+//! The impairment shim: packets between the TUN device and the endpoint, held until the arrival
+//! time a [`PathModel`] gives them, one model per direction.
 //!
-//! This is a stand-in for the lab's namespace emulator (a userspace bridge between network
-//! namespaces, built separately): it lets interoperability tests put a bad path between the
-//! kernel and squarepeg with the same model code, and no second implementation of it. The model
-//! decides each packet's fate and arrival time; the shim only holds the packet until then.
+//! The model decides each packet's fate (dropped, or delivered at some instants, more than one
+//! for duplicates); the shim only holds the packet until then, within a bound. This keeps the
+//! driver free of any particular link model: the lab's (`squarepeg_lab::stack::impairment`)
+//! plugs in here, so interoperability tests put a bad path between the kernel and squarepeg
+//! with the same model code the lab's engines run.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::fmt;
 use std::time::Instant;
-
-use squarepeg_lab::model::{LinkConfig, LinkDirection, LinkStats, Verdict};
-use squarepeg_lab::rng::derive_seed;
-
-use crate::error::Error;
 
 /// Default bound of the packets one direction holds at once.
 pub const DEFAULT_MAX_HELD_PACKETS: usize = 65_536;
 
-/// Impairments between the TUN device and the endpoint, one link model per direction.
-#[derive(Debug, Clone, PartialEq)]
+/// A model of one direction of a path: offered each packet and the time it reaches the path, it
+/// says when the packet arrives at the far end, if ever.
+pub trait PathModel: Send {
+    /// Offers `packet` at `now` and pushes to `arrivals` (empty on entry) the instants at which
+    /// it arrives: none drops it, more than one delivers copies (duplicates). The driver offers
+    /// packets in time order and delivers each copy once its instant has passed.
+    fn offer(&mut self, now: Instant, packet: &[u8], arrivals: &mut Vec<Instant>);
+}
+
+impl fmt::Debug for dyn PathModel + '_ {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PathModel")
+    }
+}
+
+/// Impairments between the TUN device and the endpoint, one path model per direction.
+#[derive(Debug)]
 pub struct Impairment {
     /// Packets read from the device, on their way to the endpoint (kernel to squarepeg).
-    pub inbound: LinkConfig,
+    pub inbound: Box<dyn PathModel>,
     /// Packets the endpoint sends, on their way to the device (squarepeg to kernel).
-    pub outbound: LinkConfig,
-    /// Master seed; each direction draws from its own seed derived from it, so a run's
-    /// impairment pattern (per packet index) replays exactly.
-    pub seed: u64,
+    pub outbound: Box<dyn PathModel>,
     /// Most packets held per direction (a bound on memory: packets beyond it are dropped and
     /// counted in [`ShimStats::overflow_drops`]).
     pub max_held_packets: usize,
 }
 
 impl Impairment {
-    /// The same link model in both directions.
-    pub fn symmetric(link: LinkConfig, seed: u64) -> Self {
+    /// One model each way, holding at most [`DEFAULT_MAX_HELD_PACKETS`] per direction.
+    pub fn new(inbound: impl PathModel + 'static, outbound: impl PathModel + 'static) -> Self {
         Impairment {
-            inbound: link.clone(),
-            outbound: link,
-            seed,
+            inbound: Box::new(inbound),
+            outbound: Box::new(outbound),
             max_held_packets: DEFAULT_MAX_HELD_PACKETS,
         }
     }
@@ -48,9 +56,17 @@ impl Impairment {
 /// Counters of one shim direction.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ShimStats {
-    /// The link model's counters (offered, delivered, drops by reason, reordered, ...).
-    pub link: LinkStats,
-    /// Packets dropped because `max_held_packets` were already held.
+    /// Packets offered to the model.
+    pub offered: u64,
+    /// Packets the model delivered (copies beyond the first not counted).
+    pub delivered: u64,
+    /// Packets the model dropped.
+    pub dropped: u64,
+    /// Extra copies the model delivered.
+    pub duplicated: u64,
+    /// Copies that left the shim after a copy of a packet offered later (overtaken).
+    pub reordered: u64,
+    /// Copies dropped because `max_held_packets` were already held.
     pub overflow_drops: u64,
     /// Packets held right now.
     pub held: usize,
@@ -62,6 +78,8 @@ pub struct ShimStats {
 struct Held {
     at: Instant,
     order: u64,
+    /// The index of the offer it is a copy of (copies of one packet share it).
+    offer: u64,
     packet: Vec<u8>,
 }
 
@@ -82,50 +100,65 @@ impl Ord for Held {
     }
 }
 
-/// One direction: a link model and the packets it has scheduled.
+/// One direction: a path model and the packets it has scheduled.
 #[derive(Debug)]
 pub(crate) struct ShimDirection {
-    link: LinkDirection,
+    model: Box<dyn PathModel>,
+    /// The model's answer for the packet being offered (kept to reuse its allocation).
+    arrivals: Vec<Instant>,
     held: BinaryHeap<Reverse<Held>>,
     next_order: u64,
     max_held: usize,
-    overflow_drops: u64,
+    /// The latest offer a released copy came from.
+    latest_released: Option<u64>,
+    stats: ShimStats,
     /// Buffers of delivered packets, reused for later ones.
     spare: Vec<Vec<u8>>,
 }
 
 impl ShimDirection {
-    pub(crate) fn new(config: LinkConfig, seed: u64, max_held: usize) -> Result<Self, Error> {
-        Ok(ShimDirection {
-            link: LinkDirection::new(config, seed)?,
+    pub(crate) fn new(model: Box<dyn PathModel>, max_held: usize) -> Self {
+        ShimDirection {
+            model,
+            arrivals: Vec::new(),
             held: BinaryHeap::new(),
             next_order: 0,
             max_held: max_held.max(1),
-            overflow_drops: 0,
+            latest_released: None,
+            stats: ShimStats::default(),
             spare: Vec::new(),
-        })
+        }
     }
 
-    /// Offers a packet at `now`; the model decides whether and when it arrives (twice for a
-    /// duplicate).
+    /// Offers a packet at `now`; the model decides whether and when it arrives (more than once
+    /// for a duplicate).
     pub(crate) fn offer(&mut self, now: Instant, packet: &[u8]) {
-        let verdict = self.link.offer(now, packet.len());
-        if let Verdict::Deliver { .. } = verdict {
-            for at in verdict.arrivals() {
-                if self.held.len() >= self.max_held {
-                    self.overflow_drops += 1;
-                    continue;
-                }
-                let mut buf = self.spare.pop().unwrap_or_default();
-                buf.clear();
-                buf.extend_from_slice(packet);
-                self.held.push(Reverse(Held {
-                    at,
-                    order: self.next_order,
-                    packet: buf,
-                }));
-                self.next_order += 1;
+        let offer = self.stats.offered;
+        self.stats.offered += 1;
+        self.arrivals.clear();
+        self.model.offer(now, packet, &mut self.arrivals);
+        match self.arrivals.len() {
+            0 => self.stats.dropped += 1,
+            n => {
+                self.stats.delivered += 1;
+                self.stats.duplicated += n as u64 - 1;
             }
+        }
+        for &at in &self.arrivals {
+            if self.held.len() >= self.max_held {
+                self.stats.overflow_drops += 1;
+                continue;
+            }
+            let mut buf = self.spare.pop().unwrap_or_default();
+            buf.clear();
+            buf.extend_from_slice(packet);
+            self.held.push(Reverse(Held {
+                at,
+                order: self.next_order,
+                offer,
+                packet: buf,
+            }));
+            self.next_order += 1;
         }
     }
 
@@ -134,7 +167,12 @@ impl ShimDirection {
         if self.held.peek()?.0.at > now {
             return None;
         }
-        self.held.pop().map(|Reverse(h)| h.packet)
+        let Reverse(held) = self.held.pop()?;
+        match self.latest_released {
+            Some(latest) if held.offer < latest => self.stats.reordered += 1,
+            _ => self.latest_released = Some(held.offer),
+        }
+        Some(held.packet)
     }
 
     /// Gives a delivered packet's buffer back for reuse.
@@ -151,9 +189,8 @@ impl ShimDirection {
 
     pub(crate) fn stats(&self) -> ShimStats {
         ShimStats {
-            link: self.link.stats().clone(),
-            overflow_drops: self.overflow_drops,
             held: self.held.len(),
+            ..self.stats.clone()
         }
     }
 }
@@ -165,24 +202,12 @@ pub(crate) struct Shim {
     pub(crate) outbound: ShimDirection,
 }
 
-/// Labels of the per-direction seeds derived from [`Impairment::seed`].
-const SEED_INBOUND: u64 = 1;
-const SEED_OUTBOUND: u64 = 2;
-
 impl Shim {
-    pub(crate) fn new(config: &Impairment) -> Result<Self, Error> {
-        Ok(Shim {
-            inbound: ShimDirection::new(
-                config.inbound.clone(),
-                derive_seed(config.seed, SEED_INBOUND),
-                config.max_held_packets,
-            )?,
-            outbound: ShimDirection::new(
-                config.outbound.clone(),
-                derive_seed(config.seed, SEED_OUTBOUND),
-                config.max_held_packets,
-            )?,
-        })
+    pub(crate) fn new(config: Impairment) -> Self {
+        Shim {
+            inbound: ShimDirection::new(config.inbound, config.max_held_packets),
+            outbound: ShimDirection::new(config.outbound, config.max_held_packets),
+        }
     }
 
     pub(crate) fn next_arrival(&self) -> Option<Instant> {
@@ -197,6 +222,36 @@ impl Shim {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// Every packet arrives after a fixed delay.
+    struct Delay(Duration);
+
+    impl PathModel for Delay {
+        fn offer(&mut self, now: Instant, _: &[u8], arrivals: &mut Vec<Instant>) {
+            arrivals.push(now + self.0);
+        }
+    }
+
+    /// A scripted path, by offer index: every 10th packet is lost, every 7th held back 3 ms
+    /// beyond the 1 ms delay, every 13th duplicated 2 ms later.
+    #[derive(Default)]
+    struct Script(u64);
+
+    impl PathModel for Script {
+        fn offer(&mut self, now: Instant, _: &[u8], arrivals: &mut Vec<Instant>) {
+            let i = self.0;
+            self.0 += 1;
+            if i % 10 == 9 {
+                return;
+            }
+            let held_back = if i % 7 == 6 { 3 } else { 0 };
+            let at = now + Duration::from_millis(1 + held_back);
+            arrivals.push(at);
+            if i % 13 == 12 {
+                arrivals.push(at + Duration::from_millis(2));
+            }
+        }
+    }
 
     fn packet(i: u32) -> Vec<u8> {
         i.to_be_bytes().to_vec()
@@ -214,8 +269,7 @@ mod tests {
     #[test]
     fn holds_packets_until_their_delay_has_passed() {
         let t0 = Instant::now();
-        let link = LinkConfig::new().with_delay(Duration::from_millis(5));
-        let mut d = ShimDirection::new(link, 1, 100).unwrap();
+        let mut d = ShimDirection::new(Box::new(Delay(Duration::from_millis(5))), 100);
         d.offer(t0, &packet(1));
         d.offer(t0 + Duration::from_millis(1), &packet(2));
         assert_eq!(d.next_arrival(), Some(t0 + Duration::from_millis(5)));
@@ -226,36 +280,46 @@ mod tests {
     }
 
     #[test]
-    fn reordering_lets_later_packets_overtake_and_loss_drops() {
+    fn packets_leave_in_arrival_order_and_the_counters_add_up() {
         let t0 = Instant::now();
-        let link = LinkConfig::new()
-            .with_delay(Duration::from_millis(1))
-            .with_reorder(0.2, Duration::from_millis(3))
-            .with_loss(0.1);
-        let mut d = ShimDirection::new(link, 7, 10_000).unwrap();
+        let mut d = ShimDirection::new(Box::<Script>::default(), 10_000);
         for i in 0..1000u32 {
             d.offer(t0 + Duration::from_micros(u64::from(i) * 10), &packet(i));
         }
         let got = drain(&mut d, t0 + Duration::from_secs(1));
         let stats = d.stats();
-        assert_eq!(got.len() as u64, stats.link.delivered);
-        assert_eq!(stats.link.dropped_random_loss, 1000 - got.len() as u64);
-        assert!(stats.link.dropped_random_loss > 50 && stats.link.dropped_random_loss < 150);
+        assert_eq!(stats.offered, 1000);
+        assert_eq!(stats.dropped, 100);
+        assert_eq!(stats.delivered, 900);
+        assert_eq!(got.len() as u64, stats.delivered + stats.duplicated);
+        assert!(got.iter().all(|i| i % 10 != 9), "lost packets never leave");
+        let kept = |every: u32, at: u32| (0..1000).filter(move |i| i % every == at && i % 10 != 9);
+        assert_eq!(stats.duplicated, kept(13, 12).count() as u64);
+        // Every packet held back is overtaken, and so is every duplicate (2 ms behind).
+        assert_eq!(
+            stats.reordered,
+            kept(7, 6).count() as u64 + stats.duplicated
+        );
         let inversions = got.windows(2).filter(|w| w[0] > w[1]).count();
         assert!(inversions > 50, "{inversions} inversions");
-        // Same seed, same pattern.
-        let mut again = ShimDirection::new(d.link.config().clone(), 7, 10_000).unwrap();
-        for i in 0..1000u32 {
-            again.offer(t0 + Duration::from_micros(u64::from(i) * 10), &packet(i));
+        assert_eq!(stats.held, 0);
+    }
+
+    #[test]
+    fn equal_arrivals_leave_in_the_order_offered() {
+        let t0 = Instant::now();
+        let mut d = ShimDirection::new(Box::new(Delay(Duration::ZERO)), 100);
+        for i in 0..10 {
+            d.offer(t0, &packet(i));
         }
-        assert_eq!(drain(&mut again, t0 + Duration::from_secs(1)), got);
+        assert_eq!(drain(&mut d, t0), (0..10).collect::<Vec<_>>());
+        assert_eq!(d.stats().reordered, 0);
     }
 
     #[test]
     fn held_packets_are_bounded() {
         let t0 = Instant::now();
-        let link = LinkConfig::new().with_delay(Duration::from_millis(10));
-        let mut d = ShimDirection::new(link, 1, 3).unwrap();
+        let mut d = ShimDirection::new(Box::new(Delay(Duration::from_millis(10))), 3);
         for i in 0..5 {
             d.offer(t0, &packet(i));
         }

@@ -10,15 +10,13 @@
 //! connections have news. Device reads and writes happen outside the lock.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, Write};
+use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::Waker;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use squarepeg_lab::pcap::PcapWriter;
 use squarepeg_tcp::{
     CloseReason, ConnectionConfig, ConnectionHandle, DropReason, Endpoint, EndpointConfig,
     EndpointStats, Event, ListenerHandle,
@@ -43,47 +41,24 @@ pub const TURN_BYTES: usize = 512 * 1024;
 /// Default listen backlog.
 pub const DEFAULT_BACKLOG: usize = 128;
 
-/// A pcap capture of every packet that crosses the TUN device, as the kernel sees them
-/// (inbound packets before the impairment shim, outbound ones after it).
-pub struct Capture {
-    writer: PcapWriter<Box<dyn Write + Send>>,
+/// Sees every packet that crosses the TUN device, as the kernel sees them: inbound packets
+/// before the impairment shim, outbound ones after it (with offloads, the segments as the
+/// endpoint made them, before they are coalesced). The lab's pcap writer is one
+/// (`squarepeg_lab::stack::pcap_capture`).
+pub trait PacketTap: Send {
+    /// Takes one packet. An error stops the tap: the driver drops it and reports the error in
+    /// [`StackStats::capture_error`].
+    fn packet(&mut self, packet: &[u8]) -> io::Result<()>;
+
+    /// Called once when the driver stops, so buffered output is not lost.
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
-impl std::fmt::Debug for Capture {
+impl std::fmt::Debug for dyn PacketTap + '_ {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Capture")
-            .field("packets", &self.writer.packets())
-            .finish()
-    }
-}
-
-impl Capture {
-    /// Captures into a new file. `snaplen` cuts each packet (headers only: 128 is plenty for
-    /// IP and TCP headers with options); the original length is still recorded.
-    pub fn to_file(path: &Path, snaplen: u32) -> Result<Capture, Error> {
-        let file = std::fs::File::create(path)
-            .map_err(|e| Error::io(format!("creating capture file {}", path.display()), e))?;
-        Capture::to_writer(io::BufWriter::with_capacity(1 << 20, file), snaplen)
-            .map_err(|e| Error::io(format!("writing capture file {}", path.display()), e))
-    }
-
-    /// Captures into any writer.
-    pub fn to_writer(writer: impl Write + Send + 'static, snaplen: u32) -> io::Result<Capture> {
-        let boxed: Box<dyn Write + Send> = Box::new(writer);
-        Ok(Capture {
-            writer: PcapWriter::with_options(
-                boxed,
-                squarepeg_lab::pcap::Resolution::Nanos,
-                snaplen.max(1),
-            )?,
-        })
-    }
-
-    fn write(&mut self, packet: &[u8]) -> io::Result<()> {
-        let ts = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or(Duration::ZERO);
-        self.writer.write_packet(ts, packet)
+        f.write_str("PacketTap")
     }
 }
 
@@ -100,8 +75,8 @@ pub struct StackConfig {
     pub endpoint: EndpointConfig,
     /// Impair the path between the device and the endpoint (tests, demonstrations).
     pub impairment: Option<Impairment>,
-    /// Capture the device's packets to pcap.
-    pub capture: Option<Capture>,
+    /// Hand every packet crossing the device to a tap (e.g. a pcap capture).
+    pub capture: Option<Box<dyn PacketTap>>,
     /// Packets read, or polled for sending, per driver turn.
     pub batch: usize,
     /// Listen backlog (half-open plus not yet accepted connections, each).
@@ -159,7 +134,7 @@ pub struct DeviceStats {
     pub bad_checksums: u64,
     /// Driver turns (one read batch, one send batch).
     pub turns: u64,
-    /// Packets captured to pcap.
+    /// Packets handed to the capture tap.
     pub captured: u64,
     /// CPU time of the driver thread so far (user and system), sampled every 256 turns and
     /// when it stops.
@@ -368,7 +343,7 @@ impl Stack {
                 ));
             }
         }
-        let shim = impairment.as_ref().map(Shim::new).transpose()?;
+        let shim = impairment.map(Shim::new);
         let mtu = device.mtu();
         connection.mtu = mtu;
         // With offloads the driver hands the endpoint only packets whose checksums are known
@@ -814,7 +789,7 @@ struct DeviceIo {
     fd: DeviceFd,
     /// Packets the device refused with "try again", in order.
     unsent: VecDeque<Vec<u8>>,
-    capture: Option<Capture>,
+    capture: Option<Box<dyn PacketTap>>,
     capture_error: Option<String>,
     stats: DeviceStats,
 }
@@ -822,7 +797,7 @@ struct DeviceIo {
 impl DeviceIo {
     fn capture(&mut self, packet: &[u8]) {
         if let Some(c) = &mut self.capture {
-            match c.write(packet) {
+            match c.packet(packet) {
                 Ok(()) => self.stats.captured += 1,
                 Err(e) => {
                     tracing::warn!("capture stopped: {e}");
@@ -948,7 +923,7 @@ fn run_driver(
     shared: Arc<Shared>,
     device: TunDevice,
     shim: Option<Shim>,
-    capture: Option<Capture>,
+    capture: Option<Box<dyn PacketTap>>,
     batch: usize,
     verify_in_driver: bool,
 ) -> Result<(), String> {
@@ -987,7 +962,7 @@ fn run_driver(
         let r = driver.run().await;
         driver.publish_stats();
         if let Some(c) = driver.io.capture.as_mut()
-            && let Err(e) = c.writer.flush()
+            && let Err(e) = c.flush()
         {
             tracing::warn!("flushing the capture: {e}");
         }

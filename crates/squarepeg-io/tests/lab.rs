@@ -1,4 +1,4 @@
-//! squarepeg's userspace TCP inside a network lab ([`squarepeg_io::lab::LabStack`]): the stack
+//! squarepeg's userspace TCP inside a network lab ([`squarepeg_lab::stack::LabStack`]): the stack
 //! on one end, the Linux kernel's TCP on the other, every packet through the lab's emulator
 //! with delay, loss and reordering on the path. Both directions of opening, IPv4 and IPv6;
 //! SHA-256 equal on both ends, clean close, and the emulator's counters prove the traffic
@@ -10,10 +10,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use common::{can_run, kernel_exchange, runtime, stack_exchange};
-use squarepeg_io::lab::{LabStack, stack_addresses};
 use squarepeg_io::{CloseReason, StackConfig};
 use squarepeg_lab::model::LinkConfig;
 use squarepeg_lab::net::{Lab, LabConfig, Role};
+use squarepeg_lab::stack::{LabStack, stack_addresses};
 
 const SMALL_BYTES: u64 = 2 << 20;
 /// The full-size transfer (64 MiB each way) on a lightly impaired path.

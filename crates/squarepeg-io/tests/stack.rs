@@ -9,7 +9,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::*;
-use squarepeg_io::{Error, NetNs, Offload, Stack, StackConfig, TunConfig, TunDevice};
+use squarepeg_io::{Error, Offload, Stack, StackConfig, TunConfig, TunDevice};
+use squarepeg_lab::net::NetNs;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[test]

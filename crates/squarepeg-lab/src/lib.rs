@@ -24,6 +24,7 @@
 //! | [`packet`], [`checksum`] | IP header facts and the Internet checksum, full and incremental |
 //! | [`units`] | exact parsing and printing of durations, rates, sizes and percentages |
 //! | [`rng`] | seed derivation |
+//! | `stack` | (feature `stack`) squarepeg's userspace TCP in the lab: `stack::LabStack` (a `squarepeg_io::Stack` on one end of a [`net::Lab`]), the link model as the driver's impairment shim, pcap captures of its device |
 //!
 //! # The link model, exactly
 //!
@@ -124,6 +125,8 @@ pub mod packet;
 pub mod pcap;
 pub mod rng;
 pub mod sim;
+#[cfg(feature = "stack")]
+pub mod stack;
 pub mod units;
 
 use serde::{Deserialize, Serialize};

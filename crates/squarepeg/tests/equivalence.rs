@@ -1181,8 +1181,8 @@ fn can_run_lab() -> bool {
 #[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn utcp_core_in_simulator_matches_tokio_driver_on_tun_stacks() {
     use squarepeg_io::StackConfig;
-    use squarepeg_io::lab::LabStack;
     use squarepeg_lab::net::{Lab, LabConfig, Role as LabRole};
+    use squarepeg_lab::stack::LabStack;
 
     if !can_run_lab() {
         return;

@@ -1,4 +1,4 @@
-//! squarepeg over the userspace TCP on real packets: a `squarepeg_io::lab::LabStack` on one end
+//! squarepeg over the userspace TCP on real packets: a `squarepeg_lab::stack::LabStack` on one end
 //! of a network lab (client — emulator — server namespaces), every packet through the lab's
 //! emulator with loss on the path.
 //!
@@ -27,9 +27,9 @@ use squarepeg::{
     MessageStatus,
 };
 use squarepeg_io::StackConfig;
-use squarepeg_io::lab::LabStack;
 use squarepeg_lab::middlebox::{MiddleboxConfig, ResegmentConfig, RetransmitCacheConfig};
 use squarepeg_lab::net::{CaptureSide, Lab, LabConfig, Role, capture_path};
+use squarepeg_lab::stack::LabStack;
 use squarepeg_tcp::audit::WireAudit;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

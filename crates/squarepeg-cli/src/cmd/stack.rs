@@ -11,9 +11,9 @@ use anyhow::{Context, bail, ensure};
 use clap::Args;
 use clap::parser::ValueSource;
 use squarepeg_io::{
-    AddressPair, Capture, HostSetup, Impairment, LAB_V4, LAB_V6, NetNs, Stack, StackConfig,
-    TunConfig, TunDevice,
+    AddressPair, HostSetup, Impairment, LAB_V4, LAB_V6, Stack, StackConfig, TunConfig, TunDevice,
 };
+use squarepeg_lab::net::NetNs;
 
 /// How to find or make the device and run the stack on it.
 #[derive(Args, Debug, Clone)]
@@ -228,10 +228,11 @@ impl StackArgs {
         if inbound.is_none() && outbound.is_none() {
             return Ok(None);
         }
-        let mut i = Impairment::symmetric(Default::default(), self.impair_seed);
-        i.inbound = inbound.unwrap_or_default();
-        i.outbound = outbound.unwrap_or_default();
-        Ok(Some(i))
+        Ok(Some(squarepeg_lab::stack::impairment(
+            inbound.unwrap_or_default(),
+            outbound.unwrap_or_default(),
+            self.impair_seed,
+        )?))
     }
 
     /// Opens (or creates, with --setup) the device and starts the stack.
@@ -246,7 +247,14 @@ impl StackArgs {
     ) -> anyhow::Result<RunningStack> {
         let setup = self.host_setup()?;
         let impairment = self.impairment()?;
-        let ns = self.netns.as_deref().map(NetNs::existing).transpose()?;
+        let ns = self
+            .netns
+            .as_deref()
+            .map(|name| {
+                NetNs::open(name)
+                    .with_context(|| format!("no namespace `{name}` (`ip netns add {name}`)"))
+            })
+            .transpose()?;
         let in_ns = |f: &(dyn Fn() -> anyhow::Result<TunDevice> + Sync)| match &ns {
             Some(ns) => ns.run(f)?,
             None => f(),
@@ -314,7 +322,7 @@ impl StackArgs {
         config.connection.mss = self.mss;
         config.impairment = impairment;
         if let Some(path) = &self.pcap {
-            config.capture = Some(Capture::to_file(path, self.snaplen)?);
+            config.capture = Some(squarepeg_lab::stack::pcap_capture(path, self.snaplen)?);
         }
         adjust(&mut config);
         let stack = Stack::new(device, config)?;

@@ -15,9 +15,11 @@ use rand_chacha::rand_core::{RngCore, SeedableRng};
 use sha2::{Digest, Sha256};
 use socket2::{Domain, Protocol, Socket, Type};
 use squarepeg_io::{
-    Capture, CloseReason, ConnectionStats, HostSetup, Impairment, InterfaceCounters, NetNs,
-    Offload, Stack, StackConfig, StackStats, TcpStream, TunConfig, TunDevice,
+    CloseReason, ConnectionStats, HostSetup, Impairment, InterfaceCounters, Offload, Stack,
+    StackConfig, StackStats, TcpStream, TunConfig, TunDevice,
 };
+use squarepeg_lab::net::NetNs;
+use squarepeg_lab::stack::pcap_capture;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The device name inside each test's namespace (namespaces keep tests apart).
@@ -73,7 +75,7 @@ impl Drop for ScratchDir {
 }
 
 /// What a lab looks like.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct LabOptions {
     pub mtu: u16,
     /// MSS both ends advertise (the kernel's by TCP_MAXSEG); `None` derives it from the MTU.
@@ -117,7 +119,8 @@ impl Default for LabOptions {
 pub struct Lab {
     pub stack: Stack,
     pub setup: HostSetup,
-    pub options: LabOptions,
+    /// The MSS both ends advertise (`LabOptions::mss`).
+    pub mss: Option<u16>,
     pub ns: NetNs,
 }
 
@@ -142,15 +145,15 @@ impl Lab {
         if options.syn_cookies_always {
             config.endpoint.syn_cookies = squarepeg_tcp::SynCookies::Always;
         }
-        config.impairment = options.impairment.clone();
+        config.impairment = options.impairment;
         if let Some((path, snaplen)) = &options.capture {
-            config.capture = Some(Capture::to_file(path, *snaplen).expect("capture file"));
+            config.capture = Some(pcap_capture(path, *snaplen).expect("capture file"));
         }
         let stack = Stack::new(device, config).expect("start stack");
         Lab {
             stack,
             setup,
-            options,
+            mss: options.mss,
             ns,
         }
     }
@@ -183,7 +186,7 @@ impl Lab {
             .run(|| Socket::new(domain, Type::STREAM, Some(Protocol::TCP)))
             .unwrap()
             .expect("kernel socket");
-        if let Some(mss) = self.options.mss {
+        if let Some(mss) = self.mss {
             s.set_tcp_mss(u32::from(mss)).expect("TCP_MAXSEG");
         }
         s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();

@@ -99,6 +99,8 @@ pub use emulator::{
 pub use lab::{Lab, LabConfig, capture_path};
 pub use netns::{NETNS_DIR, NetNs};
 pub use packet_socket::{PacketSocket, Received};
+#[cfg(feature = "stack")]
+pub(crate) use topology::write_sysctl;
 pub use topology::{
     Addresses, CleanupReport, Interfaces, MAX_NAME_LEN, PREFIX, Role, Topology, TopologyInfo,
     cleanup_leftovers, lab_namespaces, namespace_name, parse_namespace_name, validate_name,
@@ -149,6 +151,9 @@ pub enum NetError {
         /// What `ip link show` said last.
         state: String,
     },
+    /// A network namespace name that cannot be used.
+    #[error("network namespace name `{0}` must be 1 to 200 bytes, without `/` or a leading `.`")]
+    InvalidNamespace(String),
     /// A lab name that cannot be used.
     #[error("lab name `{0}` must be 1 to {MAX_NAME_LEN} characters of a-z, A-Z, 0-9, `_` and `-`")]
     InvalidName(String),

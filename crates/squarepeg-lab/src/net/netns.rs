@@ -1,20 +1,26 @@
-//! A handle on a named network namespace (`/run/netns/<name>`, as `ip netns` makes them).
+//! A handle on a named network namespace (`/run/netns/<name>`, as `ip netns` makes them), and
+//! a namespace of one's own for tests, benchmarks and tools ([`NetNs::create`]).
+//!
+//! A TUN device, like a socket, belongs to the namespace of the thread that creates it and
+//! stays there; so [`NetNs::run`] opening a device or binding a socket gives an object that any
+//! thread can then use.
 
 use std::fs::File;
 use std::path::PathBuf;
 use std::process::Command;
 
-use super::{NetError, sys};
+use super::{NetError, cmd, sys};
 
 /// Where `ip netns` keeps its namespaces.
 pub const NETNS_DIR: &str = "/run/netns";
 
 /// A named network namespace, held open (so it outlives a concurrent `ip netns del` for as
-/// long as this handle lives).
+/// long as this handle lives). Deleted on drop if this handle created it.
 #[derive(Debug)]
 pub struct NetNs {
     name: String,
     file: File,
+    owned: bool,
 }
 
 impl NetNs {
@@ -28,7 +34,34 @@ impl NetNs {
         Ok(Self {
             name: name.to_owned(),
             file,
+            owned: false,
         })
+    }
+
+    /// Creates namespace `name` (`ip netns add`) with its loopback up, deleted when the
+    /// returned handle is dropped (also during a panic). For one namespace of a test's or a
+    /// tool's own; a [`Topology`](super::Topology) makes a lab's three.
+    pub fn create(name: &str) -> Result<Self, NetError> {
+        // `ip netns add` makes a file of that name in /run/netns.
+        if name.is_empty() || name.len() > 200 || name.contains('/') || name.starts_with('.') {
+            return Err(NetError::InvalidNamespace(name.to_owned()));
+        }
+        cmd::ip(&["netns", "add", name]).map_err(|error| match error {
+            NetError::CommandFailed { stderr, .. } if stderr.contains("File exists") => {
+                NetError::NamespaceExists(name.to_owned())
+            }
+            other => other,
+        })?;
+        let mut ns = match Self::open(name) {
+            Ok(ns) => ns,
+            Err(error) => {
+                let _ = remove_namespace(name);
+                return Err(error);
+            }
+        };
+        ns.owned = true;
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
     }
 
     /// The file of namespace `name`.
@@ -76,7 +109,15 @@ impl NetNs {
         Ok(Self {
             name: self.name.clone(),
             file,
+            owned: false,
         })
+    }
+
+    /// Runs `ip -n <name> args…` and returns its standard output.
+    pub fn ip(&self, args: &[&str]) -> Result<String, NetError> {
+        let mut all = vec!["-n", self.name.as_str()];
+        all.extend_from_slice(args);
+        cmd::ip(&all)
     }
 
     /// A command that runs `program` inside this namespace (via `ip netns exec`, which also
@@ -86,4 +127,25 @@ impl NetNs {
         command.args(["netns", "exec", &self.name, program]);
         command
     }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        if self.owned
+            && let Err(error) = remove_namespace(&self.name)
+        {
+            eprintln!(
+                "squarepeg-lab: removing network namespace {}: {error}",
+                self.name
+            );
+        }
+    }
+}
+
+/// Removes a namespace if it exists.
+pub(super) fn remove_namespace(ns: &str) -> Result<(), NetError> {
+    if !NetNs::path_of(ns).exists() {
+        return Ok(());
+    }
+    cmd::ip(&["netns", "del", ns]).map(|_| ())
 }

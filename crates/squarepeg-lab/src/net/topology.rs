@@ -24,7 +24,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use serde::{Deserialize, Serialize};
 
-use super::netns::{NETNS_DIR, NetNs};
+use super::netns::{NETNS_DIR, NetNs, remove_namespace};
 use super::{NetError, cmd, sys};
 
 /// The prefix of every namespace and interface the lab creates.
@@ -247,7 +247,7 @@ impl Drop for Created {
 
 /// Writes a sysctl of the calling thread's network namespace (`/proc/sys/net` follows the
 /// namespace of the thread that opens it).
-fn write_sysctl(path: &str, value: &str) -> Result<(), NetError> {
+pub(crate) fn write_sysctl(path: &str, value: &str) -> Result<(), NetError> {
     std::fs::write(path, value).map_err(|source| NetError::Io {
         context: format!("writing {value} to {path}"),
         source,
@@ -487,14 +487,6 @@ fn wait_until_up(ns: &str, dev: &str) -> Result<(), NetError> {
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-}
-
-/// Removes a namespace if it exists.
-fn remove_namespace(ns: &str) -> Result<(), NetError> {
-    if !NetNs::path_of(ns).exists() {
-        return Ok(());
-    }
-    cmd::ip(&["netns", "del", ns]).map(|_| ())
 }
 
 /// What [`cleanup_leftovers`] removed.

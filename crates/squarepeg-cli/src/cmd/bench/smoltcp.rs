@@ -23,7 +23,8 @@ use smoltcp::iface::{Config, Interface, SocketSet};
 use smoltcp::phy::{Device, Medium, TunTapInterface};
 use smoltcp::socket::tcp;
 use smoltcp::wire::{HardwareAddress, IpAddress, IpCidr};
-use squarepeg_io::{HostSetup, InterfaceCounters, NetNs};
+use squarepeg_io::{HostSetup, InterfaceCounters};
+use squarepeg_lab::net::NetNs;
 
 use super::tcp::{
     Contender, Cpu, Direction, PeerProcess, PeerRole, Row, bytes_bar, per_gib, unique,

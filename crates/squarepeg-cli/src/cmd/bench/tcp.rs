@@ -24,8 +24,9 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use squarepeg_io::{
-    HostSetup, InterfaceCounters, NetNs, Offload, Stack, StackConfig, TunConfig, TunDevice,
+    HostSetup, InterfaceCounters, Offload, Stack, StackConfig, TunConfig, TunDevice,
 };
+use squarepeg_lab::net::NetNs;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::cmd::tcp::{parse_bytes, rate};

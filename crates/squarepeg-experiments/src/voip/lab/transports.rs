@@ -8,8 +8,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use squarepeg::{Connection, ConnectionConfig, Endpoint, MessageProps, MessageStatus, SendError};
-use squarepeg_io::lab::LabStack;
 use squarepeg_lab::net::{Lab, NetNs};
+use squarepeg_lab::stack::LabStack;
 
 use super::{LabCall, LabEnds, LabTransport, SenderDrops, VoiceReceiver, VoiceSender};
 use crate::voip::VoipError;

@@ -1,5 +1,5 @@
 //! The userspace-TCP variants on the real lab: squarepeg's TCP on a TUN device at each end
-//! of the lab (`squarepeg_io::lab::LabStack`), crossing the emulator like any kernel TCP.
+//! of the lab (`squarepeg_lab::stack::LabStack`), crossing the emulator like any kernel TCP.
 //!
 //! The voice call runs the library: `squarepeg::Endpoint::listen_utcp` on the sender's
 //! (server end, stack address `.4`) and `squarepeg::Connection::connect_utcp` on the
@@ -17,10 +17,10 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use squarepeg_framing::FrameHeader;
-use squarepeg_io::lab::{LabStack, stack_addresses};
 use squarepeg_io::{StackConfig, TcpStream};
 use squarepeg_lab::net::{Lab, Role};
 use squarepeg_lab::sim::{KIND_DATA, decode_payload};
+use squarepeg_lab::stack::{LabStack, stack_addresses};
 use squarepeg_tcp::ConnectionConfig;
 use squarepeg_tcp::utcp::record::{self, ReadRecord};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

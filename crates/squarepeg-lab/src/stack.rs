@@ -1,6 +1,10 @@
-//! A userspace-TCP [`Stack`] inside one end of a running network lab
-//! ([`squarepeg_lab::net::Lab`]), so that squarepeg's own TCP crosses the lab's emulator and
-//! its middleboxes like any kernel TCP there.
+//! squarepeg's userspace TCP ([`squarepeg_io::Stack`]) in the lab: a stack inside one end of a
+//! running network lab ([`LabStack`]), so that squarepeg's own TCP crosses the lab's emulator
+//! and its middleboxes like any kernel TCP there; and the lab's link model and pcap writer as
+//! the driver's impairment shim ([`impairment`]) and packet tap ([`pcap_capture`]).
+//!
+//! The driver knows neither: it takes any [`PathModel`] and any [`PacketTap`], so that
+//! `squarepeg-io` does not depend on the lab. This module is where the two meet.
 //!
 //! # How the stack is wired in
 //!
@@ -24,17 +28,44 @@
 //! lab: the TUN device (and its routes) when the [`LabStack`] is dropped, the sysctls and
 //! neighbour entries with the namespaces at teardown.
 
+use std::io::{self, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
 
-use squarepeg_lab::net::{Lab, NetNs, Role};
+use squarepeg_io::{Impairment, PacketTap, PathModel, Stack, StackConfig, TunConfig, TunDevice};
+use thiserror::Error;
 
-use crate::device::{TunConfig, TunDevice};
-use crate::error::Error;
-use crate::netns::run_command;
-use crate::stack::{Stack, StackConfig};
+use crate::model::{ConfigError, LinkConfig, LinkDirection};
+use crate::net::{Lab, NetError, NetNs, Role, write_sysctl};
+use crate::pcap::{PcapWriter, Resolution};
+use crate::rng::derive_seed;
 
 /// The TUN device's name inside the lab namespace (namespaces keep labs apart).
 pub const DEVICE: &str = "sptun0";
+
+/// Why a stack could not be attached to a lab.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum StackError {
+    /// The emulator's namespace has no addresses to give a stack.
+    #[error("a stack attaches to the client or the server end of a lab, not the emulator")]
+    NotAnEnd,
+    /// Configuring a namespace failed.
+    #[error(transparent)]
+    Net(#[from] NetError),
+    /// The TUN device or the stack could not be brought up.
+    #[error(transparent)]
+    Io(#[from] squarepeg_io::Error),
+    /// `ip link show` gave no MAC address for the near end's veth.
+    #[error("no link/ether address for {interface} in `{output}`")]
+    NoLinkAddress {
+        /// The interface.
+        interface: String,
+        /// What `ip` printed.
+        output: String,
+    },
+}
 
 /// A [`Stack`] attached to one end of a lab.
 pub struct LabStack {
@@ -78,11 +109,8 @@ impl LabStack {
         role: Role,
         mut config: StackConfig,
         mtu: Option<u16>,
-    ) -> Result<LabStack, Error> {
-        let (v4, v6) = stack_addresses(lab, role).ok_or_else(|| Error::Namespace {
-            name: lab.info().emulator_ns.clone(),
-            reason: "a stack attaches to the client or the server end, not the emulator".into(),
-        })?;
+    ) -> Result<LabStack, StackError> {
+        let (v4, v6) = stack_addresses(lab, role).ok_or(StackError::NotAnEnd)?;
         let info = lab.info();
         let (near, far, near_if, far_if) = if role == Role::Client {
             (
@@ -105,41 +133,33 @@ impl LabStack {
             tx_queue_len: None,
             ..Default::default()
         };
-        let device = near
-            .run(|| TunDevice::open(&tun))
-            .map_err(|e| Error::Namespace {
-                name: near.name().to_owned(),
-                reason: e.to_string(),
-            })??;
+        let device = near.run(|| TunDevice::open(&tun))??;
 
-        let ns = near.name();
         for args in [
             vec!["link", "set", "dev", DEVICE, "up"],
             vec!["-4", "route", "add", &format!("{v4}/32"), "dev", DEVICE],
             vec!["-6", "route", "add", &format!("{v6}/128"), "dev", DEVICE],
         ] {
-            ip_in(ns, &args)?;
+            near.ip(&args)?;
         }
-        for key in ["net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"] {
-            run_command(near.command("sysctl").args(["-qw", &format!("{key}=1")]))?;
-        }
+        near.run(|| -> Result<(), NetError> {
+            write_sysctl("/proc/sys/net/ipv4/ip_forward", "1")?;
+            write_sysctl("/proc/sys/net/ipv6/conf/all/forwarding", "1")
+        })??;
         let mac = link_address(near, near_if)?;
         for address in [IpAddr::V4(v4), IpAddr::V6(v6)] {
             let address = address.to_string();
-            ip_in(
-                far.name(),
-                &[
-                    "neigh",
-                    "replace",
-                    &address,
-                    "lladdr",
-                    &mac,
-                    "dev",
-                    far_if,
-                    "nud",
-                    "permanent",
-                ],
-            )?;
+            far.ip(&[
+                "neigh",
+                "replace",
+                &address,
+                "lladdr",
+                &mac,
+                "dev",
+                far_if,
+                "nud",
+                "permanent",
+            ])?;
         }
 
         config.addresses = vec![IpAddr::V4(v4), IpAddr::V6(v6)];
@@ -177,19 +197,71 @@ impl LabStack {
     }
 }
 
-fn ip_in(ns: &str, args: &[&str]) -> Result<String, Error> {
-    run_command(std::process::Command::new("ip").args(["-n", ns]).args(args))
-}
-
 /// The MAC address of `interface` in `ns`, as `ip` prints it.
-fn link_address(ns: &NetNs, interface: &str) -> Result<String, Error> {
-    let out = ip_in(ns.name(), &["-o", "link", "show", "dev", interface])?;
+fn link_address(ns: &NetNs, interface: &str) -> Result<String, StackError> {
+    let out = ns.ip(&["-o", "link", "show", "dev", interface])?;
     out.split_whitespace()
         .skip_while(|w| *w != "link/ether")
         .nth(1)
         .map(str::to_owned)
-        .ok_or_else(|| Error::Command {
-            command: format!("ip -n {} -o link show dev {interface}", ns.name()),
-            message: format!("no link/ether address in `{}`", out.trim()),
+        .ok_or_else(|| StackError::NoLinkAddress {
+            interface: interface.to_owned(),
+            output: out.trim().to_owned(),
         })
+}
+
+/// The link model as the driver's path model: the packet's fate by its length, as in the
+/// simulator and the emulator.
+impl PathModel for LinkDirection {
+    fn offer(&mut self, now: Instant, packet: &[u8], arrivals: &mut Vec<Instant>) {
+        arrivals.extend(LinkDirection::offer(self, now, packet.len()).arrivals());
+    }
+}
+
+/// Labels of the per-direction seeds derived from [`impairment`]'s seed.
+const SEED_INBOUND: u64 = 1;
+const SEED_OUTBOUND: u64 = 2;
+
+/// The lab's link model between the TUN device and the endpoint ([`StackConfig::impairment`]),
+/// one [`LinkDirection`] each way. Each direction draws from its own seed derived from `seed`,
+/// so a run's impairment pattern (per packet index) replays exactly.
+pub fn impairment(
+    inbound: LinkConfig,
+    outbound: LinkConfig,
+    seed: u64,
+) -> Result<Impairment, ConfigError> {
+    Ok(Impairment::new(
+        LinkDirection::new(inbound, derive_seed(seed, SEED_INBOUND))?,
+        LinkDirection::new(outbound, derive_seed(seed, SEED_OUTBOUND))?,
+    ))
+}
+
+/// Wall-clock timestamps: the kernel's own captures (tcpdump on the device) use them too.
+impl<W: Write + Send> PacketTap for PcapWriter<W> {
+    fn packet(&mut self, packet: &[u8]) -> io::Result<()> {
+        let ts = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
+        self.write_packet(ts, packet)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        PcapWriter::flush(self)
+    }
+}
+
+/// A pcap capture of the device's packets ([`StackConfig::capture`]) into a new file.
+/// `snaplen` cuts each packet (headers only: 128 is plenty for IP and TCP headers with
+/// options); the original length is still recorded.
+pub fn pcap_capture(path: &Path, snaplen: u32) -> io::Result<Box<dyn PacketTap>> {
+    let context =
+        |e: io::Error| io::Error::new(e.kind(), format!("capture file {}: {e}", path.display()));
+    let file = std::fs::File::create(path).map_err(context)?;
+    let writer = PcapWriter::with_options(
+        io::BufWriter::with_capacity(1 << 20, file),
+        Resolution::Nanos,
+        snaplen.max(1),
+    )
+    .map_err(context)?;
+    Ok(Box::new(writer))
 }
