@@ -34,14 +34,20 @@ struct UtcpWire {
     /// One read: whole records (reports, segments).
     rbuf: Vec<u8>,
     filled: usize,
+    /// Bytes of records taken from the core at a time.
+    write_batch: usize,
 }
 
 impl Wire for UtcpWire {
     type Io = TcpStream;
 
     fn batch(&mut self, _io: &TcpStream, _now: Instant) -> usize {
-        // The TCP's tagged queue binds late; the batch only bounds one write call.
-        usize::MAX
+        // Records taken from the core are committed to this write: a larger batch would hold
+        // a later, more urgent message behind frames the session could still have reordered.
+        // The next batch is taken once this one is written whole, as the TCP's send buffer
+        // takes it; frames wait in the session or in the TCP's tagged queue, where late
+        // binding applies.
+        self.write_batch
     }
 
     fn fill(&mut self, core: &mut Core, now: Instant, out: &mut Vec<u8>, limit: usize) -> bool {
@@ -114,6 +120,7 @@ pub(crate) fn start(
     let wire = UtcpWire {
         rbuf: vec![0; config.read_buffer.max(MIN_READ_BUFFER)],
         filled: 0,
+        write_batch: config.write_batch.max(1),
     };
     tokio::spawn(driver::run(
         shared.clone(),
