@@ -85,6 +85,22 @@ impl std::fmt::Debug for LabStack {
     }
 }
 
+/// Whether this machine can run a [`LabStack`] (root, `/dev/net/tun`, iproute2); prints
+/// why not, so that a test that returns early says it was skipped.
+pub fn can_run() -> bool {
+    let root = crate::net::is_root();
+    let tun = Path::new("/dev/net/tun").exists();
+    let ip = std::process::Command::new("ip")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !(root && tun && ip) {
+        eprintln!("skipped: needs root, /dev/net/tun and iproute2 (root={root} tun={tun} ip={ip})");
+        return false;
+    }
+    true
+}
+
 /// The stack's addresses on one end of a lab: the lab's prefix with host part 3 (client) or
 /// 4 (server). `None` for the emulator, which has no addresses.
 pub fn stack_addresses(lab: &Lab, role: Role) -> Option<(Ipv4Addr, Ipv6Addr)> {

@@ -59,7 +59,6 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -1162,21 +1161,6 @@ fn byte_stream_core_in_simulator_matches_tokio_driver_on_loopback() {
     });
 }
 
-fn can_run_lab() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let tun = Path::new("/dev/net/tun").exists();
-    let ip = std::process::Command::new("ip")
-        .arg("-V")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !(root && tun && ip) {
-        eprintln!("skipped: needs root, /dev/net/tun and iproute2 (root={root} tun={tun} ip={ip})");
-        return false;
-    }
-    true
-}
-
 #[test]
 #[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn utcp_core_in_simulator_matches_tokio_driver_on_tun_stacks() {
@@ -1184,7 +1168,7 @@ fn utcp_core_in_simulator_matches_tokio_driver_on_tun_stacks() {
     use squarepeg_lab::net::{Lab, LabConfig, Role as LabRole};
     use squarepeg_lab::stack::LabStack;
 
-    if !can_run_lab() {
+    if !squarepeg_lab::stack::can_run() {
         return;
     }
     // One lab for every case (its namespaces go when it is dropped, also on a panic); each

@@ -35,21 +35,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const PORT: u16 = 6100;
 
-fn can_run() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let tun = Path::new("/dev/net/tun").exists();
-    let ip = std::process::Command::new("ip")
-        .arg("-V")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !(root && tun && ip) {
-        eprintln!("skipped: needs root, /dev/net/tun and iproute2 (root={root} tun={tun} ip={ip})");
-        return false;
-    }
-    true
-}
-
 /// Fails a test that would otherwise hang; not a timing assertion.
 async fn no_hang<F: std::future::Future>(f: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(150), f)
@@ -302,7 +287,7 @@ fn assert_clean_close(who: &str, e: &ConnectionError) {
 /// namespace; `utcp_connects` picks who opens, `ipv6` the address family. Reliable messages
 /// and a stream both ways.
 fn utcp_kernel(utcp_connects: bool, ipv6: bool, seed: u64) {
-    if !can_run() {
+    if !squarepeg_lab::stack::can_run() {
         return;
     }
     let lab = Lab::start(lab_config(
@@ -472,7 +457,7 @@ fn tshark_check(pcap: &Path) -> Option<(Vec<String>, usize)> {
 #[test]
 #[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn emulator_capture_of_utcp_sender_with_deadlines_passes_wire_audit_and_tshark() {
-    if !can_run() {
+    if !squarepeg_lab::stack::can_run() {
         return;
     }
     let dir = ScratchDir::new("utcp-capture");
@@ -595,7 +580,7 @@ fn utcp_pair_through(
     client_side: Vec<MiddleboxConfig>,
     server_side: Vec<MiddleboxConfig>,
 ) {
-    if !can_run() {
+    if !squarepeg_lab::stack::can_run() {
         return;
     }
     let lab = Lab::start(

@@ -26,20 +26,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 pub const DEVICE: &str = "sp0";
 
 /// Whether the machine lets this test build namespaces and TUN devices; prints why not.
-pub fn can_run() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let tun = Path::new("/dev/net/tun").exists();
-    let ip = std::process::Command::new("ip")
-        .arg("-V")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !(root && tun && ip) {
-        eprintln!("skipped: needs root, /dev/net/tun and iproute2 (root={root} tun={tun} ip={ip})");
-        return false;
-    }
-    true
-}
+pub use squarepeg_lab::stack::can_run;
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 

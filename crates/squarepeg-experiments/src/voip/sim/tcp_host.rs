@@ -414,14 +414,11 @@ impl TcpVoiceHost {
 
     fn read(&mut self, now: Instant) {
         let Some(h) = self.conn else { return };
-        let at = now.saturating_duration_since(self.epoch);
-        if let StreamCodec::Squarepeg(c) = &mut self.codec {
-            if let Some((core, link)) = c.conn.as_mut() {
-                link.drive(now, core, &mut self.ep);
-            }
-            self.take_squarepeg(at);
+        if let StreamCodec::Squarepeg(_) = self.codec {
+            // Its link moves data both ways at once: `write`, which follows every read.
             return;
         }
+        let at = now.saturating_duration_since(self.epoch);
         loop {
             let n = match self.ep.read(h, &mut self.read_buf) {
                 Ok(0) | Err(_) => break,
