@@ -320,8 +320,9 @@ pub struct ConnectionStats {
     /// Message statuses dropped because the application did not take them
     /// (see `ConnectionConfig::status_queue`).
     pub statuses_lagged: u64,
-    /// Over the userspace TCP: the glue's counters (segments read, frames rejected,
-    /// messages expired, squashed or replaced in the TCP queue, sent as replacements).
+    /// Over the userspace TCP: the connection core's uTCP counters (segments read, frames
+    /// rejected, messages expired, squashed or replaced in the TCP queue, sent as
+    /// replacements).
     pub utcp: Option<UtcpStats>,
     /// Over kernel TCP: the `TCP_NOTSENT_LOWAT` in force (it follows the delivery rate
     /// with `ConnectionConfig::unsent_drain`).
