@@ -10,14 +10,10 @@ use squarepeg_session::{MessageProps, MessageStatus};
 use squarepeg_tcp::{ConnectionConfig, Endpoint, EndpointConfig, Event as TcpEvent};
 
 fn endpoint(ip: &str, secret: u8, now: Instant) -> Endpoint {
-    Endpoint::new(
-        EndpointConfig {
-            secret: [secret; 32],
-            local_addresses: vec![ip.parse().unwrap()],
-            ..Default::default()
-        },
-        now,
-    )
+    let mut config = EndpointConfig::default();
+    config.secret = [secret; 32];
+    config.local_addresses = vec![ip.parse().unwrap()];
+    Endpoint::new(config, now)
 }
 
 #[test]

@@ -375,11 +375,9 @@ impl PrioritySender {
     ) -> Self {
         let mut ep = endpoint(local.ip(), seed, 1, epoch);
         let mut errors = Vec::new();
-        let conn_config = ConnectionConfig {
-            send_buffer: config.send_buffer,
-            consistent_segmentation: true,
-            ..ConnectionConfig::default()
-        };
+        let mut conn_config = ConnectionConfig::default();
+        conn_config.send_buffer = config.send_buffer;
+        conn_config.consistent_segmentation = true;
         if let Err(e) = ep.listen(local, 4, conn_config) {
             errors.push(format!("listen on {local}: {e}"));
         }
@@ -482,11 +480,9 @@ impl PriorityReceiver {
     ) -> Result<Self, VoipError> {
         let mut ep = endpoint(local.ip(), seed, 2, epoch);
         let mut errors = Vec::new();
-        let conn_config = ConnectionConfig {
-            recv_buffer: RECEIVE_WINDOW,
-            unordered_receive: true,
-            ..ConnectionConfig::default()
-        };
+        let mut conn_config = ConnectionConfig::default();
+        conn_config.recv_buffer = RECEIVE_WINDOW;
+        conn_config.unordered_receive = true;
         let conn = ep
             .connect(epoch, local, remote, conn_config)
             .map_err(|e| errors.push(format!("connect to {remote}: {e}")))
@@ -768,17 +764,13 @@ pub fn run_lab(
         let (server_v4, _) = squarepeg_lab::stack::stack_addresses(&lab, Role::Server)
             .ok_or_else(|| VoipError::Transport("no stack address on the server end".into()))?;
         let sender = SocketAddr::new(IpAddr::V4(server_v4), SENDER.port());
-        let send_config = ConnectionConfig {
-            message_writes: true,
-            consistent_segmentation: true,
-            send_buffer: config.send_buffer,
-            ..ConnectionConfig::default()
-        };
-        let recv_config = ConnectionConfig {
-            unordered_receive: true,
-            recv_buffer: RECEIVE_WINDOW,
-            ..ConnectionConfig::default()
-        };
+        let mut send_config = ConnectionConfig::default();
+        send_config.message_writes = true;
+        send_config.consistent_segmentation = true;
+        send_config.send_buffer = config.send_buffer;
+        let mut recv_config = ConnectionConfig::default();
+        recv_config.unordered_receive = true;
+        recv_config.recv_buffer = RECEIVE_WINDOW;
         let pair = open_utcp_pair(&lab, sender, send_config, recv_config)?;
         let (rt, mut stream, stack, mut receiver) =
             (pair.rt, pair.stream, pair.stack, pair.receiver);

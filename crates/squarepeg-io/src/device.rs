@@ -30,6 +30,7 @@ pub enum Offload {
 
 /// How to open the device.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TunConfig {
     /// Interface name; `None` lets the kernel pick `tunN`. An existing persistent device of
     /// that name is attached to (no root needed if it belongs to the caller's user).

@@ -32,6 +32,7 @@ impl fmt::Debug for dyn PathModel + '_ {
 
 /// Impairments between the TUN device and the endpoint, one path model per direction.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Impairment {
     /// Packets read from the device, on their way to the endpoint (kernel to squarepeg).
     pub inbound: Box<dyn PathModel>,
@@ -55,6 +56,7 @@ impl Impairment {
 
 /// Counters of one shim direction.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ShimStats {
     /// Packets offered to the model.
     pub offered: u64,

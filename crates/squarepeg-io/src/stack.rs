@@ -64,6 +64,7 @@ impl std::fmt::Debug for dyn PacketTap + '_ {
 
 /// How to run the stack.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct StackConfig {
     /// The stack's own addresses behind the device (at most one per family). Packets to other
     /// destinations are dropped without a reply; `connect` uses the one of the peer's family.
@@ -100,6 +101,7 @@ impl StackConfig {
 
 /// Counters of the device side of the driver.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeviceStats {
     /// Packets read from the device.
     pub packets_read: u64,
@@ -157,6 +159,7 @@ fn thread_cpu_time() -> Duration {
 
 /// Everything the stack counts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StackStats {
     /// The TCP endpoint's counters (packets, drops by reason, resets, connections).
     pub endpoint: EndpointStats,

@@ -311,10 +311,8 @@ fn zero_windows_both_ways() {
     let data: Vec<u8> = (0..BYTES).map(|i| (i * 7 % 251) as u8).collect();
 
     // Kernel → squarepeg, squarepeg's 64 KiB receive buffer full while it sleeps.
-    let small = squarepeg_io::ConnectionConfig {
-        recv_buffer: 64 << 10,
-        ..Default::default()
-    };
+    let mut small = squarepeg_io::ConnectionConfig::default();
+    small.recv_buffer = 64 << 10;
     let addr = SocketAddr::new(lab.stack_addr(false), 7600);
     let listener = lab.stack.listen_with(&[addr], small).unwrap();
     std::thread::scope(|s| {
@@ -398,12 +396,10 @@ fn impaired_without_options_both_roles() {
         return;
     }
     const BYTES: u64 = 1 << 20;
-    let plain = squarepeg_io::ConnectionConfig {
-        window_scaling: false,
-        sack: false,
-        timestamps: false,
-        ..Default::default()
-    };
+    let mut plain = squarepeg_io::ConnectionConfig::default();
+    plain.window_scaling = false;
+    plain.sack = false;
+    plain.timestamps = false;
     let lab = Lab::start(
         "plain",
         LabOptions {

@@ -37,10 +37,11 @@ fn device_errors_are_typed() {
         matches!(bad_name, Err(Error::InvalidDeviceName(_))),
         "{bad_name:?}"
     );
-    let bad_mtu = TunDevice::open(&TunConfig {
-        name: Some("sp1".into()),
-        mtu: Some(100),
-        ..Default::default()
+    let bad_mtu = TunDevice::open(&{
+        let mut config = TunConfig::default();
+        config.name = Some("sp1".into());
+        config.mtu = Some(100);
+        config
     });
     assert!(
         matches!(bad_mtu, Err(Error::InvalidMtu { .. })),
@@ -49,11 +50,12 @@ fn device_errors_are_typed() {
     // A kernel-chosen name, MTU and queue length applied.
     let auto = ns
         .run(|| {
-            TunDevice::open(&TunConfig {
-                name: None,
-                mtu: Some(9000),
-                tx_queue_len: Some(2000),
-                ..Default::default()
+            TunDevice::open(&{
+                let mut config = TunConfig::default();
+                config.name = None;
+                config.mtu = Some(9000);
+                config.tx_queue_len = Some(2000);
+                config
             })
         })
         .unwrap()

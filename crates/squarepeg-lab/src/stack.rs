@@ -143,12 +143,10 @@ impl LabStack {
                 &info.interfaces.client,
             )
         };
-        let tun = TunConfig {
-            name: Some(DEVICE.into()),
-            mtu,
-            tx_queue_len: None,
-            ..Default::default()
-        };
+        let mut tun = TunConfig::default();
+        tun.name = Some(DEVICE.into());
+        tun.mtu = mtu;
+        tun.tx_queue_len = None;
         let device = near.run(|| TunDevice::open(&tun))??;
 
         for args in [

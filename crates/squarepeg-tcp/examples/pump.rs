@@ -17,16 +17,18 @@ fn main() {
     let t0 = Instant::now();
     let mut now = t0;
     let mut a = Endpoint::new(
-        EndpointConfig {
-            secret: [1; 32],
-            ..Default::default()
+        {
+            let mut config = EndpointConfig::default();
+            config.secret = [1; 32];
+            config
         },
         now,
     );
     let mut b = Endpoint::new(
-        EndpointConfig {
-            secret: [2; 32],
-            ..Default::default()
+        {
+            let mut config = EndpointConfig::default();
+            config.secret = [2; 32];
+            config
         },
         now,
     );

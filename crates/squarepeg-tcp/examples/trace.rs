@@ -214,16 +214,18 @@ fn main() -> Result<(), Box<dyn Error>> {
         (
             "receiver window 64 KiB (a receive buffer that does not grow)",
             ConnectionConfig::default(),
-            ConnectionConfig {
-                recv_buffer: 64 << 10,
-                ..Default::default()
+            {
+                let mut config = ConnectionConfig::default();
+                config.recv_buffer = 64 << 10;
+                config
             },
         ),
         (
             "initial window 4 segments (RFC 3390)",
-            ConnectionConfig {
-                initial_window: 4,
-                ..Default::default()
+            {
+                let mut config = ConnectionConfig::default();
+                config.initial_window = 4;
+                config
             },
             ConnectionConfig::default(),
         ),

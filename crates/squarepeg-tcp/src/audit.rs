@@ -27,6 +27,7 @@ use crate::wire::parse_packet;
 
 /// Counters of an audit.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AuditStats {
     pub packets: u64,
     pub data_segments: u64,

@@ -16,10 +16,23 @@ pub enum CongestionAlgorithm {
 
 /// Keepalive settings (RFC 9293 §3.8.4). Linux defaults: 2 h idle, 75 s interval, 9 probes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct KeepaliveConfig {
     pub idle: Duration,
     pub interval: Duration,
     pub probes: u32,
+}
+
+impl KeepaliveConfig {
+    /// Probes after `idle` without traffic, every `interval`, giving up after `probes`
+    /// unanswered ones.
+    pub fn new(idle: Duration, interval: Duration, probes: u32) -> Self {
+        Self {
+            idle,
+            interval,
+            probes,
+        }
+    }
 }
 
 impl Default for KeepaliveConfig {
@@ -35,6 +48,7 @@ impl Default for KeepaliveConfig {
 /// Per-connection configuration. Defaults follow Linux where the RFCs leave a choice, so that
 /// the peer sees a familiar TCP; each option can be switched off for interop and middlebox tests.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct ConnectionConfig {
     /// Path MTU used to derive the advertised MSS (RFC 9293 §3.7.1).
     pub mtu: u16,
@@ -180,6 +194,7 @@ pub enum SynCookies {
 
 /// Endpoint-wide configuration.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct EndpointConfig {
     /// Secret key for ISNs (RFC 6528), timestamp offsets and SYN cookies. Give every endpoint
     /// a fresh random key; the core takes it from the caller because it reads no randomness.

@@ -83,6 +83,7 @@ pub struct Negotiated {
 
 /// Per-connection statistics.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct ConnectionStats {
     pub state: State,
     pub srtt: Option<Duration>,

@@ -50,6 +50,7 @@ pub enum Event {
 
 /// Endpoint-wide counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EndpointStats {
     drops: [u64; DropReason::ALL.len()],
     pub packets_received: u64,

@@ -45,8 +45,12 @@
 //! use squarepeg_tcp::{ConnectionConfig, Endpoint, EndpointConfig, Event};
 //!
 //! let now = Instant::now();
-//! let mut client = Endpoint::new(EndpointConfig { secret: [1; 32], ..Default::default() }, now);
-//! let mut server = Endpoint::new(EndpointConfig { secret: [2; 32], ..Default::default() }, now);
+//! let endpoint = |secret| {
+//!     let mut config = EndpointConfig::default();
+//!     config.secret = secret;
+//!     Endpoint::new(config, now)
+//! };
+//! let (mut client, mut server) = (endpoint([1; 32]), endpoint([2; 32]));
 //! let addr = "10.0.0.2:80".parse().unwrap();
 //! let listener = server.listen(addr, 16, ConnectionConfig::default()).unwrap();
 //! let conn = client

@@ -193,6 +193,7 @@ pub struct CommittedWrite {
 
 /// Counters of the send queue's message handling.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SendQueueStats {
     /// Messages dropped unsent because their deadline passed.
     pub messages_expired: u64,

@@ -89,6 +89,7 @@ pub struct ReceivedSegment {
 
 /// Counters of the unordered receive path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct UnorderedStats {
     /// Segments (or pieces of them) queued for the application.
     pub segments_delivered: u64,

@@ -155,9 +155,10 @@ fn trace_small() {
 const MIB16: usize = 16 << 20;
 
 fn with_mss(mtu: u16) -> ConnectionConfig {
-    ConnectionConfig {
-        mtu,
-        ..Default::default()
+    {
+        let mut config = ConnectionConfig::default();
+        config.mtu = mtu;
+        config
     }
 }
 
@@ -197,11 +198,9 @@ fn bulk_16mib_v6_with_losses() {
 #[test]
 fn bulk_mss_536_with_losses_no_sack() {
     let drops = [40u64, 41, 300, 1000, 1001, 1002, 4000];
-    let cfg = ConnectionConfig {
-        mss: Some(536),
-        sack: false,
-        ..Default::default()
-    };
+    let mut cfg = ConnectionConfig::default();
+    cfg.mss = Some(536);
+    cfg.sack = false;
     let (pump, t) = transfer(
         false,
         4 << 20,
@@ -224,9 +223,10 @@ fn lost_retransmission(rack_tlp: bool) -> squarepeg_tcp::ConnectionStats {
     let (pump, t) = transfer(
         true,
         2 << 20,
-        ConnectionConfig {
-            rack_tlp,
-            ..with_mss(1280)
+        {
+            let mut config = with_mss(1280);
+            config.rack_tlp = rack_tlp;
+            config
         },
         Duration::from_millis(5),
         move |from_a, _, p| {

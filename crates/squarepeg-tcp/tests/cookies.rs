@@ -70,9 +70,10 @@ fn cookies_when_backlog_full_carry_mss_wscale_and_sack() {
 
 #[test]
 fn cookie_without_timestamps_loses_wscale_and_sack() {
-    let mut h = server(EndpointConfig {
-        syn_cookies: SynCookies::Always,
-        ..Default::default()
+    let mut h = server({
+        let mut config = EndpointConfig::default();
+        config.syn_cookies = SynCookies::Always;
+        config
     });
     let l = h.listen(16, ConnectionConfig::default());
     h.inject(
@@ -96,9 +97,10 @@ fn cookie_without_timestamps_loses_wscale_and_sack() {
 
 #[test]
 fn backlog_full_without_cookies_drops_syns() {
-    let mut h = server(EndpointConfig {
-        syn_cookies: SynCookies::Never,
-        ..Default::default()
+    let mut h = server({
+        let mut config = EndpointConfig::default();
+        config.syn_cookies = SynCookies::Never;
+        config
     });
     h.listen(1, ConnectionConfig::default());
     h.inject(&h.pkt(SYN, 100, 0)).unwrap();
@@ -114,10 +116,11 @@ fn backlog_full_without_cookies_drops_syns() {
 
 #[test]
 fn connection_limit_is_enforced() {
-    let mut h = server(EndpointConfig {
-        max_connections: 1,
-        syn_cookies: SynCookies::Never,
-        ..Default::default()
+    let mut h = server({
+        let mut config = EndpointConfig::default();
+        config.max_connections = 1;
+        config.syn_cookies = SynCookies::Never;
+        config
     });
     h.listen(8, ConnectionConfig::default());
     h.inject(&h.pkt(SYN, 100, 0)).unwrap();

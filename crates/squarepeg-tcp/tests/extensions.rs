@@ -11,9 +11,10 @@ const IRS: u32 = 500;
 /// Client with writes queued before the handshake completes, so that they are sent together.
 fn open_with_writes(cfg: ConnectionConfig, writes: &[&[u8]]) -> (Harness, ConnectionHandle, u32) {
     let mut h = Harness::new("192.0.2.1:40000", "198.51.100.7:80");
-    let c = h.connect(ConnectionConfig {
-        timestamps: false,
-        ..cfg
+    let c = h.connect({
+        let mut config = cfg;
+        config.timestamps = false;
+        config
     });
     let iss = h.out1().seq;
     for w in writes {
@@ -43,11 +44,9 @@ fn standard_mode_packs_writes_into_full_segments() {
 fn nagle_with_consistent_segmentation_sends_queued_writes_once_a_segment_is_queued() {
     // Found by the simulator (seeds 83 and 173): Nagle held every small write behind the
     // previous one, so a stream of 500-byte writes went at one write per round trip.
-    let cfg = ConnectionConfig {
-        consistent_segmentation: true,
-        nagle: true,
-        ..Default::default()
-    };
+    let mut cfg = ConnectionConfig::default();
+    cfg.consistent_segmentation = true;
+    cfg.nagle = true;
     let (mut h, c, iss) = open_with_writes(cfg, &[&[1; 500]]);
     let first: Vec<usize> = h.out().iter().map(|p| p.payload.len()).collect();
     assert!(first.contains(&500), "{first:?}");
@@ -70,10 +69,8 @@ fn nagle_with_consistent_segmentation_sends_queued_writes_once_a_segment_is_queu
 
 #[test]
 fn consistent_segmentation_starts_each_write_in_a_new_segment() {
-    let cfg = ConnectionConfig {
-        consistent_segmentation: true,
-        ..Default::default()
-    };
+    let mut cfg = ConnectionConfig::default();
+    cfg.consistent_segmentation = true;
     let (mut h, _c, _) = open_with_writes(cfg, &[&[1; 100], &[2; 300], &[3; 1200]]);
     let segs: Vec<Pkt> = h
         .out()

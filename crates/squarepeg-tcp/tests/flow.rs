@@ -19,9 +19,10 @@ fn open(
     win: u16,
 ) -> (Harness, ConnectionHandle, u32) {
     let mut h = Harness::new("192.0.2.1:40000", "198.51.100.7:80");
-    let c = h.connect(ConnectionConfig {
-        timestamps: false,
-        ..cfg
+    let c = h.connect({
+        let mut config = cfg;
+        config.timestamps = false;
+        config
     });
     let iss = h.out1().seq;
     let mut p = h
@@ -60,11 +61,9 @@ fn window_scaling_arithmetic() {
 
 #[test]
 fn receive_window_shrinks_with_buffered_data_and_reopens_on_read() {
-    let cfg = ConnectionConfig {
-        recv_buffer: 4000,
-        delayed_ack: None,
-        ..Default::default()
-    };
+    let mut cfg = ConnectionConfig::default();
+    cfg.recv_buffer = 4000;
+    cfg.delayed_ack = None;
     let (mut h, c, iss) = open(cfg, 1000, None, 65535);
     let mut seq = IRS + 1;
     let mut wins = Vec::new();
@@ -150,9 +149,10 @@ fn out_of_order_data_gets_immediate_ack_with_sack_blocks() {
     // Peer SYN-ACK had no SACK-permitted: no SACK blocks; reopen with SACK.
     let _ = (h.ep.connection(c).unwrap().negotiated().sack, iss);
     let mut h = Harness::new("192.0.2.1:40000", "198.51.100.7:80");
-    let c = h.connect(ConnectionConfig {
-        timestamps: false,
-        ..Default::default()
+    let c = h.connect({
+        let mut config = ConnectionConfig::default();
+        config.timestamps = false;
+        config
     });
     let iss = h.out1().seq;
     h.inject(
@@ -197,9 +197,10 @@ fn out_of_order_data_gets_immediate_ack_with_sack_blocks() {
 #[test]
 fn nagle_holds_small_segments_while_data_is_unacknowledged() {
     let (mut h, c, iss) = open(
-        ConnectionConfig {
-            nagle: true,
-            ..Default::default()
+        {
+            let mut config = ConnectionConfig::default();
+            config.nagle = true;
+            config
         },
         1000,
         None,
@@ -222,14 +223,12 @@ fn nagle_holds_small_segments_while_data_is_unacknowledged() {
 
 #[test]
 fn keepalive_probes_then_reset() {
-    let cfg = ConnectionConfig {
-        keepalive: Some(KeepaliveConfig {
-            idle: Duration::from_secs(10),
-            interval: Duration::from_secs(1),
-            probes: 3,
-        }),
-        ..Default::default()
-    };
+    let mut cfg = ConnectionConfig::default();
+    cfg.keepalive = Some(KeepaliveConfig::new(
+        Duration::from_secs(10),
+        Duration::from_secs(1),
+        3,
+    ));
     let (mut h, c, iss) = open(cfg, 1000, None, 65535);
     assert_eq!(h.fire_next_timer(), Duration::from_secs(10));
     let probe = h.out1();
@@ -274,10 +273,8 @@ fn sender_sws_avoidance_waits_for_a_useful_window() {
 
 #[test]
 fn user_timeout_aborts() {
-    let cfg = ConnectionConfig {
-        user_timeout: Some(Duration::from_secs(5)),
-        ..Default::default()
-    };
+    let mut cfg = ConnectionConfig::default();
+    cfg.user_timeout = Some(Duration::from_secs(5));
     let (mut h, c, _) = open(cfg, 1000, None, 65535);
     h.ep.write(c, b"hello").unwrap();
     h.out1();
@@ -296,10 +293,11 @@ fn user_timeout_aborts() {
 #[test]
 fn duplicate_data_gets_dsack() {
     let mut h = Harness::new("192.0.2.1:40000", "198.51.100.7:80");
-    let c = h.connect(ConnectionConfig {
-        timestamps: false,
-        delayed_ack: None,
-        ..Default::default()
+    let c = h.connect({
+        let mut config = ConnectionConfig::default();
+        config.timestamps = false;
+        config.delayed_ack = None;
+        config
     });
     let iss = h.out1().seq;
     h.inject(&h.pkt(SYN | ACK, IRS, iss + 1).opt(Opt::SackOk))
@@ -327,10 +325,8 @@ fn duplicate_data_gets_dsack() {
 fn writable_is_reported_once_a_third_of_the_send_buffer_is_free() {
     // Found by the simulator (seed 1064): a writer woken for every few acknowledged bytes wrote
     // them at once and, without Nagle, sent them as tiny segments.
-    let cfg = ConnectionConfig {
-        send_buffer: 30_000,
-        ..Default::default()
-    };
+    let mut cfg = ConnectionConfig::default();
+    cfg.send_buffer = 30_000;
     let (mut h, c, iss) = open(cfg, 1000, None, 65535);
     assert_eq!(h.ep.write(c, &[7u8; 40_000]).unwrap(), 30_000);
     assert_eq!(

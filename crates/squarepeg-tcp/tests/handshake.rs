@@ -99,29 +99,29 @@ fn active_open_peer_without_options() {
 #[test]
 fn each_option_can_be_switched_off() {
     let mut h = client();
-    let cfg = ConnectionConfig {
-        sack: false,
-        timestamps: false,
-        window_scaling: false,
-        mss: Some(1000),
-        ..Default::default()
-    };
+    let mut cfg = ConnectionConfig::default();
+    cfg.sack = false;
+    cfg.timestamps = false;
+    cfg.window_scaling = false;
+    cfg.mss = Some(1000);
     h.connect(cfg);
     let syn = h.out1();
     assert_eq!(syn.opts, vec![Opt::Mss(1000)]);
     let mut h = client();
-    h.connect(ConnectionConfig {
-        sack: false,
-        ..Default::default()
+    h.connect({
+        let mut config = ConnectionConfig::default();
+        config.sack = false;
+        config
     });
     let syn = h.out1();
     // Timestamps without SACK: NOP NOP TS.
     assert_eq!(&syn.options_bytes()[4..8], &[1, 1, 8, 10]);
     assert!(!syn.sack_ok());
     let mut h = client();
-    h.connect(ConnectionConfig {
-        timestamps: false,
-        ..Default::default()
+    h.connect({
+        let mut config = ConnectionConfig::default();
+        config.timestamps = false;
+        config
     });
     let syn = h.out1();
     // SACK without timestamps: NOP NOP SACK_PERM.
@@ -207,9 +207,10 @@ fn syn_ack_retransmitted_on_duplicate_syn_and_timer() {
 #[test]
 fn syn_retries_back_off_then_time_out() {
     let mut h = client();
-    let c = h.connect(ConnectionConfig {
-        syn_retries: 3,
-        ..Default::default()
+    let c = h.connect({
+        let mut config = ConnectionConfig::default();
+        config.syn_retries = 3;
+        config
     });
     assert_eq!(h.out1().flag_str(), "S");
     let mut gaps = Vec::new();
@@ -287,9 +288,10 @@ pub fn established(cfg: ConnectionConfig) -> (Harness, squarepeg_tcp::Connection
 
 #[test]
 fn active_close_fin_wait_time_wait() {
-    let (mut h, c, iss) = established(ConnectionConfig {
-        time_wait: Duration::from_secs(30),
-        ..Default::default()
+    let (mut h, c, iss) = established({
+        let mut config = ConnectionConfig::default();
+        config.time_wait = Duration::from_secs(30);
+        config
     });
     h.ep.shutdown(h.now, c).unwrap();
     let fin = h.out1();
@@ -322,9 +324,10 @@ fn active_close_fin_wait_time_wait() {
 
 #[test]
 fn time_wait_zero_closes_at_once() {
-    let (mut h, c, iss) = established(ConnectionConfig {
-        time_wait: Duration::ZERO,
-        ..Default::default()
+    let (mut h, c, iss) = established({
+        let mut config = ConnectionConfig::default();
+        config.time_wait = Duration::ZERO;
+        config
     });
     h.ep.close(h.now, c).unwrap();
     h.out1();
@@ -412,9 +415,10 @@ fn abort_sends_rst() {
 #[test]
 fn lost_handshake_ack_retransmitted_syn_ack_is_acknowledged_again() {
     let mut h = client();
-    let c = h.connect(ConnectionConfig {
-        timestamps: false,
-        ..Default::default()
+    let c = h.connect({
+        let mut config = ConnectionConfig::default();
+        config.timestamps = false;
+        config
     });
     let iss = h.out1().seq;
     let synack = h.pkt(SYN | ACK, IRS, iss + 1).opt(Opt::Mss(1460));

@@ -15,9 +15,10 @@ const MSS: u32 = 1000;
 /// Client connection, no timestamps, peer MSS 1000, handshake RTT `rtt`.
 fn open(cfg: ConnectionConfig, sack: bool, rtt: Duration) -> (Harness, ConnectionHandle, u32) {
     let mut h = Harness::new("192.0.2.1:40000", "198.51.100.7:80");
-    let c = h.connect(ConnectionConfig {
-        timestamps: false,
-        ..cfg
+    let c = h.connect({
+        let mut config = cfg;
+        config.timestamps = false;
+        config
     });
     let iss = h.out1().seq;
     h.now += rtt;
@@ -48,9 +49,10 @@ fn ack(h: &Harness, iss: u32, upto_seg: u32) -> Pkt {
 fn slow_start_doubles_cwnd_in_one_rtt_from_iw10() {
     for cc in [CongestionAlgorithm::Cubic, CongestionAlgorithm::NewReno] {
         let (mut h, c, iss) = open(
-            ConnectionConfig {
-                congestion: cc,
-                ..Default::default()
+            {
+                let mut config = ConnectionConfig::default();
+                config.congestion = cc;
+                config
             },
             true,
             Duration::from_millis(100),
@@ -77,9 +79,10 @@ fn slow_start_doubles_cwnd_in_one_rtt_from_iw10() {
 #[test]
 fn newreno_fast_retransmit_limited_transmit_and_partial_ack() {
     let (mut h, c, iss) = open(
-        ConnectionConfig {
-            congestion: CongestionAlgorithm::NewReno,
-            ..Default::default()
+        {
+            let mut config = ConnectionConfig::default();
+            config.congestion = CongestionAlgorithm::NewReno;
+            config
         },
         false,
         Duration::from_millis(100),
@@ -247,9 +250,10 @@ fn cubic_and_newreno_reduce_differently() {
     let mut got = Vec::new();
     for cc in [CongestionAlgorithm::Cubic, CongestionAlgorithm::NewReno] {
         let (mut h, c, iss) = open(
-            ConnectionConfig {
-                congestion: cc,
-                ..Default::default()
+            {
+                let mut config = ConnectionConfig::default();
+                config.congestion = cc;
+                config
             },
             true,
             Duration::from_millis(100),
@@ -350,9 +354,10 @@ fn tail_loss_probe_and_rack_repair_a_lost_tail_without_rto() {
     assert_eq!(st.bytes_in_flight, 0);
     // Without RACK-TLP the same tail waits for the RTO.
     let (mut h, c, iss) = open(
-        ConnectionConfig {
-            rack_tlp: false,
-            ..Default::default()
+        {
+            let mut config = ConnectionConfig::default();
+            config.rack_tlp = false;
+            config
         },
         true,
         Duration::from_millis(100),
@@ -475,10 +480,8 @@ fn rack_reordering_timer_marks_the_late_segment_lost() {
 fn small_segments_count_in_bytes_with_a_floor() {
     // Minion §8.1: the window counts bytes, not buffers, so that small messages, each in its
     // own segment (consistent segmentation), get the byte rate of full-sized segments.
-    let cfg = ConnectionConfig {
-        consistent_segmentation: true,
-        ..Default::default()
-    };
+    let mut cfg = ConnectionConfig::default();
+    cfg.consistent_segmentation = true;
     let (mut h, c, iss) = open(cfg.clone(), true, Duration::from_millis(100));
     for _ in 0..200 {
         h.ep.write(c, &[7u8; 100]).unwrap();
@@ -514,9 +517,10 @@ fn sacked_original_segments_are_rtt_samples_and_end_back_off() {
     // Found by the simulator (seed 550): without timestamps, an RTO back-off lasted as long
     // as no cumulative ACK covered a never-retransmitted segment.
     let (mut h, c, iss) = open(
-        ConnectionConfig {
-            rack_tlp: false,
-            ..Default::default()
+        {
+            let mut config = ConnectionConfig::default();
+            config.rack_tlp = false;
+            config
         },
         true,
         Duration::from_millis(100),
@@ -543,10 +547,11 @@ fn no_second_recovery_right_after_an_rto() {
     // §5.1 allows no new recovery before everything outstanding at the RTO is acknowledged.
     for rack_tlp in [false, true] {
         let (mut h, c, iss) = open(
-            ConnectionConfig {
-                rack_tlp,
-                congestion: CongestionAlgorithm::NewReno,
-                ..Default::default()
+            {
+                let mut config = ConnectionConfig::default();
+                config.rack_tlp = rack_tlp;
+                config.congestion = CongestionAlgorithm::NewReno;
+                config
             },
             true,
             Duration::from_millis(100),
@@ -583,9 +588,10 @@ fn newreno_restarts_the_rto_only_on_the_first_partial_ack() {
     // restarting it on every partial ACK let NewReno crawl through hundreds of holes at one
     // per round trip.
     let (mut h, c, iss) = open(
-        ConnectionConfig {
-            congestion: CongestionAlgorithm::NewReno,
-            ..Default::default()
+        {
+            let mut config = ConnectionConfig::default();
+            config.congestion = CongestionAlgorithm::NewReno;
+            config
         },
         false,
         Duration::from_millis(100),

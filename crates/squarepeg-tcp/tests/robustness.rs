@@ -111,14 +111,11 @@ fn checksums_verified_unless_offloaded() {
     );
     h.none();
     // Offload path: verification switched off.
-    let mut h = Harness::with_config(
-        "192.0.2.1:80",
-        "198.51.100.7:50000",
-        EndpointConfig {
-            verify_checksums: false,
-            ..Default::default()
-        },
-    );
+    let mut h = Harness::with_config("192.0.2.1:80", "198.51.100.7:50000", {
+        let mut config = EndpointConfig::default();
+        config.verify_checksums = false;
+        config
+    });
     h.listen(8, ConnectionConfig::default());
     assert_eq!(h.ep.handle_packet(h.now, &p), Ok(()));
 }
@@ -160,10 +157,11 @@ fn not_tcp_fragments_and_versions() {
 #[test]
 fn out_of_order_memory_is_bounded() {
     let mut h = Harness::new("192.0.2.1:40000", "198.51.100.7:80");
-    let c = h.connect(ConnectionConfig {
-        timestamps: false,
-        max_ooo_ranges: 2,
-        ..Default::default()
+    let c = h.connect({
+        let mut config = ConnectionConfig::default();
+        config.timestamps = false;
+        config.max_ooo_ranges = 2;
+        config
     });
     let iss = h.out1().seq;
     h.inject(&h.pkt(SYN | ACK, 100, iss + 1).opt(Opt::SackOk))
@@ -218,9 +216,10 @@ fn sample_traffic() -> Vec<Vec<u8>> {
 fn established_server() -> (Endpoint, Instant) {
     let now = Instant::now();
     let ep = Endpoint::new(
-        EndpointConfig {
-            verify_checksums: false,
-            ..Default::default()
+        {
+            let mut config = EndpointConfig::default();
+            config.verify_checksums = false;
+            config
         },
         now,
     );
@@ -277,9 +276,10 @@ fn mutated_traffic_never_panics() {
         ep.listen(addr("10.0.0.2:443"), 4, ConnectionConfig::default())
             .unwrap();
         let mut client = Endpoint::new(
-            EndpointConfig {
-                verify_checksums: false,
-                ..Default::default()
+            {
+                let mut config = EndpointConfig::default();
+                config.verify_checksums = false;
+                config
             },
             now,
         );

@@ -35,9 +35,10 @@ fn established_ts() -> (Harness, squarepeg_tcp::ConnectionHandle, u32, u32) {
 
 fn established() -> (Harness, squarepeg_tcp::ConnectionHandle, u32) {
     let mut h = Harness::new("192.0.2.1:40000", "198.51.100.7:80");
-    let c = h.connect(ConnectionConfig {
-        timestamps: false,
-        ..Default::default()
+    let c = h.connect({
+        let mut config = ConnectionConfig::default();
+        config.timestamps = false;
+        config
     });
     let iss = h.out1().seq;
     h.inject(
@@ -225,10 +226,11 @@ fn syn_in_established_gets_challenge_ack() {
 #[test]
 fn challenge_acks_are_rate_limited() {
     let mut h = Harness::new("192.0.2.1:40000", "198.51.100.7:80");
-    let c = h.connect(ConnectionConfig {
-        timestamps: false,
-        challenge_ack_limit: 2,
-        ..Default::default()
+    let c = h.connect({
+        let mut config = ConnectionConfig::default();
+        config.timestamps = false;
+        config.challenge_ack_limit = 2;
+        config
     });
     let iss = h.out1().seq;
     h.inject(&h.pkt(SYN | ACK, IRS, iss.wrapping_add(1)))
@@ -369,13 +371,11 @@ fn missing_timestamp_is_dropped_when_negotiated() {
 #[test]
 fn time_wait_syn_with_newer_timestamp_reopens() {
     let mut h = server();
-    let l = h.listen(
-        4,
-        ConnectionConfig {
-            time_wait: Duration::from_secs(60),
-            ..Default::default()
-        },
-    );
+    let l = h.listen(4, {
+        let mut config = ConnectionConfig::default();
+        config.time_wait = Duration::from_secs(60);
+        config
+    });
     h.inject(&h.pkt(SYN, IRS, 0).opt(Opt::Ts(100, 0))).unwrap();
     let synack = h.out1();
     let iss = synack.seq;
@@ -410,14 +410,11 @@ fn time_wait_syn_with_newer_timestamp_reopens() {
 
 #[test]
 fn packets_for_other_addresses_are_dropped_silently() {
-    let mut h = Harness::with_config(
-        "192.0.2.99:80",
-        "198.51.100.7:50000",
-        squarepeg_tcp::EndpointConfig {
-            local_addresses: vec!["192.0.2.1".parse().unwrap()],
-            ..Default::default()
-        },
-    );
+    let mut h = Harness::with_config("192.0.2.99:80", "198.51.100.7:50000", {
+        let mut config = squarepeg_tcp::EndpointConfig::default();
+        config.local_addresses = vec!["192.0.2.1".parse().unwrap()];
+        config
+    });
     assert_eq!(h.inject(&h.pkt(SYN, 1, 0)), Err(DropReason::NotLocal));
     h.none();
     assert_eq!(h.ep.stats().dropped(DropReason::NotLocal), 1);

@@ -131,27 +131,25 @@ fn link(d: &mut Dice) -> LinkConfig {
 }
 
 fn endpoint_config(d: &mut Dice) -> ConnectionConfig {
-    let mut c = ConnectionConfig {
-        mtu: d.pick(&[1500, 1500, 1500, 1500, 1500, 1500, 1280, 576, 9000]),
-        sack: d.chance(0.75),
-        timestamps: d.chance(0.7),
-        window_scaling: d.chance(0.8),
-        congestion: if d.chance(0.5) {
-            CongestionAlgorithm::Cubic
-        } else {
-            CongestionAlgorithm::NewReno
-        },
-        delayed_ack: if d.chance(0.8) {
-            Some(Duration::from_millis(40))
-        } else {
-            None
-        },
-        nagle: d.chance(0.1),
-        recv_buffer: d.pick(&[16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]),
-        send_buffer: d.pick(&[16 << 10, 64 << 10, 256 << 10, 4 << 20]),
-        consistent_segmentation: d.chance(0.1),
-        ..Default::default()
+    let mut c = ConnectionConfig::default();
+    c.mtu = d.pick(&[1500, 1500, 1500, 1500, 1500, 1500, 1280, 576, 9000]);
+    c.sack = d.chance(0.75);
+    c.timestamps = d.chance(0.7);
+    c.window_scaling = d.chance(0.8);
+    c.congestion = if d.chance(0.5) {
+        CongestionAlgorithm::Cubic
+    } else {
+        CongestionAlgorithm::NewReno
     };
+    c.delayed_ack = if d.chance(0.8) {
+        Some(Duration::from_millis(40))
+    } else {
+        None
+    };
+    c.nagle = d.chance(0.1);
+    c.recv_buffer = d.pick(&[16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]);
+    c.send_buffer = d.pick(&[16 << 10, 64 << 10, 256 << 10, 4 << 20]);
+    c.consistent_segmentation = d.chance(0.1);
     if d.chance(0.1) {
         c.mss = Some(d.pick(&[536, 1000, 200, 88]));
     }

@@ -196,11 +196,9 @@ fn drop_data_segments(nth: &'static [u64]) -> Script {
 #[test]
 fn fast_retransmit_after_three_duplicate_acks() {
     // RFC 5681 §3.2 without SACK: NewReno, one lost segment.
-    let config = ConnectionConfig {
-        sack: false,
-        congestion: CongestionAlgorithm::NewReno,
-        ..Default::default()
-    };
+    let mut config = ConnectionConfig::default();
+    config.sack = false;
+    config.congestion = CongestionAlgorithm::NewReno;
     let mut w = World::pair(
         3,
         clean(Duration::from_millis(20), None),
@@ -305,10 +303,8 @@ fn sack_recovery_repairs_several_holes_in_one_round_trip() {
 /// One loss in slow start, then congestion avoidance until the transfer ends; returns the
 /// sender's trace from the end of that recovery, and W_max in segments.
 fn growth_after_one_loss(congestion: CongestionAlgorithm) -> (Vec<TraceRecord>, f64) {
-    let config = ConnectionConfig {
-        congestion,
-        ..Default::default()
-    };
+    let mut config = ConnectionConfig::default();
+    config.congestion = congestion;
     let mut w = World::pair(
         5,
         clean(Duration::from_millis(50), None),
@@ -420,9 +416,10 @@ fn persist_timer_probes_a_zero_window_with_back_off() {
         6,
         clean(rtt / 2, None),
         ConnectionConfig::default(),
-        ConnectionConfig {
-            recv_buffer: 16 << 10,
-            ..Default::default()
+        {
+            let mut config = ConnectionConfig::default();
+            config.recv_buffer = 16 << 10;
+            config
         },
         Plan::new(300_000, 11, 0, 12),
         reader,
@@ -482,12 +479,10 @@ fn clean_paths_see_no_spurious_retransmission() {
         for (sack, timestamps) in [(true, true), (true, false), (false, true), (false, false)] {
             for congestion in [CongestionAlgorithm::Cubic, CongestionAlgorithm::NewReno] {
                 for (up, down) in [(10_000, 0), (3 * MIB, 200_000), (0, 2 * MIB)] {
-                    let config = ConnectionConfig {
-                        sack,
-                        timestamps,
-                        congestion,
-                        ..Default::default()
-                    };
+                    let mut config = ConnectionConfig::default();
+                    config.sack = sack;
+                    config.timestamps = timestamps;
+                    config.congestion = congestion;
                     let mut w = World::pair(
                         7,
                         path.clone(),

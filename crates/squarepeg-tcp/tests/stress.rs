@@ -222,14 +222,12 @@ fn ack_loss_and_burst_loss() {
 
 #[test]
 fn slow_reader_small_buffer_newreno_no_sack_no_timestamps() {
-    let cfg = ConnectionConfig {
-        recv_buffer: 20_000,
-        send_buffer: 50_000,
-        sack: false,
-        timestamps: false,
-        congestion: squarepeg_tcp::CongestionAlgorithm::NewReno,
-        ..Default::default()
-    };
+    let mut cfg = ConnectionConfig::default();
+    cfg.recv_buffer = 20_000;
+    cfg.send_buffer = 50_000;
+    cfg.sack = false;
+    cfg.timestamps = false;
+    cfg.congestion = squarepeg_tcp::CongestionAlgorithm::NewReno;
     let o = exchange(1 << 20, 300_000, cfg, 3000, |_, i, _| {
         (i % 101 != 50).then_some(Duration::ZERO)
     });
@@ -238,10 +236,8 @@ fn slow_reader_small_buffer_newreno_no_sack_no_timestamps() {
 
 #[test]
 fn mss_536_ipv4_with_losses_both_ways() {
-    let cfg = ConnectionConfig {
-        mss: Some(536),
-        ..Default::default()
-    };
+    let mut cfg = ConnectionConfig::default();
+    cfg.mss = Some(536);
     let o = exchange(1 << 20, 1 << 20, cfg, 65536, |_, i, _| {
         (i % 37 != 5 && i % 41 != 7).then_some(Duration::ZERO)
     });
@@ -279,19 +275,17 @@ fn seeded_impairment_scenarios() {
             eprintln!("seed {seed}");
         }
         let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
-        let cfg = ConnectionConfig {
-            sack: r.below(4) != 0,
-            timestamps: r.below(3) != 0,
-            window_scaling: r.below(4) != 0,
-            congestion: if r.below(2) == 0 {
-                squarepeg_tcp::CongestionAlgorithm::Cubic
-            } else {
-                squarepeg_tcp::CongestionAlgorithm::NewReno
-            },
-            mss: if r.below(3) == 0 { Some(536) } else { None },
-            recv_buffer: [16_384, 65_536, 1 << 20][r.below(3) as usize],
-            ..Default::default()
+        let mut cfg = ConnectionConfig::default();
+        cfg.sack = r.below(4) != 0;
+        cfg.timestamps = r.below(3) != 0;
+        cfg.window_scaling = r.below(4) != 0;
+        cfg.congestion = if r.below(2) == 0 {
+            squarepeg_tcp::CongestionAlgorithm::Cubic
+        } else {
+            squarepeg_tcp::CongestionAlgorithm::NewReno
         };
+        cfg.mss = if r.below(3) == 0 { Some(536) } else { None };
+        cfg.recv_buffer = [16_384, 65_536, 1 << 20][r.below(3) as usize];
         let loss_per_mille = r.below(
             std::env::var("MAXLOSS")
                 .ok()
@@ -363,10 +357,8 @@ fn lost_syn_syn_ack_and_fins_are_retransmitted() {
 #[test]
 fn many_short_connections_are_served_and_freed() {
     let mut pump = Pump::new(Duration::from_millis(2));
-    let cfg = ConnectionConfig {
-        time_wait: Duration::from_secs(2),
-        ..Default::default()
-    };
+    let mut cfg = ConnectionConfig::default();
+    cfg.time_wait = Duration::from_secs(2);
     let sa = addr("10.2.0.2:8080");
     let l = pump.b.listen(sa, 64, cfg.clone()).unwrap();
     let n = 300;

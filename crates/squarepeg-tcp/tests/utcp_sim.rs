@@ -41,15 +41,11 @@ type AckRecord = (u32, u32, u16, u8, Vec<(u32, u32)>);
 fn upload(seed: u64, unordered: bool) -> (Vec<AckRecord>, WireAudit, u64) {
     let mut d = Dice::new(seed ^ 0xA5);
     let bytes = d.range(20_000, 400_000);
-    let client_cfg = ConnectionConfig {
-        sack: d.chance(0.8),
-        ..Default::default()
-    };
-    let server_cfg = ConnectionConfig {
-        unordered_receive: unordered,
-        sack: client_cfg.sack,
-        ..Default::default()
-    };
+    let mut client_cfg = ConnectionConfig::default();
+    client_cfg.sack = d.chance(0.8);
+    let mut server_cfg = ConnectionConfig::default();
+    server_cfg.unordered_receive = unordered;
+    server_cfg.sack = client_cfg.sack;
     let mut w = World::pair(
         seed,
         path(seed),

@@ -862,11 +862,9 @@ fn run_sim(trace: &Trace, client_utcp: bool, server_utcp: bool) -> Outcomes {
         start,
     )
     .expect("simulator");
-    let tcp = squarepeg_tcp::ConnectionConfig {
-        recv_buffer: 256 * 1024,
-        send_buffer: 256 * 1024,
-        ..Default::default()
-    };
+    let mut tcp = squarepeg_tcp::ConnectionConfig::default();
+    tcp.recv_buffer = 256 * 1024;
+    tcp.send_buffer = 256 * 1024;
     let host =
         |role, utcp| PegHost::with_app(role, utcp, tcp.clone(), SimApp::new(trace, role), start);
     let server: HostId = sim

@@ -67,11 +67,9 @@ fn run(s: &Setup) -> Outcome {
         s.lifetime,
         50_000,
     );
-    let tcp = ConnectionConfig {
-        recv_buffer: 256 * 1024,
-        send_buffer: 256 * 1024,
-        ..Default::default()
-    };
+    let mut tcp = ConnectionConfig::default();
+    tcp.recv_buffer = 256 * 1024;
+    tcp.send_buffer = 256 * 1024;
     let server = PegHost::new(
         Role::Server,
         s.server_utcp,

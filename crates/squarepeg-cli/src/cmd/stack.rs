@@ -296,12 +296,10 @@ impl StackArgs {
                 self.persistent_setup_command()
             );
         }
-        let tun = TunConfig {
-            name: Some(self.dev.clone()),
-            mtu: self.mtu,
-            tx_queue_len: self.txqueuelen.or(self.setup.then_some(4096)),
-            ..Default::default()
-        };
+        let mut tun = TunConfig::default();
+        tun.name = Some(self.dev.clone());
+        tun.mtu = self.mtu;
+        tun.tx_queue_len = self.txqueuelen.or(self.setup.then_some(4096));
         let device = in_ns(&|| Ok(TunDevice::open(&tun)?))?;
         if self.setup {
             setup.apply()?;

@@ -114,12 +114,11 @@ pub struct Lab {
 impl Lab {
     pub fn start(tag: &str, options: LabOptions) -> Lab {
         let ns = NetNs::create(&unique(tag)).expect("create namespace");
-        let tun = TunConfig {
-            name: Some(DEVICE.into()),
-            mtu: Some(options.mtu),
-            tx_queue_len: options.tx_queue_len,
-            offload: options.offload,
-        };
+        let mut tun = TunConfig::default();
+        tun.name = Some(DEVICE.into());
+        tun.mtu = Some(options.mtu);
+        tun.tx_queue_len = options.tx_queue_len;
+        tun.offload = options.offload;
         let device = ns
             .run(|| TunDevice::open(&tun))
             .expect("join namespace")

@@ -456,14 +456,10 @@ pub struct Pump {
 impl Pump {
     pub fn new(delay: Duration) -> Pump {
         let t0 = Instant::now();
-        let ca = EndpointConfig {
-            secret: [1; 32],
-            ..Default::default()
-        };
-        let cb = EndpointConfig {
-            secret: [2; 32],
-            ..Default::default()
-        };
+        let mut ca = EndpointConfig::default();
+        ca.secret = [1; 32];
+        let mut cb = EndpointConfig::default();
+        cb.secret = [2; 32];
         Pump {
             a: Endpoint::new(ca, t0),
             b: Endpoint::new(cb, t0),

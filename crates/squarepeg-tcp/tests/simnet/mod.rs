@@ -287,11 +287,9 @@ pub struct TcpHost {
 
 impl TcpHost {
     pub fn new(name: &'static str, addr: IpAddr, secret: u8, start: Instant) -> TcpHost {
-        let config = EndpointConfig {
-            secret: [secret; 32],
-            local_addresses: vec![addr],
-            ..Default::default()
-        };
+        let mut config = EndpointConfig::default();
+        config.secret = [secret; 32];
+        config.local_addresses = vec![addr];
         TcpHost {
             name,
             ep: Endpoint::new(config, start),
@@ -1132,9 +1130,10 @@ impl World {
         let mut server = TcpHost::new("server", sa.ip(), 2, start);
         client.trace_limit = trace;
         server.trace_limit = trace;
-        let traced = |c: ConnectionConfig| ConnectionConfig {
-            trace_capacity: if trace > 0 { 1 << 16 } else { 0 },
-            ..c
+        let traced = |c: ConnectionConfig| {
+            let mut config = c;
+            config.trace_capacity = if trace > 0 { 1 << 16 } else { 0 };
+            config
         };
         server.listen(sa.port(), traced(server_config));
         server.expect_client(sa.port(), ca, server_plan);

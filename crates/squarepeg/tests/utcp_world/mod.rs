@@ -246,14 +246,10 @@ impl<A: App> PegHost<A> {
             Substrate::byte_stream()
         };
         let tcp_config = core_tcp_config(tcp_config, substrate, true);
-        let ep = Endpoint::new(
-            EndpointConfig {
-                secret: [role as u8 + 1; 32],
-                local_addresses: vec![local.ip()],
-                ..Default::default()
-            },
-            start,
-        );
+        let mut endpoint_config = EndpointConfig::default();
+        endpoint_config.secret = [role as u8 + 1; 32];
+        endpoint_config.local_addresses = vec![local.ip()];
+        let ep = Endpoint::new(endpoint_config, start);
         let mut host = PegHost {
             ep,
             addr: local.ip(),

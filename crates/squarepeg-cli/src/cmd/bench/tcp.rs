@@ -532,12 +532,11 @@ fn squarepeg_over_tun(run: &TunRun, direction: Direction, quiet: bool) -> anyhow
         offload,
     } = run;
     let ns = NetNs::create(&unique(&format!("t{mtu}")))?;
-    let tun = TunConfig {
-        name: Some("sp0".into()),
-        mtu: Some(mtu),
-        tx_queue_len: Some(txqueuelen),
-        offload: if offload { Offload::On } else { Offload::Off },
-    };
+    let mut tun = TunConfig::default();
+    tun.name = Some("sp0".into());
+    tun.mtu = Some(mtu);
+    tun.tx_queue_len = Some(txqueuelen);
+    tun.offload = if offload { Offload::On } else { Offload::Off };
     let device = ns.run(|| TunDevice::open(&tun))??;
     let mut setup = HostSetup::lab("sp0");
     setup.netns = Some(ns.name().to_string());

@@ -41,14 +41,10 @@ pub fn secret(seed: u64, host: u8) -> [u8; 32] {
 }
 
 pub(crate) fn endpoint(address: IpAddr, seed: u64, host: u8, now: Instant) -> Endpoint {
-    Endpoint::new(
-        EndpointConfig {
-            secret: secret(seed, host),
-            local_addresses: vec![address],
-            ..EndpointConfig::default()
-        },
-        now,
-    )
+    let mut config = EndpointConfig::default();
+    config.secret = secret(seed, host);
+    config.local_addresses = vec![address];
+    Endpoint::new(config, now)
 }
 
 /// How the voice messages are carried over the TCP byte stream.
