@@ -8,6 +8,8 @@ use std::process::{Child, Command, Stdio};
 
 use sha2::{Digest, Sha256};
 
+mod common;
+
 /// A directory removed when the test ends, even on failure.
 struct TempDir(PathBuf);
 
@@ -135,4 +137,65 @@ fn listen_and_connect_exchange_messages_and_a_file_ipv4() {
 #[test]
 fn listen_and_connect_exchange_messages_and_a_file_ipv6() {
     run("[::1]:0");
+}
+
+/// Bad input is refused with a message that says what to change, before any device, namespace
+/// or socket is made (none of these needs root: each fails before touching anything).
+#[test]
+fn bad_substrate_input_is_refused_with_what_to_change() {
+    let cases: &[(&[&str], &str)] = &[
+        // Stack options would be silently ignored over kernel TCP.
+        (
+            &["listen", "127.0.0.1:0", "--dev", "sp9", "--setup"],
+            "--dev, --setup apply to the userspace TCP's device: add --substrate utcp",
+        ),
+        (
+            &["connect", "127.0.0.1:1", "--impair", "loss=1%"],
+            "--impair applies to the userspace TCP's device",
+        ),
+        (
+            &["connect", "--substrate", "utcp", "localhost:4433"],
+            "give IP:PORT",
+        ),
+        (
+            &["listen", "--substrate", "utcp", "10.77.0.2:0"],
+            "give a port",
+        ),
+        (
+            &["listen", "--substrate", "utcp", "10.77.0.1:4433"],
+            "the kernel's side of the device",
+        ),
+        (
+            &["connect", "--substrate", "utcp", "10.77.0.2:4433"],
+            "the stack's own address",
+        ),
+        (
+            &[
+                "connect",
+                "--substrate",
+                "utcp",
+                "--addr",
+                "fd00:9::2",
+                "--kernel-addr",
+                "10.9.0.1/24",
+                "[fd00:9::1]:1",
+            ],
+            "give the kernel's address of its family too",
+        ),
+        (
+            &["listen", "--substrate", "udp", "[::]:1"],
+            "invalid value 'udp'",
+        ),
+        (
+            &["connect", "127.0.0.1:1", "--connect-timeout", "soon"],
+            "invalid value 'soon'",
+        ),
+    ];
+    for (args, says) in cases {
+        let out = common::peg(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} should fail");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
 }

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use squarepeg_io::{LAB_V4, LAB_V6};
@@ -84,13 +84,26 @@ impl Peg {
         }
     }
 
-    /// Waits for the exit; returns success, stdout and the rest of stderr.
+    /// Waits (at most a minute, then kills it) for the exit; returns success, stdout and the
+    /// rest of stderr.
     fn finish(mut self) -> (bool, String, String) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("peg did not exit within a minute; it said {:?}", self.seen);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // The tests' peg print a few lines: the pipe held them until the exit.
         let mut out = String::new();
         if let Some(mut o) = self.child.stdout.take() {
             o.read_to_string(&mut out).unwrap();
         }
-        let status = self.child.wait().unwrap();
         let mut err = self.seen.join("\n");
         while let Ok(l) = self.stderr.recv_timeout(Duration::from_secs(2)) {
             err.push('\n');
@@ -540,4 +553,41 @@ fn listen_and_connect_run_over_the_userspace_tcp() {
     assert!(ok, "kernel listen: {err}");
     assert!(out.contains("] from the userspace side"), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A kernel TCP connect that gets no answer (its SYNs dropped by a firewall rule in the test's
+/// own namespace) gives up after --connect-timeout, saying so, instead of hanging.
+#[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
+fn connect_gives_up_after_the_timeout() {
+    if !can_run() {
+        return;
+    }
+    let ns = namespace("timeout");
+    ns.ip(&["link", "set", "lo", "up"]).unwrap();
+    let nft = |rule: &str| {
+        let ok = ns
+            .command("nft")
+            .args(rule.split(' '))
+            .status()
+            .expect("run nft")
+            .success();
+        assert!(ok, "nft {rule}");
+    };
+    nft("add table inet peg_test");
+    nft("add chain inet peg_test out { type filter hook output priority 0 ; }");
+    nft("add rule inet peg_test out tcp dport 9 drop");
+    let out = ns
+        .command(PEG)
+        .args(["connect", "127.0.0.1:9", "--connect-timeout", "300ms"])
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run peg");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("connecting to 127.0.0.1:9: no answer in 300ms"),
+        "{err}"
+    );
 }

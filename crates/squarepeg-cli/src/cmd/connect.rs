@@ -14,14 +14,17 @@ pub struct ConnectArgs {
     /// Address to connect to, e.g. 127.0.0.1:4433 or [::1]:4433 (with --substrate utcp, an
     /// address reached through the TUN device, e.g. the kernel's side 10.77.0.1:4433).
     pub addr: String,
+    /// Give up connecting after this long (e.g. 10s, 500ms).
+    #[arg(long, default_value = "10s", value_parser = super::parse_duration_arg)]
+    pub connect_timeout: Duration,
     #[command(flatten)]
     pub peer: PeerArgs,
     #[command(flatten)]
     pub substrate: SubstrateArgs,
 }
 
-/// How long a connection through the TUN device may take to answer.
-const CONNECT_LIMIT: Duration = Duration::from_secs(10);
+/// What to check when a kernel TCP connection gets no answer.
+const KERNEL_HINT: &str = "is the peer listening there? is a firewall in the way?";
 
 /// `given`: the stack options given on the command line (they need `--substrate utcp`).
 pub fn run(mut args: ConnectArgs, given: &[String]) -> anyhow::Result<()> {
@@ -31,7 +34,13 @@ pub fn run(mut args: ConnectArgs, given: &[String]) -> anyhow::Result<()> {
     let config = args.peer.connection_config();
     let result = match args.substrate.substrate {
         Substrate::Kernel => rt.block_on(async {
-            let conn = squarepeg::Connection::connect(&args.addr, config).await?;
+            let conn = super::connect_within(
+                &args.addr,
+                args.connect_timeout,
+                KERNEL_HINT,
+                squarepeg::Connection::connect(&args.addr, config),
+            )
+            .await?;
             eprintln!("connected to {}", conn.remote_address());
             run_peer(conn, args.peer, true).await
         }),
@@ -41,7 +50,7 @@ pub fn run(mut args: ConnectArgs, given: &[String]) -> anyhow::Result<()> {
             let result = rt.block_on(async {
                 let conn = super::connect_within(
                     addr,
-                    CONNECT_LIMIT,
+                    args.connect_timeout,
                     super::THROUGH_DEVICE,
                     squarepeg::Connection::connect_utcp(running.stack(), addr, config),
                 )

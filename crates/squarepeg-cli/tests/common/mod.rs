@@ -6,6 +6,7 @@ use std::process::{Command, Output};
 pub fn peg(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_peg"))
         .args(args)
+        .env("RUST_BACKTRACE", "0")
         .output()
         .expect("run peg")
 }
