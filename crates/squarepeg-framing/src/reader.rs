@@ -50,6 +50,20 @@ impl FrameReader {
         self.ucobs.stop_at_switch(on);
     }
 
+    /// Reads the whole stream as plain frames, from its first byte: for a stream whose
+    /// framing was fixed before it began (frames inside TLS records, docs/wire.md §4).
+    /// Call before any byte is received; later calls change nothing.
+    pub fn start_plain(&mut self) {
+        if self.offset == 0 && self.plain.is_none() && self.ucobs.buffered() == 0 {
+            self.plain = Some(PlainDecoder::new(
+                self.max_body,
+                self.read_size,
+                self.ucobs.pool(),
+                self.pinned_limit,
+            ));
+        }
+    }
+
     /// The format the next bytes are read in.
     pub fn format(&self) -> FrameFormat {
         if self.plain.is_some() {
@@ -117,7 +131,8 @@ impl FrameReader {
         self.offset
     }
 
-    /// Bytes of chunks kept alive by payloads the caller still holds.
+    /// Bytes of chunks kept alive by payloads the caller still holds (the pool is shared by
+    /// both formats).
     pub fn pinned_bytes(&self) -> usize {
         self.ucobs.pinned_bytes()
     }
@@ -233,6 +248,31 @@ mod tests {
     }
 
     use bytes::Bytes;
+
+    #[test]
+    fn start_plain_reads_plain_frames_from_the_first_byte() {
+        let frames: Vec<Frame> = (0..20).map(|i| frame(i, (i as usize * 37) % 300)).collect();
+        let mut wire = Vec::new();
+        for f in &frames {
+            encode_plain_frame(&f.header, &f.payload, &mut wire).unwrap();
+        }
+        let mut r = FrameReader::new(4096);
+        r.start_plain();
+        assert_eq!(r.format(), FrameFormat::Plain);
+        for piece in wire.chunks(7) {
+            r.push(piece);
+        }
+        let got: Vec<Frame> = std::iter::from_fn(|| r.next_frame())
+            .map(|f| f.unwrap())
+            .collect();
+        assert_eq!(got, frames);
+        assert_eq!(r.offset(), wire.len() as u64);
+        // Too late once bytes arrived: the format stays what it was.
+        let mut late = FrameReader::new(4096);
+        late.push(&[0]);
+        late.start_plain();
+        assert_eq!(late.format(), FrameFormat::Ucobs);
+    }
 
     #[test]
     fn without_accept_plain_a_switch_is_just_a_frame() {

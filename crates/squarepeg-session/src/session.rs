@@ -1130,6 +1130,19 @@ impl Session {
         self.formats.send_plain = send_plain;
     }
 
+    /// Plain frames both ways from the first frame, with no Switch and no announcement: for
+    /// a session whose framing the layer below fixed before the stream began (inside TLS
+    /// records, whose boundaries and AEAD already delimit and authenticate, docs/wire.md §4).
+    /// A Switch from the peer is then a protocol violation. Call before the first frame is
+    /// sent; later calls change nothing.
+    pub fn use_plain_frames(&mut self) {
+        if self.params_pending {
+            self.formats = Formats::default();
+            self.stats.send_format = FrameFormat::Plain;
+            self.stats.receive_format = FrameFormat::Plain;
+        }
+    }
+
     // ---------------------------------------------------------------------
     // Transport side.
 

@@ -1053,3 +1053,49 @@ proptest! {
         prop_assert_eq!(events_single, events_batched);
     }
 }
+
+/// `use_plain_frames`: both directions are plain from the first byte (no Switch, no
+/// announcement), messages go through, and a Switch from the peer is a protocol violation.
+#[test]
+fn plain_frames_from_the_start() {
+    use squarepeg_framing::{FrameFormat, FrameReader};
+    let now = Instant::now();
+    let (mut a, mut b) = (session(Role::Client), session(Role::Server));
+    a.use_plain_frames();
+    b.use_plain_frames();
+    let mut into_b = FrameReader::new(DEFAULT_MAX_BODY);
+    into_b.start_plain();
+    for i in 0..5u8 {
+        a.send_message(now, vec![i; 100 * i as usize], MessageProps::default())
+            .unwrap();
+    }
+    let mut wire = Vec::new();
+    a.poll_transmit_batch(now, &mut wire, usize::MAX);
+    // The first byte is a plain frame's length, not a uCOBS marker.
+    assert_ne!(wire[0], 0);
+    into_b.push(&wire);
+    while let Some(f) = into_b.next_frame() {
+        b.handle_frame(now, f.unwrap());
+    }
+    let got: Vec<usize> = std::iter::from_fn(|| b.poll_message())
+        .map(|m| m.payload.len())
+        .collect();
+    assert_eq!(got, vec![0, 100, 200, 300, 400]);
+    assert_eq!(a.stats().send_format, FrameFormat::Plain);
+    assert_eq!(b.stats().receive_format, FrameFormat::Plain);
+    b.handle_frame(
+        now,
+        Frame {
+            header: FrameHeader::Switch {
+                format: FrameFormat::Plain.id(),
+            },
+            payload: Default::default(),
+        },
+    );
+    assert!(matches!(
+        b.error(),
+        Some(ConnectionError::ProtocolViolation(
+            ProtocolError::UnexpectedSwitch { .. }
+        ))
+    ));
+}
