@@ -3,6 +3,8 @@
 
 use squarepeg_session::{Config as SessionConfig, ConfigError};
 
+use crate::record::TlsSetup;
+
 /// Configuration of one [`crate::Connection`].
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -19,6 +21,8 @@ pub struct Config {
     /// docs/wire.md §3) when the receiver reads in order and the sender never replaces
     /// retransmitted bytes. Off: uCOBS both ways, always.
     pub plain_frames: bool,
+    /// TLS 1.3 on this connection (see `record`); `None`: cleartext.
+    pub tls: Option<TlsSetup>,
 }
 
 impl Default for Config {
@@ -27,6 +31,7 @@ impl Default for Config {
             session: SessionConfig::default(),
             read_buffer: 64 * 1024,
             plain_frames: true,
+            tls: None,
         }
     }
 }

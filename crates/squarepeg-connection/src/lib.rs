@@ -85,6 +85,7 @@ mod send;
 use std::time::Instant;
 
 pub use config::{Config, Receive, Send, Substrate};
+pub use record::{Protection, TlsSetup};
 pub use link::{EndpointLink, tcp_config, tcp_error, transport_error};
 pub use receive::Receiver;
 pub use send::TaggedWrite;
@@ -97,8 +98,9 @@ pub use squarepeg_session::{
 pub use squarepeg_tcp::{MessageReport, WriteTag};
 
 use receive::SegmentReceiver;
-use record::Protection;
+use record::{RecordLayer, TlsLayer, tls_transport_error};
 use send::TaggedSender;
+pub use squarepeg_tls::{Tls, TlsError, TlsStats};
 
 /// Counters of the uTCP interface (segments in, tagged writes out).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -132,6 +134,8 @@ pub struct Stats {
     pub session: SessionStats,
     /// Over the uTCP interface: its counters.
     pub utcp: Option<UtcpStats>,
+    /// Over TLS: the record layer's counters.
+    pub tls: Option<TlsStats>,
 }
 
 /// Why a connection could not be made.
@@ -142,6 +146,8 @@ pub enum NewConnectionError {
     Config(#[from] ConfigError),
     #[error("reassembler: {0}")]
     Reassembly(#[from] squarepeg_framing::ReassemblyError),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
 }
 
 #[derive(Debug)]
@@ -164,7 +170,7 @@ pub struct Connection {
     substrate: Substrate,
     receive: ReceivePath,
     send: SendPath,
-    protection: Protection,
+    record: RecordLayer,
     utcp: Option<UtcpStats>,
     /// The sending direction's end was handed out ([`Connection::poll_shutdown`]).
     fin_sent: bool,
@@ -180,16 +186,32 @@ impl Connection {
         substrate: Substrate,
     ) -> Result<Self, NewConnectionError> {
         config.validate()?;
+        let record = match &config.tls {
+            None => RecordLayer::Cleartext,
+            Some(setup) => {
+                if setup.is_client() != (role == Role::Client) {
+                    return Err(ConfigError("the TLS side must match the connection's role").into());
+                }
+                if substrate != Substrate::byte_stream() {
+                    return Err(ConfigError(
+                        "TLS runs over an in-order byte stream (the uTCP interface takes cleartext)",
+                    )
+                    .into());
+                }
+                RecordLayer::Tls(Box::new(TlsLayer::new(setup.start()?)))
+            }
+        };
+        let tls = matches!(record, RecordLayer::Tls(_));
         let receive_plain = config.plain_frames && substrate.receives_in_order();
         let send_plain = config.plain_frames && substrate.may_send_plain();
         let receive = match substrate.receive {
             Receive::InOrder => {
                 let pinned = config.session.message_receive_queue + 4 * config.read_buffer;
-                ReceivePath::InOrder(Some(Box::new(Receiver::new(
-                    config.read_buffer,
-                    pinned,
-                    receive_plain,
-                ))))
+                let mut receiver = Receiver::new(config.read_buffer, pinned, receive_plain);
+                if tls {
+                    receiver.start_plain();
+                }
+                ReceivePath::InOrder(Some(Box::new(receiver)))
             }
             Receive::Segments { window } => {
                 ReceivePath::Segments(Box::new(SegmentReceiver::new(window)?))
@@ -202,13 +224,19 @@ impl Connection {
         let uses_utcp =
             matches!(receive, ReceivePath::Segments(_)) || matches!(send, SendPath::Tagged(_));
         let mut session = Session::new(role, config.session)?;
-        session.set_frame_formats(receive_plain, send_plain);
+        if tls {
+            // Records delimit and authenticate: plain frames from the first byte (docs/wire.md
+            // §4).
+            session.use_plain_frames();
+        } else {
+            session.set_frame_formats(receive_plain, send_plain);
+        }
         Ok(Self {
             session,
             substrate,
             receive,
             send,
-            protection: Protection::Cleartext,
+            record,
             utcp: uses_utcp.then(UtcpStats::default),
             fin_sent: false,
             transport_closed: false,
@@ -222,7 +250,36 @@ impl Connection {
 
     /// How this connection's bytes are protected.
     pub fn protection(&self) -> Protection {
-        self.protection
+        match self.record {
+            RecordLayer::Cleartext => Protection::Cleartext,
+            RecordLayer::Tls(_) => Protection::Tls,
+        }
+    }
+
+    /// The TLS connection (peer certificates, cipher suite, key updates), if any.
+    pub fn tls(&self) -> Option<&Tls> {
+        match &self.record {
+            RecordLayer::Tls(t) => Some(&t.tls),
+            RecordLayer::Cleartext => None,
+        }
+    }
+
+    /// TLS, to act on it (e.g. [`Tls::initiate_key_update`]); the driver polls afterwards.
+    pub fn tls_mut(&mut self) -> Option<&mut Tls> {
+        match &mut self.record {
+            RecordLayer::Tls(t) => Some(&mut t.tls),
+            RecordLayer::Cleartext => None,
+        }
+    }
+
+    /// Whether the connection is ready for the application's data to flow: at once in
+    /// cleartext; over TLS once the handshake is done. (Data sent before waits in the
+    /// session.)
+    pub fn is_established(&self) -> bool {
+        match &self.record {
+            RecordLayer::Cleartext => true,
+            RecordLayer::Tls(t) => !t.tls.is_handshaking(),
+        }
     }
 
     /// The session: send and receive messages, open and use streams, close.
@@ -241,6 +298,7 @@ impl Connection {
         Stats {
             session: self.session.stats(),
             utcp: self.utcp,
+            tls: self.tls().map(Tls::stats),
         }
     }
 
@@ -249,11 +307,16 @@ impl Connection {
     /// Whether the driver should read: the session has room for what arrives, and the
     /// substrate has not ended.
     pub fn wants_read(&self) -> bool {
-        !self.transport_closed && !self.session.receive_blocked()
+        let record_failed = matches!(&self.record, RecordLayer::Tls(t) if t.failed);
+        !self.transport_closed && !record_failed && !self.session.receive_blocked()
     }
 
     /// In-order bytes from the substrate (copied into the frame reader).
     pub fn handle_bytes(&mut self, now: Instant, data: &[u8]) {
+        if let RecordLayer::Tls(_) = self.record {
+            self.handle_tls_bytes(now, data);
+            return;
+        }
         match &mut self.receive {
             ReceivePath::InOrder(Some(r)) => r.push(data),
             ReceivePath::InOrder(None) => {
@@ -272,6 +335,10 @@ impl Connection {
     /// connection; give it back with [`Self::return_receiver`]. `None` on a segment
     /// substrate, or while it is lent.
     pub fn take_receiver(&mut self) -> Option<Box<Receiver>> {
+        if let RecordLayer::Tls(_) = self.record {
+            // Records are opened in the connection ([`Self::handle_bytes`]).
+            return None;
+        }
         match &mut self.receive {
             ReceivePath::InOrder(r) => r.take(),
             ReceivePath::Segments(_) => None,
@@ -355,9 +422,77 @@ impl Connection {
         if !matches!(self.send, SendPath::ByteStream) || self.fin_sent || self.transport_closed {
             return 0;
         }
-        match self.protection {
-            Protection::Cleartext => self.session.poll_transmit_batch(now, out, limit),
+        let RecordLayer::Tls(t) = &mut self.record else {
+            return self.session.poll_transmit_batch(now, out, limit);
+        };
+        // Handshake flights, KeyUpdates, alerts first: they go on the wire in order.
+        t.tls.poll_output(out);
+        if t.failed {
+            t.alert_out = true;
         }
+        if t.tls.is_handshaking() || t.failed || t.close_notify_out {
+            return 0;
+        }
+        t.staging.clear();
+        // Room for the records' overhead (about 22 bytes per 16 KiB record).
+        let room = limit.saturating_sub(out.len());
+        let frames = self.session.poll_transmit_batch(now, &mut t.staging, room);
+        if !t.staging.is_empty()
+            && let Err(e) = t.tls.seal(&t.staging, out)
+        {
+            self.tls_failed(now, &e);
+            return frames;
+        }
+        let RecordLayer::Tls(t) = &mut self.record else {
+            unreachable!()
+        };
+        if self.session.is_send_finished() {
+            // The session's last frame is out: close_notify, then the FIN (RFC 8446 §6.1).
+            t.tls.send_close_notify();
+            t.tls.poll_output(out);
+            t.close_notify_out = true;
+        }
+        frames
+    }
+
+    /// In-order ciphertext: opened record by record into the frame reader.
+    fn handle_tls_bytes(&mut self, now: Instant, mut data: &[u8]) {
+        let (RecordLayer::Tls(t), ReceivePath::InOrder(Some(r))) =
+            (&mut self.record, &mut self.receive)
+        else {
+            self.driver_misuse(now, "TLS bytes while the receiver is lent");
+            return;
+        };
+        if t.failed {
+            return;
+        }
+        let result = loop {
+            let taken = t.tls.push_ciphertext(data);
+            data = &data[taken..];
+            t.opened.clear();
+            let result = t.tls.process(&mut t.opened);
+            // Records opened before an error were authenticated: they count.
+            if !t.opened.is_empty() {
+                r.push(&t.opened);
+            }
+            if result.is_err() || data.is_empty() {
+                break result;
+            }
+        };
+        self.take_frames(now);
+        if let Err(e) = result {
+            self.tls_failed(now, &e);
+        }
+    }
+
+    /// TLS failed: the session ends with the reason; the alert saying why still goes out
+    /// ([`Self::poll_transmit`]), then the FIN; nothing more is read.
+    fn tls_failed(&mut self, now: Instant, e: &TlsError) {
+        tracing::debug!("TLS failed: {e}");
+        if let RecordLayer::Tls(t) = &mut self.record {
+            t.failed = true;
+        }
+        self.session.handle_transport_closed(now, tls_transport_error(e));
     }
 
     /// The next tagged write, on a tagged-write substrate: it stays the next one until
@@ -382,7 +517,8 @@ impl Connection {
     /// Whether the sending direction ends now (the TCP FIN): true once, after the session's
     /// last frame was handed out. End it once everything handed out before is written.
     pub fn poll_shutdown(&mut self) -> bool {
-        let pending_write = matches!(&self.send, SendPath::Tagged(t) if t.has_pending());
+        let pending_write = matches!(&self.send, SendPath::Tagged(t) if t.has_pending())
+            || matches!(&self.record, RecordLayer::Tls(t) if !t.may_end());
         if self.fin_sent
             || self.transport_closed
             || pending_write

@@ -33,6 +33,11 @@ impl Receiver {
         Self { decoder }
     }
 
+    /// Reads plain frames from the first byte (inside TLS records, docs/wire.md §4).
+    pub(crate) fn start_plain(&mut self) {
+        self.decoder.start_plain();
+    }
+
     /// Where the next bytes of the stream go (read into it, then call [`Self::filled`]).
     pub fn buffer(&mut self) -> &mut [u8] {
         self.decoder.unfilled()

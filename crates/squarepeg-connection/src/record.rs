@@ -1,26 +1,31 @@
 //! The record layer: the place between the frame codec and the substrate where a connection's
 //! bytes are protected.
 //!
-//! Today every connection is cleartext, and the layer passes bytes through untouched: on a
-//! byte stream the session's frames are written straight into the driver's output, and the
-//! driver's reads go straight into the frame reader. TLS 1.3 slots in here, once, for every
-//! driver:
+//! A cleartext connection passes bytes through untouched: on a byte stream the session's
+//! frames are written straight into the driver's output, and the driver's reads go straight
+//! into the frame reader. A TLS connection ([`TlsSetup`], `squarepeg-tls`) puts TLS 1.3
+//! here, once, for every driver:
 //!
+//! - **handshake**: rustls's flights go out first; the session's frames wait in the session
+//!   (where the scheduler still orders them) until the handshake is done;
 //! - **send (byte stream)**: the session writes frames into a plaintext staging buffer, and
-//!   the layer seals it into TLS records (`0x17 0x03 0x03 len`) in the driver's output,
-//!   sized for latency when messages are small and 16 KiB for bulk; inside records, frames
-//!   need no byte stuffing (records delimit, the AEAD authenticates), so the session writes
-//!   plain frames (docs/wire.md §3);
+//!   the layer seals it into TLS records (`0x17 0x03 0x03 len`) in the driver's output: a
+//!   batch of small messages becomes one small record (latency), bulk becomes 16 KiB records.
+//!   Inside records, frames need no byte stuffing (records delimit, the AEAD authenticates),
+//!   so both directions use plain frames from the first byte (docs/wire.md §4);
 //! - **receive (byte stream)**: the driver's bytes are opened record by record and the
-//!   plaintext goes to the frame reader;
-//! - **receive (segments)**: the scanner finds records in out-of-order segments (Minion §6),
-//!   opens each complete one and hands its frames to the session, instead of the uCOBS
-//!   reassembler;
-//! - **send (tagged writes)**: each write becomes whole records, so that the TCP's queue
-//!   still moves and replaces whole records.
+//!   plaintext goes to the frame reader. Bytes the AEAD did not authenticate never reach it;
+//! - **close**: after the session's last frame, close_notify (RFC 8446 §6.1), then the FIN;
+//! - **failure**: a handshake or record failure ends the session with
+//!   [`TransportError::Tls`], after the alert that says why has gone out.
 //!
-//! [`crate::Connection`] calls into this module at exactly those four points; the handshake
-//! runs before the session starts, in the same core.
+//! Over the userspace TCP's uTCP interface (segments out of order, tagged writes) the same
+//! slot takes the out-of-order record scanner (Minion §6) and whole records per tagged write.
+
+use std::sync::Arc;
+
+use squarepeg_session::{TlsFailure, TransportError};
+use squarepeg_tls::{Tls, TlsError};
 
 /// How a connection's bytes are protected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -29,4 +34,114 @@ pub enum Protection {
     /// No protection: frames go to the substrate as they are.
     #[default]
     Cleartext,
+    /// TLS 1.3: squarepeg's record layer with keys from a rustls handshake.
+    Tls,
+}
+
+/// The TLS side of a connection: a client (which checks the server's certificate against
+/// `server_name`) or a server.
+#[derive(Clone, Debug)]
+pub enum TlsSetup {
+    /// A TLS client.
+    Client {
+        /// From `squarepeg_tls::config::client_config` (or any rustls client config with
+        /// TLS 1.3 and secret extraction on).
+        config: Arc<rustls::ClientConfig>,
+        /// The name the server's certificate must carry (a DNS name or an IP address).
+        server_name: String,
+    },
+    /// A TLS server.
+    Server {
+        /// From `squarepeg_tls::config::server_config` (or any rustls server config with
+        /// TLS 1.3 and secret extraction on).
+        config: Arc<rustls::ServerConfig>,
+    },
+}
+
+impl TlsSetup {
+    /// Whether this is the client side.
+    pub fn is_client(&self) -> bool {
+        matches!(self, TlsSetup::Client { .. })
+    }
+
+    pub(crate) fn start(&self) -> Result<Tls, TlsError> {
+        match self {
+            TlsSetup::Client {
+                config,
+                server_name,
+            } => Tls::client(config.clone(), server_name),
+            TlsSetup::Server { config } => Tls::server(config.clone()),
+        }
+    }
+}
+
+/// The record layer of one connection.
+#[derive(Debug)]
+pub(crate) enum RecordLayer {
+    Cleartext,
+    Tls(Box<TlsLayer>),
+}
+
+/// TLS with its scratch buffers.
+pub(crate) struct TlsLayer {
+    pub(crate) tls: Tls,
+    /// Plaintext opened from the last bytes received, on its way to the frame reader.
+    pub(crate) opened: Vec<u8>,
+    /// The session's frames, on their way to be sealed.
+    pub(crate) staging: Vec<u8>,
+    /// close_notify was handed out (the FIN may follow).
+    pub(crate) close_notify_out: bool,
+    /// The handshake or a record failed; the alert is on its way and nothing more is read.
+    pub(crate) failed: bool,
+    /// After a failure: the alert was handed out (the FIN may follow).
+    pub(crate) alert_out: bool,
+}
+
+impl std::fmt::Debug for TlsLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsLayer")
+            .field("handshaking", &self.tls.is_handshaking())
+            .field("suite", &self.tls.negotiated_suite())
+            .field("stats", &self.tls.stats())
+            .field("failed", &self.failed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TlsLayer {
+    /// Whether the sending direction may end: close_notify, or after a failure the alert,
+    /// was handed out.
+    pub(crate) fn may_end(&self) -> bool {
+        self.close_notify_out || self.alert_out
+    }
+
+    pub(crate) fn new(tls: Tls) -> Self {
+        Self {
+            tls,
+            opened: Vec::new(),
+            staging: Vec::new(),
+            close_notify_out: false,
+            failed: false,
+            alert_out: false,
+        }
+    }
+}
+
+/// What a TLS error means for the application.
+pub(crate) fn tls_transport_error(e: &TlsError) -> TransportError {
+    let failure = match e {
+        TlsError::Handshake(
+            rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented,
+        ) => TlsFailure::Certificate,
+        TlsError::Alert { description } => TlsFailure::AlertReceived(*description),
+        TlsError::Decrypt => TlsFailure::Decrypt,
+        TlsError::BadRecord
+        | TlsError::UnexpectedMessage
+        | TlsError::RecordOverflow
+        | TlsError::IllegalParameter => TlsFailure::Protocol,
+        // The peer ended the stream inside the handshake.
+        TlsError::Closed => return TransportError::PeerClosed,
+        _ => TlsFailure::Handshake,
+    };
+    TransportError::Tls(failure)
 }

@@ -124,6 +124,34 @@ pub enum TransportError {
     /// A local I/O error of this kind.
     #[error("local I/O error: {0}")]
     Io(std::io::ErrorKind),
+    /// TLS failed: the handshake, or a record (RFC 8446).
+    #[error("TLS: {0}")]
+    Tls(TlsFailure),
+}
+
+/// How TLS failed, as an application can act on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+#[non_exhaustive]
+pub enum TlsFailure {
+    /// The peer's certificate was refused: unknown issuer, wrong name, expired, not the
+    /// pinned one, or none at all.
+    #[error("the peer's certificate was refused")]
+    Certificate,
+    /// The handshake failed otherwise: no common version or cipher suite, a malformed or
+    /// unexpected handshake message.
+    #[error("handshake failed")]
+    Handshake,
+    /// A record did not authenticate (bad_record_mac, RFC 8446 §5.2): bytes were corrupted
+    /// or forged on the way; nothing of it was delivered.
+    #[error("a record failed authentication (bad_record_mac)")]
+    Decrypt,
+    /// The peer broke the record protocol: a malformed or oversized record, an unexpected
+    /// message or parameter (RFC 8446 §6.2).
+    #[error("the peer broke the record protocol")]
+    Protocol,
+    /// The peer sent this fatal alert (its description, RFC 8446 §6).
+    #[error("the peer sent alert {0}")]
+    AlertReceived(u8),
 }
 
 impl TransportError {

@@ -71,7 +71,8 @@ pub use config::{
     DEFAULT_INITIAL_MAX_STREAMS, MAX_FRAME_BODY, MAX_MESSAGE_SIZE,
 };
 pub use error::{
-    ConnectionError, ProtocolError, SendError, StreamError, TransportError, transport_code,
+    ConnectionError, ProtocolError, SendError, StreamError, TlsFailure, TransportError,
+    transport_code,
 };
 pub use session::{
     Event, Message, MessageProps, MessageStatus, Role, Session, Stats, Transmit, TransmitContent,
