@@ -85,9 +85,9 @@ mod send;
 use std::time::Instant;
 
 pub use config::{Config, Receive, Send, Substrate};
-pub use record::{Protection, TlsSetup};
 pub use link::{EndpointLink, tcp_config, tcp_error, transport_error};
 pub use receive::Receiver;
+pub use record::{Protection, TlsSetup};
 pub use send::TaggedWrite;
 
 pub use squarepeg_framing::FrameFormat;
@@ -492,7 +492,8 @@ impl Connection {
         if let RecordLayer::Tls(t) = &mut self.record {
             t.failed = true;
         }
-        self.session.handle_transport_closed(now, tls_transport_error(e));
+        self.session
+            .handle_transport_closed(now, tls_transport_error(e));
     }
 
     /// The next tagged write, on a tagged-write substrate: it stays the next one until

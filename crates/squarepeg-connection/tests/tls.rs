@@ -197,9 +197,7 @@ fn messages_and_streams_go_through_tls_records() {
     );
     // No plaintext leaks: the message bytes never appear in the clear.
     assert!(
-        !p.wire_up
-            .windows(5)
-            .any(|w| w == b"early"),
+        !p.wire_up.windows(5).any(|w| w == b"early"),
         "plaintext on the wire"
     );
     let stats = p.client.stats().tls.unwrap();
@@ -262,7 +260,10 @@ fn key_updates_in_both_directions_keep_data_flowing() {
     }
     let c = p.client.stats().tls.unwrap();
     let s = p.server.stats().tls.unwrap();
-    assert!(c.key_updates_sent >= 2 && s.key_updates_received >= 2, "{c:?} {s:?}");
+    assert!(
+        c.key_updates_sent >= 2 && s.key_updates_received >= 2,
+        "{c:?} {s:?}"
+    );
     assert!(s.key_updates_sent >= 4, "{s:?}");
 }
 

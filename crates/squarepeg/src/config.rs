@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use squarepeg_session::Config;
+use squarepeg_connection::TlsSetup;
+use squarepeg_session::{Config, ConfigError};
 
 /// Configuration of a [`crate::Connection`] and its driver. Start from
 /// `ConnectionConfig::default()` and change fields (the struct may gain fields, so it is not
@@ -56,6 +57,10 @@ pub struct ConnectionConfig {
     /// [`crate::ConnectionStats::statuses_lagged`]). 0 turns status
     /// reporting off.
     pub status_queue: usize,
+    /// TLS 1.3 (over kernel TCP): a client set-up for [`crate::Connection::connect`], a server
+    /// set-up for [`crate::Endpoint::bind`]; see [`crate::tls`] for making one (trusted roots,
+    /// a CA, a pinned certificate, a self-signed certificate). `None`: cleartext.
+    pub tls: Option<TlsSetup>,
 }
 
 impl Default for ConnectionConfig {
@@ -90,6 +95,7 @@ impl Default for ConnectionConfig {
             write_batch: 64 * 1024,
             read_buffer: 64 * 1024,
             status_queue: 1 << 16,
+            tls: None,
         }
     }
 }
@@ -101,6 +107,45 @@ impl ConnectionConfig {
         c.session = self.session.clone();
         c.read_buffer = self.read_buffer;
         c.plain_frames = self.plain_frames;
+        c.tls = self.tls.clone();
         c
+    }
+
+    /// This configuration with TLS as a client that checks the server's certificate with
+    /// `config` against `server_name`.
+    pub fn with_tls_client(
+        mut self,
+        config: std::sync::Arc<squarepeg_tls::rustls::ClientConfig>,
+        server_name: impl Into<String>,
+    ) -> Self {
+        self.tls = Some(TlsSetup::Client {
+            config,
+            server_name: server_name.into(),
+        });
+        self
+    }
+
+    /// This configuration with TLS as a server with `config` (its certificate and key).
+    pub fn with_tls_server(
+        mut self,
+        config: std::sync::Arc<squarepeg_tls::rustls::ServerConfig>,
+    ) -> Self {
+        self.tls = Some(TlsSetup::Server { config });
+        self
+    }
+
+    /// Checks the values, and that the TLS side (if any) is `role`'s.
+    pub(crate) fn check(&self, role: squarepeg_connection::Role) -> Result<(), ConfigError> {
+        self.core_config().validate()?;
+        match &self.tls {
+            Some(t) if t.is_client() != (role == squarepeg_connection::Role::Client) => {
+                Err(ConfigError(if t.is_client() {
+                    "a TLS client set-up cannot accept connections: use with_tls_server"
+                } else {
+                    "a TLS server set-up cannot open connections: use with_tls_client"
+                }))
+            }
+            _ => Ok(()),
+        }
     }
 }

@@ -8,7 +8,9 @@ use std::task::Waker;
 use std::time::Instant;
 
 use bytes::Bytes;
-use squarepeg_connection::{Connection as Core, Send as SendKind, SessionStats, UtcpStats};
+use squarepeg_connection::{
+    Connection as Core, Send as SendKind, SessionStats, TlsStats, UtcpStats,
+};
 use squarepeg_session::{
     ConnectionError, Event, Message, MessageNumber, MessageProps, MessageStatus, SendError,
     StreamError, StreamId, TransportError,
@@ -36,6 +38,8 @@ pub(crate) struct Shared {
     send_space: Notify,
     statuses: Notify,
     finished: Notify,
+    /// The TLS handshake finished (or the connection ended).
+    established: Notify,
     pub(crate) local: SocketAddr,
     pub(crate) remote: SocketAddr,
 }
@@ -51,6 +55,8 @@ pub(crate) struct State {
     pub(crate) driver_done: bool,
     /// The `TCP_NOTSENT_LOWAT` in force (kernel TCP), as the driver set it.
     pub(crate) notsent_lowat: Option<u32>,
+    /// The core's establishment (the end of the TLS handshake) was told to waiters.
+    established_told: bool,
 }
 
 impl State {
@@ -85,6 +91,7 @@ impl Shared {
                 statuses_lagged: 0,
                 driver_done: false,
                 notsent_lowat: None,
+                established_told: false,
             }),
             received: Mutex::new(VecDeque::new()),
             driver: Notify::new(),
@@ -94,6 +101,7 @@ impl Shared {
             send_space: Notify::new(),
             statuses: Notify::new(),
             finished: Notify::new(),
+            established: Notify::new(),
             local,
             remote,
         }
@@ -158,6 +166,15 @@ impl Shared {
         }
     }
 
+    /// After bytes were handed to the core: wakes those waiting for the end of the TLS
+    /// handshake once it has ended.
+    pub(crate) fn note_established(&self, st: &mut State) {
+        if !st.established_told && st.conn.is_established() {
+            st.established_told = true;
+            self.established.notify_waiters();
+        }
+    }
+
     pub(crate) fn wake_all(&self, st: &mut State) {
         for (_, w) in st.read_wakers.drain().chain(st.write_wakers.drain()) {
             w.wake();
@@ -169,6 +186,7 @@ impl Shared {
             &self.send_space,
             &self.statuses,
             &self.finished,
+            &self.established,
         ] {
             n.notify_waiters();
         }
@@ -327,6 +345,20 @@ pub struct ConnectionStats {
     /// Over kernel TCP: the `TCP_NOTSENT_LOWAT` in force (it follows the delivery rate
     /// with `ConnectionConfig::unsent_drain`).
     pub notsent_lowat: Option<u32>,
+    /// Over TLS: the record layer's counters (records, bytes, key updates).
+    pub tls: Option<TlsStats>,
+}
+
+/// What the TLS handshake settled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TlsInfo {
+    /// The cipher suite, e.g. `TLS13_AES_128_GCM_SHA256`.
+    pub cipher_suite: String,
+    /// SHA-256 of the peer's end-entity certificate (DER), if it sent one.
+    pub peer_certificate_sha256: Option<[u8; 32]>,
+    /// Whether the handshake resumed an earlier session.
+    pub resumed: bool,
 }
 
 /// A squarepeg connection: messages and streams over one transport
@@ -593,7 +625,59 @@ impl Connection {
             statuses_lagged: st.statuses_lagged,
             utcp: core.utcp,
             notsent_lowat: st.notsent_lowat,
+            tls: core.tls,
         }
+    }
+
+    /// Over TLS, once the handshake is done: the cipher suite, the peer's certificate
+    /// fingerprint, resumption.
+    pub fn tls_info(&self) -> Option<TlsInfo> {
+        let st = self.shared().lock();
+        let tls = st.conn.tls()?;
+        let suite = tls.negotiated_suite()?;
+        Some(TlsInfo {
+            cipher_suite: format!("{:?}", suite.suite()),
+            peer_certificate_sha256: tls
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .map(squarepeg_tls::config::certificate_fingerprint),
+            resumed: tls.handshake_kind() == Some(squarepeg_tls::rustls::HandshakeKind::Resumed),
+        })
+    }
+
+    /// Over TLS: updates this side's sending keys now (RFC 8446 §4.6.3), and asks the peer
+    /// to update its own with `request_peer`. Keys are also updated on their own before a
+    /// key's confidentiality limit. Returns false on a cleartext connection.
+    pub fn update_tls_keys(&self, request_peer: bool) -> bool {
+        let sh = self.shared();
+        let mut st = sh.lock();
+        let Some(tls) = st.conn.tls_mut() else {
+            return false;
+        };
+        tls.initiate_key_update(request_peer);
+        drop(st);
+        sh.driver.notify_one();
+        true
+    }
+
+    /// Waits until the connection is ready for data: at once in cleartext, after the TLS
+    /// handshake over TLS ([`Connection::connect`] already waits for it; an accepted
+    /// connection may be used at once, its data waits for the handshake). Fails with why the
+    /// connection ended if it ended first (e.g. a refused certificate:
+    /// `TransportError::Tls(TlsFailure::Certificate)`).
+    pub async fn established(&self) -> Result<(), ConnectionError> {
+        self.shared()
+            .wait(
+                |s| &s.established,
+                |st| {
+                    if st.conn.is_established() {
+                        Some(Ok(()))
+                    } else {
+                        st.conn.session().error().cloned().map(Err)
+                    }
+                },
+            )
+            .await
     }
 }
 

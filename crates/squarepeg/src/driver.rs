@@ -224,6 +224,7 @@ impl<W: Wire> Driver<W> {
         let now = Instant::now();
         let mut st = self.shared.lock();
         self.wire.end_read(&mut st.conn, now);
+        self.shared.note_established(&mut st);
         if n == 0 {
             self.read_open = false;
             st.conn

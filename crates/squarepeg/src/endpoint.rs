@@ -5,7 +5,7 @@ use std::io;
 use std::net::SocketAddr;
 
 use squarepeg_connection::{NewConnectionError, Role};
-use squarepeg_session::{ConfigError, TransportError};
+use squarepeg_session::{ConfigError, ConnectionError, TransportError};
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 
 use crate::config::ConnectionConfig;
@@ -16,9 +16,18 @@ use crate::kernel;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConnectError {
-    /// Opening the TCP connection failed: refused, unreachable, timed out, reset.
+    /// Opening the connection failed: refused, unreachable, timed out, reset, or the TLS
+    /// handshake failed (`TransportError::Tls`: a refused certificate, an alert).
     #[error("connecting: {0}")]
     Transport(TransportError),
+    /// The connection ended during its set-up for another reason (the peer closed it, or
+    /// broke the protocol).
+    #[error("connecting: {0}")]
+    Closed(ConnectionError),
+    /// The TLS configuration cannot be used (no TLS 1.3, secret extraction off, a server
+    /// name that is not one).
+    #[error(transparent)]
+    Tls(squarepeg_tls::TlsError),
     /// A local I/O error (binding, accepting, socket options, the stack).
     #[error("local I/O: {0}")]
     Io(#[from] io::Error),
@@ -39,6 +48,7 @@ impl From<NewConnectionError> for ConnectError {
     fn from(e: NewConnectionError) -> Self {
         match e {
             NewConnectionError::Config(c) => ConnectError::Config(c),
+            NewConnectionError::Tls(t) => ConnectError::Tls(t),
             other => ConnectError::Io(io::Error::new(io::ErrorKind::InvalidInput, other)),
         }
     }
@@ -71,7 +81,7 @@ impl Endpoint {
         addr: impl ToSocketAddrs,
         config: ConnectionConfig,
     ) -> Result<Self, ConnectError> {
-        config.core_config().validate()?;
+        config.check(Role::Server)?;
         let listener = Listener::Kernel(TcpListener::bind(addr).await?);
         Ok(Self { listener, config })
     }
@@ -86,7 +96,7 @@ impl Endpoint {
         addr: SocketAddr,
         config: ConnectionConfig,
     ) -> Result<Self, ConnectError> {
-        config.core_config().validate()?;
+        config.check(Role::Server)?;
         let (listener, window) =
             crate::utcp::listen(stack, addr, config.inconsistent_retransmissions)?;
         Ok(Self {
@@ -130,9 +140,15 @@ impl Connection {
         addr: impl ToSocketAddrs,
         config: ConnectionConfig,
     ) -> Result<Connection, ConnectError> {
-        config.core_config().validate()?;
+        config.check(Role::Client)?;
         let socket = TcpStream::connect(addr).await.map_err(connect_error)?;
-        kernel::start(socket, Role::Client, config)
+        let conn = kernel::start(socket, Role::Client, config)?;
+        // Over TLS: the handshake's outcome is the connect's.
+        conn.established().await.map_err(|e| match e {
+            ConnectionError::Transport(t) => ConnectError::Transport(t),
+            other => ConnectError::Closed(other),
+        })?;
+        Ok(conn)
     }
 
     /// Opens a connection to `addr` over the userspace TCP of `stack` (with the stack's
@@ -144,7 +160,7 @@ impl Connection {
         addr: SocketAddr,
         config: ConnectionConfig,
     ) -> Result<Connection, ConnectError> {
-        config.core_config().validate()?;
+        config.check(Role::Client)?;
         let (stream, window) =
             crate::utcp::connect(stack, addr, config.inconsistent_retransmissions)
                 .await

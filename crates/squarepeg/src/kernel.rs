@@ -3,13 +3,14 @@
 //! Reads go straight into the core's in-order receiver, which the driver borrows for the
 //! read and decodes outside the connection's lock; output is the core's frames, taken in
 //! batches no larger than the `TCP_NOTSENT_LOWAT` in force (late binding, see the crate
-//! docs).
+//! docs). Over TLS the core keeps its receiver (records are opened there), and reads go into
+//! a buffer of the wire's own that the core takes under the lock.
 
 use std::io;
 use std::sync::Arc;
 use std::time::Instant;
 
-use squarepeg_connection::{Connection as Core, Receiver, Role, Substrate};
+use squarepeg_connection::{Connection as Core, Protection, Receiver, Role, Substrate};
 use tokio::net::TcpStream;
 
 use crate::config::ConnectionConfig;
@@ -21,6 +22,9 @@ use crate::unsent::AdaptiveLowat;
 struct KernelWire {
     /// The core's receiver while a read is under way.
     receiver: Option<Box<Receiver>>,
+    /// Over TLS: ciphertext read, and how much of it.
+    ciphertext: Vec<u8>,
+    ciphertext_len: usize,
     /// Frames taken from the core are committed: a batch larger than the lowat would hold an
     /// urgent message behind it, and one write larger than the lowat fills the kernel past
     /// it (the kernel checks the lowat only between its buffers, up to 64 KB each), so the
@@ -52,6 +56,7 @@ impl Wire for KernelWire {
     }
 
     fn begin_read(&mut self, core: &mut Core) {
+        // Over TLS the core keeps its receiver: `None`.
         if self.receiver.is_none() {
             self.receiver = core.take_receiver();
         }
@@ -60,19 +65,23 @@ impl Wire for KernelWire {
     fn read_buffer(&mut self) -> &mut [u8] {
         match self.receiver.as_mut() {
             Some(r) => r.buffer(),
-            None => &mut [],
+            None => &mut self.ciphertext,
         }
     }
 
     fn filled(&mut self, n: usize) {
-        if let Some(r) = self.receiver.as_mut() {
-            r.filled(n);
+        match self.receiver.as_mut() {
+            Some(r) => r.filled(n),
+            None => self.ciphertext_len = n,
         }
     }
 
     fn end_read(&mut self, core: &mut Core, now: Instant) {
         if let Some(r) = self.receiver.take() {
             core.return_receiver(now, r);
+        } else if self.ciphertext_len > 0 {
+            core.handle_bytes(now, &self.ciphertext[..self.ciphertext_len]);
+            self.ciphertext_len = 0;
         }
     }
 }
@@ -91,10 +100,18 @@ pub(crate) fn start(
     let local = socket.local_addr()?;
     let remote = socket.peer_addr()?;
     let core = Core::new(role, config.core_config(), Substrate::byte_stream())?;
+    let tls = core.protection() == Protection::Tls;
     let shared = Arc::new(Shared::new(core, config.status_queue, local, remote));
     shared.lock().notsent_lowat = config.notsent_lowat;
     let wire = KernelWire {
         receiver: None,
+        // Over TLS reads go here (an empty buffer otherwise: the core's receiver is used).
+        ciphertext: if tls {
+            vec![0; config.read_buffer.max(1)]
+        } else {
+            Vec::new()
+        },
+        ciphertext_len: 0,
         batch: config
             .write_batch
             .min(config.notsent_lowat.map_or(usize::MAX, |l| l as usize))

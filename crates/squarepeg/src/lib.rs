@@ -137,13 +137,13 @@ mod unsent;
 mod utcp;
 
 pub use config::ConnectionConfig;
-pub use connection::{Connection, ConnectionStats};
+pub use connection::{Connection, ConnectionStats, TlsInfo};
 pub use endpoint::{ConnectError, Endpoint};
 pub use stream::Stream;
 
 // Every type the public signatures use.
 pub use bytes::Bytes;
-pub use squarepeg_connection::UtcpStats;
+pub use squarepeg_connection::{Protection, TlsSetup, UtcpStats};
 pub use squarepeg_framing::{CobsError, FrameError, FrameFormat, HeaderError};
 /// The userspace TCP's TUN stack (`squarepeg-io`): devices, stack configuration, streams —
 /// what it takes to make the [`Stack`] that [`Connection::connect_utcp`] and
@@ -156,5 +156,10 @@ pub use squarepeg_session::control::ControlError;
 pub use squarepeg_session::{
     Config as SessionConfig, ConfigError, ConnectionError, MAX_MESSAGE_SIZE, Message,
     MessageNumber, MessageProps, MessageStatus, Priority, ProtocolError, SendError,
-    Stats as SessionStats, StreamError, StreamId, TransportError, transport_code,
+    Stats as SessionStats, StreamError, StreamId, TlsFailure, TransportError, transport_code,
 };
+/// TLS 1.3 set-ups (`squarepeg-tls`): client configurations trusting the system's roots, a
+/// CA, a pinned certificate; server configurations from PEM; self-signed certificates for
+/// labs and quick starts; and `rustls` itself.
+pub use squarepeg_tls as tls;
+pub use squarepeg_tls::{TlsError, TlsStats};

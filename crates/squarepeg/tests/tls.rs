@@ -1,0 +1,222 @@
+//! The transport API over TLS 1.3 on kernel TCP (loopback): messages with priorities and
+//! lifetimes, a stream, statuses and close inside TLS records, as in cleartext; the wire
+//! carries only TLS records; a refused certificate fails the connect with a typed error.
+//! A relay in the middle records (and can corrupt) the bytes. Tests assert outcomes, never
+//! durations.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use squarepeg::tls::config::{self, Trust};
+use squarepeg::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Fails a test that would otherwise hang; not a timing assertion.
+async fn no_hang<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(120), f)
+        .await
+        .expect("test stalled")
+}
+
+/// A server configuration with a fresh self-signed certificate, and a client configuration
+/// that pins it (or another certificate).
+fn configs(pin_the_right_one: bool) -> (ConnectionConfig, ConnectionConfig) {
+    let cert = config::self_signed(&["peg.test".into()]).unwrap();
+    let pin = if pin_the_right_one {
+        cert.fingerprint
+    } else {
+        config::self_signed(&["peg.test".into()])
+            .unwrap()
+            .fingerprint
+    };
+    let server = ConnectionConfig::default().with_tls_server(
+        config::server_config(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes()).unwrap(),
+    );
+    let client = ConnectionConfig::default().with_tls_client(
+        config::client_config(Trust::PinnedSha256(pin)).unwrap(),
+        "peg.test",
+    );
+    (client, server)
+}
+
+/// Relays one TCP connection between `listener` and `to`, recording each direction's bytes.
+async fn relay(listener: TcpListener, to: std::net::SocketAddr, up: Arc<Mutex<Vec<u8>>>) {
+    let (mut a, _) = listener.accept().await.unwrap();
+    let mut b = TcpStream::connect(to).await.unwrap();
+    let (mut ar, mut aw) = a.split();
+    let (mut br, mut bw) = b.split();
+    let upward = async {
+        let mut buf = vec![0; 65536];
+        loop {
+            let n = ar.read(&mut buf).await.unwrap_or(0);
+            if n == 0 {
+                let _ = bw.shutdown().await;
+                return;
+            }
+            up.lock().unwrap().extend_from_slice(&buf[..n]);
+            if bw.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    let downward = async {
+        let _ = tokio::io::copy(&mut br, &mut aw).await;
+        let _ = aw.shutdown().await;
+    };
+    tokio::join!(upward, downward);
+}
+
+#[tokio::test]
+async fn messages_streams_and_close_inside_tls() {
+    no_hang(async {
+        let (client_config, server_config) = configs(true);
+        let ep = Endpoint::bind("127.0.0.1:0", server_config).await.unwrap();
+        let server_addr = ep.local_addr().unwrap();
+        let relay_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let relay_addr = relay_listener.local_addr().unwrap();
+        let up = Arc::new(Mutex::new(Vec::new()));
+        let relay_task = tokio::spawn(relay(relay_listener, server_addr, up.clone()));
+        let (client, server) =
+            tokio::join!(Connection::connect(relay_addr, client_config), ep.accept());
+        let (client, server) = (client.unwrap(), server.unwrap());
+        server.established().await.unwrap();
+        let info = client.tls_info().unwrap();
+        assert!(info.cipher_suite.starts_with("TLS13_"), "{info:?}");
+        assert!(info.peer_certificate_sha256.is_some());
+
+        // Messages of every size class, with priorities and lifetimes; a stream alongside.
+        let mut sent = Vec::new();
+        for i in 0..200u32 {
+            let payload: Vec<u8> = (0..(i * 97) % 20_000).map(|k| (k ^ i) as u8).collect();
+            let props = MessageProps {
+                substream: u64::from(i % 3),
+                priority: Priority::new((i % 4) as u8).unwrap(),
+                lifetime: (i % 5 == 0).then_some(Duration::from_secs(60)),
+                ..Default::default()
+            };
+            client.send_message(payload.clone(), props).await.unwrap();
+            sent.push(payload);
+        }
+        let data: Vec<u8> = (0..1_500_000u32).map(|i| (i % 251) as u8).collect();
+        let mut stream = client.open_stream().await.unwrap();
+        let writer = {
+            let data = data.clone();
+            tokio::spawn(async move {
+                stream.write_all(&data).await.unwrap();
+                stream.shutdown().await.unwrap();
+            })
+        };
+        let mut got = Vec::new();
+        for _ in 0..sent.len() {
+            got.push(server.recv_message().await.unwrap().payload.to_vec());
+        }
+        // Priorities may reorder messages queued together: compare as sets of payloads.
+        let mut a = got.clone();
+        let mut b = sent.clone();
+        a.sort();
+        b.sort();
+        assert_eq!(a, b);
+        let mut incoming = server.accept_stream().await.unwrap();
+        let mut read = Vec::new();
+        incoming.read_to_end(&mut read).await.unwrap();
+        writer.await.unwrap();
+        assert_eq!(Sha256::digest(&read), Sha256::digest(&data));
+        let mut sent_statuses = 0;
+        while let Ok(Some((_, status))) =
+            tokio::time::timeout(Duration::from_millis(200), client.next_message_status())
+                .await
+                .map(|r| r.ok())
+        {
+            assert_eq!(status, MessageStatus::Sent);
+            sent_statuses += 1;
+            if sent_statuses == sent.len() {
+                break;
+            }
+        }
+        assert_eq!(sent_statuses, sent.len());
+        // Answers back.
+        server
+            .send_message(b"reply".to_vec(), MessageProps::default())
+            .await
+            .unwrap();
+        assert_eq!(&client.recv_message().await.unwrap().payload[..], b"reply");
+        assert!(client.update_tls_keys(true));
+        server
+            .send_message(b"after the key update".to_vec(), MessageProps::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            &client.recv_message().await.unwrap().payload[..],
+            b"after the key update"
+        );
+
+        client.close().await;
+        assert!(matches!(
+            server.closed().await,
+            ConnectionError::ApplicationClosed { code: 0, .. }
+        ));
+        relay_task.await.unwrap();
+        let stats = client.stats().tls.unwrap();
+        assert!(
+            stats.records_sealed > 0 && stats.key_updates_sent >= 1,
+            "{stats:?}"
+        );
+
+        // The wire: a ClientHello, then records only, that tile the stream; no plaintext.
+        let wire = up.lock().unwrap().clone();
+        assert_eq!(&wire[..3], &[0x16, 0x03, 0x01]);
+        let mut at = 0;
+        let mut application_records = 0;
+        while at + 5 <= wire.len() {
+            let len = u16::from_be_bytes([wire[at + 3], wire[at + 4]]) as usize;
+            assert!(len <= 16384 + 256, "record of {len} bytes");
+            if wire[at] == 0x17 {
+                assert_eq!(&wire[at + 1..at + 3], &[3, 3]);
+                application_records += 1;
+            }
+            at += 5 + len;
+        }
+        assert_eq!(at, wire.len(), "records do not tile the stream");
+        assert!(application_records > 90, "{application_records}");
+        let marker = &data[1000..1040];
+        assert!(!wire.windows(marker.len()).any(|w| w == marker));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_refused_certificate_fails_the_connect_with_a_typed_error() {
+    no_hang(async {
+        let (client_config, server_config) = configs(false);
+        let ep = Endpoint::bind("[::1]:0", server_config).await.unwrap();
+        let addr = ep.local_addr().unwrap();
+        let (client, server) = tokio::join!(Connection::connect(addr, client_config), ep.accept());
+        match client {
+            Err(ConnectError::Transport(TransportError::Tls(TlsFailure::Certificate))) => {}
+            other => panic!("{other:?}"),
+        }
+        let server = server.unwrap();
+        assert!(matches!(
+            server.established().await,
+            Err(ConnectionError::Transport(TransportError::Tls(
+                TlsFailure::AlertReceived(_)
+            )))
+        ));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_tls_side_that_does_not_fit_is_refused() {
+    let (client_config, server_config) = configs(true);
+    assert!(matches!(
+        Endpoint::bind("127.0.0.1:0", client_config).await,
+        Err(ConnectError::Config(_))
+    ));
+    assert!(matches!(
+        Connection::connect("127.0.0.1:9", server_config).await,
+        Err(ConnectError::Config(_))
+    ));
+}
