@@ -83,7 +83,11 @@ fn squarepeg_client_with_stock_server() {
             } else {
                 HandshakeKind::Resumed
             };
-            assert_eq!(stock.handshake_kind(), Some(kind), "{suite:?} round {round}");
+            assert_eq!(
+                stock.handshake_kind(),
+                Some(kind),
+                "{suite:?} round {round}"
+            );
             assert_eq!(ours.handshake_kind(), Some(kind));
             transfer(&mut ours, &mut stock);
         }
@@ -112,7 +116,11 @@ fn stock_client_with_squarepeg_server() {
             } else {
                 HandshakeKind::Resumed
             };
-            assert_eq!(stock.handshake_kind(), Some(kind), "{suite:?} round {round}");
+            assert_eq!(
+                stock.handshake_kind(),
+                Some(kind),
+                "{suite:?} round {round}"
+            );
             assert_eq!(ours.handshake_kind(), Some(kind));
             assert_eq!(ours.stats().bytes_opened, early.len() as u64);
             transfer(&mut ours, &mut stock);
