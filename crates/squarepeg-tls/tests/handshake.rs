@@ -228,3 +228,25 @@ fn a_handshake_failure_sends_rustls_alert() {
     // access_denied (49) for a certificate the application refused.
     assert_eq!(err, TlsError::Alert { description: 49 });
 }
+
+/// A key update or a close asked for during the handshake goes out once it completes.
+#[test]
+fn key_update_and_close_asked_for_during_the_handshake() {
+    let setup = default_setup();
+    let mut client = Tls::client(setup.client.clone(), SERVER_NAME).unwrap();
+    let mut server = Tls::server(setup.server.clone()).unwrap();
+    client.initiate_key_update(true);
+    server.send_close_notify();
+    pump(&mut client, &mut server).unwrap();
+    assert!(!client.is_handshaking() && !server.is_handshaking());
+    assert_eq!(client.stats().key_updates_sent, 1);
+    assert_eq!(server.stats().key_updates_received, 1);
+    // A closing server sends no more application data, so it does not answer
+    // update_requested (RFC 8446 §4.6.3 asks for the answer before the next data).
+    assert_eq!(server.stats().key_updates_sent, 0);
+    assert!(client.peer_closed());
+    assert_eq!(server.seal(b"x", &mut Vec::new()), Err(TlsError::Closed));
+    let up = data(100, 9);
+    let wire = sealed(&mut client, &up);
+    assert_eq!(feed(&mut server, &wire, usize::MAX).unwrap(), up);
+}
