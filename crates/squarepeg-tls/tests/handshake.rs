@@ -77,8 +77,11 @@ fn sealed_len_is_exact() {
 /// rustls to the record layer; the tickets must reach rustls (the next connection resumes).
 #[test]
 fn data_in_the_same_read_as_the_handshake_end_is_kept() {
-    for piece in [usize::MAX, 1, 7, 300] {
-        let setup = default_setup();
+    for (suite, piece) in TLS13_SUITES
+        .into_iter()
+        .flat_map(|suite| [usize::MAX, 1, 7, 300].map(|piece| (suite, piece)))
+    {
+        let setup = setup(&[suite]);
         let mut client = Tls::client(setup.client.clone(), SERVER_NAME).unwrap();
         let mut server = Tls::server(setup.server.clone()).unwrap();
         let mut hello = Vec::new();
@@ -98,6 +101,7 @@ fn data_in_the_same_read_as_the_handshake_end_is_kept() {
         client.seal(&up2, &mut wire).unwrap();
         let got = feed(&mut server, &wire, piece).unwrap();
         assert!(!server.is_handshaking());
+        assert_eq!(server.negotiated_suite(), Some(suite));
         assert_eq!(got, [up, up2].concat());
 
         // NewSessionTickets, the KeyUpdate answer and data in one read.

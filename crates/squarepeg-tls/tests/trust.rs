@@ -41,7 +41,7 @@ fn handshake(
     client: Arc<ClientConfig>,
     server: Arc<ServerConfig>,
     name: &str,
-) -> Result<Tls, (TlsError, TlsError)> {
+) -> Result<Tls, Box<(TlsError, TlsError)>> {
     let mut client = Tls::client(client, name).unwrap();
     let mut server = Tls::server(server).unwrap();
     match pump(&mut client, &mut server) {
@@ -53,7 +53,7 @@ fn handshake(
             let mut alert = Vec::new();
             client.poll_output(&mut alert);
             let server_error = feed(&mut server, &alert, usize::MAX).unwrap_err();
-            Err((client_error, server_error))
+            Err(Box::new((client_error, server_error)))
         }
     }
 }
@@ -80,7 +80,7 @@ fn ca_pem_accepts_its_certificates_only() {
     );
 
     let (client_error, server_error) =
-        handshake(client.clone(), other_server, SERVER_NAME).unwrap_err();
+        *handshake(client.clone(), other_server, SERVER_NAME).unwrap_err();
     assert_eq!(
         client_error,
         invalid_certificate(CertificateError::UnknownIssuer)
@@ -88,7 +88,7 @@ fn ca_pem_accepts_its_certificates_only() {
     assert_eq!(server_error, TlsError::Alert { description: 48 }); // unknown_ca
 
     // The right CA, the wrong name.
-    let (client_error, _) = handshake(client, server, "elsewhere.test").unwrap_err();
+    let (client_error, _) = *handshake(client, server, "elsewhere.test").unwrap_err();
     assert!(
         matches!(
             client_error,
@@ -114,7 +114,7 @@ fn pinned_sha256_accepts_the_pinned_certificate_only() {
     handshake(client.clone(), server, "any-name.invalid").unwrap();
 
     let (client_error, server_error) =
-        handshake(client.clone(), other_server, SERVER_NAME).unwrap_err();
+        *handshake(client.clone(), other_server, SERVER_NAME).unwrap_err();
     assert_eq!(
         client_error,
         invalid_certificate(CertificateError::ApplicationVerificationFailure)
@@ -138,7 +138,7 @@ fn pinned_sha256_accepts_the_pinned_certificate_only() {
             .clone();
     impostor.cert_resolver = Arc::new(Fixed(Arc::new(CertifiedKey::new(chain, signer))));
     let (client_error, server_error) =
-        handshake(client, Arc::new(impostor), SERVER_NAME).unwrap_err();
+        *handshake(client, Arc::new(impostor), SERVER_NAME).unwrap_err();
     assert!(
         matches!(client_error, TlsError::Handshake(_)),
         "{client_error:?}"
