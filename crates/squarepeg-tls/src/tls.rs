@@ -352,8 +352,10 @@ where
     }
 }
 
-/// After rustls failed, takes the alert it queued (RFC 8446 §6.2) into `control`. rustls is
-/// shown the same bytes as before (its handshake reassembly refers to them).
+/// After rustls failed, takes the alert it queued (RFC 8446 §6.2) into `control`: the next
+/// call hands out queued records before reading anything. Only that one call: a further one
+/// would make rustls read the failed bytes again. rustls is shown the same bytes as before
+/// (its handshake reassembly refers to them).
 fn drain_alert<Data>(
     conn: &mut UnbufferedConnectionCommon<Data>,
     inbox: &mut Inbox,
@@ -361,21 +363,12 @@ fn drain_alert<Data>(
 ) where
     UnbufferedConnectionCommon<Data>: ProcessTlsRecords<Data>,
 {
-    for _ in 0..8 {
-        let exposed = &mut inbox.buf[inbox.head..inbox.head + inbox.exposed];
-        let UnbufferedStatus { discard, state } = conn.process(exposed);
-        let encoded = match state {
-            Ok(ConnectionState::EncodeTlsData(mut encoder)) => {
-                encode(&mut encoder, control);
-                true
-            }
-            _ => false,
-        };
-        inbox.consume(discard);
-        if !encoded {
-            return;
-        }
+    let exposed = &mut inbox.buf[inbox.head..inbox.head + inbox.exposed];
+    let UnbufferedStatus { discard, state } = conn.process(exposed);
+    if let Ok(ConnectionState::EncodeTlsData(mut encoder)) = state {
+        encode(&mut encoder, control);
     }
+    inbox.consume(discard);
 }
 
 impl Tls {

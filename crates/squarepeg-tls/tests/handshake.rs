@@ -77,8 +77,11 @@ fn sealed_len_is_exact() {
 /// rustls to the record layer; the tickets must reach rustls (the next connection resumes).
 #[test]
 fn data_in_the_same_read_as_the_handshake_end_is_kept() {
-    for piece in [usize::MAX, 1, 7, 300] {
-        let setup = default_setup();
+    for (suite, piece) in TLS13_SUITES
+        .into_iter()
+        .flat_map(|suite| [usize::MAX, 1, 7, 300].map(|piece| (suite, piece)))
+    {
+        let setup = setup(&[suite]);
         let mut client = Tls::client(setup.client.clone(), SERVER_NAME).unwrap();
         let mut server = Tls::server(setup.server.clone()).unwrap();
         let mut hello = Vec::new();
@@ -98,6 +101,7 @@ fn data_in_the_same_read_as_the_handshake_end_is_kept() {
         client.seal(&up2, &mut wire).unwrap();
         let got = feed(&mut server, &wire, piece).unwrap();
         assert!(!server.is_handshaking());
+        assert_eq!(server.negotiated_suite(), Some(suite));
         assert_eq!(got, [up, up2].concat());
 
         // NewSessionTickets, the KeyUpdate answer and data in one read.
@@ -227,4 +231,26 @@ fn a_handshake_failure_sends_rustls_alert() {
     let err = feed(&mut server, &alert, usize::MAX).unwrap_err();
     // access_denied (49) for a certificate the application refused.
     assert_eq!(err, TlsError::Alert { description: 49 });
+}
+
+/// A key update or a close asked for during the handshake goes out once it completes.
+#[test]
+fn key_update_and_close_asked_for_during_the_handshake() {
+    let setup = default_setup();
+    let mut client = Tls::client(setup.client.clone(), SERVER_NAME).unwrap();
+    let mut server = Tls::server(setup.server.clone()).unwrap();
+    client.initiate_key_update(true);
+    server.send_close_notify();
+    pump(&mut client, &mut server).unwrap();
+    assert!(!client.is_handshaking() && !server.is_handshaking());
+    assert_eq!(client.stats().key_updates_sent, 1);
+    assert_eq!(server.stats().key_updates_received, 1);
+    // A closing server sends no more application data, so it does not answer
+    // update_requested (RFC 8446 §4.6.3 asks for the answer before the next data).
+    assert_eq!(server.stats().key_updates_sent, 0);
+    assert!(client.peer_closed());
+    assert_eq!(server.seal(b"x", &mut Vec::new()), Err(TlsError::Closed));
+    let up = data(100, 9);
+    let wire = sealed(&mut client, &up);
+    assert_eq!(feed(&mut server, &wire, usize::MAX).unwrap(), up);
 }
