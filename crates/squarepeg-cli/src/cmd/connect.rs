@@ -18,6 +18,8 @@ pub struct ConnectArgs {
     #[arg(long, default_value = "10s", value_parser = super::parse_duration_arg)]
     pub connect_timeout: Duration,
     #[command(flatten)]
+    pub tls: super::tls::ConnectTlsArgs,
+    #[command(flatten)]
     pub peer: PeerArgs,
     #[command(flatten)]
     pub substrate: SubstrateArgs,
@@ -31,7 +33,7 @@ pub fn run(mut args: ConnectArgs, given: &[String]) -> anyhow::Result<()> {
     args.substrate.check(given)?;
     args.peer.quiet = args.substrate.stack.quiet;
     let rt = tokio::runtime::Runtime::new()?;
-    let config = args.peer.connection_config();
+    let config = args.tls.apply(args.peer.connection_config(), &args.addr)?;
     let result = match args.substrate.substrate {
         Substrate::Kernel => rt.block_on(async {
             let conn = super::connect_within(
@@ -42,6 +44,9 @@ pub fn run(mut args: ConnectArgs, given: &[String]) -> anyhow::Result<()> {
             )
             .await?;
             eprintln!("connected to {}", conn.remote_address());
+            if let Some(tls) = super::tls::describe(&conn) {
+                eprintln!("{tls}");
+            }
             run_peer(conn, args.peer, true).await
         }),
         Substrate::Utcp => {

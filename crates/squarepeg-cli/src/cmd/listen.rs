@@ -17,6 +17,8 @@ pub struct ListenArgs {
     /// or [::]:PORT for all of them.
     pub addr: String,
     #[command(flatten)]
+    pub tls: super::tls::ListenTlsArgs,
+    #[command(flatten)]
     pub peer: PeerArgs,
     #[command(flatten)]
     pub substrate: SubstrateArgs,
@@ -27,13 +29,19 @@ pub fn run(mut args: ListenArgs, given: &[String]) -> anyhow::Result<()> {
     args.substrate.check(given)?;
     args.peer.quiet = args.substrate.stack.quiet;
     let rt = tokio::runtime::Runtime::new()?;
-    let config = args.peer.connection_config();
+    let config = args.tls.apply(args.peer.connection_config(), &args.addr)?;
     let result = match args.substrate.substrate {
         Substrate::Kernel => rt.block_on(async {
             let ep = squarepeg::Endpoint::bind(&args.addr, config).await?;
             eprintln!("listening on {}", ep.local_addr()?);
             let conn = ep.accept().await?;
             eprintln!("connection from {}", conn.remote_address());
+            if args.tls.tls {
+                conn.established().await?;
+                if let Some(tls) = super::tls::describe(&conn) {
+                    eprintln!("{tls}");
+                }
+            }
             run_peer(conn, args.peer, false).await
         }),
         Substrate::Utcp => {

@@ -7,6 +7,7 @@ pub mod lab;
 pub mod listen;
 mod peer;
 pub mod priority;
+pub mod tls;
 pub mod stack;
 pub mod substrate;
 pub mod tcp;
