@@ -128,7 +128,10 @@ fn check_capture(pcap: &std::path::Path) {
         run("tls.handshake.extensions.supported_version == 0x0304") >= 2,
         "not TLS 1.3"
     );
-    assert!(run("tls.record.opaque_type == 23") >= 4, "no application data");
+    assert!(
+        run("tls.record.opaque_type == 23") >= 4,
+        "no application data"
+    );
     assert_eq!(run("_ws.malformed || _ws.expert.severity == error"), 0);
 }
 

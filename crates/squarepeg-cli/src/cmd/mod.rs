@@ -7,10 +7,10 @@ pub mod lab;
 pub mod listen;
 mod peer;
 pub mod priority;
-pub mod tls;
 pub mod stack;
 pub mod substrate;
 pub mod tcp;
+pub mod tls;
 pub mod voip;
 
 /// Copies `r` to `w` until the end of `r`, counting on `bar`; returns the bytes and their
