@@ -1,24 +1,33 @@
 //! Minion §8.3: send-side prioritization under a network-limited sender.
 //!
-//! A synthetic application always has more to send than the path carries: it writes
-//! [`PriorityConfig::message_bytes`]-byte messages, each one uCOBS message frame written with
-//! `write_message`, whenever the connection lets it — so the send buffer is always nearly
-//! full — and one message in [`PriorityConfig::high_every`] is high priority. As a socket
-//! writer would, the sender writes until the buffer is full, then waits for the connection's
-//! `Writable` event, which comes once a third of the buffer is free (Linux's
-//! `sk_stream_min_wspace`): the buffer holds between two thirds and all of its size, on the
-//! simulator as on the real lab. For every message we
-//! measure the delay from the send call (the write the connection accepted) to its delivery
-//! to the receiving application, per class, for two senders over squarepeg's userspace TCP
-//! on the deterministic simulator ([`run`]) or the real lab ([`run_lab`]):
+//! A synthetic application always has more to send than the path carries: it sends
+//! [`PriorityConfig::message_bytes`]-byte messages on a squarepeg connection whenever the
+//! connection takes one, and one message in [`PriorityConfig::high_every`] is high priority.
+//! For every message we measure the delay from the send call (when the connection took the
+//! message) to its delivery to the receiving application, per class, for two senders:
 //!
-//! - `priority`: high-priority messages carry a higher priority tag, so the send queue
-//!   inserts them ahead of every lower-priority message not yet transmitted (Minion §4.2);
-//! - `fifo`: the same sender with every tag equal: standard TCP order.
+//! - `priority`: high-priority messages are sent at [`Priority::HIGHEST`], the others at
+//!   [`Priority::DEFAULT`]; over the userspace TCP the connection hands each message to the
+//!   TCP's tagged send queue with its priority, which inserts it ahead of every
+//!   lower-priority message not yet transmitted (Minion §4.2);
+//! - `fifo`: every message at the same priority: standard TCP order.
 //!
-//! On the real lab, [`run_lab_kernel`] runs the same two variants with the `squarepeg` crate
-//! over kernel TCP ([`Transport::KernelTcp`]): priorities act in the session's scheduler on
-//! what the kernel has not taken, the late binding of the `squarepeg` crate (ARCHITECTURE.md).
+//! The ends:
+//!
+//! - on the deterministic simulator ([`run`]), a sender writing uCOBS message frames with
+//!   `write_message` on a userspace TCP endpoint, and a receiver reassembling its segments;
+//! - on the real lab ([`run_lab`]), the `squarepeg` crate: [`Transport::Utcp`] opens the
+//!   connection with `Connection::connect_utcp` / `Endpoint::listen_utcp` on a userspace
+//!   stack on TUN at each end, [`Transport::KernelTcp`] over the kernel's TCP, where
+//!   priorities act in the session's scheduler on what the kernel has not taken yet (the
+//!   late binding of the `squarepeg` crate, ARCHITECTURE.md).
+//!
+//! Over the userspace TCP the session holds one message at a time
+//! ([`UTCP_SESSION_QUEUE`]): the connection moves a message into the TCP's queue as soon as
+//! the TCP's send buffer ([`PriorityConfig::send_buffer`]) has room for it, so that buffer is
+//! the sender's buffer and nearly always full. Over kernel TCP the session's queue is
+//! [`PriorityConfig::send_buffer`] and the kernel below holds what `TCP_NOTSENT_LOWAT` lets
+//! it.
 //!
 //! Minion's Figure 10 predicts that high-priority messages see roughly the path's delay
 //! (they wait only behind data already transmitted), while FIFO messages of both classes
@@ -47,9 +56,10 @@
 //!     "warnings": [ … ] }, … ] }
 //! ```
 //!
-//! `overtaking.pairs` counts (high message H, low message L) pairs where L was written
-//! before H but not yet transmitted when H was written; `delivered_first` counts those
-//! where H reached the receiving application before L (with priorities: all of them).
+//! `overtaking.pairs` counts (high message H, low message L) pairs where L was sent before
+//! H but not yet transmitted when H entered the TCP's send queue (where priority insertion
+//! happens); `delivered_first` counts those where H reached the receiving application before
+//! L (with priorities: all of them).
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -58,14 +68,20 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use squarepeg::{ConnectionConfig, Priority, SessionConfig};
 use squarepeg_lab::Side;
 use squarepeg_lab::model::{Bottleneck, LinkConfig};
+use squarepeg_lab::net::Role;
 use squarepeg_lab::sim::{KIND_DATA, SimConfig, Simulator, decode_payload, encode_payload};
+use squarepeg_lab::stack::stack_addresses;
 use squarepeg_tcp::{
-    ConnectionConfig, ConnectionHandle, Endpoint, Error as TcpError, Event, MessageReport, WriteTag,
+    ConnectionHandle, Endpoint, Error as TcpError, Event, MessageReport, WriteTag,
 };
 
 use crate::voip::analysis::{ms, percentile};
+use crate::voip::lab::VoiceReceiver as _;
+use crate::voip::lab::transports::{Library, LibraryCall, LibraryEnds, open_library};
+use crate::voip::lab::utcp::attach;
 use crate::voip::plot::{CdfChart, ensure_font, write_svg_and_png};
 use crate::voip::sim::tcp_host::{
     endpoint, endpoint_host, read_unordered, unordered_reassembler, write_message_frame,
@@ -86,6 +102,10 @@ pub const RECEIVE_WINDOW: usize = 64 * 1024;
 pub const QUEUE_PACKETS: u64 = 64;
 /// Time after the sender stops writing for the queue to drain.
 const DRAIN: Duration = Duration::from_secs(3);
+/// The session's message queue over the userspace TCP: one message at a time (an empty queue
+/// takes any one), so that the TCP's send buffer ([`PriorityConfig::send_buffer`]) is the
+/// sender's buffer.
+pub const UTCP_SESSION_QUEUE: usize = 0;
 
 /// The experiment's parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,9 +169,37 @@ impl PriorityConfig {
         Ok(())
     }
 
-    /// Whether message `number` is high priority (the last of each group of `high_every`).
+    /// Whether message `number` is high priority (the last of each group of `high_every`, as
+    /// the sender picks them).
     pub fn is_high(&self, number: u64) -> bool {
         number % self.high_every == self.high_every - 1
+    }
+
+    /// The sender's userspace TCP: a send buffer of [`PriorityConfig::send_buffer`].
+    fn sender_tcp(&self) -> squarepeg_tcp::ConnectionConfig {
+        squarepeg_tcp::ConnectionConfig {
+            send_buffer: self.send_buffer,
+            ..squarepeg_tcp::ConnectionConfig::default()
+        }
+    }
+
+    /// The sender's session: over the userspace TCP one message at a time
+    /// ([`UTCP_SESSION_QUEUE`]), over kernel TCP [`PriorityConfig::send_buffer`] bytes.
+    fn sender_session(&self, transport: Transport) -> SessionConfig {
+        let mut session = SessionConfig::default();
+        session.message_send_queue = match transport {
+            Transport::Utcp => UTCP_SESSION_QUEUE,
+            Transport::KernelTcp => self.send_buffer,
+        };
+        session
+    }
+}
+
+/// The receiver's userspace TCP: it advertises [`RECEIVE_WINDOW`].
+fn receiver_tcp() -> squarepeg_tcp::ConnectionConfig {
+    squarepeg_tcp::ConnectionConfig {
+        recv_buffer: RECEIVE_WINDOW,
+        ..squarepeg_tcp::ConnectionConfig::default()
     }
 }
 
@@ -187,6 +235,15 @@ impl Variant {
             Variant::Fifo => "fifo",
         }
     }
+
+    /// The priority the sender gives message `number`.
+    fn priority(self, config: &PriorityConfig, number: u64) -> Priority {
+        if self == Variant::Priority && config.is_high(number) {
+            Priority::HIGHEST
+        } else {
+            Priority::DEFAULT
+        }
+    }
 }
 
 /// What carries the messages.
@@ -213,24 +270,28 @@ impl Transport {
 }
 
 /// One message's fate. Times are from the run's start; the `*_order` fields are positions
-/// in one sequence of the sender's writes and first transmissions, and in the receiver's
-/// deliveries.
+/// in one sequence of the messages' entries into the TCP's send queue and first
+/// transmissions (simulator), and in the receiver's deliveries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MessageOutcome {
-    /// Its number (write order).
+    /// Its number (send order).
     pub number: u64,
     /// High priority.
     pub high: bool,
-    /// When the connection accepted the write.
+    /// The send call: when the connection took the message.
     pub written: Duration,
-    /// Position of the write among the sender's writes and first transmissions.
+    /// Position of its entry into the TCP's send queue among those entries and the first
+    /// transmissions (on the real lab, which does not see them: its number).
     pub write_order: u64,
     /// Position of its first transmission in the same sequence.
     pub transmit_order: Option<u64>,
-    /// When the receiving application got it.
+    /// When the receiving application first got it.
     pub arrival: Option<Duration>,
     /// Position among the receiver's deliveries.
     pub arrival_order: Option<u64>,
+    /// How many times the receiving application got it (once, for a reliable transport
+    /// that suppresses duplicates).
+    pub deliveries: u32,
 }
 
 impl MessageOutcome {
@@ -257,7 +318,8 @@ pub struct ClassStats {
     pub max_ms: Option<f64>,
 }
 
-/// Pairs of (high H, low L written before H and not yet transmitted when H was written).
+/// Pairs of (high H, low L sent before H and not yet transmitted when H entered the TCP's
+/// send queue).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Overtaking {
     /// Such pairs.
@@ -334,6 +396,29 @@ impl PriorityRun {
         Some(o)
     }
 
+    /// Notes the receiver's `arrivals`, in delivery order; a number never sent, or delivered
+    /// again, is a warning.
+    fn add_arrivals(&mut self, arrivals: &[(u64, Duration)]) {
+        for (order, &(number, at)) in arrivals.iter().enumerate() {
+            let Some(m) = usize::try_from(number)
+                .ok()
+                .and_then(|i| self.messages.get_mut(i))
+            else {
+                self.warnings
+                    .push(format!("message {number} arrived but was never sent"));
+                continue;
+            };
+            m.deliveries += 1;
+            if m.deliveries > 1 {
+                self.warnings
+                    .push(format!("message {number} delivered {} times", m.deliveries));
+                continue;
+            }
+            m.arrival = Some(at);
+            m.arrival_order = Some(order as u64);
+        }
+    }
+
     /// Bits per second of message payload delivered over the writing period.
     pub fn throughput_mbps(&self) -> f64 {
         let delivered = self.messages.iter().filter(|m| m.arrival.is_some()).count();
@@ -375,10 +460,10 @@ impl PrioritySender {
     ) -> Self {
         let mut ep = endpoint(local.ip(), seed, 1, epoch);
         let mut errors = Vec::new();
-        let conn_config = ConnectionConfig {
+        let conn_config = squarepeg_tcp::ConnectionConfig {
             send_buffer: config.send_buffer,
             consistent_segmentation: true,
-            ..ConnectionConfig::default()
+            ..squarepeg_tcp::ConnectionConfig::default()
         };
         if let Err(e) = ep.listen(local, 4, conn_config) {
             errors.push(format!("listen on {local}: {e}"));
@@ -482,10 +567,10 @@ impl PriorityReceiver {
     ) -> Result<Self, VoipError> {
         let mut ep = endpoint(local.ip(), seed, 2, epoch);
         let mut errors = Vec::new();
-        let conn_config = ConnectionConfig {
+        let conn_config = squarepeg_tcp::ConnectionConfig {
             recv_buffer: RECEIVE_WINDOW,
             unordered_receive: true,
-            ..ConnectionConfig::default()
+            ..squarepeg_tcp::ConnectionConfig::default()
         };
         let conn = ep
             .connect(epoch, local, remote, conn_config)
@@ -554,7 +639,7 @@ pub fn run(config: &PriorityConfig, variant: Variant, seed: u64) -> Result<Prior
     let r = sim
         .host::<PriorityReceiver>(receiver)
         .ok_or_else(|| VoipError::Transport("the receiver is not a PriorityReceiver".into()))?;
-    let mut messages: Vec<MessageOutcome> = s
+    let messages: Vec<MessageOutcome> = s
         .written
         .iter()
         .zip(&s.transmitted)
@@ -568,24 +653,13 @@ pub fn run(config: &PriorityConfig, variant: Variant, seed: u64) -> Result<Prior
                 transmit_order,
                 arrival: None,
                 arrival_order: None,
+                deliveries: 0,
             },
         )
         .collect();
     let mut warnings: Vec<String> = s.errors.clone();
     warnings.extend(r.errors.iter().cloned());
-    for (order, &(number, at)) in r.arrivals.iter().enumerate() {
-        match usize::try_from(number)
-            .ok()
-            .and_then(|i| messages.get_mut(i))
-        {
-            Some(m) => {
-                m.arrival = Some(at);
-                m.arrival_order = Some(order as u64);
-            }
-            None => warnings.push(format!("message {number} arrived but was never written")),
-        }
-    }
-    Ok(PriorityRun {
+    let mut run = PriorityRun {
         engine: Engine::Sim,
         transport: Transport::Utcp,
         variant,
@@ -593,7 +667,9 @@ pub fn run(config: &PriorityConfig, variant: Variant, seed: u64) -> Result<Prior
         config: *config,
         messages,
         warnings,
-    })
+    };
+    run.add_arrivals(&r.arrivals);
+    Ok(run)
 }
 
 /// Runs both variants.
@@ -728,8 +804,9 @@ pub fn plot_cdf(dir: &Path, runs: &[PriorityRun]) -> Result<Vec<PathBuf>, VoipEr
     Ok(write_svg_and_png(&dir.join(format!("priority-{engine}-cdf")), &chart)?.to_vec())
 }
 
-/// What a lab run observed: per message its write time, and the arrivals in order.
-type LabOutcome = (Vec<Duration>, Vec<(u64, Duration)>);
+/// What a lab run observed: per message its send call, the arrivals in order, and what the
+/// ends reported.
+type LabOutcome = (Vec<Duration>, Vec<(u64, Duration)>, Vec<String>);
 
 /// Lab runs get distinct names within a process.
 static LABS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -746,83 +823,107 @@ fn start_lab(config: &PriorityConfig, seed: u64) -> Result<squarepeg_lab::net::L
     )?)
 }
 
-/// Runs one variant on the real lab (needs root): the same sender and receiver on
-/// squarepeg's userspace TCP on TUN at each end of a lab with [`priority_bottleneck`]
-/// (`squarepeg_lab::stack`), the uTCP interface through the stacks' byte streams as records.
-/// Times are real; the sender does not learn first-transmission times, so there is no
-/// overtaking count.
+/// The receiver's largest receive buffer on the kernel-TCP runs: Linux advertises about half
+/// of it (`tcp_adv_win_scale` 1), so the window stays near [`RECEIVE_WINDOW`], as on the
+/// userspace-TCP runs.
+const KERNEL_RECEIVE_BUFFER: usize = 2 * RECEIVE_WINDOW;
+
+/// Runs one variant on the real lab (needs root) with the `squarepeg` crate, on a lab of its
+/// own with [`priority_bottleneck`], through the voice experiment's library call
+/// (`open_library`): the sender in the server namespace sends every message with
+/// `send_message` (high ones at [`Priority::HIGHEST`] in the `priority` variant), waiting
+/// while the connection takes no more; the receiver in the client namespace connects and
+/// records each message's arrival. Times are real; the sender does not learn
+/// first-transmission times, so there is no overtaking count.
+///
+/// - [`Transport::Utcp`]: over the userspace TCP on TUN at both ends (`LabStack`s whose
+///   connections have the sender's send buffer and the receiver's window of the simulator
+///   run); the session holds one message at a time ([`UTCP_SESSION_QUEUE`]).
+/// - [`Transport::KernelTcp`]: over kernel TCP; the sender's session queue is
+///   [`PriorityConfig::send_buffer`], the kernel below holds about twice the
+///   `TCP_NOTSENT_LOWAT` unsent plus what is in flight; the receiver's receive buffer is
+///   capped (namespace sysctl `tcp_rmem`) so that the window stays near [`RECEIVE_WINDOW`].
 pub fn run_lab(
     config: &PriorityConfig,
     variant: Variant,
     seed: u64,
+    transport: Transport,
 ) -> Result<PriorityRun, VoipError> {
-    use squarepeg_lab::net::Role;
-    use squarepeg_tcp::utcp::record::{self, MessageMeta};
-    use tokio::io::AsyncWriteExt;
-
-    use crate::voip::lab::VoiceReceiver as _;
-    use crate::voip::lab::utcp::open_utcp_pair;
-
     let lab = start_lab(config, seed)?;
     let outcome = (|| -> Result<LabOutcome, VoipError> {
-        let (server_v4, _) = squarepeg_lab::stack::stack_addresses(&lab, Role::Server)
-            .ok_or_else(|| VoipError::Transport("no stack address on the server end".into()))?;
-        let sender = SocketAddr::new(IpAddr::V4(server_v4), SENDER.port());
-        let send_config = ConnectionConfig {
-            message_writes: true,
-            consistent_segmentation: true,
-            send_buffer: config.send_buffer,
-            ..ConnectionConfig::default()
+        let mut sender_config = ConnectionConfig::default();
+        sender_config.session = config.sender_session(transport);
+        let (library, address) = match transport {
+            Transport::Utcp => {
+                let (server_v4, _) = stack_addresses(&lab, Role::Server).ok_or_else(|| {
+                    VoipError::Transport("no stack address on the server end".into())
+                })?;
+                let library = Library::Utcp {
+                    sender: Box::new(attach(&lab, Role::Server, config.sender_tcp())?),
+                    receiver: Box::new(attach(&lab, Role::Client, receiver_tcp())?),
+                    // No message has a lifetime: nothing to replace.
+                    inconsistent_retransmissions: false,
+                };
+                (
+                    library,
+                    SocketAddr::new(IpAddr::V4(server_v4), SENDER.port()),
+                )
+            }
+            Transport::KernelTcp => {
+                let rmem = format!("4096 {KERNEL_RECEIVE_BUFFER} {KERNEL_RECEIVE_BUFFER}");
+                lab.client()
+                    .run(|| std::fs::write("/proc/sys/net/ipv4/tcp_rmem", &rmem))?
+                    .map_err(VoipError::io("capping the receiver's tcp_rmem"))?;
+                if config.notsent_lowat.is_some() {
+                    sender_config.notsent_lowat = config.notsent_lowat;
+                    sender_config.unsent_drain = None;
+                }
+                let address = SocketAddr::new(lab.addresses().server(false), SENDER.port());
+                (Library::Kernel, address)
+            }
         };
-        let recv_config = ConnectionConfig {
-            unordered_receive: true,
-            recv_buffer: RECEIVE_WINDOW,
-            ..ConnectionConfig::default()
+        let call = LibraryCall {
+            sender: address,
+            sender_config,
+            receiver_config: ConnectionConfig::default(),
+            lifetime: None,
+            close_limit: DRAIN * 4,
         };
-        let pair = open_utcp_pair(&lab, sender, send_config, recv_config)?;
-        let (rt, mut stream, stack, mut receiver) =
-            (pair.rt, pair.stream, pair.stack, pair.receiver);
+        let LibraryEnds {
+            sender,
+            mut receiver,
+        } = open_library(&lab, call, library)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(VoipError::io("building a runtime"))?;
         let epoch = Instant::now();
         let stop = epoch + config.duration;
-        let written = rt.block_on(async {
+        let written = runtime.block_on(async {
             let mut written = Vec::new();
-            let (mut frame, mut rec) = (Vec::new(), Vec::new());
             while Instant::now() < stop {
                 let number = written.len() as u64;
                 let at = Instant::now().saturating_duration_since(epoch);
                 let payload = encode_payload(KIND_DATA, number, at, config.message_bytes);
-                frame.clear();
-                squarepeg_framing::encode_frame(
-                    &squarepeg_framing::FrameHeader::Message {
-                        substream: 0,
-                        number,
-                    },
-                    &payload,
-                    &mut frame,
-                )
-                .map_err(|e| VoipError::Transport(format!("frame: {e}")))?;
-                rec.clear();
-                let meta = MessageMeta {
-                    priority: i32::from(config.is_high(number) && variant == Variant::Priority),
-                    message_id: Some(number),
-                    ..MessageMeta::default()
-                };
-                record::encode_message(&meta, &frame, &mut rec);
-                // Network-limited: this waits while the send buffer is full. The send call
-                // "happens" when the connection takes the record.
-                stream
-                    .write_all(&rec)
-                    .await
-                    .map_err(|e| VoipError::Transport(format!("write: {e}")))?;
+                // Network-limited: this waits while the connection takes no more. The send
+                // call "happens" when the session takes the message.
+                sender
+                    .send_waiting(payload, variant.priority(config, number))
+                    .await?;
                 written.push(Instant::now().saturating_duration_since(epoch));
             }
-            stream
-                .shutdown()
-                .await
-                .map_err(|e| VoipError::Transport(format!("shutdown: {e}")))?;
-            let _ = tokio::time::timeout(DRAIN, stream.wait_closed()).await;
             Ok::<_, VoipError>(written)
         })?;
+        let drops = sender.finish()?;
+        let mut warnings = Vec::new();
+        if !(drops.dropped.is_empty() && drops.replaced.is_empty()) {
+            warnings.push(format!(
+                "the sender dropped {} and replaced {} messages",
+                drops.dropped.len(),
+                drops.replaced.len()
+            ));
+        }
+        // The sender has closed: everything delivered is waiting for us.
         let mut arrivals = Vec::new();
         let deadline = Instant::now() + DRAIN;
         while let Some((payload, at)) = receiver.receive(deadline)? {
@@ -830,35 +931,12 @@ pub fn run_lab(
                 arrivals.push((number, at.saturating_duration_since(epoch)));
             }
         }
-        drop(receiver);
-        drop(stream);
-        drop(stack);
-        Ok((written, arrivals))
+        Ok((written, arrivals, warnings))
     })();
     let stats = lab.teardown();
-    let (written, arrivals) = outcome?;
+    let (written, arrivals, warnings) = outcome?;
     stats?;
-    Ok(lab_run(
-        config,
-        Transport::Utcp,
-        variant,
-        seed,
-        &written,
-        &arrivals,
-    ))
-}
-
-/// A real-lab run from its observations: the write time of every message, by number, and
-/// the arrivals in delivery order.
-fn lab_run(
-    config: &PriorityConfig,
-    transport: Transport,
-    variant: Variant,
-    seed: u64,
-    written: &[Duration],
-    arrivals: &[(u64, Duration)],
-) -> PriorityRun {
-    let mut messages: Vec<MessageOutcome> = written
+    let messages = written
         .iter()
         .enumerate()
         .map(|(i, &w)| MessageOutcome {
@@ -869,22 +947,10 @@ fn lab_run(
             transmit_order: None,
             arrival: None,
             arrival_order: None,
+            deliveries: 0,
         })
         .collect();
-    let mut warnings = Vec::new();
-    for (order, &(number, at)) in arrivals.iter().enumerate() {
-        match usize::try_from(number)
-            .ok()
-            .and_then(|i| messages.get_mut(i))
-        {
-            Some(m) => {
-                m.arrival = Some(at);
-                m.arrival_order = Some(order as u64);
-            }
-            None => warnings.push(format!("message {number} arrived but was never written")),
-        }
-    }
-    PriorityRun {
+    let mut run = PriorityRun {
         engine: Engine::Lab,
         transport,
         variant,
@@ -892,144 +958,7 @@ fn lab_run(
         config: *config,
         messages,
         warnings,
-    }
-}
-
-/// The result of a lab thread that ran a closure in a namespace.
-fn join_lab_thread<T>(
-    handle: std::thread::ScopedJoinHandle<'_, Result<T, squarepeg_lab::net::NetError>>,
-) -> Result<T, VoipError> {
-    handle
-        .join()
-        .map_err(|_| VoipError::Transport("a lab thread panicked".into()))?
-        .map_err(VoipError::from)
-}
-
-/// The receiver's largest receive buffer on the kernel-TCP runs: Linux advertises about half
-/// of it (`tcp_adv_win_scale` 1), so the window stays near [`RECEIVE_WINDOW`], as on the
-/// userspace-TCP runs.
-const KERNEL_RECEIVE_BUFFER: usize = 2 * RECEIVE_WINDOW;
-
-/// Runs one variant on the real lab with the `squarepeg` crate over kernel TCP (needs root):
-/// the sender in the server namespace sends every message with `send_message` (high ones at
-/// [`Priority::HIGHEST`](squarepeg::Priority) in the `priority` variant), its session queue
-/// as large as [`PriorityConfig::send_buffer`], so that it waits while the session holds
-/// that much; the kernel below holds about twice the `TCP_NOTSENT_LOWAT` unsent plus what
-/// is in flight. The receiver in the client namespace connects and records each
-/// message's arrival; its receive buffer is capped (namespace sysctl `tcp_rmem`) so that
-/// the window stays near [`RECEIVE_WINDOW`].
-pub fn run_lab_kernel(
-    config: &PriorityConfig,
-    variant: Variant,
-    seed: u64,
-) -> Result<PriorityRun, VoipError> {
-    use squarepeg::{Connection, ConnectionConfig, Endpoint, MessageProps, Priority};
-
-    let lab = start_lab(config, seed)?;
-    let outcome = (|| -> Result<LabOutcome, VoipError> {
-        let rmem = format!("4096 {KERNEL_RECEIVE_BUFFER} {KERNEL_RECEIVE_BUFFER}");
-        lab.client()
-            .run(|| std::fs::write("/proc/sys/net/ipv4/tcp_rmem", &rmem))?
-            .map_err(VoipError::io("capping the receiver's tcp_rmem"))?;
-        let address = SocketAddr::new(lab.addresses().server(false), SENDER.port());
-        let mut send_config = ConnectionConfig::default();
-        send_config.session.message_send_queue = config.send_buffer;
-        if config.notsent_lowat.is_some() {
-            send_config.notsent_lowat = config.notsent_lowat;
-            send_config.unsent_drain = None;
-        }
-        let epoch = Instant::now();
-        let stop = epoch + config.duration;
-        let runtime = || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(VoipError::io("building a runtime"))
-        };
-        let (bound_tx, bound_rx) = std::sync::mpsc::channel::<()>();
-        let (server, client) = (lab.server(), lab.client());
-        let (written, arrivals) = std::thread::scope(|scope| {
-            let sender = scope.spawn(move || {
-                server.run(move || {
-                    runtime()?.block_on(async {
-                        let endpoint = Endpoint::bind(address, send_config.clone())
-                            .await
-                            .map_err(|e| VoipError::Transport(format!("bind: {e}")))?;
-                        let _ = bound_tx.send(());
-                        let connection = tokio::time::timeout(DRAIN, endpoint.accept())
-                            .await
-                            .map_err(|_| VoipError::Transport("nobody connected".into()))?
-                            .map_err(|e| VoipError::Transport(format!("accept: {e}")))?;
-                        let mut written = Vec::new();
-                        while Instant::now() < stop {
-                            let number = written.len() as u64;
-                            let at = Instant::now().saturating_duration_since(epoch);
-                            let payload =
-                                encode_payload(KIND_DATA, number, at, config.message_bytes);
-                            let high = config.is_high(number) && variant == Variant::Priority;
-                            let props = MessageProps {
-                                priority: if high {
-                                    Priority::HIGHEST
-                                } else {
-                                    Priority::DEFAULT
-                                },
-                                ..MessageProps::default()
-                            };
-                            // Network-limited: this waits while the session queue is full.
-                            // The send call "happens" when the session takes the message.
-                            connection
-                                .send_message(payload, props)
-                                .await
-                                .map_err(|e| VoipError::Transport(format!("send: {e}")))?;
-                            written.push(Instant::now().saturating_duration_since(epoch));
-                        }
-                        let _ = tokio::time::timeout(DRAIN * 4, connection.close()).await;
-                        Ok::<_, VoipError>(written)
-                    })
-                })
-            });
-            let receiver = scope.spawn(move || {
-                client.run(move || {
-                    runtime()?.block_on(async {
-                        bound_rx
-                            .recv_timeout(DRAIN)
-                            .map_err(|_| VoipError::Transport("the sender did not bind".into()))?;
-                        let connection = Connection::connect(address, ConnectionConfig::default())
-                            .await
-                            .map_err(|e| VoipError::Transport(format!("connect: {e}")))?;
-                        let mut arrivals = Vec::new();
-                        let deadline = stop + DRAIN * 4;
-                        while let Ok(Ok(m)) = tokio::time::timeout(
-                            deadline.saturating_duration_since(Instant::now()),
-                            connection.recv_message(),
-                        )
-                        .await
-                        {
-                            let at = Instant::now().saturating_duration_since(epoch);
-                            if let Some((KIND_DATA, number, _)) = decode_payload(&m.payload) {
-                                arrivals.push((number, at));
-                            }
-                        }
-                        connection.abort(0, b"");
-                        Ok::<_, VoipError>(arrivals)
-                    })
-                })
-            });
-            let written = join_lab_thread(sender)??;
-            let arrivals = join_lab_thread(receiver)??;
-            Ok::<_, VoipError>((written, arrivals))
-        })?;
-        Ok((written, arrivals))
-    })();
-    let stats = lab.teardown();
-    let (written, arrivals) = outcome?;
-    stats?;
-    Ok(lab_run(
-        config,
-        Transport::KernelTcp,
-        variant,
-        seed,
-        &written,
-        &arrivals,
-    ))
+    };
+    run.add_arrivals(&arrivals);
+    Ok(run)
 }
