@@ -12,10 +12,12 @@
 //!   lower-priority message not yet transmitted (Minion §4.2);
 //! - `fifo`: every message at the same priority: standard TCP order.
 //!
-//! The ends:
+//! Both ends run the library, as an application would:
 //!
-//! - on the deterministic simulator ([`run`]), a sender writing uCOBS message frames with
-//!   `write_message` on a userspace TCP endpoint, and a receiver reassembling its segments;
+//! - on the deterministic simulator ([`run`]), the connection core
+//!   (`squarepeg_connection::Connection`, driven by its `EndpointLink`) on a userspace TCP
+//!   endpoint at each end: the voice experiment's hosts
+//!   ([`TcpVoiceHost`] with [`StreamCodec::unordered`] and [`Pacing::NetworkLimited`]);
 //! - on the real lab ([`run_lab`]), the `squarepeg` crate: [`Transport::Utcp`] opens the
 //!   connection with `Connection::connect_utcp` / `Endpoint::listen_utcp` on a userspace
 //!   stack on TUN at each end, [`Transport::KernelTcp`] over the kernel's TCP, where
@@ -61,7 +63,6 @@
 //! happens); `delivered_first` counts those where H reached the receiving application before
 //! L (with priorities: all of them).
 
-use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -74,28 +75,20 @@ use squarepeg_lab::model::{Bottleneck, LinkConfig};
 use squarepeg_lab::net::Role;
 use squarepeg_lab::sim::{KIND_DATA, SimConfig, Simulator, decode_payload, encode_payload};
 use squarepeg_lab::stack::stack_addresses;
-use squarepeg_tcp::{
-    ConnectionHandle, Endpoint, Error as TcpError, Event, MessageReport, WriteTag,
-};
 
 use crate::voip::analysis::{ms, percentile};
+use crate::voip::config::VoipConfig;
 use crate::voip::lab::VoiceReceiver as _;
 use crate::voip::lab::transports::{Library, LibraryCall, LibraryEnds, open_library};
 use crate::voip::lab::utcp::attach;
 use crate::voip::plot::{CdfChart, ensure_font, write_svg_and_png};
-use crate::voip::sim::tcp_host::{
-    endpoint, endpoint_host, read_unordered, unordered_reassembler, write_message_frame,
-};
+use crate::voip::sim::tcp_host::{Pacing, SenderStep, StreamCodec, TcpVoiceHost};
 use crate::voip::sim::{RECEIVER, SENDER};
 use crate::voip::{Engine, VoipError};
 
 /// The schema name and version of the JSON output.
 pub const PRIORITY_SCHEMA: &str = "squarepeg.priority/1";
 
-/// Largest packet the hosts send.
-const PACKET_BUFFER: usize = 1500;
-/// Bytes read per `read_segment`.
-const READ_CHUNK: usize = 64 * 1024;
 /// The receiver's advertised window (see the module docs).
 pub const RECEIVE_WINDOW: usize = 64 * 1024;
 /// Packets the downlink queue holds.
@@ -170,7 +163,7 @@ impl PriorityConfig {
     }
 
     /// Whether message `number` is high priority (the last of each group of `high_every`, as
-    /// the sender picks them).
+    /// [`Pacing::NetworkLimited`] picks them).
     pub fn is_high(&self, number: u64) -> bool {
         number % self.high_every == self.high_every - 1
     }
@@ -428,237 +421,81 @@ impl PriorityRun {
     }
 }
 
-/// The network-limited sender: writes until the send buffer is full, then again once the
-/// connection says it is writable, until `stop`.
-#[derive(Debug)]
-struct PrioritySender {
-    ep: Endpoint,
-    address: IpAddr,
-    epoch: Instant,
-    stop: Instant,
-    config: PriorityConfig,
-    variant: Variant,
-    conn: Option<ConnectionHandle>,
-    /// One counter over writes and first transmissions.
-    order: u64,
-    written: Vec<(Duration, u64)>,
-    transmitted: Vec<Option<u64>>,
-    frame: Vec<u8>,
-    packet: Vec<u8>,
-    /// The last write found the buffer full: wait for `Writable`.
-    write_blocked: bool,
-    errors: Vec<String>,
-}
-
-impl PrioritySender {
-    fn new(
-        local: SocketAddr,
-        epoch: Instant,
-        config: PriorityConfig,
-        variant: Variant,
-        seed: u64,
-    ) -> Self {
-        let mut ep = endpoint(local.ip(), seed, 1, epoch);
-        let mut errors = Vec::new();
-        let conn_config = squarepeg_tcp::ConnectionConfig {
-            send_buffer: config.send_buffer,
-            consistent_segmentation: true,
-            ..squarepeg_tcp::ConnectionConfig::default()
-        };
-        if let Err(e) = ep.listen(local, 4, conn_config) {
-            errors.push(format!("listen on {local}: {e}"));
-        }
-        Self {
-            ep,
-            address: local.ip(),
-            epoch,
-            stop: epoch + config.duration,
-            config,
-            variant,
-            conn: None,
-            order: 0,
-            written: Vec::new(),
-            transmitted: Vec::new(),
-            frame: Vec::new(),
-            packet: vec![0; PACKET_BUFFER],
-            write_blocked: false,
-            errors,
-        }
-    }
-
-    fn process(&mut self, now: Instant) {
-        while let Some(event) = self.ep.poll_event() {
-            match event {
-                Event::Incoming(l) => {
-                    if let Some(h) = self.ep.accept(l) {
-                        self.conn = Some(h);
-                    }
-                }
-                Event::Closed(_, reason) => self.errors.push(format!("closed: {reason:?}")),
-                Event::Writable(_) => self.write_blocked = false,
-                _ => {}
-            }
-        }
-        let Some(h) = self.conn else { return };
-        // Reports first: a first transmission noted before the next write is ordered
-        // before it (reports only arise when the connection transmits or receives).
-        while let Ok(Some(report)) = self.ep.poll_report(h) {
-            if let MessageReport::Sent { id, .. } = report
-                && let Some(slot) = usize::try_from(id)
-                    .ok()
-                    .and_then(|i| self.transmitted.get_mut(i))
-            {
-                *slot = Some(self.order);
-                self.order += 1;
-            }
-        }
-        while now < self.stop && !self.write_blocked {
-            let number = self.written.len() as u64;
-            let at = now.saturating_duration_since(self.epoch);
-            let high = self.config.is_high(number);
-            let payload = encode_payload(KIND_DATA, number, at, self.config.message_bytes);
-            let tag = WriteTag {
-                // Minion §4.2: a higher tag is inserted ahead of lower-priority data not yet
-                // transmitted.
-                priority: i32::from(high && self.variant == Variant::Priority),
-                message_id: Some(number),
-                ..WriteTag::default()
-            };
-            match write_message_frame(&mut self.ep, h, &mut self.frame, number, &payload, tag) {
-                Ok(()) => {
-                    self.written.push((at, self.order));
-                    self.transmitted.push(None);
-                    self.order += 1;
-                }
-                Err(TcpError::WouldBlock) => {
-                    self.write_blocked = true;
-                    break;
-                }
-                Err(e) => {
-                    self.errors.push(format!("write_message: {e}"));
-                    break;
-                }
-            }
-        }
-    }
-}
-
-/// The receiver: every segment at once, each message recorded once.
-#[derive(Debug)]
-struct PriorityReceiver {
-    ep: Endpoint,
-    address: IpAddr,
-    epoch: Instant,
-    conn: Option<ConnectionHandle>,
-    reassembler: squarepeg_framing::Reassembler,
-    seen: BTreeSet<u64>,
-    arrivals: Vec<(u64, Duration)>,
-    buf: Vec<u8>,
-    packet: Vec<u8>,
-    errors: Vec<String>,
-}
-
-impl PriorityReceiver {
-    fn new(
-        local: SocketAddr,
-        remote: SocketAddr,
-        epoch: Instant,
-        seed: u64,
-    ) -> Result<Self, VoipError> {
-        let mut ep = endpoint(local.ip(), seed, 2, epoch);
-        let mut errors = Vec::new();
-        let conn_config = squarepeg_tcp::ConnectionConfig {
-            recv_buffer: RECEIVE_WINDOW,
-            unordered_receive: true,
-            ..squarepeg_tcp::ConnectionConfig::default()
-        };
-        let conn = ep
-            .connect(epoch, local, remote, conn_config)
-            .map_err(|e| errors.push(format!("connect to {remote}: {e}")))
-            .ok();
-        Ok(Self {
-            ep,
-            address: local.ip(),
-            epoch,
-            conn,
-            reassembler: unordered_reassembler().map_err(|e| VoipError::Config(e.to_string()))?,
-            seen: BTreeSet::new(),
-            arrivals: Vec::new(),
-            buf: vec![0; READ_CHUNK],
-            packet: vec![0; PACKET_BUFFER],
-            errors,
-        })
-    }
-
-    fn process(&mut self, now: Instant) {
-        while let Some(event) = self.ep.poll_event() {
-            if let Event::Closed(_, reason) = event {
-                self.errors.push(format!("closed: {reason:?}"));
-            }
-        }
-        let Some(h) = self.conn else { return };
-        let at = now.saturating_duration_since(self.epoch);
-        let (seen, arrivals) = (&mut self.seen, &mut self.arrivals);
-        read_unordered(
-            &mut self.ep,
-            h,
-            &mut self.reassembler,
-            &mut self.buf,
-            &mut self.errors,
-            |payload| {
-                if let Some((KIND_DATA, number, _)) = decode_payload(payload)
-                    && seen.insert(number)
-                {
-                    arrivals.push((number, at));
-                }
-            },
-        );
-    }
-}
-
-endpoint_host!(PrioritySender);
-endpoint_host!(PriorityReceiver);
-
-/// Runs one variant on the simulator.
+/// Runs one variant on the simulator: the library's connection core over the uTCP
+/// interface at both ends ([`TcpVoiceHost`], [`StreamCodec::unordered`]), the sender
+/// network-limited ([`Pacing::NetworkLimited`]) with its TCP send buffer of
+/// [`PriorityConfig::send_buffer`], the receiver advertising [`RECEIVE_WINDOW`].
 pub fn run(config: &PriorityConfig, variant: Variant, seed: u64) -> Result<PriorityRun, VoipError> {
     config.validate()?;
     let mut sim = Simulator::new(SimConfig::new(seed, priority_bottleneck()))?;
     let start = sim.start();
-    let sender = sim.add_host(
-        Side::Right,
-        PrioritySender::new(SENDER, start, *config, variant, seed),
-    )?;
-    let receiver = sim.add_host(
-        Side::Left,
-        PriorityReceiver::new(RECEIVER, SENDER, start, seed)?,
-    )?;
+    // The hosts take the message size from it; the pacing replaces its schedule.
+    let application = VoipConfig {
+        message_bytes: config.message_bytes,
+        ..VoipConfig::default()
+    };
+    let pacing = Pacing::NetworkLimited {
+        stop: start + config.duration,
+        high_priority_every: (variant == Variant::Priority).then_some(config.high_every),
+    };
+    let sender_codec = StreamCodec::unordered(None, false)
+        .with_tcp(config.sender_tcp())
+        .with_session(config.sender_session(Transport::Utcp));
+    let receiver_codec = StreamCodec::unordered(None, false).with_tcp(receiver_tcp());
+    let sender =
+        TcpVoiceHost::sender(SENDER, start, application, sender_codec, seed).with_pacing(pacing);
+    let receiver =
+        TcpVoiceHost::receiver(RECEIVER, SENDER, start, application, receiver_codec, seed);
+    let sender = sim.add_host(Side::Right, sender)?;
+    let receiver = sim.add_host(Side::Left, receiver)?;
     sim.run_until(start + config.duration + DRAIN)?;
-    let s = sim
-        .host::<PrioritySender>(sender)
-        .ok_or_else(|| VoipError::Transport("the sender is not a PrioritySender".into()))?;
-    let r = sim
-        .host::<PriorityReceiver>(receiver)
-        .ok_or_else(|| VoipError::Transport("the receiver is not a PriorityReceiver".into()))?;
-    let messages: Vec<MessageOutcome> = s
-        .written
+    let host = |id| {
+        sim.host::<TcpVoiceHost>(id)
+            .ok_or_else(|| VoipError::Transport("an end is not a TcpVoiceHost".into()))
+    };
+    let (s, r) = (host(sender)?, host(receiver)?);
+    let mut messages: Vec<MessageOutcome> = s
+        .sent()
         .iter()
-        .zip(&s.transmitted)
         .enumerate()
-        .map(
-            |(i, (&(written, write_order), &transmit_order))| MessageOutcome {
-                number: i as u64,
-                high: config.is_high(i as u64),
-                written,
-                write_order,
-                transmit_order,
-                arrival: None,
-                arrival_order: None,
-                deliveries: 0,
-            },
-        )
+        .map(|(i, &at)| MessageOutcome {
+            number: i as u64,
+            high: config.is_high(i as u64),
+            // Network-limited pacing records only the messages the connection took.
+            written: at.unwrap_or_default(),
+            // Until the timeline says when it entered the TCP's queue.
+            write_order: u64::MAX,
+            transmit_order: None,
+            arrival: None,
+            arrival_order: None,
+            deliveries: 0,
+        })
         .collect();
-    let mut warnings: Vec<String> = s.errors.clone();
-    warnings.extend(r.errors.iter().cloned());
+    for (position, step) in s.timeline().iter().enumerate() {
+        let (SenderStep::Queued(number) | SenderStep::Sent(number)) = *step;
+        let Some(m) = usize::try_from(number)
+            .ok()
+            .and_then(|i| messages.get_mut(i))
+        else {
+            continue;
+        };
+        match step {
+            SenderStep::Queued(_) => m.write_order = position as u64,
+            SenderStep::Sent(_) => {
+                m.transmit_order.get_or_insert(position as u64);
+            }
+        }
+    }
+    let mut warnings = [s.errors(), r.errors()].concat();
+    if let StreamCodec::Squarepeg(c) = s.codec()
+        && !(c.dropped().is_empty() && c.replaced().is_empty())
+    {
+        warnings.push(format!(
+            "the sender dropped {} and replaced {} messages",
+            c.dropped().len(),
+            c.replaced().len()
+        ));
+    }
     let mut run = PriorityRun {
         engine: Engine::Sim,
         transport: Transport::Utcp,
@@ -668,7 +505,7 @@ pub fn run(config: &PriorityConfig, variant: Variant, seed: u64) -> Result<Prior
         messages,
         warnings,
     };
-    run.add_arrivals(&r.arrivals);
+    run.add_arrivals(r.arrivals());
     Ok(run)
 }
 
