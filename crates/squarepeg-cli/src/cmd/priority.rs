@@ -123,8 +123,9 @@ pub fn run(args: PriorityArgs) -> Result<()> {
         for r in &runs {
             let Some(o) = r.overtaking() else { continue };
             println!(
-                "{}: in {} of {} pairs (high message, low message written before it and not \
-                 yet transmitted) the high message was delivered first",
+                "{}: in {} of {} pairs (high message, low message sent before it and not yet \
+                 transmitted when it entered the TCP's queue) the high message was delivered \
+                 first",
                 r.variant.name(),
                 o.delivered_first,
                 o.pairs,
