@@ -9,8 +9,7 @@
 //! | module | experiment |
 //! |---|---|
 //! | [`voip`] | the VoIP late-loss experiment: Hollywood §5.1-5.2 (ADSL 8/1 Mbit/s, RTT 15 ms with 110 ms playout and RTT 70 ms with 30 ms playout, 0.1 % loss) and Minion §8.2 (a call competing with bulk TCP transfers) |
-
-//! | [`priority`] | Minion §8.3: send-side prioritization under a network-limited sender, high- vs low-priority message delay with and without priority tags |
+//! | [`priority`] | Minion §8.3: send-side prioritization under a network-limited sender, high- vs low-priority message delay with and without message priorities |
 
 #![warn(missing_docs)]
 

@@ -1,24 +1,35 @@
 //! Minion §8.3: send-side prioritization under a network-limited sender.
 //!
-//! A synthetic application always has more to send than the path carries: it writes
-//! [`PriorityConfig::message_bytes`]-byte messages, each one uCOBS message frame written with
-//! `write_message`, whenever the connection lets it — so the send buffer is always nearly
-//! full — and one message in [`PriorityConfig::high_every`] is high priority. As a socket
-//! writer would, the sender writes until the buffer is full, then waits for the connection's
-//! `Writable` event, which comes once a third of the buffer is free (Linux's
-//! `sk_stream_min_wspace`): the buffer holds between two thirds and all of its size, on the
-//! simulator as on the real lab. For every message we
-//! measure the delay from the send call (the write the connection accepted) to its delivery
-//! to the receiving application, per class, for two senders over squarepeg's userspace TCP
-//! on the deterministic simulator ([`run`]) or the real lab ([`run_lab`]):
+//! A synthetic application always has more to send than the path carries: it sends
+//! [`PriorityConfig::message_bytes`]-byte messages on a squarepeg connection whenever the
+//! connection takes one, and one message in [`PriorityConfig::high_every`] is high priority.
+//! For every message we measure the delay from the send call (when the connection took the
+//! message) to its delivery to the receiving application, per class, for two senders:
 //!
-//! - `priority`: high-priority messages carry a higher priority tag, so the send queue
-//!   inserts them ahead of every lower-priority message not yet transmitted (Minion §4.2);
-//! - `fifo`: the same sender with every tag equal: standard TCP order.
+//! - `priority`: high-priority messages are sent at [`Priority::HIGHEST`], the others at
+//!   [`Priority::DEFAULT`]; over the userspace TCP the connection hands each message to the
+//!   TCP's tagged send queue with its priority, which inserts it ahead of every
+//!   lower-priority message not yet transmitted (Minion §4.2);
+//! - `fifo`: every message at the same priority: standard TCP order.
 //!
-//! On the real lab, [`run_lab_kernel`] runs the same two variants with the `squarepeg` crate
-//! over kernel TCP ([`Transport::KernelTcp`]): priorities act in the session's scheduler on
-//! what the kernel has not taken, the late binding of the `squarepeg` crate (ARCHITECTURE.md).
+//! Both ends run the library, as an application would:
+//!
+//! - on the deterministic simulator ([`run`]), the connection core
+//!   (`squarepeg_connection::Connection`, driven by its `EndpointLink`) on a userspace TCP
+//!   endpoint at each end: the voice experiment's hosts
+//!   ([`TcpVoiceHost`] with [`StreamCodec::unordered`] and [`Pacing::NetworkLimited`]);
+//! - on the real lab ([`run_lab`]), the `squarepeg` crate: [`Transport::Utcp`] opens the
+//!   connection with `Connection::connect_utcp` / `Endpoint::listen_utcp` on a userspace
+//!   stack on TUN at each end, [`Transport::KernelTcp`] over the kernel's TCP, where
+//!   priorities act in the session's scheduler on what the kernel has not taken yet (the
+//!   late binding of the `squarepeg` crate, ARCHITECTURE.md).
+//!
+//! Over the userspace TCP the session holds one message at a time
+//! ([`UTCP_SESSION_QUEUE`]): the connection moves a message into the TCP's queue as soon as
+//! the TCP's send buffer ([`PriorityConfig::send_buffer`]) has room for it, so that buffer is
+//! the sender's buffer and nearly always full. Over kernel TCP the session's queue is
+//! [`PriorityConfig::send_buffer`] and the kernel below holds what `TCP_NOTSENT_LOWAT` lets
+//! it.
 //!
 //! Minion's Figure 10 predicts that high-priority messages see roughly the path's delay
 //! (they wait only behind data already transmitted), while FIFO messages of both classes
@@ -47,45 +58,47 @@
 //!     "warnings": [ … ] }, … ] }
 //! ```
 //!
-//! `overtaking.pairs` counts (high message H, low message L) pairs where L was written
-//! before H but not yet transmitted when H was written; `delivered_first` counts those
-//! where H reached the receiving application before L (with priorities: all of them).
+//! `overtaking.pairs` counts (high message H, low message L) pairs where L was sent before
+//! H but not yet transmitted when H entered the TCP's send queue (where priority insertion
+//! happens); `delivered_first` counts those where H reached the receiving application before
+//! L (with priorities: all of them).
 
-use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use squarepeg::{ConnectionConfig, Priority, SessionConfig};
 use squarepeg_lab::Side;
 use squarepeg_lab::model::{Bottleneck, LinkConfig};
+use squarepeg_lab::net::Role;
 use squarepeg_lab::sim::{KIND_DATA, SimConfig, Simulator, decode_payload, encode_payload};
-use squarepeg_tcp::{
-    ConnectionConfig, ConnectionHandle, Endpoint, Error as TcpError, Event, MessageReport, WriteTag,
-};
+use squarepeg_lab::stack::stack_addresses;
 
 use crate::voip::analysis::{ms, percentile};
+use crate::voip::config::VoipConfig;
+use crate::voip::lab::VoiceReceiver as _;
+use crate::voip::lab::transports::{Library, LibraryCall, LibraryEnds, open_library};
+use crate::voip::lab::utcp::attach;
 use crate::voip::plot::{CdfChart, ensure_font, write_svg_and_png};
-use crate::voip::sim::tcp_host::{
-    endpoint, endpoint_host, read_unordered, unordered_reassembler, write_message_frame,
-};
+use crate::voip::sim::tcp_host::{Pacing, SenderStep, StreamCodec, TcpVoiceHost};
 use crate::voip::sim::{RECEIVER, SENDER};
 use crate::voip::{Engine, VoipError};
 
 /// The schema name and version of the JSON output.
 pub const PRIORITY_SCHEMA: &str = "squarepeg.priority/1";
 
-/// Largest packet the hosts send.
-const PACKET_BUFFER: usize = 1500;
-/// Bytes read per `read_segment`.
-const READ_CHUNK: usize = 64 * 1024;
 /// The receiver's advertised window (see the module docs).
 pub const RECEIVE_WINDOW: usize = 64 * 1024;
 /// Packets the downlink queue holds.
 pub const QUEUE_PACKETS: u64 = 64;
 /// Time after the sender stops writing for the queue to drain.
 const DRAIN: Duration = Duration::from_secs(3);
+/// The session's message queue over the userspace TCP: one message at a time (an empty queue
+/// takes any one), so that the TCP's send buffer ([`PriorityConfig::send_buffer`]) is the
+/// sender's buffer.
+pub const UTCP_SESSION_QUEUE: usize = 0;
 
 /// The experiment's parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,10 +162,36 @@ impl PriorityConfig {
         Ok(())
     }
 
-    /// Whether message `number` is high priority (the last of each group of `high_every`).
+    /// Whether message `number` is high priority (the last of each group of `high_every`, as
+    /// [`Pacing::NetworkLimited`] picks them).
     pub fn is_high(&self, number: u64) -> bool {
         number % self.high_every == self.high_every - 1
     }
+
+    /// The sender's userspace TCP: a send buffer of [`PriorityConfig::send_buffer`].
+    fn sender_tcp(&self) -> squarepeg_tcp::ConnectionConfig {
+        let mut config = squarepeg_tcp::ConnectionConfig::default();
+        config.send_buffer = self.send_buffer;
+        config
+    }
+
+    /// The sender's session: over the userspace TCP one message at a time
+    /// ([`UTCP_SESSION_QUEUE`]), over kernel TCP [`PriorityConfig::send_buffer`] bytes.
+    fn sender_session(&self, transport: Transport) -> SessionConfig {
+        let mut session = SessionConfig::default();
+        session.message_send_queue = match transport {
+            Transport::Utcp => UTCP_SESSION_QUEUE,
+            Transport::KernelTcp => self.send_buffer,
+        };
+        session
+    }
+}
+
+/// The receiver's userspace TCP: it advertises [`RECEIVE_WINDOW`].
+fn receiver_tcp() -> squarepeg_tcp::ConnectionConfig {
+    let mut config = squarepeg_tcp::ConnectionConfig::default();
+    config.recv_buffer = RECEIVE_WINDOW;
+    config
 }
 
 /// The path (module docs).
@@ -187,6 +226,15 @@ impl Variant {
             Variant::Fifo => "fifo",
         }
     }
+
+    /// The priority the sender gives message `number`.
+    fn priority(self, config: &PriorityConfig, number: u64) -> Priority {
+        if self == Variant::Priority && config.is_high(number) {
+            Priority::HIGHEST
+        } else {
+            Priority::DEFAULT
+        }
+    }
 }
 
 /// What carries the messages.
@@ -213,24 +261,28 @@ impl Transport {
 }
 
 /// One message's fate. Times are from the run's start; the `*_order` fields are positions
-/// in one sequence of the sender's writes and first transmissions, and in the receiver's
-/// deliveries.
+/// in one sequence of the messages' entries into the TCP's send queue and first
+/// transmissions (simulator), and in the receiver's deliveries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MessageOutcome {
-    /// Its number (write order).
+    /// Its number (send order).
     pub number: u64,
     /// High priority.
     pub high: bool,
-    /// When the connection accepted the write.
+    /// The send call: when the connection took the message.
     pub written: Duration,
-    /// Position of the write among the sender's writes and first transmissions.
+    /// Position of its entry into the TCP's send queue among those entries and the first
+    /// transmissions (on the real lab, which does not see them: its number).
     pub write_order: u64,
     /// Position of its first transmission in the same sequence.
     pub transmit_order: Option<u64>,
-    /// When the receiving application got it.
+    /// When the receiving application first got it.
     pub arrival: Option<Duration>,
     /// Position among the receiver's deliveries.
     pub arrival_order: Option<u64>,
+    /// How many times the receiving application got it (once, for a reliable transport
+    /// that suppresses duplicates).
+    pub deliveries: u32,
 }
 
 impl MessageOutcome {
@@ -257,7 +309,8 @@ pub struct ClassStats {
     pub max_ms: Option<f64>,
 }
 
-/// Pairs of (high H, low L written before H and not yet transmitted when H was written).
+/// Pairs of (high H, low L sent before H and not yet transmitted when H entered the TCP's
+/// send queue).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Overtaking {
     /// Such pairs.
@@ -334,6 +387,29 @@ impl PriorityRun {
         Some(o)
     }
 
+    /// Notes the receiver's `arrivals`, in delivery order; a number never sent, or delivered
+    /// again, is a warning.
+    fn add_arrivals(&mut self, arrivals: &[(u64, Duration)]) {
+        for (order, &(number, at)) in arrivals.iter().enumerate() {
+            let Some(m) = usize::try_from(number)
+                .ok()
+                .and_then(|i| self.messages.get_mut(i))
+            else {
+                self.warnings
+                    .push(format!("message {number} arrived but was never sent"));
+                continue;
+            };
+            m.deliveries += 1;
+            if m.deliveries > 1 {
+                self.warnings
+                    .push(format!("message {number} delivered {} times", m.deliveries));
+                continue;
+            }
+            m.arrival = Some(at);
+            m.arrival_order = Some(order as u64);
+        }
+    }
+
     /// Bits per second of message payload delivered over the writing period.
     pub fn throughput_mbps(&self) -> f64 {
         let delivered = self.messages.iter().filter(|m| m.arrival.is_some()).count();
@@ -343,245 +419,82 @@ impl PriorityRun {
     }
 }
 
-/// The network-limited sender: writes until the send buffer is full, then again once the
-/// connection says it is writable, until `stop`.
-#[derive(Debug)]
-struct PrioritySender {
-    ep: Endpoint,
-    address: IpAddr,
-    epoch: Instant,
-    stop: Instant,
-    config: PriorityConfig,
-    variant: Variant,
-    conn: Option<ConnectionHandle>,
-    /// One counter over writes and first transmissions.
-    order: u64,
-    written: Vec<(Duration, u64)>,
-    transmitted: Vec<Option<u64>>,
-    frame: Vec<u8>,
-    packet: Vec<u8>,
-    /// The last write found the buffer full: wait for `Writable`.
-    write_blocked: bool,
-    errors: Vec<String>,
-}
-
-impl PrioritySender {
-    fn new(
-        local: SocketAddr,
-        epoch: Instant,
-        config: PriorityConfig,
-        variant: Variant,
-        seed: u64,
-    ) -> Self {
-        let mut ep = endpoint(local.ip(), seed, 1, epoch);
-        let mut errors = Vec::new();
-        let mut conn_config = ConnectionConfig::default();
-        conn_config.send_buffer = config.send_buffer;
-        conn_config.consistent_segmentation = true;
-        if let Err(e) = ep.listen(local, 4, conn_config) {
-            errors.push(format!("listen on {local}: {e}"));
-        }
-        Self {
-            ep,
-            address: local.ip(),
-            epoch,
-            stop: epoch + config.duration,
-            config,
-            variant,
-            conn: None,
-            order: 0,
-            written: Vec::new(),
-            transmitted: Vec::new(),
-            frame: Vec::new(),
-            packet: vec![0; PACKET_BUFFER],
-            write_blocked: false,
-            errors,
-        }
-    }
-
-    fn process(&mut self, now: Instant) {
-        while let Some(event) = self.ep.poll_event() {
-            match event {
-                Event::Incoming(l) => {
-                    if let Some(h) = self.ep.accept(l) {
-                        self.conn = Some(h);
-                    }
-                }
-                Event::Closed(_, reason) => self.errors.push(format!("closed: {reason:?}")),
-                Event::Writable(_) => self.write_blocked = false,
-                _ => {}
-            }
-        }
-        let Some(h) = self.conn else { return };
-        // Reports first: a first transmission noted before the next write is ordered
-        // before it (reports only arise when the connection transmits or receives).
-        while let Ok(Some(report)) = self.ep.poll_report(h) {
-            if let MessageReport::Sent { id, .. } = report
-                && let Some(slot) = usize::try_from(id)
-                    .ok()
-                    .and_then(|i| self.transmitted.get_mut(i))
-            {
-                *slot = Some(self.order);
-                self.order += 1;
-            }
-        }
-        while now < self.stop && !self.write_blocked {
-            let number = self.written.len() as u64;
-            let at = now.saturating_duration_since(self.epoch);
-            let high = self.config.is_high(number);
-            let payload = encode_payload(KIND_DATA, number, at, self.config.message_bytes);
-            let tag = WriteTag {
-                // Minion §4.2: a higher tag is inserted ahead of lower-priority data not yet
-                // transmitted.
-                priority: i32::from(high && self.variant == Variant::Priority),
-                message_id: Some(number),
-                ..WriteTag::default()
-            };
-            match write_message_frame(&mut self.ep, h, &mut self.frame, number, &payload, tag) {
-                Ok(()) => {
-                    self.written.push((at, self.order));
-                    self.transmitted.push(None);
-                    self.order += 1;
-                }
-                Err(TcpError::WouldBlock) => {
-                    self.write_blocked = true;
-                    break;
-                }
-                Err(e) => {
-                    self.errors.push(format!("write_message: {e}"));
-                    break;
-                }
-            }
-        }
-    }
-}
-
-/// The receiver: every segment at once, each message recorded once.
-#[derive(Debug)]
-struct PriorityReceiver {
-    ep: Endpoint,
-    address: IpAddr,
-    epoch: Instant,
-    conn: Option<ConnectionHandle>,
-    reassembler: squarepeg_framing::Reassembler,
-    seen: BTreeSet<u64>,
-    arrivals: Vec<(u64, Duration)>,
-    buf: Vec<u8>,
-    packet: Vec<u8>,
-    errors: Vec<String>,
-}
-
-impl PriorityReceiver {
-    fn new(
-        local: SocketAddr,
-        remote: SocketAddr,
-        epoch: Instant,
-        seed: u64,
-    ) -> Result<Self, VoipError> {
-        let mut ep = endpoint(local.ip(), seed, 2, epoch);
-        let mut errors = Vec::new();
-        let mut conn_config = ConnectionConfig::default();
-        conn_config.recv_buffer = RECEIVE_WINDOW;
-        conn_config.unordered_receive = true;
-        let conn = ep
-            .connect(epoch, local, remote, conn_config)
-            .map_err(|e| errors.push(format!("connect to {remote}: {e}")))
-            .ok();
-        Ok(Self {
-            ep,
-            address: local.ip(),
-            epoch,
-            conn,
-            reassembler: unordered_reassembler().map_err(|e| VoipError::Config(e.to_string()))?,
-            seen: BTreeSet::new(),
-            arrivals: Vec::new(),
-            buf: vec![0; READ_CHUNK],
-            packet: vec![0; PACKET_BUFFER],
-            errors,
-        })
-    }
-
-    fn process(&mut self, now: Instant) {
-        while let Some(event) = self.ep.poll_event() {
-            if let Event::Closed(_, reason) = event {
-                self.errors.push(format!("closed: {reason:?}"));
-            }
-        }
-        let Some(h) = self.conn else { return };
-        let at = now.saturating_duration_since(self.epoch);
-        let (seen, arrivals) = (&mut self.seen, &mut self.arrivals);
-        read_unordered(
-            &mut self.ep,
-            h,
-            &mut self.reassembler,
-            &mut self.buf,
-            &mut self.errors,
-            |payload| {
-                if let Some((KIND_DATA, number, _)) = decode_payload(payload)
-                    && seen.insert(number)
-                {
-                    arrivals.push((number, at));
-                }
-            },
-        );
-    }
-}
-
-endpoint_host!(PrioritySender);
-endpoint_host!(PriorityReceiver);
-
-/// Runs one variant on the simulator.
+/// Runs one variant on the simulator: the library's connection core over the uTCP
+/// interface at both ends ([`TcpVoiceHost`], [`StreamCodec::unordered`]), the sender
+/// network-limited ([`Pacing::NetworkLimited`]) with its TCP send buffer of
+/// [`PriorityConfig::send_buffer`], the receiver advertising [`RECEIVE_WINDOW`].
 pub fn run(config: &PriorityConfig, variant: Variant, seed: u64) -> Result<PriorityRun, VoipError> {
     config.validate()?;
     let mut sim = Simulator::new(SimConfig::new(seed, priority_bottleneck()))?;
     let start = sim.start();
-    let sender = sim.add_host(
-        Side::Right,
-        PrioritySender::new(SENDER, start, *config, variant, seed),
-    )?;
-    let receiver = sim.add_host(
-        Side::Left,
-        PriorityReceiver::new(RECEIVER, SENDER, start, seed)?,
-    )?;
+    // The hosts take the message size from it; the pacing replaces its schedule.
+    let application = VoipConfig {
+        message_bytes: config.message_bytes,
+        ..VoipConfig::default()
+    };
+    let pacing = Pacing::NetworkLimited {
+        stop: start + config.duration,
+        high_priority_every: (variant == Variant::Priority).then_some(config.high_every),
+    };
+    let sender_codec = StreamCodec::unordered(None, false)
+        .with_tcp(config.sender_tcp())
+        .with_session(config.sender_session(Transport::Utcp));
+    let receiver_codec = StreamCodec::unordered(None, false).with_tcp(receiver_tcp());
+    let sender =
+        TcpVoiceHost::sender(SENDER, start, application, sender_codec, seed).with_pacing(pacing);
+    let receiver =
+        TcpVoiceHost::receiver(RECEIVER, SENDER, start, application, receiver_codec, seed);
+    let sender = sim.add_host(Side::Right, sender)?;
+    let receiver = sim.add_host(Side::Left, receiver)?;
     sim.run_until(start + config.duration + DRAIN)?;
-    let s = sim
-        .host::<PrioritySender>(sender)
-        .ok_or_else(|| VoipError::Transport("the sender is not a PrioritySender".into()))?;
-    let r = sim
-        .host::<PriorityReceiver>(receiver)
-        .ok_or_else(|| VoipError::Transport("the receiver is not a PriorityReceiver".into()))?;
+    let host = |id| {
+        sim.host::<TcpVoiceHost>(id)
+            .ok_or_else(|| VoipError::Transport("an end is not a TcpVoiceHost".into()))
+    };
+    let (s, r) = (host(sender)?, host(receiver)?);
     let mut messages: Vec<MessageOutcome> = s
-        .written
+        .sent()
         .iter()
-        .zip(&s.transmitted)
         .enumerate()
-        .map(
-            |(i, (&(written, write_order), &transmit_order))| MessageOutcome {
-                number: i as u64,
-                high: config.is_high(i as u64),
-                written,
-                write_order,
-                transmit_order,
-                arrival: None,
-                arrival_order: None,
-            },
-        )
+        .map(|(i, &at)| MessageOutcome {
+            number: i as u64,
+            high: config.is_high(i as u64),
+            // Network-limited pacing records only the messages the connection took.
+            written: at.unwrap_or_default(),
+            // Until the timeline says when it entered the TCP's queue.
+            write_order: u64::MAX,
+            transmit_order: None,
+            arrival: None,
+            arrival_order: None,
+            deliveries: 0,
+        })
         .collect();
-    let mut warnings: Vec<String> = s.errors.clone();
-    warnings.extend(r.errors.iter().cloned());
-    for (order, &(number, at)) in r.arrivals.iter().enumerate() {
-        match usize::try_from(number)
+    for (position, step) in s.timeline().iter().enumerate() {
+        let (SenderStep::Queued(number) | SenderStep::Sent(number)) = *step;
+        let Some(m) = usize::try_from(number)
             .ok()
             .and_then(|i| messages.get_mut(i))
-        {
-            Some(m) => {
-                m.arrival = Some(at);
-                m.arrival_order = Some(order as u64);
+        else {
+            continue;
+        };
+        match step {
+            SenderStep::Queued(_) => m.write_order = position as u64,
+            SenderStep::Sent(_) => {
+                m.transmit_order.get_or_insert(position as u64);
             }
-            None => warnings.push(format!("message {number} arrived but was never written")),
         }
     }
-    Ok(PriorityRun {
+    let mut warnings = [s.errors(), r.errors()].concat();
+    if let StreamCodec::Squarepeg(c) = s.codec()
+        && !(c.dropped().is_empty() && c.replaced().is_empty())
+    {
+        warnings.push(format!(
+            "the sender dropped {} and replaced {} messages",
+            c.dropped().len(),
+            c.replaced().len()
+        ));
+    }
+    let mut run = PriorityRun {
         engine: Engine::Sim,
         transport: Transport::Utcp,
         variant,
@@ -589,7 +502,9 @@ pub fn run(config: &PriorityConfig, variant: Variant, seed: u64) -> Result<Prior
         config: *config,
         messages,
         warnings,
-    })
+    };
+    run.add_arrivals(r.arrivals());
+    Ok(run)
 }
 
 /// Runs both variants.
@@ -724,8 +639,9 @@ pub fn plot_cdf(dir: &Path, runs: &[PriorityRun]) -> Result<Vec<PathBuf>, VoipEr
     Ok(write_svg_and_png(&dir.join(format!("priority-{engine}-cdf")), &chart)?.to_vec())
 }
 
-/// What a lab run observed: per message its write time, and the arrivals in order.
-type LabOutcome = (Vec<Duration>, Vec<(u64, Duration)>);
+/// What a lab run observed: per message its send call, the arrivals in order, and what the
+/// ends reported.
+type LabOutcome = (Vec<Duration>, Vec<(u64, Duration)>, Vec<String>);
 
 /// Lab runs get distinct names within a process.
 static LABS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -742,79 +658,107 @@ fn start_lab(config: &PriorityConfig, seed: u64) -> Result<squarepeg_lab::net::L
     )?)
 }
 
-/// Runs one variant on the real lab (needs root): the same sender and receiver on
-/// squarepeg's userspace TCP on TUN at each end of a lab with [`priority_bottleneck`]
-/// (`squarepeg_lab::stack`), the uTCP interface through the stacks' byte streams as records.
-/// Times are real; the sender does not learn first-transmission times, so there is no
-/// overtaking count.
+/// The receiver's largest receive buffer on the kernel-TCP runs: Linux advertises about half
+/// of it (`tcp_adv_win_scale` 1), so the window stays near [`RECEIVE_WINDOW`], as on the
+/// userspace-TCP runs.
+const KERNEL_RECEIVE_BUFFER: usize = 2 * RECEIVE_WINDOW;
+
+/// Runs one variant on the real lab (needs root) with the `squarepeg` crate, on a lab of its
+/// own with [`priority_bottleneck`], through the voice experiment's library call
+/// (`open_library`): the sender in the server namespace sends every message with
+/// `send_message` (high ones at [`Priority::HIGHEST`] in the `priority` variant), waiting
+/// while the connection takes no more; the receiver in the client namespace connects and
+/// records each message's arrival. Times are real; the sender does not learn
+/// first-transmission times, so there is no overtaking count.
+///
+/// - [`Transport::Utcp`]: over the userspace TCP on TUN at both ends (`LabStack`s whose
+///   connections have the sender's send buffer and the receiver's window of the simulator
+///   run); the session holds one message at a time ([`UTCP_SESSION_QUEUE`]).
+/// - [`Transport::KernelTcp`]: over kernel TCP; the sender's session queue is
+///   [`PriorityConfig::send_buffer`], the kernel below holds about twice the
+///   `TCP_NOTSENT_LOWAT` unsent plus what is in flight; the receiver's receive buffer is
+///   capped (namespace sysctl `tcp_rmem`) so that the window stays near [`RECEIVE_WINDOW`].
 pub fn run_lab(
     config: &PriorityConfig,
     variant: Variant,
     seed: u64,
+    transport: Transport,
 ) -> Result<PriorityRun, VoipError> {
-    use squarepeg_lab::net::Role;
-    use squarepeg_tcp::utcp::record::{self, MessageMeta};
-    use tokio::io::AsyncWriteExt;
-
-    use crate::voip::lab::VoiceReceiver as _;
-    use crate::voip::lab::utcp::open_utcp_pair;
-
     let lab = start_lab(config, seed)?;
     let outcome = (|| -> Result<LabOutcome, VoipError> {
-        let (server_v4, _) = squarepeg_lab::stack::stack_addresses(&lab, Role::Server)
-            .ok_or_else(|| VoipError::Transport("no stack address on the server end".into()))?;
-        let sender = SocketAddr::new(IpAddr::V4(server_v4), SENDER.port());
-        let mut send_config = ConnectionConfig::default();
-        send_config.message_writes = true;
-        send_config.consistent_segmentation = true;
-        send_config.send_buffer = config.send_buffer;
-        let mut recv_config = ConnectionConfig::default();
-        recv_config.unordered_receive = true;
-        recv_config.recv_buffer = RECEIVE_WINDOW;
-        let pair = open_utcp_pair(&lab, sender, send_config, recv_config)?;
-        let (rt, mut stream, stack, mut receiver) =
-            (pair.rt, pair.stream, pair.stack, pair.receiver);
+        let mut sender_config = ConnectionConfig::default();
+        sender_config.session = config.sender_session(transport);
+        let (library, address) = match transport {
+            Transport::Utcp => {
+                let (server_v4, _) = stack_addresses(&lab, Role::Server).ok_or_else(|| {
+                    VoipError::Transport("no stack address on the server end".into())
+                })?;
+                let library = Library::Utcp {
+                    sender: Box::new(attach(&lab, Role::Server, config.sender_tcp())?),
+                    receiver: Box::new(attach(&lab, Role::Client, receiver_tcp())?),
+                    // No message has a lifetime: nothing to replace.
+                    inconsistent_retransmissions: false,
+                };
+                (
+                    library,
+                    SocketAddr::new(IpAddr::V4(server_v4), SENDER.port()),
+                )
+            }
+            Transport::KernelTcp => {
+                let rmem = format!("4096 {KERNEL_RECEIVE_BUFFER} {KERNEL_RECEIVE_BUFFER}");
+                lab.client()
+                    .run(|| std::fs::write("/proc/sys/net/ipv4/tcp_rmem", &rmem))?
+                    .map_err(VoipError::io("capping the receiver's tcp_rmem"))?;
+                if config.notsent_lowat.is_some() {
+                    sender_config.notsent_lowat = config.notsent_lowat;
+                    sender_config.unsent_drain = None;
+                }
+                let address = SocketAddr::new(lab.addresses().server(false), SENDER.port());
+                (Library::Kernel, address)
+            }
+        };
+        let call = LibraryCall {
+            sender: address,
+            sender_config,
+            receiver_config: ConnectionConfig::default(),
+            lifetime: None,
+            close_limit: DRAIN * 4,
+        };
+        let LibraryEnds {
+            sender,
+            mut receiver,
+        } = open_library(&lab, call, library)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(VoipError::io("building a runtime"))?;
         let epoch = Instant::now();
         let stop = epoch + config.duration;
-        let written = rt.block_on(async {
+        let written = runtime.block_on(async {
             let mut written = Vec::new();
-            let (mut frame, mut rec) = (Vec::new(), Vec::new());
             while Instant::now() < stop {
                 let number = written.len() as u64;
                 let at = Instant::now().saturating_duration_since(epoch);
                 let payload = encode_payload(KIND_DATA, number, at, config.message_bytes);
-                frame.clear();
-                squarepeg_framing::encode_frame(
-                    &squarepeg_framing::FrameHeader::Message {
-                        substream: 0,
-                        number,
-                    },
-                    &payload,
-                    &mut frame,
-                )
-                .map_err(|e| VoipError::Transport(format!("frame: {e}")))?;
-                rec.clear();
-                let meta = MessageMeta {
-                    priority: i32::from(config.is_high(number) && variant == Variant::Priority),
-                    message_id: Some(number),
-                    ..MessageMeta::default()
-                };
-                record::encode_message(&meta, &frame, &mut rec);
-                // Network-limited: this waits while the send buffer is full. The send call
-                // "happens" when the connection takes the record.
-                stream
-                    .write_all(&rec)
-                    .await
-                    .map_err(|e| VoipError::Transport(format!("write: {e}")))?;
+                // Network-limited: this waits while the connection takes no more. The send
+                // call "happens" when the session takes the message.
+                sender
+                    .send_waiting(payload, variant.priority(config, number))
+                    .await?;
                 written.push(Instant::now().saturating_duration_since(epoch));
             }
-            stream
-                .shutdown()
-                .await
-                .map_err(|e| VoipError::Transport(format!("shutdown: {e}")))?;
-            let _ = tokio::time::timeout(DRAIN, stream.wait_closed()).await;
             Ok::<_, VoipError>(written)
         })?;
+        let drops = sender.finish()?;
+        let mut warnings = Vec::new();
+        if !(drops.dropped.is_empty() && drops.replaced.is_empty()) {
+            warnings.push(format!(
+                "the sender dropped {} and replaced {} messages",
+                drops.dropped.len(),
+                drops.replaced.len()
+            ));
+        }
+        // The sender has closed: everything delivered is waiting for us.
         let mut arrivals = Vec::new();
         let deadline = Instant::now() + DRAIN;
         while let Some((payload, at)) = receiver.receive(deadline)? {
@@ -822,35 +766,12 @@ pub fn run_lab(
                 arrivals.push((number, at.saturating_duration_since(epoch)));
             }
         }
-        drop(receiver);
-        drop(stream);
-        drop(stack);
-        Ok((written, arrivals))
+        Ok((written, arrivals, warnings))
     })();
     let stats = lab.teardown();
-    let (written, arrivals) = outcome?;
+    let (written, arrivals, warnings) = outcome?;
     stats?;
-    Ok(lab_run(
-        config,
-        Transport::Utcp,
-        variant,
-        seed,
-        &written,
-        &arrivals,
-    ))
-}
-
-/// A real-lab run from its observations: the write time of every message, by number, and
-/// the arrivals in delivery order.
-fn lab_run(
-    config: &PriorityConfig,
-    transport: Transport,
-    variant: Variant,
-    seed: u64,
-    written: &[Duration],
-    arrivals: &[(u64, Duration)],
-) -> PriorityRun {
-    let mut messages: Vec<MessageOutcome> = written
+    let messages = written
         .iter()
         .enumerate()
         .map(|(i, &w)| MessageOutcome {
@@ -861,22 +782,10 @@ fn lab_run(
             transmit_order: None,
             arrival: None,
             arrival_order: None,
+            deliveries: 0,
         })
         .collect();
-    let mut warnings = Vec::new();
-    for (order, &(number, at)) in arrivals.iter().enumerate() {
-        match usize::try_from(number)
-            .ok()
-            .and_then(|i| messages.get_mut(i))
-        {
-            Some(m) => {
-                m.arrival = Some(at);
-                m.arrival_order = Some(order as u64);
-            }
-            None => warnings.push(format!("message {number} arrived but was never written")),
-        }
-    }
-    PriorityRun {
+    let mut run = PriorityRun {
         engine: Engine::Lab,
         transport,
         variant,
@@ -884,144 +793,7 @@ fn lab_run(
         config: *config,
         messages,
         warnings,
-    }
-}
-
-/// The result of a lab thread that ran a closure in a namespace.
-fn join_lab_thread<T>(
-    handle: std::thread::ScopedJoinHandle<'_, Result<T, squarepeg_lab::net::NetError>>,
-) -> Result<T, VoipError> {
-    handle
-        .join()
-        .map_err(|_| VoipError::Transport("a lab thread panicked".into()))?
-        .map_err(VoipError::from)
-}
-
-/// The receiver's largest receive buffer on the kernel-TCP runs: Linux advertises about half
-/// of it (`tcp_adv_win_scale` 1), so the window stays near [`RECEIVE_WINDOW`], as on the
-/// userspace-TCP runs.
-const KERNEL_RECEIVE_BUFFER: usize = 2 * RECEIVE_WINDOW;
-
-/// Runs one variant on the real lab with the `squarepeg` crate over kernel TCP (needs root):
-/// the sender in the server namespace sends every message with `send_message` (high ones at
-/// [`Priority::HIGHEST`](squarepeg::Priority) in the `priority` variant), its session queue
-/// as large as [`PriorityConfig::send_buffer`], so that it waits while the session holds
-/// that much; the kernel below holds about twice the `TCP_NOTSENT_LOWAT` unsent plus what
-/// is in flight. The receiver in the client namespace connects and records each
-/// message's arrival; its receive buffer is capped (namespace sysctl `tcp_rmem`) so that
-/// the window stays near [`RECEIVE_WINDOW`].
-pub fn run_lab_kernel(
-    config: &PriorityConfig,
-    variant: Variant,
-    seed: u64,
-) -> Result<PriorityRun, VoipError> {
-    use squarepeg::{Connection, ConnectionConfig, Endpoint, MessageProps, Priority};
-
-    let lab = start_lab(config, seed)?;
-    let outcome = (|| -> Result<LabOutcome, VoipError> {
-        let rmem = format!("4096 {KERNEL_RECEIVE_BUFFER} {KERNEL_RECEIVE_BUFFER}");
-        lab.client()
-            .run(|| std::fs::write("/proc/sys/net/ipv4/tcp_rmem", &rmem))?
-            .map_err(VoipError::io("capping the receiver's tcp_rmem"))?;
-        let address = SocketAddr::new(lab.addresses().server(false), SENDER.port());
-        let mut send_config = ConnectionConfig::default();
-        send_config.session.message_send_queue = config.send_buffer;
-        if config.notsent_lowat.is_some() {
-            send_config.notsent_lowat = config.notsent_lowat;
-            send_config.unsent_drain = None;
-        }
-        let epoch = Instant::now();
-        let stop = epoch + config.duration;
-        let runtime = || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(VoipError::io("building a runtime"))
-        };
-        let (bound_tx, bound_rx) = std::sync::mpsc::channel::<()>();
-        let (server, client) = (lab.server(), lab.client());
-        let (written, arrivals) = std::thread::scope(|scope| {
-            let sender = scope.spawn(move || {
-                server.run(move || {
-                    runtime()?.block_on(async {
-                        let endpoint = Endpoint::bind(address, send_config.clone())
-                            .await
-                            .map_err(|e| VoipError::Transport(format!("bind: {e}")))?;
-                        let _ = bound_tx.send(());
-                        let connection = tokio::time::timeout(DRAIN, endpoint.accept())
-                            .await
-                            .map_err(|_| VoipError::Transport("nobody connected".into()))?
-                            .map_err(|e| VoipError::Transport(format!("accept: {e}")))?;
-                        let mut written = Vec::new();
-                        while Instant::now() < stop {
-                            let number = written.len() as u64;
-                            let at = Instant::now().saturating_duration_since(epoch);
-                            let payload =
-                                encode_payload(KIND_DATA, number, at, config.message_bytes);
-                            let high = config.is_high(number) && variant == Variant::Priority;
-                            let props = MessageProps {
-                                priority: if high {
-                                    Priority::HIGHEST
-                                } else {
-                                    Priority::DEFAULT
-                                },
-                                ..MessageProps::default()
-                            };
-                            // Network-limited: this waits while the session queue is full.
-                            // The send call "happens" when the session takes the message.
-                            connection
-                                .send_message(payload, props)
-                                .await
-                                .map_err(|e| VoipError::Transport(format!("send: {e}")))?;
-                            written.push(Instant::now().saturating_duration_since(epoch));
-                        }
-                        let _ = tokio::time::timeout(DRAIN * 4, connection.close()).await;
-                        Ok::<_, VoipError>(written)
-                    })
-                })
-            });
-            let receiver = scope.spawn(move || {
-                client.run(move || {
-                    runtime()?.block_on(async {
-                        bound_rx
-                            .recv_timeout(DRAIN)
-                            .map_err(|_| VoipError::Transport("the sender did not bind".into()))?;
-                        let connection = Connection::connect(address, ConnectionConfig::default())
-                            .await
-                            .map_err(|e| VoipError::Transport(format!("connect: {e}")))?;
-                        let mut arrivals = Vec::new();
-                        let deadline = stop + DRAIN * 4;
-                        while let Ok(Ok(m)) = tokio::time::timeout(
-                            deadline.saturating_duration_since(Instant::now()),
-                            connection.recv_message(),
-                        )
-                        .await
-                        {
-                            let at = Instant::now().saturating_duration_since(epoch);
-                            if let Some((KIND_DATA, number, _)) = decode_payload(&m.payload) {
-                                arrivals.push((number, at));
-                            }
-                        }
-                        connection.abort(0, b"");
-                        Ok::<_, VoipError>(arrivals)
-                    })
-                })
-            });
-            let written = join_lab_thread(sender)??;
-            let arrivals = join_lab_thread(receiver)??;
-            Ok::<_, VoipError>((written, arrivals))
-        })?;
-        Ok((written, arrivals))
-    })();
-    let stats = lab.teardown();
-    let (written, arrivals) = outcome?;
-    stats?;
-    Ok(lab_run(
-        config,
-        Transport::KernelTcp,
-        variant,
-        seed,
-        &written,
-        &arrivals,
-    ))
+    };
+    run.add_arrivals(&arrivals);
+    Ok(run)
 }

@@ -1,7 +1,7 @@
-//! `peg lab priority`: Minion §8.3 — a network-limited sender over squarepeg's userspace TCP,
-//! 1 message in 100 high priority; per-message delay (send call to delivery) per class, with
-//! priority tags (insertion ahead of untransmitted lower-priority data) and without (FIFO)
-//! (`squarepeg_experiments::priority`).
+//! `peg lab priority`: Minion §8.3 — a network-limited sender on a squarepeg connection over
+//! the userspace TCP, 1 message in 100 high priority; per-message delay (send call to
+//! delivery) per class, with message priorities (the TCP's queue inserts them ahead of
+//! untransmitted lower-priority data) and without (FIFO) (`squarepeg_experiments::priority`).
 //!
 //! ```text
 //! peg lab priority --sim                       # 20 s per variant, seed 1, priority-out/
@@ -20,7 +20,6 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use squarepeg_experiments::priority::{
     PriorityConfig, Transport, Variant, plot_cdf, priority_json, priority_table, run_all, run_lab,
-    run_lab_kernel,
 };
 
 use crate::cmd::parse_duration_arg;
@@ -102,10 +101,7 @@ pub fn run(args: PriorityArgs) -> Result<()> {
                         config.duration.as_secs_f64()
                     );
                 }
-                match t {
-                    Transport::Utcp => run_lab(&config, v, args.seed),
-                    Transport::KernelTcp => run_lab_kernel(&config, v, args.seed),
-                }
+                run_lab(&config, v, args.seed, t)
             })
             .collect()
     }
@@ -127,8 +123,9 @@ pub fn run(args: PriorityArgs) -> Result<()> {
         for r in &runs {
             let Some(o) = r.overtaking() else { continue };
             println!(
-                "{}: in {} of {} pairs (high message, low message written before it and not \
-                 yet transmitted) the high message was delivered first",
+                "{}: in {} of {} pairs (high message, low message sent before it and not yet \
+                 transmitted when it entered the TCP's queue) the high message was delivered \
+                 first",
                 r.variant.name(),
                 o.delivered_first,
                 o.pairs,

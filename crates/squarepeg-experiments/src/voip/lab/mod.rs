@@ -19,7 +19,7 @@
 //! ends as a [`VoiceSender`] and a [`VoiceReceiver`]; say how messages lie on the wire
 //! ([`LabTransport::framing`]); list it in [`transports`].
 
-mod transports;
+pub(crate) mod transports;
 pub(crate) mod utcp;
 
 use std::collections::BTreeSet;

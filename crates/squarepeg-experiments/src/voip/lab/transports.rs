@@ -1,13 +1,16 @@
 //! The lab's transports: kernel UDP, kernel TCP with length-prefixed records, and the
 //! `squarepeg` crate's messages over kernel TCP (and, through [`open_library`], over its
-//! userspace TCP: `super::utcp`).
+//! userspace TCP: `super::utcp`). [`open_library`] also opens the priority experiment's
+//! connections (`crate::priority`).
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use squarepeg::{Connection, ConnectionConfig, Endpoint, MessageProps, MessageStatus, SendError};
+use squarepeg::{
+    Connection, ConnectionConfig, Endpoint, MessageProps, MessageStatus, Priority, SendError,
+};
 use squarepeg_lab::net::{Lab, NetNs};
 use squarepeg_lab::stack::LabStack;
 
@@ -247,11 +250,60 @@ where
         .map_err(VoipError::io("spawning a runtime thread"))
 }
 
-struct SquarepegSender {
+/// The sending end of a [`LibraryCall`]: a `squarepeg::Connection` driven on a runtime
+/// thread in the server namespace.
+pub(crate) struct SquarepegSender {
     connection: Connection,
+    /// Every message's properties but its priority.
     props: MessageProps,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SquarepegSender {
+    /// Hands `message` to the connection at `priority`, waiting while the session's message
+    /// queue is full (a network-limited sender's send call).
+    pub(crate) async fn send_waiting(
+        &self,
+        message: Vec<u8>,
+        priority: Priority,
+    ) -> Result<(), VoipError> {
+        let props = MessageProps {
+            priority,
+            ..self.props.clone()
+        };
+        self.connection
+            .send_message(message, props)
+            .await
+            .map(|_| ())
+            .map_err(|e| VoipError::Transport(format!("squarepeg send: {e}")))
+    }
+
+    /// Closes the connection once everything queued is delivered (bounded by the call's
+    /// close limit) and says which messages it dropped or replaced.
+    pub(crate) fn finish(mut self) -> Result<SenderDrops, VoipError> {
+        if let Some(s) = self.shutdown.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            t.join()
+                .map_err(|_| VoipError::Transport("the sender runtime panicked".into()))?;
+        }
+        // The connection has closed (or given up): every message has its final status.
+        let mut drops = SenderDrops::default();
+        while let Some((number, status)) = self.connection.try_next_message_status() {
+            match status {
+                MessageStatus::Expired | MessageStatus::Squashed => {
+                    drops.dropped.insert(number);
+                }
+                MessageStatus::Replaced => {
+                    drops.replaced.insert(number);
+                }
+                _ => {}
+            }
+        }
+        Ok(drops)
+    }
 }
 
 /// Which TCP the `squarepeg` crate runs over in a lab call.
@@ -277,28 +329,8 @@ impl VoiceSender for SquarepegSender {
             Err(e) => Err(VoipError::Transport(format!("squarepeg send: {e}"))),
         }
     }
-    fn close(mut self: Box<Self>) -> Result<SenderDrops, VoipError> {
-        if let Some(s) = self.shutdown.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            t.join()
-                .map_err(|_| VoipError::Transport("the sender runtime panicked".into()))?;
-        }
-        // The connection has closed (or given up): every message has its final status.
-        let mut drops = SenderDrops::default();
-        while let Some((number, status)) = self.connection.try_next_message_status() {
-            match status {
-                MessageStatus::Expired | MessageStatus::Squashed => {
-                    drops.dropped.insert(number);
-                }
-                MessageStatus::Replaced => {
-                    drops.replaced.insert(number);
-                }
-                _ => {}
-            }
-        }
-        Ok(drops)
+    fn close(self: Box<Self>) -> Result<SenderDrops, VoipError> {
+        self.finish()
     }
 }
 
@@ -310,7 +342,9 @@ impl Drop for SquarepegSender {
     }
 }
 
-struct SquarepegReceiver {
+/// The receiving end of a [`LibraryCall`]: every message with the time the connection
+/// delivered it, from a runtime thread in the client namespace.
+pub(crate) struct SquarepegReceiver {
     messages: mpsc::Receiver<(Vec<u8>, Instant)>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -347,39 +381,89 @@ impl LabTransport for LabSquarepeg {
         Framing::Ucobs
     }
     fn open(&self, lab: &Lab, call: &LabCall) -> Result<LabEnds, VoipError> {
-        open_library(lab, call, Library::Kernel, call.scenario.playout_delay)
+        let voice = LibraryCall::voice(call, call.scenario.playout_delay);
+        Ok(open_library(lab, voice, Library::Kernel)?.boxed())
     }
 }
 
-/// Opens a call between two `squarepeg::Connection`s over `library`'s TCP, each voice
-/// message sent with `lifetime`. The sender's message statuses become its [`SenderDrops`].
+/// A call between two `squarepeg::Connection`s, beyond the TCP it runs over ([`Library`]).
+pub(crate) struct LibraryCall {
+    /// Where the sender listens, in the server namespace (or on its stack).
+    pub sender: SocketAddr,
+    /// The sender's configuration (its session queue, its kernel `TCP_NOTSENT_LOWAT`).
+    pub sender_config: ConnectionConfig,
+    /// The receiver's configuration.
+    pub receiver_config: ConnectionConfig,
+    /// Every message's lifetime (Hollywood §7.2); `None`: messages never expire.
+    pub lifetime: Option<Duration>,
+    /// How long the sender's close (delivering what it still holds) may take, so that a
+    /// dead peer cannot hang the run.
+    pub close_limit: Duration,
+}
+
+impl LibraryCall {
+    /// The voice call `call` with the crate's default configuration, each message with
+    /// `lifetime`.
+    pub(crate) fn voice(call: &LabCall, lifetime: Duration) -> Self {
+        Self {
+            sender: call.sender,
+            sender_config: ConnectionConfig::default(),
+            receiver_config: ConnectionConfig::default(),
+            lifetime: Some(lifetime),
+            close_limit: call.config.drain.max(Duration::from_secs(5)),
+        }
+    }
+}
+
+/// The two ends of an open [`LibraryCall`].
+pub(crate) struct LibraryEnds {
+    /// In the server namespace.
+    pub sender: SquarepegSender,
+    /// In the client namespace.
+    pub receiver: SquarepegReceiver,
+}
+
+impl LibraryEnds {
+    /// The ends as a voice call's.
+    pub(crate) fn boxed(self) -> LabEnds {
+        LabEnds {
+            sender: Box::new(self.sender),
+            receiver: Box::new(self.receiver),
+        }
+    }
+}
+
+/// Opens `call` between two `squarepeg::Connection`s over `library`'s TCP. The sender's
+/// message statuses become its [`SenderDrops`].
 pub(crate) fn open_library(
     lab: &Lab,
-    call: &LabCall,
+    call: LibraryCall,
     library: Library,
-    lifetime: Duration,
-) -> Result<LabEnds, VoipError> {
-    let (sender_stack, receiver_stack, config) = match library {
-        Library::Kernel => (None, None, ConnectionConfig::default()),
+) -> Result<LibraryEnds, VoipError> {
+    let LibraryCall {
+        sender: address,
+        mut sender_config,
+        mut receiver_config,
+        lifetime,
+        close_limit,
+    } = call;
+    let (sender_stack, receiver_stack) = match library {
+        Library::Kernel => (None, None),
         Library::Utcp {
             sender,
             receiver,
             inconsistent_retransmissions,
         } => {
-            let mut config = ConnectionConfig::default();
-            config.inconsistent_retransmissions = inconsistent_retransmissions;
-            (Some(sender), Some(receiver), config)
+            sender_config.inconsistent_retransmissions = inconsistent_retransmissions;
+            receiver_config.inconsistent_retransmissions = inconsistent_retransmissions;
+            (Some(sender), Some(receiver))
         }
     };
-    // Deliver what is queued, then close; bounded so a dead peer cannot hang us.
-    let close_limit = call.config.drain.max(Duration::from_secs(5));
     // Sender: listen, accept one connection, hand it over, wait for the end of the call.
     let (bound_tx, bound_rx) = mpsc::channel::<Result<(), String>>();
     let (accepted_tx, accepted_rx) = mpsc::channel::<Result<Connection, String>>();
     let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
-    let address = call.sender;
-    let sender_config = config.clone();
-    let sender_thread = spawn_in(lab.server(), "voip-sender", move || async move {
+    let sender_thread = spawn_in(lab.server(), "library-sender", move || async move {
         let bound = match &sender_stack {
             None => Endpoint::bind(address, sender_config).await,
             Some(stack) => Endpoint::listen_utcp(stack.stack(), address, sender_config),
@@ -419,10 +503,10 @@ pub(crate) fn open_library(
     let (messages_tx, messages_rx) = mpsc::channel();
     let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
     let (connected_tx, connected_rx) = mpsc::channel::<Result<(), String>>();
-    spawn_in(lab.client(), "voip-receiver", move || async move {
+    spawn_in(lab.client(), "library-receiver", move || async move {
         let connected = match &receiver_stack {
-            None => Connection::connect(address, config).await,
-            Some(stack) => Connection::connect_utcp(stack.stack(), address, config).await,
+            None => Connection::connect(address, receiver_config).await,
+            Some(stack) => Connection::connect_utcp(stack.stack(), address, receiver_config).await,
         };
         let connection = match connected {
             Ok(c) => c,
@@ -468,19 +552,19 @@ pub(crate) fn open_library(
             ));
         }
     };
-    Ok(LabEnds {
-        sender: Box::new(SquarepegSender {
+    Ok(LibraryEnds {
+        sender: SquarepegSender {
             connection,
             props: MessageProps {
-                lifetime: Some(lifetime),
+                lifetime,
                 ..MessageProps::default()
             },
             shutdown: Some(shutdown_tx),
             thread: Some(sender_thread),
-        }),
-        receiver: Box::new(SquarepegReceiver {
+        },
+        receiver: SquarepegReceiver {
             messages: messages_rx,
             stop: Some(stop_tx),
-        }),
+        },
     })
 }

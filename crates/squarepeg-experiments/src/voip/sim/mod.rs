@@ -282,7 +282,7 @@ impl SimTransport for SimUtcp {
     fn install(&self, sim: &mut Simulator, call: &SimCall) -> Result<SimEnds, VoipError> {
         let offset = call.scenario.playout_offset();
         install_tcp(sim, call, || {
-            Ok(StreamCodec::unordered(offset, self.inconsistent))
+            Ok(StreamCodec::unordered(Some(offset), self.inconsistent))
         })
     }
     fn collect(

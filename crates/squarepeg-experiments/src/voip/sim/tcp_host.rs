@@ -1,25 +1,23 @@
 //! Simulator hosts built on squarepeg's userspace TCP (`squarepeg_tcp::Endpoint`): the voice
-//! endpoints of the TCP transports and the bulk transfers of the contention scenario.
+//! endpoints of the TCP transports (also the network-limited sender of the priority
+//! experiment, [`Pacing::NetworkLimited`]) and the bulk transfers of the contention scenario.
 //!
 //! A host owns one sans-IO endpoint and plays the application on top of it: the simulator
 //! feeds it packets and timer expiries, the host moves bytes between the endpoint and its
 //! application after each, and hands the endpoint's packets to the simulator.
 
+use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use std::collections::{BTreeSet, HashMap};
-
 use squarepeg_connection::{
-    Config as CoreConfig, Connection as Core, EndpointLink, Substrate,
-    tcp_config as core_tcp_config,
+    Config as CoreConfig, Connection as Core, EndpointLink, Receive, Send, SessionConfig,
+    Substrate, tcp_config as core_tcp_config,
 };
-use squarepeg_framing::{FrameHeader, Reassembler, encode_frame};
 use squarepeg_lab::sim::{Host, KIND_DATA, decode_payload, encode_payload};
-use squarepeg_session::{MAX_FRAME_BODY, MessageProps, MessageStatus, Role};
+use squarepeg_session::{MessageProps, MessageStatus, Priority, Role, SendError};
 use squarepeg_tcp::{
-    ConnectionConfig, ConnectionHandle, Endpoint, EndpointConfig, Error as TcpError, Event,
-    ListenerHandle, WriteTag,
+    ConnectionConfig, ConnectionHandle, Endpoint, EndpointConfig, Event, ListenerHandle,
 };
 
 use crate::voip::config::{MAX_MESSAGE_BYTES, VoipConfig};
@@ -40,7 +38,7 @@ pub fn secret(seed: u64, host: u8) -> [u8; 32] {
     s
 }
 
-pub(crate) fn endpoint(address: IpAddr, seed: u64, host: u8, now: Instant) -> Endpoint {
+fn endpoint(address: IpAddr, seed: u64, host: u8, now: Instant) -> Endpoint {
     let mut config = EndpointConfig::default();
     config.secret = secret(seed, host);
     config.local_addresses = vec![address];
@@ -70,6 +68,10 @@ pub struct SquarepegCodec {
     inconsistent: bool,
     /// The lifetime of each voice message: its playout budget (Hollywood §7.2).
     lifetime: Option<Duration>,
+    /// The endpoint connection's settings before the substrate's uTCP options.
+    tcp: ConnectionConfig,
+    /// The session's limits.
+    session: SessionConfig,
     /// The connection core and its link to the endpoint connection, once established.
     conn: Option<(Core, EndpointLink)>,
     /// Send side: the voice message number of each session message number.
@@ -78,6 +80,10 @@ pub struct SquarepegCodec {
     dropped: BTreeSet<u64>,
     /// Send side: messages whose retransmission carried others instead (Hollywood §4.2).
     replaced: BTreeSet<u64>,
+    /// Send side, network-limited over tagged writes: session numbers of the messages handed
+    /// over that have not entered the TCP's send queue yet (they wait in the session, or
+    /// for room in the TCP's send buffer).
+    outside_tcp: Vec<u64>,
 }
 
 impl SquarepegCodec {
@@ -107,11 +113,11 @@ impl StreamCodec {
     }
 
     /// squarepeg over the uTCP interface (unordered segments in, tagged writes out), each
-    /// message due `lifetime` after it is sent; with `inconsistent`, expired retransmissions
-    /// carry live messages instead.
-    pub fn unordered(lifetime: Duration, inconsistent: bool) -> Self {
+    /// message due `lifetime` after it is sent (`None`: never dropped); with `inconsistent`,
+    /// expired retransmissions carry live messages instead.
+    pub fn unordered(lifetime: Option<Duration>, inconsistent: bool) -> Self {
         let window = ConnectionConfig::default().recv_buffer;
-        Self::squarepeg(Substrate::utcp(window), inconsistent, Some(lifetime))
+        Self::squarepeg(Substrate::utcp(window), inconsistent, lifetime)
     }
 
     fn squarepeg(substrate: Substrate, inconsistent: bool, lifetime: Option<Duration>) -> Self {
@@ -119,89 +125,44 @@ impl StreamCodec {
             substrate,
             inconsistent,
             lifetime,
+            tcp: ConnectionConfig::default(),
+            session: SessionConfig::default(),
             conn: None,
             numbers: HashMap::new(),
             dropped: BTreeSet::new(),
             replaced: BTreeSet::new(),
+            outside_tcp: Vec::new(),
         }))
+    }
+
+    /// squarepeg over TCP connections with `tcp`'s buffers (the uTCP receiver's reassembler
+    /// follows its receive buffer). No effect on [`StreamCodec::Records`].
+    pub fn with_tcp(mut self, tcp: ConnectionConfig) -> Self {
+        if let Self::Squarepeg(c) = &mut self {
+            if let Receive::Segments { .. } = c.substrate.receive {
+                c.substrate = Substrate::utcp(tcp.recv_buffer);
+            }
+            c.tcp = tcp;
+        }
+        self
+    }
+
+    /// squarepeg with the session's limits `session` (its message queue, windows). No effect
+    /// on [`StreamCodec::Records`].
+    pub fn with_session(mut self, session: SessionConfig) -> Self {
+        if let Self::Squarepeg(c) = &mut self {
+            c.session = session;
+        }
+        self
     }
 
     /// The connection options this codec needs at either end.
     pub fn connection_config(&self) -> ConnectionConfig {
         match self {
-            Self::Squarepeg(c) => {
-                core_tcp_config(ConnectionConfig::default(), c.substrate, c.inconsistent)
-            }
+            Self::Squarepeg(c) => core_tcp_config(c.tcp.clone(), c.substrate, c.inconsistent),
             Self::Records { .. } => ConnectionConfig::default(),
         }
     }
-}
-
-/// The uTCP receive path (Minion §4.1, §5.2): reads every segment waiting on `h`, puts it
-/// into `reassembler` at its offset, and hands the payload of every whole message frame to
-/// `on_message` at once, in whatever order frames complete. The same message may come more
-/// than once (a spurious or inconsistent retransmission); the caller deduplicates.
-pub(crate) fn read_unordered(
-    ep: &mut Endpoint,
-    h: ConnectionHandle,
-    reassembler: &mut Reassembler,
-    buf: &mut [u8],
-    errors: &mut Vec<String>,
-    mut on_message: impl FnMut(&[u8]),
-) {
-    loop {
-        let segment = match ep.read_segment(h, buf) {
-            Ok(s) if s.len > 0 => s,
-            Ok(_) | Err(TcpError::WouldBlock) => break,
-            Err(e) => {
-                errors.push(format!("read_segment: {e}"));
-                break;
-            }
-        };
-        if let Err(e) = reassembler.insert(segment.offset, &buf[..segment.len]) {
-            errors.push(format!("reassembly: {e}"));
-        }
-        while let Some(frame) = reassembler.next_frame() {
-            // A frame mixing two transmissions fails its checksum (Hollywood §4.5); its
-            // message arrives whole in one of them.
-            if let Ok(frame) = frame
-                && let FrameHeader::Message { .. } = frame.frame.header
-            {
-                on_message(&frame.frame.payload);
-            }
-        }
-    }
-}
-
-/// A reassembler for a uTCP receiver with the default receive buffer: the TCP receive
-/// window plus one maximal frame, so that no segment TCP accepts is refused
-/// (squarepeg_framing::reassembler, "Memory").
-pub(crate) fn unordered_reassembler() -> Result<Reassembler, squarepeg_framing::ReassemblyError> {
-    let limit = ConnectionConfig::default().recv_buffer + Reassembler::min_limit(MAX_FRAME_BODY);
-    Reassembler::new(MAX_FRAME_BODY, limit)
-}
-
-/// Writes `payload` as message `number`'s uCOBS message frame with `write_message` and
-/// `tag` (all or nothing; `WouldBlock` when the send buffer has no room).
-pub(crate) fn write_message_frame(
-    ep: &mut Endpoint,
-    h: ConnectionHandle,
-    frame: &mut Vec<u8>,
-    number: u64,
-    payload: &[u8],
-    tag: WriteTag,
-) -> Result<(), TcpError> {
-    frame.clear();
-    encode_frame(
-        &FrameHeader::Message {
-            substream: 0,
-            number,
-        },
-        payload,
-        frame,
-    )
-    .map_err(|_| TcpError::BadRecord("the message does not fit a uCOBS frame"))?;
-    ep.write_message(h, frame, tag)
 }
 
 /// Which end of the call a host is.
@@ -213,6 +174,51 @@ pub enum CallEnd {
     Receiver,
 }
 
+/// When the sending application hands its messages to the transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pacing {
+    /// The voice call: message `n` at [`VoipConfig::due`]`(n)`, [`VoipConfig::count`] of them,
+    /// each at the default priority.
+    Schedule,
+    /// A network-limited sender (Minion §8.3): from the start until `stop` it hands over the
+    /// next message whenever the transport takes one (over squarepeg: whenever the session's
+    /// message queue has room), so the transport always holds as much as it will take. With
+    /// `high_priority_every`, the last message of every group of that many is sent at
+    /// [`Priority::HIGHEST`], the others at [`Priority::DEFAULT`].
+    NetworkLimited {
+        /// When the sender stops.
+        stop: Instant,
+        /// One message in this many is high priority.
+        high_priority_every: Option<u64>,
+    },
+}
+
+impl Pacing {
+    /// The priority of message `number`.
+    fn priority(&self, number: u64) -> Priority {
+        match *self {
+            Pacing::NetworkLimited {
+                high_priority_every: Some(every),
+                ..
+            } if every > 0 && number % every == every - 1 => Priority::HIGHEST,
+            _ => Priority::DEFAULT,
+        }
+    }
+}
+
+/// What happened to the sender's messages below the session, in order (see
+/// [`TcpVoiceHost::timeline`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SenderStep {
+    /// Message `number` entered the TCP's tagged send queue (uTCP interface,
+    /// network-limited pacing only), where priority insertion happens (Minion §4.2).
+    Queued(u64),
+    /// The connection reported message `number` `Sent`: over the uTCP interface, for a
+    /// message without a lifetime, its first transmission (`squarepeg_connection`, "Message
+    /// statuses").
+    Sent(u64),
+}
+
 /// One end of a voice call over squarepeg's TCP in standard mode.
 #[derive(Debug)]
 pub struct TcpVoiceHost {
@@ -221,11 +227,13 @@ pub struct TcpVoiceHost {
     end: CallEnd,
     epoch: Instant,
     config: VoipConfig,
+    pacing: Pacing,
     codec: StreamCodec,
     listener: Option<ListenerHandle>,
     conn: Option<ConnectionHandle>,
     next_number: u64,
     sent: Vec<Option<Duration>>,
+    timeline: Vec<SenderStep>,
     arrivals: Vec<(u64, Duration)>,
     /// Bytes the endpoint has not taken yet (its send buffer was full).
     unsent: Vec<u8>,
@@ -285,11 +293,13 @@ impl TcpVoiceHost {
             end,
             epoch,
             config,
+            pacing: Pacing::Schedule,
             codec,
             listener: None,
             conn: None,
             next_number: 0,
             sent: Vec::new(),
+            timeline: Vec::new(),
             arrivals: Vec::new(),
             unsent: Vec::new(),
             packet: vec![0; PACKET_BUFFER],
@@ -298,9 +308,23 @@ impl TcpVoiceHost {
         }
     }
 
+    /// The sender with `pacing` instead of the voice schedule.
+    pub fn with_pacing(mut self, pacing: Pacing) -> Self {
+        self.pacing = pacing;
+        self
+    }
+
     /// Per message number, when it was handed to the transport (from the epoch).
     pub fn sent(&self) -> &[Option<Duration>] {
         &self.sent
+    }
+
+    /// When the sender's messages entered the TCP's send queue and were reported `Sent`, in
+    /// the order it happened: the host notes entries right after the link wrote them, and a
+    /// status before the next entry (the TCP transmits, and so reports, only between host
+    /// calls, before which the host takes every report).
+    pub fn timeline(&self) -> &[SenderStep] {
+        &self.timeline
     }
 
     /// Messages received: number and arrival (from the epoch).
@@ -327,7 +351,9 @@ impl TcpVoiceHost {
     }
 
     fn next_due(&self) -> Option<Instant> {
-        (self.end == CallEnd::Sender && self.next_number < self.config.count)
+        (self.end == CallEnd::Sender
+            && self.pacing == Pacing::Schedule
+            && self.next_number < self.config.count)
             .then(|| self.epoch + self.config.due(self.next_number))
     }
 
@@ -339,37 +365,69 @@ impl TcpVoiceHost {
             }
             let number = self.next_number;
             self.next_number += 1;
+            let accepted = self.hand_over(now, number);
             let at = now.saturating_duration_since(self.epoch);
-            let message = encode_payload(KIND_DATA, number, at, self.config.message_bytes);
-            let accepted = self.established()
-                && match &mut self.codec {
-                    StreamCodec::Records { .. } => {
-                        encode_record(&message, &mut self.unsent);
+            self.sent.push(accepted.then_some(at));
+        }
+    }
+
+    /// Network-limited pacing: hands messages over while the transport takes them, each
+    /// moved on into the TCP at once (as a driver would), so that the next finds room.
+    fn send_while_taken(&mut self, now: Instant) {
+        let Pacing::NetworkLimited { stop, .. } = self.pacing else {
+            return;
+        };
+        while self.end == CallEnd::Sender && now < stop && self.hand_over(now, self.next_number) {
+            let at = now.saturating_duration_since(self.epoch);
+            self.sent.push(Some(at));
+            self.next_number += 1;
+            self.write(now);
+        }
+    }
+
+    /// Hands message `number` to the transport now; whether it took it. A network-limited
+    /// writer of records waits while the endpoint holds some of its bytes, as a socket writer
+    /// waits while its buffer is full.
+    fn hand_over(&mut self, now: Instant, number: u64) -> bool {
+        if !self.established() {
+            return false;
+        }
+        let at = now.saturating_duration_since(self.epoch);
+        let message = encode_payload(KIND_DATA, number, at, self.config.message_bytes);
+        let network_limited = self.pacing != Pacing::Schedule;
+        match &mut self.codec {
+            StreamCodec::Records { .. } => {
+                let room = !network_limited || self.unsent.is_empty();
+                if room {
+                    encode_record(&message, &mut self.unsent);
+                }
+                room
+            }
+            StreamCodec::Squarepeg(c) => {
+                let props = MessageProps {
+                    lifetime: c.lifetime,
+                    priority: self.pacing.priority(number),
+                    ..MessageProps::default()
+                };
+                let Some((core, _)) = c.conn.as_mut() else {
+                    return false;
+                };
+                match core.session_mut().send_message(now, message, props) {
+                    Ok(n) => {
+                        c.numbers.insert(n, number);
+                        if network_limited && c.substrate.send == Send::TaggedWrites {
+                            c.outside_tcp.push(n);
+                        }
                         true
                     }
-                    StreamCodec::Squarepeg(c) => {
-                        let props = MessageProps {
-                            lifetime: c.lifetime,
-                            ..MessageProps::default()
-                        };
-                        match c.conn.as_mut() {
-                            Some((core, _)) => {
-                                match core.session_mut().send_message(now, message, props) {
-                                    Ok(n) => {
-                                        c.numbers.insert(n, number);
-                                        true
-                                    }
-                                    Err(e) => {
-                                        self.errors.push(format!("message {number}: {e}"));
-                                        false
-                                    }
-                                }
-                            }
-                            None => false,
-                        }
+                    // The session's queue is full: a network-limited sender waits.
+                    Err(SendError::QueueFull { .. }) if network_limited => false,
+                    Err(e) => {
+                        self.errors.push(format!("message {number}: {e}"));
+                        false
                     }
-                };
-            self.sent.push(accepted.then_some(at));
+                }
+            }
         }
     }
 
@@ -397,11 +455,14 @@ impl TcpVoiceHost {
         }
         self.read(now);
         self.write(now);
+        self.send_while_taken(now);
     }
 
     fn start_session(&mut self, role: Role) {
         if let (StreamCodec::Squarepeg(c), Some(h)) = (&mut self.codec, self.conn) {
-            match Core::new(role, CoreConfig::default(), c.substrate) {
+            let mut config = CoreConfig::default();
+            config.session = c.session.clone();
+            match Core::new(role, config, c.substrate) {
                 Ok(core) => c.conn = Some((core, EndpointLink::new(h))),
                 Err(e) => self.errors.push(format!("connection: {e}")),
             }
@@ -462,6 +523,7 @@ impl TcpVoiceHost {
                         MessageStatus::Replaced => {
                             c.replaced.insert(voice);
                         }
+                        MessageStatus::Sent => self.timeline.push(SenderStep::Sent(voice)),
                         _ => {}
                     }
                 }
@@ -480,8 +542,11 @@ impl TcpVoiceHost {
             if let Some((core, link)) = c.conn.as_mut() {
                 link.drive(now, core, &mut self.ep);
             }
+            // Statuses first: the reports the link just took are of transmissions before
+            // this call, so before anything it wrote.
             let at = now.saturating_duration_since(self.epoch);
             self.take_squarepeg(at);
+            self.note_queued(h);
             return;
         }
         if !self.unsent.is_empty()
@@ -489,6 +554,33 @@ impl TcpVoiceHost {
         {
             self.unsent.drain(..n);
         }
+    }
+}
+
+impl TcpVoiceHost {
+    /// Network-limited over tagged writes: notes the messages that entered the TCP's send
+    /// queue in the last drive of the link. They are among the TCP's writes not yet
+    /// transmitted: the link writes only in [`Self::write`], and the TCP transmits only after
+    /// the host returns.
+    fn note_queued(&mut self, h: ConnectionHandle) {
+        let StreamCodec::Squarepeg(c) = &mut self.codec else {
+            return;
+        };
+        if c.outside_tcp.is_empty() {
+            return;
+        }
+        let mut queued = BTreeSet::new();
+        let _ = self.ep.send_queue(h, |q| {
+            queued.extend(q.pending_writes().filter_map(|(_, tag)| tag.message_id));
+        });
+        c.outside_tcp.retain(|n| {
+            let entered = queued.contains(n);
+            if entered {
+                let voice = c.numbers.get(n).copied().unwrap_or(*n);
+                self.timeline.push(SenderStep::Queued(voice));
+            }
+            !entered
+        });
     }
 }
 
@@ -575,35 +667,26 @@ impl BulkServer {
     }
 }
 
-/// `Host` for a simulator host that is one `Endpoint` (`ep`) at one `address`, with a
-/// `packet` buffer and a `process(now)` that runs its application after every event.
-macro_rules! endpoint_host {
-    ($t:ty) => {
-        impl squarepeg_lab::sim::Host for $t {
-            fn addresses(&self) -> Vec<std::net::IpAddr> {
-                vec![self.address]
-            }
-            fn handle_packet(&mut self, now: std::time::Instant, packet: Vec<u8>) {
-                let _ = self.ep.handle_packet(now, &packet);
-                self.process(now);
-            }
-            fn poll_transmit(&mut self, now: std::time::Instant) -> Option<Vec<u8>> {
-                let n = self.ep.poll_transmit(now, &mut self.packet)?;
-                Some(self.packet[..n].to_vec())
-            }
-            fn poll_timeout(&mut self) -> Option<std::time::Instant> {
-                self.ep.poll_timeout()
-            }
-            fn handle_timeout(&mut self, now: std::time::Instant) {
-                self.ep.handle_timeout(now);
-                self.process(now);
-            }
-        }
-    };
+impl Host for BulkServer {
+    fn addresses(&self) -> Vec<IpAddr> {
+        vec![self.address]
+    }
+    fn handle_packet(&mut self, now: Instant, packet: Vec<u8>) {
+        let _ = self.ep.handle_packet(now, &packet);
+        self.process(now);
+    }
+    fn poll_transmit(&mut self, now: Instant) -> Option<Vec<u8>> {
+        let n = self.ep.poll_transmit(now, &mut self.packet)?;
+        Some(self.packet[..n].to_vec())
+    }
+    fn poll_timeout(&mut self) -> Option<Instant> {
+        self.ep.poll_timeout()
+    }
+    fn handle_timeout(&mut self, now: Instant) {
+        self.ep.handle_timeout(now);
+        self.process(now);
+    }
 }
-pub(crate) use endpoint_host;
-
-endpoint_host!(BulkServer);
 
 /// The client end of the bulk downloads: opens one connection at each start time and reads
 /// and discards everything.
