@@ -134,6 +134,19 @@ impl ConnectionConfig {
         self
     }
 
+    /// Checks the values for a connection over the userspace TCP, where TLS is not available
+    /// yet (the uTCP interface carries cleartext only).
+    #[cfg(feature = "utcp")]
+    pub(crate) fn check_utcp(&self, role: squarepeg_connection::Role) -> Result<(), ConfigError> {
+        self.check(role)?;
+        if self.tls.is_some() {
+            return Err(ConfigError(
+                "TLS is not available over the userspace TCP yet: use kernel TCP",
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks the values, and that the TLS side (if any) is `role`'s.
     pub(crate) fn check(&self, role: squarepeg_connection::Role) -> Result<(), ConfigError> {
         self.core_config().validate()?;

@@ -96,7 +96,7 @@ impl Endpoint {
         addr: SocketAddr,
         config: ConnectionConfig,
     ) -> Result<Self, ConnectError> {
-        config.check(Role::Server)?;
+        config.check_utcp(Role::Server)?;
         let (listener, window) =
             crate::utcp::listen(stack, addr, config.inconsistent_retransmissions)?;
         Ok(Self {
@@ -160,7 +160,7 @@ impl Connection {
         addr: SocketAddr,
         config: ConnectionConfig,
     ) -> Result<Connection, ConnectError> {
-        config.check(Role::Client)?;
+        config.check_utcp(Role::Client)?;
         let (stream, window) =
             crate::utcp::connect(stack, addr, config.inconsistent_retransmissions)
                 .await
