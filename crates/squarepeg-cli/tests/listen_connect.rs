@@ -2,31 +2,13 @@
 //! printed on the other side, and a file sent over a stream arrives intact
 //! with the same SHA-256 printed on both ends.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-
-use sha2::{Digest, Sha256};
-
 mod common;
 
-/// A directory removed when the test ends, even on failure.
-struct TempDir(PathBuf);
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
 
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("peg-test-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use common::TempDir;
+use sha2::{Digest, Sha256};
 
 /// Kills a child left running by a failed test.
 struct Reaper(Option<Child>);

@@ -437,20 +437,20 @@ impl Connection {
         // Room for the records' overhead (about 22 bytes per 16 KiB record).
         let room = limit.saturating_sub(out.len());
         let frames = self.session.poll_transmit_batch(now, &mut t.staging, room);
-        if !t.staging.is_empty()
-            && let Err(e) = t.tls.seal(&t.staging, out)
-        {
-            self.tls_failed(now, &e);
-            return frames;
-        }
-        let RecordLayer::Tls(t) = &mut self.record else {
-            unreachable!()
+        let sealed = if t.staging.is_empty() {
+            Ok(())
+        } else {
+            t.tls.seal(&t.staging, out)
         };
-        if self.session.is_send_finished() {
-            // The session's last frame is out: close_notify, then the FIN (RFC 8446 §6.1).
-            t.tls.send_close_notify();
-            t.tls.poll_output(out);
-            t.close_notify_out = true;
+        match sealed {
+            Ok(()) if self.session.is_send_finished() => {
+                // The session's last frame is out: close_notify, then the FIN (RFC 8446 §6.1).
+                t.tls.send_close_notify();
+                t.tls.poll_output(out);
+                t.close_notify_out = true;
+            }
+            Ok(()) => {}
+            Err(e) => self.tls_failed(now, &e),
         }
         frames
     }

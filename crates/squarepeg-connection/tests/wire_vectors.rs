@@ -65,6 +65,20 @@ fn keys(suite: &str, key: &[u8], iv: &[u8]) -> RecordKeys {
     RecordKeys::from_secrets(&secrets).unwrap()
 }
 
+/// The message of the vectors: sub-stream 2, number 0, `hello`.
+const VECTOR_MESSAGE: FrameHeader = FrameHeader::Message {
+    substream: 2,
+    number: 0,
+};
+
+/// The plaintext of the vectors: PARAMS (empty) and the message, as plain frames (§3).
+fn vector_plaintext() -> Vec<u8> {
+    let mut plaintext = Vec::new();
+    encode_plain_frame(&FrameHeader::Control, &[0x01], &mut plaintext).unwrap();
+    encode_plain_frame(&VECTOR_MESSAGE, b"hello", &mut plaintext).unwrap();
+    plaintext
+}
+
 #[test]
 fn wire_md_tls_record_vectors_match_the_code() {
     let vectors = vectors();
@@ -72,14 +86,7 @@ fn wire_md_tls_record_vectors_match_the_code() {
     for v in &vectors {
         let keys = keys(&v["suite"], &hex(&v["key"]), &hex(&v["iv"]));
         let seq: u64 = v["seq"].parse().unwrap();
-        // The plaintext: PARAMS (empty) and one message, as plain frames (§3).
-        let mut plaintext = Vec::new();
-        encode_plain_frame(&FrameHeader::Control, &[0x01], &mut plaintext).unwrap();
-        let message = FrameHeader::Message {
-            substream: 2,
-            number: 0,
-        };
-        encode_plain_frame(&message, b"hello", &mut plaintext).unwrap();
+        let plaintext = vector_plaintext();
         assert_eq!(plaintext, hex(&v["plaintext"]), "{v:?}");
         let mut record = Vec::new();
         keys.seal(seq, 23, &plaintext, &mut record);
@@ -94,7 +101,7 @@ fn wire_md_tls_record_vectors_match_the_code() {
             .map(Result::unwrap)
             .collect();
         assert_eq!(frames.len(), 2);
-        assert_eq!(frames[1].header, message);
+        assert_eq!(frames[1].header, VECTOR_MESSAGE);
         assert_eq!(&frames[1].payload[..], b"hello");
     }
 }
@@ -108,13 +115,7 @@ fn print_vectors() {
         let key: Vec<u8> = (0..32).collect();
         let iv: Vec<u8> = (0xa0..0xac).collect();
         let keys = keys(suite, &key, &iv);
-        let mut plaintext = Vec::new();
-        encode_plain_frame(&FrameHeader::Control, &[0x01], &mut plaintext).unwrap();
-        let message = FrameHeader::Message {
-            substream: 2,
-            number: 0,
-        };
-        encode_plain_frame(&message, b"hello", &mut plaintext).unwrap();
+        let plaintext = vector_plaintext();
         let mut record = Vec::new();
         keys.seal(1, 23, &plaintext, &mut record);
         let h = |b: &[u8]| {

@@ -217,11 +217,7 @@ fn a_handshake_failure_sends_rustls_alert() {
     let other = default_setup();
     let mut client = Tls::client(other.client.clone(), SERVER_NAME).unwrap();
     let mut server = Tls::server(setup.server.clone()).unwrap();
-    let mut hello = Vec::new();
-    client.poll_output(&mut hello);
-    feed(&mut server, &hello, usize::MAX).unwrap();
-    let mut flight = Vec::new();
-    server.poll_output(&mut flight);
+    let flight = server_flight(&mut client, &mut server);
     let err = feed(&mut client, &flight, usize::MAX).unwrap_err();
     assert!(matches!(err, TlsError::Handshake(_)), "{err:?}");
     assert_eq!(client.process(&mut Vec::new()), Err(err));

@@ -59,6 +59,16 @@ fn transfer<D>(ours: &mut Tls, stock: &mut rustls::ConnectionCommon<D>) {
     assert!(ours.peer_closed());
 }
 
+/// The handshake each round must make: full first, then resumed with a ticket the first
+/// connection received after its handshake.
+fn kind_of_round(round: usize) -> HandshakeKind {
+    if round == 0 {
+        HandshakeKind::Full
+    } else {
+        HandshakeKind::Resumed
+    }
+}
+
 #[test]
 fn squarepeg_client_with_stock_server() {
     for suite in TLS13_SUITES {
@@ -78,11 +88,7 @@ fn squarepeg_client_with_stock_server() {
             assert_eq!(stock.negotiated_cipher_suite(), Some(suite));
             // The second connection resumes with a ticket the first received after its
             // handshake, through squarepeg's record layer.
-            let kind = if round == 0 {
-                HandshakeKind::Full
-            } else {
-                HandshakeKind::Resumed
-            };
+            let kind = kind_of_round(round);
             assert_eq!(
                 stock.handshake_kind(),
                 Some(kind),
@@ -111,11 +117,7 @@ fn stock_client_with_squarepeg_server() {
             assert_eq!(delivered.to_squarepeg, early);
             assert!(delivered.to_stock.is_empty());
             assert_eq!(ours.negotiated_suite(), Some(suite));
-            let kind = if round == 0 {
-                HandshakeKind::Full
-            } else {
-                HandshakeKind::Resumed
-            };
+            let kind = kind_of_round(round);
             assert_eq!(
                 stock.handshake_kind(),
                 Some(kind),

@@ -556,11 +556,7 @@ proptest! {
         let setup = default_setup();
         let mut client = Tls::client(setup.client.clone(), SERVER_NAME).unwrap();
         let mut server = Tls::server(setup.server.clone()).unwrap();
-        let mut hello = Vec::new();
-        client.poll_output(&mut hello);
-        feed(&mut server, &hello, usize::MAX).unwrap();
-        let mut flight = Vec::new();
-        server.poll_output(&mut flight);
+        let mut flight = server_flight(&mut client, &mut server);
         for (at, byte) in changes {
             let at = at % flight.len();
             flight[at] ^= byte | 1;

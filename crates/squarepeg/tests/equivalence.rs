@@ -79,7 +79,7 @@ use squarepeg_lab::sim::{HostId, SimConfig, Simulator};
 use squarepeg_session::{Event, ReadOutcome, Role, StreamId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
-use utcp_world::{App, PegHost, pattern};
+use utcp_world::{App, PegHost, pattern, stream_to_read};
 
 // ------------------------------------------------------------------------ the trace
 
@@ -731,14 +731,9 @@ impl SimApp {
         }
         while !self.recv_done {
             let s = conn.session_mut();
-            let id = match self.recv_stream {
-                Some(id) => id,
-                None => match s.accept_stream() {
-                    Some(id) => id,
-                    None => break,
-                },
+            let Some(id) = stream_to_read(s, &mut self.recv_stream) else {
+                break;
             };
-            self.recv_stream = Some(id);
             match s.stream_read(id, &mut self.buf) {
                 Ok(ReadOutcome::Data(n)) => self.rec.stream(&self.buf[..n]),
                 Ok(ReadOutcome::Finished) => {

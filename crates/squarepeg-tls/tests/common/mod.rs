@@ -66,6 +66,16 @@ pub fn pump(client: &mut Tls, server: &mut Tls) -> Result<(Vec<u8>, Vec<u8>), Tl
     panic!("endpoints kept talking");
 }
 
+/// The server's first flight, after it took the client's ClientHello whole.
+pub fn server_flight(client: &mut Tls, server: &mut Tls) -> Vec<u8> {
+    let mut hello = Vec::new();
+    client.poll_output(&mut hello);
+    feed(server, &hello, usize::MAX).unwrap();
+    let mut flight = Vec::new();
+    server.poll_output(&mut flight);
+    flight
+}
+
 /// A squarepeg client and server with a finished handshake.
 pub fn connected(setup: &Setup) -> (Tls, Tls) {
     let mut client = Tls::client(setup.client.clone(), SERVER_NAME).unwrap();

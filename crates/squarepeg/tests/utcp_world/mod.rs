@@ -32,6 +32,18 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The peer's stream being read (`current`), or else the next one it opened, which becomes
+/// the current one.
+pub fn stream_to_read(
+    s: &mut squarepeg_session::Session,
+    current: &mut Option<StreamId>,
+) -> Option<StreamId> {
+    if current.is_none() {
+        *current = s.accept_stream();
+    }
+    *current
+}
+
 /// Deterministic bytes: `len` bytes of stream `seed` from `offset`.
 pub fn pattern(seed: u64, offset: u64, len: usize) -> Vec<u8> {
     (0..len as u64)
@@ -408,14 +420,9 @@ impl App for PlanApp {
         }
         loop {
             let s = conn.session_mut();
-            let id = match self.recv_stream {
-                Some(id) => id,
-                None => match s.accept_stream() {
-                    Some(id) => id,
-                    None => break,
-                },
+            let Some(id) = stream_to_read(s, &mut self.recv_stream) else {
+                break;
             };
-            self.recv_stream = Some(id);
             match s.stream_read(id, &mut self.buf) {
                 Ok(ReadOutcome::Data(n)) => {
                     let expect = pattern(self.peer_plan.seed, self.received_stream, n);
