@@ -97,9 +97,11 @@ pub use squarepeg_session::{
 };
 pub use squarepeg_tcp::{MessageReport, WriteTag};
 
-use receive::SegmentReceiver;
+use receive::{SegmentReceiver, TlsSegmentReceiver};
 use record::{RecordLayer, TlsLayer, tls_transport_error};
 use send::TaggedSender;
+use squarepeg_session::control::record_numbers;
+use squarepeg_tls::OutOfOrderConfig;
 pub use squarepeg_tls::{Tls, TlsError, TlsStats};
 
 /// Counters of the uTCP interface (segments in, tagged writes out).
@@ -155,6 +157,8 @@ enum ReceivePath {
     /// In order; `None` while the driver has borrowed the receiver.
     InOrder(Option<Box<Receiver>>),
     Segments(Box<SegmentReceiver>),
+    /// TLS records found in segments (Minion §6).
+    TlsSegments(Box<TlsSegmentReceiver>),
 }
 
 #[derive(Debug)]
@@ -192,13 +196,17 @@ impl Connection {
                 if setup.is_client() != (role == Role::Client) {
                     return Err(ConfigError("the TLS side must match the connection's role").into());
                 }
-                if substrate != Substrate::byte_stream() {
-                    return Err(ConfigError(
-                        "TLS runs over an in-order byte stream (the uTCP interface takes cleartext)",
-                    )
-                    .into());
+                let mut tls = setup.start()?;
+                // A squarepeg peer may number its records (announced in PARAMS below).
+                tls.accept_numbered_records();
+                if let Receive::Segments { window } = substrate.receive {
+                    // Stock senders' records are not read out of order here: squarepeg's
+                    // frames need a whole-unit record, which only numbered records mark.
+                    let mut ooo = OutOfOrderConfig::new(window);
+                    ooo.predictions = 0;
+                    tls.enable_out_of_order(ooo);
                 }
-                RecordLayer::Tls(Box::new(TlsLayer::new(setup.start()?)))
+                RecordLayer::Tls(Box::new(TlsLayer::new(tls)))
             }
         };
         let tls = matches!(record, RecordLayer::Tls(_));
@@ -213,6 +221,13 @@ impl Connection {
                 }
                 ReceivePath::InOrder(Some(Box::new(receiver)))
             }
+            Receive::Segments { .. } if tls => {
+                let pinned = config.session.message_receive_queue + 4 * config.read_buffer;
+                ReceivePath::TlsSegments(Box::new(TlsSegmentReceiver::new(
+                    config.read_buffer,
+                    pinned,
+                )))
+            }
             Receive::Segments { window } => {
                 ReceivePath::Segments(Box::new(SegmentReceiver::new(window)?))
             }
@@ -222,12 +237,17 @@ impl Connection {
             Send::TaggedWrites => SendPath::Tagged(Box::default()),
         };
         let uses_utcp =
-            matches!(receive, ReceivePath::Segments(_)) || matches!(send, SendPath::Tagged(_));
+            !matches!(receive, ReceivePath::InOrder(_)) || matches!(send, SendPath::Tagged(_));
         let mut session = Session::new(role, config.session)?;
         if tls {
             // Records delimit and authenticate: plain frames from the first byte (docs/wire.md
             // §4).
             session.use_plain_frames();
+            let mut numbers = record_numbers::READS;
+            if !substrate.receives_in_order() {
+                numbers |= record_numbers::OUT_OF_ORDER;
+            }
+            session.announce_record_numbers(numbers);
         } else {
             session.set_frame_formats(receive_plain, send_plain);
         }
@@ -323,7 +343,7 @@ impl Connection {
                 self.driver_misuse(now, "in-order bytes handed in while the receiver is lent");
                 return;
             }
-            ReceivePath::Segments(_) => {
+            ReceivePath::Segments(_) | ReceivePath::TlsSegments(_) => {
                 self.driver_misuse(now, "in-order bytes on a segment substrate");
                 return;
             }
@@ -341,7 +361,7 @@ impl Connection {
         }
         match &mut self.receive {
             ReceivePath::InOrder(r) => r.take(),
-            ReceivePath::Segments(_) => None,
+            ReceivePath::Segments(_) | ReceivePath::TlsSegments(_) => None,
         }
     }
 
@@ -369,12 +389,16 @@ impl Connection {
 
     /// A segment (or piece of one) at stream offset `offset`, on a segment substrate.
     pub fn handle_segment(&mut self, now: Instant, offset: u64, data: &[u8]) {
+        if let ReceivePath::TlsSegments(_) = self.receive {
+            self.handle_tls_segment(now, offset, data);
+            return;
+        }
         match &mut self.receive {
             ReceivePath::Segments(r) => {
                 let stats = self.utcp.get_or_insert_default();
                 r.handle_segment(now, &mut self.session, stats, offset, data);
             }
-            ReceivePath::InOrder(_) => {
+            ReceivePath::InOrder(_) | ReceivePath::TlsSegments(_) => {
                 self.driver_misuse(now, "a segment on an in-order substrate")
             }
         }
@@ -480,8 +504,60 @@ impl Connection {
             }
         };
         self.take_frames(now);
+        self.update_numbering();
         if let Err(e) = result {
             self.tls_failed(now, &e);
+        }
+    }
+
+    /// A segment of ciphertext at `offset` (TLS over segments, Minion §6).
+    fn handle_tls_segment(&mut self, now: Instant, offset: u64, data: &[u8]) {
+        let (RecordLayer::Tls(t), ReceivePath::TlsSegments(r)) =
+            (&mut self.record, &mut self.receive)
+        else {
+            return;
+        };
+        let stats = self.utcp.get_or_insert_default();
+        stats.segments_read += 1;
+        stats.bytes_read += data.len() as u64;
+        if t.failed {
+            return;
+        }
+        t.opened.clear();
+        let records = &mut r.records;
+        let result = t
+            .tls
+            .push_segment(offset, data, &mut t.opened, &mut |record| {
+                records.push((record.offset, record.content.to_vec()))
+            });
+        // What opened before an error was authenticated: it counts.
+        if !t.opened.is_empty() {
+            r.in_order.push(&t.opened);
+        }
+        r.deliver(now, &mut self.session, t.tls.in_order_offset());
+        self.update_numbering();
+        if let Err(e) = result {
+            self.tls_failed(now, &e);
+        }
+    }
+
+    /// Numbers this side's records once the peer's PARAMS asks for them (it reads out of
+    /// order) or allows them while this side's tagged queue may reorder its writes
+    /// (docs/wire.md §5).
+    fn update_numbering(&mut self) {
+        let RecordLayer::Tls(t) = &mut self.record else {
+            return;
+        };
+        if t.tls.is_sending_numbered() {
+            return;
+        }
+        let Some(bits) = self.session.peer_record_numbers() else {
+            return;
+        };
+        let tagged = matches!(self.send, SendPath::Tagged(_));
+        if bits & record_numbers::OUT_OF_ORDER != 0 || (tagged && bits & record_numbers::READS != 0)
+        {
+            t.tls.send_numbered_records();
         }
     }
 
@@ -502,14 +578,109 @@ impl Connection {
         if self.fin_sent || self.transport_closed {
             return None;
         }
+        if let RecordLayer::Tls(_) = self.record {
+            return self.poll_tls_write(now);
+        }
         match &mut self.send {
             SendPath::Tagged(t) => t.poll_write(now, &mut self.session),
             SendPath::ByteStream => None,
         }
     }
 
+    /// Tagged writes under TLS: the record layer's own records (handshake flights, the
+    /// switch to numbered records, KeyUpdates) as writes nothing overtakes; then each frame
+    /// sealed into records of its own, tagged as in cleartext once records are numbered
+    /// (before that, in order: positional records may not be reordered or dropped); after
+    /// the session's last frame, close_notify behind everything.
+    fn poll_tls_write(&mut self, now: Instant) -> Option<TaggedWrite<'_>> {
+        let (RecordLayer::Tls(t), SendPath::Tagged(sender)) = (&mut self.record, &mut self.send)
+        else {
+            return None;
+        };
+        if !t.control_pending && !sender.has_pending() {
+            t.control.clear();
+            t.tls.poll_output(&mut t.control);
+            if t.control.is_empty()
+                && !t.close_notify_requested
+                && !t.tls.is_handshaking()
+                && !t.failed
+                && self.session.is_send_finished()
+            {
+                // The session's last frame went out: close_notify, then the FIN.
+                t.tls.send_close_notify();
+                t.close_notify_requested = true;
+                t.tls.poll_output(&mut t.control);
+            }
+            t.control_pending = !t.control.is_empty();
+        }
+        if t.control_pending {
+            let priority = if t.close_notify_requested || t.failed {
+                i32::MIN
+            } else {
+                i32::MAX
+            };
+            let RecordLayer::Tls(t) = &self.record else {
+                return None;
+            };
+            return Some(TaggedWrite {
+                frame: &t.control,
+                tag: WriteTag {
+                    priority,
+                    ..Default::default()
+                },
+            });
+        }
+        if t.tls.is_handshaking() || t.failed || t.close_notify_requested {
+            return None;
+        }
+        let tls = &mut t.tls;
+        let sealed = &mut t.staging;
+        let mut failure = None;
+        let written = sender.poll_write_protected(now, &mut self.session, &mut |frame, tag| {
+            sealed.clear();
+            if let Err(e) = tls.seal(frame, sealed) {
+                failure = Some(e);
+                return false;
+            }
+            std::mem::swap(frame, sealed);
+            if !tls.is_sending_numbered() {
+                // Positional records must reach the wire in the order sealed, all of them.
+                *tag = WriteTag {
+                    priority: i32::MAX,
+                    message_id: tag.message_id,
+                    ..Default::default()
+                };
+            }
+            true
+        });
+        if written.is_none() {
+            if let Some(e) = failure {
+                self.tls_failed(now, &e);
+            }
+            return None;
+        }
+        // The sealed frame is the pending write now.
+        match &mut self.send {
+            SendPath::Tagged(sender) => sender.poll_write(now, &mut self.session),
+            SendPath::ByteStream => None,
+        }
+    }
+
     /// The substrate took the write [`Self::poll_write`] returned.
     pub fn write_done(&mut self) {
+        if let RecordLayer::Tls(t) = &mut self.record
+            && t.control_pending
+        {
+            t.control_pending = false;
+            t.control.clear();
+            if t.close_notify_requested {
+                t.close_notify_out = true;
+            }
+            if t.failed {
+                t.alert_out = true;
+            }
+            return;
+        }
         if let SendPath::Tagged(t) = &mut self.send {
             t.write_done(self.utcp.get_or_insert_default());
         }
@@ -519,7 +690,7 @@ impl Connection {
     /// last frame was handed out. End it once everything handed out before is written.
     pub fn poll_shutdown(&mut self) -> bool {
         let pending_write = matches!(&self.send, SendPath::Tagged(t) if t.has_pending())
-            || matches!(&self.record, RecordLayer::Tls(t) if !t.may_end());
+            || matches!(&self.record, RecordLayer::Tls(t) if !t.may_end() || t.control_pending);
         if self.fin_sent
             || self.transport_closed
             || pending_write

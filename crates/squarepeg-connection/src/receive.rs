@@ -130,3 +130,71 @@ fn is_close(frame: &Frame) -> bool {
             Ok(ControlFrame::Close { .. } | ControlFrame::ApplicationClose { .. })
         )
 }
+
+/// The receive path of TLS over segments (Minion §6): the record layer finds and opens
+/// records ahead of holes (`squarepeg_tls::Tls::push_segment`); in-order plaintext goes
+/// through a plain-frame reader, each record delivered out of order holds whole frames
+/// (docs/wire.md §5) and is decoded on its own.
+#[derive(Debug)]
+pub(crate) struct TlsSegmentReceiver {
+    /// Plaintext of the in-order stream.
+    pub(crate) in_order: Receiver,
+    /// Decodes one out-of-order record's frames at a time (empty between records).
+    record_frames: FrameReader,
+    /// The peer's CLOSE from a record delivered out of order, with the record's offset:
+    /// held until the stream before it is complete.
+    held_close: Option<(u64, Frame)>,
+    /// Out-of-order records of the last segment: (offset, content).
+    pub(crate) records: Vec<(u64, Vec<u8>)>,
+}
+
+impl TlsSegmentReceiver {
+    pub(crate) fn new(read_buffer: usize, pinned_limit: usize) -> Self {
+        let mut in_order = Receiver::new(read_buffer, pinned_limit, true);
+        in_order.start_plain();
+        let mut record_frames = FrameReader::new(MAX_FRAME_BODY);
+        record_frames.start_plain();
+        Self {
+            in_order,
+            record_frames,
+            held_close: None,
+            records: Vec::new(),
+        }
+    }
+
+    /// Hands the session the in-order frames, then those of the out-of-order records, then
+    /// the held CLOSE once the in-order stream (at `in_order_offset`) has passed it.
+    pub(crate) fn deliver(&mut self, now: Instant, session: &mut Session, in_order_offset: u64) {
+        while let Some(frame) = self.in_order.next_frame() {
+            match frame {
+                Ok(f) => session.handle_frame(now, f),
+                Err(e) => session.handle_decode_error(now, e),
+            }
+        }
+        for (offset, content) in std::mem::take(&mut self.records) {
+            self.record_frames.push(&content);
+            while let Some(frame) = self.record_frames.next_frame() {
+                match frame {
+                    Ok(f) if is_close(&f) => self.held_close = Some((offset, f)),
+                    Ok(f) => session.handle_frame(now, f),
+                    // The record authenticated: the peer sent this.
+                    Err(e) => session.handle_decode_error(now, e),
+                }
+            }
+            if self.record_frames.buffered() > 0 {
+                // A record marked whole that ends inside a frame: the peer broke the format.
+                session.handle_decode_error(now, FrameError::TooShort);
+                self.record_frames = FrameReader::new(MAX_FRAME_BODY);
+                self.record_frames.start_plain();
+            }
+        }
+        if self
+            .held_close
+            .as_ref()
+            .is_some_and(|(offset, _)| in_order_offset > *offset)
+            && let Some((_, f)) = self.held_close.take()
+        {
+            session.handle_frame(now, f);
+        }
+    }
+}

@@ -91,6 +91,12 @@ pub(crate) struct TlsLayer {
     pub(crate) staging: Vec<u8>,
     /// close_notify was handed out (the FIN may follow).
     pub(crate) close_notify_out: bool,
+    /// Over tagged writes: close_notify was asked of the TLS layer.
+    pub(crate) close_notify_requested: bool,
+    /// Over tagged writes: the record layer's own records, as one write.
+    pub(crate) control: Vec<u8>,
+    /// That write was handed out and not yet taken.
+    pub(crate) control_pending: bool,
     /// The handshake or a record failed; the alert is on its way and nothing more is read.
     pub(crate) failed: bool,
     /// After a failure: the alert was handed out (the FIN may follow).
@@ -121,6 +127,9 @@ impl TlsLayer {
             opened: Vec::new(),
             staging: Vec::new(),
             close_notify_out: false,
+            close_notify_requested: false,
+            control: Vec::new(),
+            control_pending: false,
             failed: false,
             alert_out: false,
         }

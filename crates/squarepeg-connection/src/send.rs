@@ -51,8 +51,24 @@ impl TaggedSender {
         now: Instant,
         session: &mut Session,
     ) -> Option<TaggedWrite<'_>> {
+        self.poll_write_protected(now, session, &mut |_, _| true)
+    }
+
+    /// Like [`Self::poll_write`], with `protect` applied to each new frame and its tag before
+    /// it is handed out (the record layer seals it into a TLS record there). If `protect`
+    /// fails (returns false), nothing is handed out.
+    pub(crate) fn poll_write_protected(
+        &mut self,
+        now: Instant,
+        session: &mut Session,
+        protect: &mut dyn FnMut(&mut Vec<u8>, &mut WriteTag) -> bool,
+    ) -> Option<TaggedWrite<'_>> {
         if self.pending.is_none() {
-            self.pending = self.next_frame(now, session);
+            let mut tag = self.next_frame(now, session)?;
+            if !protect(&mut self.frame, &mut tag) {
+                return None;
+            }
+            self.pending = Some(tag);
         }
         let tag = self.pending?;
         Some(TaggedWrite {

@@ -30,6 +30,7 @@ pub mod param_id {
     pub const INITIAL_MAX_STREAM_DATA: u64 = 0x02;
     pub const INITIAL_MAX_STREAMS: u64 = 0x03;
     pub const RECEIVE_FORMATS: u64 = 0x04;
+    pub const RECORD_NUMBERS: u64 = 0x05;
 }
 
 /// The longest CLOSE reason a sender writes and a receiver accepts.
@@ -47,6 +48,18 @@ pub struct Params {
     /// The frame formats the sender reads after a Switch, as bits of format ids
     /// (docs/wire.md §3); absent: uCOBS only.
     pub receive_formats: Option<u64>,
+    /// Inside TLS: how the sender reads numbered records (docs/wire.md §5), as bits:
+    /// [`record_numbers::READS`] it reads them, [`record_numbers::OUT_OF_ORDER`] it reads
+    /// records out of order and asks for them; absent: neither.
+    pub record_numbers: Option<u64>,
+}
+
+/// Bits of PARAMS `record_numbers` (docs/wire.md §5).
+pub mod record_numbers {
+    /// The sender of the PARAMS reads numbered records.
+    pub const READS: u64 = 0b01;
+    /// It reads records out of order: number yours.
+    pub const OUT_OF_ORDER: u64 = 0b10;
 }
 
 /// A decoded control frame.
@@ -163,6 +176,7 @@ impl ControlFrame {
                     (param_id::INITIAL_MAX_STREAM_DATA, p.initial_max_stream_data),
                     (param_id::INITIAL_MAX_STREAMS, p.initial_max_streams),
                     (param_id::RECEIVE_FORMATS, p.receive_formats),
+                    (param_id::RECORD_NUMBERS, p.record_numbers),
                 ];
                 for (id, value) in pairs {
                     if let Some(v) = value {
@@ -217,6 +231,7 @@ impl ControlFrame {
                         }
                         param_id::INITIAL_MAX_STREAMS => p.initial_max_streams = Some(value),
                         param_id::RECEIVE_FORMATS => p.receive_formats = Some(value),
+                        param_id::RECORD_NUMBERS => p.record_numbers = Some(value),
                         // Unknown parameters are ignored (docs/wire.md §2.2).
                         _ => {}
                     }
@@ -270,6 +285,7 @@ mod tests {
             initial_max_stream_data: Some(1 << 20),
             initial_max_streams: Some(100),
             receive_formats: Some(0b11),
+            record_numbers: Some(0b11),
         }));
         round_trip(ControlFrame::Params(Params::default()));
         round_trip(ControlFrame::MaxData(varint::MAX));

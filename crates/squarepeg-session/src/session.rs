@@ -271,6 +271,10 @@ pub struct Session {
     /// whether its sending side may switch, and a switch decided but not
     /// yet sent.
     formats: Formats,
+    /// PARAMS record_numbers this side announces (docs/wire.md §5).
+    record_numbers: Option<u64>,
+    /// The peer's PARAMS record_numbers.
+    peer_record_numbers: Option<u64>,
 
     // Control frames waiting to go, coalesced: flags and sets, not a queue
     // of frames, so repeated credit updates cost one frame.
@@ -335,6 +339,8 @@ impl Session {
             events: VecDeque::new(),
             stats: Stats::default(),
             formats: Formats::default(),
+            record_numbers: None,
+            peer_record_numbers: None,
             params_pending: true,
             max_data_pending: false,
             max_streams_pending: false,
@@ -1130,6 +1136,19 @@ impl Session {
         self.formats.send_plain = send_plain;
     }
 
+    /// Announces in PARAMS how this side reads numbered TLS records (docs/wire.md §5; bits of
+    /// `control::record_numbers`). Set by the connection under TLS, before the first frame.
+    pub fn announce_record_numbers(&mut self, bits: u64) {
+        if self.params_pending {
+            self.record_numbers = Some(bits);
+        }
+    }
+
+    /// What the peer's PARAMS said about numbered records (docs/wire.md §5), once received.
+    pub fn peer_record_numbers(&self) -> Option<u64> {
+        self.peer_record_numbers
+    }
+
     /// Plain frames both ways from the first frame, with no Switch and no announcement: for
     /// a session whose framing the layer below fixed before the stream began (inside TLS
     /// records, whose boundaries and AEAD already delimit and authenticate, docs/wire.md §4).
@@ -1357,6 +1376,9 @@ impl Session {
     }
 
     fn handle_params(&mut self, p: Params) {
+        if p.record_numbers.is_some() {
+            self.peer_record_numbers = p.record_numbers;
+        }
         // The peer reads plain frames: switch our direction (docs/wire.md §3).
         if p.receive_formats
             .is_some_and(|f| f & FORMATS_WITH_PLAIN == FORMATS_WITH_PLAIN)
@@ -1484,6 +1506,7 @@ impl Session {
                 initial_max_stream_data: Some(self.config.stream_receive_window),
                 initial_max_streams: Some(self.local_max_streams),
                 receive_formats: self.formats.receive_plain.then_some(FORMATS_WITH_PLAIN),
+                record_numbers: self.record_numbers,
             }));
         }
         if let Some(f) = self.control_queue.pop_front() {

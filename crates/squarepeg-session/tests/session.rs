@@ -194,6 +194,7 @@ fn round_robin_is_fair_by_bytes_across_substreams_and_streams() {
             initial_max_stream_data: Some(1 << 30),
             initial_max_streams: Some(10),
             receive_formats: None,
+            record_numbers: None,
         })),
     );
     // Sub-stream 1: 1000-byte messages; sub-stream 2: 4000-byte messages;
@@ -992,6 +993,7 @@ fn loaded_session(now: Instant, ops: &[(u8, u8, u16, u8)]) -> Session {
             initial_max_stream_data: Some(1 << 30),
             initial_max_streams: Some(10),
             receive_formats: None,
+            record_numbers: None,
         })),
     );
     let id = s.open_stream().unwrap();

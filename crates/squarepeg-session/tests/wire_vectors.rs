@@ -15,6 +15,7 @@ fn expected() -> Vec<(&'static str, ControlFrame)> {
                 initial_max_stream_data: Some(1_048_576),
                 initial_max_streams: Some(100),
                 receive_formats: None,
+                record_numbers: None,
             }),
         ),
         ("PARAMS (empty)", ControlFrame::Params(Params::default())),
@@ -22,6 +23,13 @@ fn expected() -> Vec<(&'static str, ControlFrame)> {
             "PARAMS receive_formats=0b11",
             ControlFrame::Params(Params {
                 receive_formats: Some(0b11),
+                ..Params::default()
+            }),
+        ),
+        (
+            "PARAMS record_numbers=0b11",
+            ControlFrame::Params(Params {
+                record_numbers: Some(0b11),
                 ..Params::default()
             }),
         ),

@@ -30,9 +30,11 @@ pub mod config;
 mod error;
 pub mod record;
 mod tls;
+pub mod unordered;
 
 pub use error::{TlsError, alert};
 pub use tls::{Tls, TlsStats};
+pub use unordered::{OutOfOrderConfig, OutOfOrderRecord};
 
 /// rustls, as this crate uses it (for its configuration and certificate types).
 pub use rustls;

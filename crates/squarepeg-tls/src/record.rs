@@ -183,7 +183,24 @@ impl RecordKeys {
         padding: usize,
         out: &mut Vec<u8>,
     ) {
-        let inner_len = plaintext.len() + 1 + padding;
+        self.seal_prefixed(seq, content_type, &[], plaintext, padding, out);
+    }
+
+    /// Like [`RecordKeys::seal_padded`], with the content being `prefix` followed by
+    /// `plaintext` (a numbered record's prefix, [`crate::unordered`]).
+    ///
+    /// # Panics
+    /// If the inner plaintext is longer than 2^14 + 1 bytes.
+    pub fn seal_prefixed(
+        &self,
+        seq: u64,
+        content_type: u8,
+        prefix: &[u8],
+        plaintext: &[u8],
+        padding: usize,
+        out: &mut Vec<u8>,
+    ) {
+        let inner_len = prefix.len() + plaintext.len() + 1 + padding;
         assert!(
             inner_len <= MAX_INNER_PLAINTEXT_LEN,
             "TLS inner plaintext of {inner_len} bytes exceeds 2^14 + 1"
@@ -200,6 +217,7 @@ impl RecordKeys {
         out.reserve(HEADER_LEN + fragment_len);
         out.extend_from_slice(&header);
         let body_start = out.len();
+        out.extend_from_slice(prefix);
         out.extend_from_slice(plaintext);
         out.push(content_type);
         out.resize(out.len() + padding, 0);

@@ -1,5 +1,6 @@
 //! [`Tls`]: one TLS 1.3 connection over an in-order byte stream, sans-IO.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::mem;
 use std::sync::Arc;
@@ -20,7 +21,11 @@ use crate::TlsError;
 use crate::error::alert;
 use crate::record::{
     self, HEADER_LEN, MAX_INNER_PLAINTEXT_LEN, MAX_PLAINTEXT_LEN, MAX_RECORD_LEN, RecordKeys,
-    content_type,
+    TAG_LEN, content_type,
+};
+use crate::unordered::{
+    Fragment, NUMBER_PREFIX_LEN, OutOfOrderConfig, OutOfOrderRecord, ReplayWindow, SegmentStore,
+    encode_prefix, number_flag, prefix_flags,
 };
 
 /// Handshake message types the record layer handles after the handshake (RFC 8446 §4).
@@ -56,6 +61,25 @@ pub struct TlsStats {
     pub bytes_sealed: u64,
     /// Application plaintext bytes opened.
     pub bytes_opened: u64,
+    /// Records opened and delivered out of order, ahead of a hole in the stream (Minion §6).
+    pub records_out_of_order: u64,
+    /// Content bytes of those records.
+    pub bytes_out_of_order: u64,
+    /// Out-of-order candidates that looked like a record header but did not authenticate
+    /// under any number tried (a false match in ciphertext, or forged bytes).
+    pub candidates_rejected: u64,
+    /// Out-of-order candidates that opened but stay for the in-order stream (not whole
+    /// application data, e.g. part of a frame longer than a record, or a KeyUpdate).
+    pub candidates_left_in_order: u64,
+    /// Segment bytes refused because the out-of-order store was full (they come again).
+    pub segment_bytes_refused: u64,
+    /// Records skipped in the in-order stream because their number was already delivered
+    /// (a copy of a record placed elsewhere: a replay, or a retransmission's copy).
+    pub duplicates_skipped: u64,
+    /// Whether this side seals numbered records (docs/wire.md §5).
+    pub sending_numbered: bool,
+    /// Whether the peer's records are numbered (its switch marker was read).
+    pub receiving_numbered: bool,
 }
 
 /// One TLS 1.3 connection, client or server, over an in-order byte stream. Sans-IO: it is fed
@@ -100,7 +124,47 @@ pub struct Tls {
     padding_granularity: usize,
     key_update_threshold: Option<u64>,
     nonces: Option<Vec<(u64, [u8; 12])>>,
+    numbering: Numbering,
+    /// The out-of-order receive path, when enabled.
+    ooo: Option<Box<OutOfOrder>>,
 }
+
+/// Numbered records (docs/wire.md §5), both directions.
+#[derive(Debug, Default, Clone, Copy)]
+struct Numbering {
+    /// The peer may switch to numbered records (this side announced that it reads them).
+    accept: bool,
+    /// The switch marker is to be sent with the next output.
+    send_requested: bool,
+    /// Records sealed from now on are numbered.
+    send_on: bool,
+    /// The peer's switch marker was read: its records are numbered.
+    receive_on: bool,
+}
+
+/// What the out-of-order path holds.
+struct OutOfOrder {
+    config: OutOfOrderConfig,
+    store: SegmentStore,
+    /// Records delivered out of order that the in-order stream has not reached, by offset.
+    delivered: BTreeMap<u64, Delivered>,
+    /// A copy of the candidate being opened (the ciphertext stays intact for the in-order
+    /// path if it is not delivered).
+    scratch: Vec<u8>,
+    /// Mean wire length of records read in order (for predictions), as sum and count.
+    seen_len: (u64, u64),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Delivered {
+    wire_len: usize,
+    number: u64,
+}
+
+/// Records between numbered-record candidates with this many numbers near the limit start
+/// a KeyUpdate early, so that a sender whose records are reordered on the way never needs a
+/// KeyUpdate in the middle of one write.
+const NUMBERED_KEY_UPDATE_MARGIN: u64 = 128;
 
 enum Phase {
     Client(Box<UnbufferedClientConnection>),
@@ -114,6 +178,11 @@ struct Traffic {
     kernel: Kernel,
     tx: KeyEpoch,
     rx: KeyEpoch,
+    /// Receive numbers of `rx` opened (in order or out of order): each at most once.
+    rx_replay: ReplayWindow,
+    /// With numbered records: the receive key before the last KeyUpdate, for records sealed
+    /// before it that a reordering sender put after it.
+    rx_prev: Option<(KeyEpoch, ReplayWindow)>,
     suite: SupportedCipherSuite,
     /// Records one key may seal (the suite's confidentiality limit, RFC 8446 §5.5).
     confidentiality_limit: u64,
@@ -166,6 +235,8 @@ struct Session {
 struct Inbox {
     buf: Vec<u8>,
     head: usize,
+    /// Stream offset of `buf[head]`: bytes consumed so far.
+    consumed: u64,
     /// During the handshake: `buf[head..head + exposed]` has been given to rustls, which may
     /// keep part of it (handshake messages decrypted in place) until a message is complete.
     exposed: usize,
@@ -178,6 +249,7 @@ impl Inbox {
 
     fn consume(&mut self, n: usize) {
         self.head += n;
+        self.consumed += n as u64;
         self.exposed = self.exposed.saturating_sub(n);
         if self.head == self.buf.len() {
             self.buf.clear();
@@ -424,6 +496,8 @@ impl Tls {
             padding_granularity: 0,
             key_update_threshold: None,
             nonces: None,
+            numbering: Numbering::default(),
+            ooo: None,
         }
     }
 
@@ -545,6 +619,8 @@ impl Tls {
                 seq: secrets.rx.0,
                 epoch: 0,
             },
+            rx_replay: ReplayWindow::starting_at(secrets.rx.0),
+            rx_prev: None,
             suite,
             confidentiality_limit: suite
                 .tls13()
@@ -570,22 +646,50 @@ impl Tls {
             if available.len() < record_len {
                 break;
             }
-            let seq = traffic.rx.seq;
-            if seq == u64::MAX {
-                // RFC 8446 §5.3: sequence numbers do not wrap.
-                return Err(self.fail_with_alert(TlsError::UnexpectedMessage));
+            let offset = self.inbox.consumed;
+            if let Some(ooo) = &mut self.ooo {
+                if let Some(d) = ooo.delivered.remove(&offset) {
+                    // Opened and delivered out of order already (the same bytes: the store
+                    // keeps one copy of every range). A positional record must be the one
+                    // the stream expects here.
+                    let numbered = self.numbering.receive_on;
+                    if d.wire_len != record_len || (!numbered && d.number != traffic.rx.seq) {
+                        return Err(self.fail_with_alert(TlsError::Decrypt));
+                    }
+                    traffic.rx.seq = d.number + 1;
+                    self.stats.records_opened += 1;
+                    self.key_updates_without_data = 0;
+                    self.user_canceled_without_data = 0;
+                    self.inbox.consume(record_len);
+                    continue;
+                }
+                let (sum, count) = &mut ooo.seen_len;
+                if *count >= 1 << 16 {
+                    *sum /= 2;
+                    *count /= 2;
+                }
+                *sum += record_len as u64;
+                *count += 1;
             }
-            let (kind, content_len) = match traffic
-                .rx
-                .keys
-                .open_in_place(seq, &mut available[..record_len])
-            {
-                Ok((kind, content)) => (kind, content.len()),
+            let record_bytes = &mut available[..record_len];
+            let opened = if self.numbering.receive_on {
+                open_numbered(traffic, record_bytes)
+            } else {
+                open_positional(traffic, record_bytes)
+            };
+            let (kind, skip, content_len) = match opened {
+                Ok(Some(opened)) => opened,
+                Ok(None) => {
+                    // A copy of a record already delivered (its number is spent): the same
+                    // plaintext, since no number is ever sealed twice.
+                    self.stats.duplicates_skipped += 1;
+                    self.inbox.consume(record_len);
+                    continue;
+                }
                 Err(e) => return Err(self.fail_with_alert(e)),
             };
-            traffic.rx.seq += 1;
             self.stats.records_opened += 1;
-            let content_start = self.inbox.head + HEADER_LEN;
+            let content_start = self.inbox.head + HEADER_LEN + skip;
             let content = &self.inbox.buf[content_start..content_start + content_len];
             // RFC 8446 §5.1: handshake messages are not interleaved with other record types.
             if kind != content_type::HANDSHAKE && !self.handshake_message.is_empty() {
@@ -593,7 +697,13 @@ impl Tls {
             }
             match kind {
                 content_type::APPLICATION_DATA => {
-                    // Zero-length application data records are allowed (RFC 8446 §5.4).
+                    // Zero-length application data records are allowed (RFC 8446 §5.4); from
+                    // a peer that may number its records, the positional one is the switch
+                    // marker (docs/wire.md §5).
+                    if content.is_empty() && self.numbering.accept && !self.numbering.receive_on {
+                        self.numbering.receive_on = true;
+                        self.stats.receiving_numbered = true;
+                    }
                     plaintext.extend_from_slice(content);
                     self.stats.bytes_opened += content_len as u64;
                     self.key_updates_without_data = 0;
@@ -687,11 +797,19 @@ impl Tls {
                         Ok(keys) => keys,
                         Err(e) => return Err(self.fail(e, Some(alert::INTERNAL_ERROR))),
                     };
-                    traffic.rx = KeyEpoch {
+                    let next = KeyEpoch {
                         keys,
                         seq,
                         epoch: traffic.rx.epoch + 1,
                     };
+                    let previous = mem::replace(&mut traffic.rx, next);
+                    let previous_replay =
+                        mem::replace(&mut traffic.rx_replay, ReplayWindow::starting_at(seq));
+                    // A reordering sender may put records sealed before its KeyUpdate after it.
+                    traffic.rx_prev = self
+                        .numbering
+                        .receive_on
+                        .then_some((previous, previous_replay));
                     self.stats.key_updates_received += 1;
                     // RFC 8446 §4.6.3: answer update_requested with one KeyUpdate of our own
                     // before our next application data; several requests while we are silent
@@ -728,7 +846,7 @@ impl Tls {
         let traffic = matches!(self.phase, Phase::Traffic(_));
         if let (Some(description), false, true) = (alert, self.close_sent, traffic) {
             let mut sealed = Vec::new();
-            self.seal_record(content_type::ALERT, &[2, description], &mut sealed);
+            self.seal_record(content_type::ALERT, &[2, description], 0, &mut sealed);
             self.control.extend_from_slice(&sealed);
             self.close_sent = true;
         }
@@ -751,11 +869,21 @@ impl Tls {
         if self.failed.is_some() || self.close_sent || !matches!(self.phase, Phase::Traffic(_)) {
             return;
         }
+        if self.numbering.send_on && !self.close_requested && self.near_key_limit() {
+            // A reordering sender rekeys ahead, between writes (see `seal`).
+            self.pending_key_update.get_or_insert(false);
+        }
         if let Some(request_peer) = self.pending_key_update
             && self.send_key_update(request_peer, out).is_err()
         {
             out.append(&mut self.control);
             return;
+        }
+        if self.numbering.send_requested && !self.numbering.send_on && !self.close_requested {
+            // The switch marker: the last positional record (docs/wire.md §5).
+            self.seal_record(content_type::APPLICATION_DATA, &[], 0, out);
+            self.numbering.send_on = true;
+            self.stats.sending_numbered = true;
         }
         if self.close_requested {
             if self.needs_key_update() && self.send_key_update(false, out).is_err() {
@@ -763,7 +891,7 @@ impl Tls {
                 return;
             }
             // RFC 8446 §6.1: close_notify (level is ignored in TLS 1.3; warning as usual).
-            self.seal_record(content_type::ALERT, &[1, alert::CLOSE_NOTIFY], out);
+            self.seal_record(content_type::ALERT, &[1, alert::CLOSE_NOTIFY], 0, out);
             self.close_sent = true;
         }
     }
@@ -783,15 +911,26 @@ impl Tls {
         if !matches!(self.phase, Phase::Traffic(_)) {
             return Err(TlsError::NotReady);
         }
-        out.append(&mut self.control);
-        if let Some(request_peer) = self.pending_key_update {
-            self.send_key_update(request_peer, out)?;
+        if !self.control.is_empty()
+            || self.pending_key_update.is_some()
+            || (self.numbering.send_requested && !self.numbering.send_on)
+        {
+            self.poll_output(out);
         }
-        for chunk in plaintext.chunks(self.max_record_plaintext) {
+        let chunk_len = self.chunk_len();
+        let chunks = plaintext.len().div_ceil(chunk_len);
+        for (i, chunk) in plaintext.chunks(chunk_len).enumerate() {
             if self.needs_key_update() {
                 self.send_key_update(false, out)?;
             }
-            self.seal_record(content_type::APPLICATION_DATA, chunk, out);
+            let mut unit_flags = 0;
+            if i > 0 {
+                unit_flags |= number_flag::STARTS_INSIDE;
+            }
+            if i + 1 < chunks {
+                unit_flags |= number_flag::ENDS_INSIDE;
+            }
+            self.seal_record(content_type::APPLICATION_DATA, chunk, unit_flags, out);
             self.stats.bytes_sealed += chunk.len() as u64;
         }
         Ok(())
@@ -804,7 +943,7 @@ impl Tls {
     /// at the confidentiality limit aside, once per 2^24 records under AES-GCM).
     /// Outside the traffic phase, the size of the records alone.
     pub fn sealed_len(&self, len: usize) -> usize {
-        let chunk = self.max_record_plaintext;
+        let chunk = self.chunk_len();
         let full_records = len / chunk;
         let last = len % chunk;
         let records_len = full_records * self.record_len(chunk) + self.record_len_nonzero(last);
@@ -838,7 +977,8 @@ impl Tls {
     }
 
     fn record_len(&self, content_len: usize) -> usize {
-        record::sealed_record_len(content_len, self.padding_for(content_len))
+        let inner = self.prefix_len() + content_len;
+        record::sealed_record_len(inner, self.padding_for(inner))
     }
 
     fn record_len_nonzero(&self, content_len: usize) -> usize {
@@ -869,6 +1009,17 @@ impl Tls {
             .max(2)
     }
 
+    /// Whether the key is within [`NUMBERED_KEY_UPDATE_MARGIN`] records of its limit.
+    fn near_key_limit(&self) -> bool {
+        match &self.phase {
+            Phase::Traffic(traffic) => {
+                traffic.tx.seq.saturating_add(NUMBERED_KEY_UPDATE_MARGIN)
+                    >= self.key_update_threshold_for(traffic)
+            }
+            _ => false,
+        }
+    }
+
     /// Whether the next record would reach the key's limit: the KeyUpdate must be the last
     /// record under a key (RFC 8446 §5.5).
     fn needs_key_update(&self) -> bool {
@@ -881,8 +1032,11 @@ impl Tls {
     }
 
     /// Seals one record under the current transmit key and advances the sequence number.
-    fn seal_record(&mut self, kind: u8, content: &[u8], out: &mut Vec<u8>) {
-        let padding = self.padding_for(content.len());
+    /// Numbered (docs/wire.md §5) once the switch marker is out, with `unit_flags`
+    /// ([`number_flag::STARTS_INSIDE`], [`number_flag::ENDS_INSIDE`]) for application data.
+    fn seal_record(&mut self, kind: u8, content: &[u8], unit_flags: u8, out: &mut Vec<u8>) {
+        let prefix_len = self.prefix_len();
+        let padding = self.padding_for(prefix_len + content.len());
         let Phase::Traffic(traffic) = &mut self.phase else {
             return;
         };
@@ -890,19 +1044,45 @@ impl Tls {
         if let Some(nonces) = &mut self.nonces {
             nonces.push((traffic.tx.epoch, traffic.tx.keys.nonce(seq)));
         }
+        let prefix = if prefix_len > 0 {
+            let flags = if kind == content_type::APPLICATION_DATA {
+                unit_flags & (number_flag::STARTS_INSIDE | number_flag::ENDS_INSIDE)
+            } else {
+                number_flag::CONTROL
+            };
+            encode_prefix(seq, flags)
+        } else {
+            [0; NUMBER_PREFIX_LEN]
+        };
         traffic
             .tx
             .keys
-            .seal_padded(seq, kind, content, padding, out);
+            .seal_prefixed(seq, kind, &prefix[..prefix_len], content, padding, out);
         traffic.tx.seq += 1;
         self.stats.records_sealed += 1;
+    }
+
+    /// Bytes each record sealed now carries before its content.
+    fn prefix_len(&self) -> usize {
+        if self.numbering.send_on {
+            NUMBER_PREFIX_LEN
+        } else {
+            0
+        }
+    }
+
+    /// Most content bytes per application data record sealed now.
+    fn chunk_len(&self) -> usize {
+        self.max_record_plaintext
+            .min(MAX_PLAINTEXT_LEN - self.prefix_len())
+            .max(1)
     }
 
     /// Seals a KeyUpdate under the current key, then switches to the next one
     /// (RFC 8446 §4.6.3, §7.2).
     fn send_key_update(&mut self, request_peer: bool, out: &mut Vec<u8>) -> Result<(), TlsError> {
         let message = [handshake_type::KEY_UPDATE, 0, 0, 1, u8::from(request_peer)];
-        self.seal_record(content_type::HANDSHAKE, &message, out);
+        self.seal_record(content_type::HANDSHAKE, &message, 0, out);
         let Phase::Traffic(traffic) = &mut self.phase else {
             return Ok(());
         };
@@ -1037,6 +1217,148 @@ impl Tls {
         self.nonces.as_deref().unwrap_or(&[])
     }
 
+    /// Accepts numbered records from the peer (docs/wire.md §5): its switch marker (an empty
+    /// application-data record) turns them on. Call only when the peer is known to speak
+    /// squarepeg's framing and after announcing it to the peer under encryption; a stock TLS
+    /// peer never sends the switch.
+    pub fn accept_numbered_records(&mut self) {
+        self.numbering.accept = true;
+    }
+
+    /// Switches this side's records to numbered ones (docs/wire.md §5) once the peer said it
+    /// reads them: the switch marker goes out with the next [`Tls::poll_output`] or
+    /// [`Tls::seal`], and every record after it carries its number. From then on the records
+    /// one [`Tls::seal`] call makes are marked as one unit (a record is delivered out of order
+    /// only if it holds a whole unit), and records may be put on the wire in any order
+    /// (a KeyUpdate goes out through [`Tls::poll_output`] ahead of the key's limit, so that
+    /// no write has to contain one). Several calls change nothing.
+    pub fn send_numbered_records(&mut self) {
+        if !self.numbering.send_on {
+            self.numbering.send_requested = true;
+        }
+    }
+
+    /// Whether this side seals numbered records now.
+    pub fn is_sending_numbered(&self) -> bool {
+        self.numbering.send_on
+    }
+
+    /// Turns on the out-of-order receive path (Minion §6): the stream then comes in through
+    /// [`Tls::push_segment`] instead of [`Tls::push_ciphertext`]. Call before the first byte.
+    pub fn enable_out_of_order(&mut self, config: OutOfOrderConfig) {
+        self.ooo = Some(Box::new(OutOfOrder {
+            config,
+            store: SegmentStore::new(config.window.saturating_add(MAX_RECORD_LEN)),
+            delivered: BTreeMap::new(),
+            scratch: Vec::new(),
+            seen_len: (0, 0),
+        }));
+    }
+
+    /// Stream offset just past the bytes taken in order.
+    pub fn in_order_offset(&self) -> u64 {
+        self.inbox.consumed + self.inbox.unconsumed() as u64
+    }
+
+    /// Bytes held ahead of the in-order stream.
+    pub fn out_of_order_bytes_held(&self) -> usize {
+        self.ooo.as_ref().map_or(0, |o| o.store.len())
+    }
+
+    /// A segment of the peer's stream at `offset` (out of order, more than once, overlapping:
+    /// as the userspace TCP hands them up), with out-of-order receive enabled
+    /// ([`Tls::enable_out_of_order`]). The stream's next bytes go through the in-order path
+    /// (handshake, then records opened in order, their application data appended to
+    /// `in_order`, KeyUpdates, alerts: as [`Tls::process`]). Ahead of a hole, every complete
+    /// record found is opened on its own and, if it holds a whole unit of application data,
+    /// handed to `deliver` at once; the in-order path later skips it. Bytes that did not
+    /// authenticate are never handed out.
+    ///
+    /// Errors: as [`Tls::process`]; out-of-order receive not enabled is
+    /// [`TlsError::Config`].
+    pub fn push_segment(
+        &mut self,
+        offset: u64,
+        data: &[u8],
+        in_order: &mut Vec<u8>,
+        deliver: &mut dyn FnMut(OutOfOrderRecord<'_>),
+    ) -> Result<(), TlsError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if self.peer_closed {
+            return Ok(());
+        }
+        let floor = self.in_order_offset();
+        let Some(ooo) = &mut self.ooo else {
+            return Err(TlsError::Config(
+                "out-of-order receive is not enabled".into(),
+            ));
+        };
+        let refused = ooo.store.insert(floor, offset, data);
+        self.stats.segment_bytes_refused += refused as u64;
+        // The stream's next bytes, in order.
+        loop {
+            let at = self.in_order_offset();
+            let Some(bytes) = self.ooo.as_mut().and_then(|o| o.store.take_at(at)) else {
+                break;
+            };
+            let mut rest = &bytes[..];
+            while !rest.is_empty() {
+                let taken = self.push_ciphertext(rest);
+                rest = &rest[taken..];
+                self.process(in_order)?;
+                if self.peer_closed {
+                    return Ok(());
+                }
+            }
+        }
+        let floor = self.in_order_offset();
+        let consumed = self.inbox.consumed;
+        if let Some(ooo) = &mut self.ooo {
+            ooo.store.drop_below(floor);
+            // Records delivered out of order that the in-order path passed without meeting
+            // them at a record boundary cannot be met any more.
+            ooo.delivered = ooo.delivered.split_off(&consumed);
+        }
+        self.scan_out_of_order(deliver);
+        Ok(())
+    }
+
+    /// Looks for complete records ahead of the in-order stream and delivers the whole
+    /// application-data ones.
+    fn scan_out_of_order(&mut self, deliver: &mut dyn FnMut(OutOfOrderRecord<'_>)) {
+        let in_order_end = self.in_order_offset();
+        let Phase::Traffic(traffic) = &mut self.phase else {
+            return;
+        };
+        let Some(ooo) = self.ooo.as_deref_mut() else {
+            return;
+        };
+        let numbering = self.numbering;
+        let starts: Vec<u64> = ooo.store.fragments.keys().copied().collect();
+        for start in starts {
+            let Some(mut fragment) = ooo.store.fragments.remove(&start) else {
+                continue;
+            };
+            let mut scan = Scan {
+                traffic,
+                numbering,
+                config: ooo.config,
+                delivered: &mut ooo.delivered,
+                scratch: &mut ooo.scratch,
+                stats: &mut self.stats,
+                in_order_end,
+                mean_record_len: match ooo.seen_len {
+                    (_, 0) => MAX_RECORD_LEN as u64,
+                    (sum, count) => (sum / count).max(MIN_RECORD as u64),
+                },
+            };
+            scan.fragment(start, &mut fragment, deliver);
+            ooo.store.fragments.insert(start, fragment);
+        }
+    }
+
     /// The current (transmit, receive) key epochs: 0 for the first application traffic keys,
     /// one more after each KeyUpdate. `None` during the handshake.
     pub fn key_epochs(&self) -> Option<(u64, u64)> {
@@ -1046,6 +1368,360 @@ impl Tls {
         }
     }
 }
+
+/// One pass of the out-of-order scan over the fragments ahead of the in-order stream.
+struct Scan<'a> {
+    traffic: &'a mut Traffic,
+    numbering: Numbering,
+    config: OutOfOrderConfig,
+    delivered: &'a mut BTreeMap<u64, Delivered>,
+    scratch: &'a mut Vec<u8>,
+    stats: &'a mut TlsStats,
+    in_order_end: u64,
+    mean_record_len: u64,
+}
+
+/// What a candidate record start turned out to be.
+enum Candidate {
+    /// Opened and delivered, with this number.
+    Delivered(u64),
+    /// A record (its number was found) that waits for the in-order stream.
+    Record(u64),
+    /// Not a record that authenticates here.
+    NotARecord,
+}
+
+impl Scan<'_> {
+    /// Scans `fragment` (at stream offset `start`) from its cursor.
+    fn fragment(
+        &mut self,
+        start: u64,
+        f: &mut Fragment,
+        deliver: &mut dyn FnMut(OutOfOrderRecord<'_>),
+    ) {
+        loop {
+            let pos = f.cursor;
+            if f.bytes.len() < pos + HEADER_LEN {
+                return;
+            }
+            let offset = start + pos as u64;
+            if let Some(d) = self.delivered.get(&offset) {
+                f.cursor += d.wire_len;
+                f.at_boundary = true;
+                f.hint = Some(d.number + 1);
+                continue;
+            }
+            let header = &f.bytes[pos..pos + HEADER_LEN];
+            let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
+            let plausible = header[0] == content_type::APPLICATION_DATA
+                && header[1..3] == record::LEGACY_RECORD_VERSION
+                && (MIN_RECORD - HEADER_LEN..=record::MAX_CIPHERTEXT_LEN).contains(&len);
+            if !plausible {
+                // Not a record start: on to the next byte that could begin a header.
+                f.at_boundary = false;
+                f.hint = None;
+                f.cursor = f.bytes[pos + 1..]
+                    .iter()
+                    .position(|&b| b == content_type::APPLICATION_DATA)
+                    .map_or(f.bytes.len(), |i| pos + 1 + i);
+                continue;
+            }
+            let wire_len = HEADER_LEN + len;
+            if f.bytes.len() < pos + wire_len {
+                // Wait for the rest of it.
+                return;
+            }
+            let hint = if f.at_boundary { f.hint } else { None };
+            match self.candidate(offset, &f.bytes[pos..pos + wire_len], hint, deliver) {
+                Candidate::Delivered(number) | Candidate::Record(number) => {
+                    f.cursor += wire_len;
+                    f.at_boundary = true;
+                    f.hint = Some(number + 1);
+                }
+                Candidate::NotARecord => {
+                    self.stats.candidates_rejected += 1;
+                    f.at_boundary = false;
+                    f.hint = None;
+                    f.cursor = pos + 1;
+                }
+            }
+        }
+    }
+
+    /// Tries to open the complete candidate record `record` at `offset`.
+    fn candidate(
+        &mut self,
+        offset: u64,
+        record: &[u8],
+        hint: Option<u64>,
+        deliver: &mut dyn FnMut(OutOfOrderRecord<'_>),
+    ) -> Candidate {
+        if self.numbering.accept
+            && let Some(found) = find_number_with_hint(self.traffic, record, hint)
+        {
+            return self.open_numbered(offset, record, found, deliver);
+        }
+        if !self.numbering.receive_on && self.config.predictions > 0 {
+            return self.open_predicted(offset, record, hint, deliver);
+        }
+        Candidate::NotARecord
+    }
+
+    fn open_numbered(
+        &mut self,
+        offset: u64,
+        record: &[u8],
+        found: FoundNumber,
+        deliver: &mut dyn FnMut(OutOfOrderRecord<'_>),
+    ) -> Candidate {
+        if found.flags != 0 {
+            // Part of a longer unit, or not application data: the in-order stream takes it.
+            self.stats.candidates_left_in_order += 1;
+            return Candidate::Record(found.number);
+        }
+        let (keys, replay) = match found.epoch {
+            NumberEpoch::Current => (&self.traffic.rx.keys, &mut self.traffic.rx_replay),
+            NumberEpoch::Previous => {
+                let (prev, replay) = self.traffic.rx_prev.as_mut().expect("found under it");
+                (&prev.keys, replay)
+            }
+        };
+        self.scratch.clear();
+        self.scratch.extend_from_slice(record);
+        let Ok((kind, content)) = keys.open_in_place(found.number, self.scratch) else {
+            return Candidate::NotARecord;
+        };
+        if kind != content_type::APPLICATION_DATA || content.len() < NUMBER_PREFIX_LEN {
+            return Candidate::NotARecord;
+        }
+        replay.insert(found.number);
+        let content = &content[NUMBER_PREFIX_LEN..];
+        self.stats.records_out_of_order += 1;
+        self.stats.bytes_out_of_order += content.len() as u64;
+        self.stats.bytes_opened += content.len() as u64;
+        self.delivered.insert(
+            offset,
+            Delivered {
+                wire_len: record.len(),
+                number: found.number,
+            },
+        );
+        deliver(OutOfOrderRecord {
+            offset,
+            wire_len: record.len(),
+            number: found.number,
+            content,
+        });
+        Candidate::Delivered(found.number)
+    }
+
+    /// A positional record (a stock sender): its number lies between what the bytes before
+    /// it could hold; tries the most likely ones, each with a full open (Minion §6.1).
+    fn open_predicted(
+        &mut self,
+        offset: u64,
+        record: &[u8],
+        hint: Option<u64>,
+        deliver: &mut dyn FnMut(OutOfOrderRecord<'_>),
+    ) -> Candidate {
+        let next = self.traffic.rx.seq;
+        let gap = offset.saturating_sub(self.in_order_end);
+        // Records between here and the in-order stream: at least one per longest record, at
+        // most one per shortest.
+        let fewest = next + gap / MAX_RECORD_LEN as u64;
+        let most = next + gap / MIN_RECORD as u64;
+        // Guesses: the record after the one before it; records the size of this one since
+        // the hole (a flow's records are often alike); records of the mean size seen.
+        let mut guesses = Vec::with_capacity(3);
+        guesses.extend(hint);
+        guesses.push(next + gap / record.len() as u64);
+        guesses.push(next + gap / self.mean_record_len);
+        let budget = self.config.predictions as usize;
+        let mut tries: Vec<u64> = Vec::with_capacity(budget);
+        for (i, guess) in guesses.iter().enumerate() {
+            let share = (budget - tries.len()) / (guesses.len() - i);
+            let more: Vec<u64> = self
+                .traffic
+                .rx_replay
+                .candidates((*guess).clamp(fewest, most))
+                .filter(|n| (fewest..=most).contains(n) && !tries.contains(n))
+                .take(share.max(1))
+                .collect();
+            tries.extend(more);
+            if tries.len() >= budget {
+                break;
+            }
+        }
+        for n in tries {
+            self.scratch.clear();
+            self.scratch.extend_from_slice(record);
+            let Ok((kind, content)) = self.traffic.rx.keys.open_in_place(n, self.scratch) else {
+                continue;
+            };
+            if kind != content_type::APPLICATION_DATA || content.is_empty() {
+                return Candidate::Record(n);
+            }
+            self.traffic.rx_replay.insert(n);
+            self.stats.records_out_of_order += 1;
+            self.stats.bytes_out_of_order += content.len() as u64;
+            self.stats.bytes_opened += content.len() as u64;
+            self.delivered.insert(
+                offset,
+                Delivered {
+                    wire_len: record.len(),
+                    number: n,
+                },
+            );
+            deliver(OutOfOrderRecord {
+                offset,
+                wire_len: record.len(),
+                number: n,
+                content,
+            });
+            return Candidate::Delivered(n);
+        }
+        Candidate::NotARecord
+    }
+}
+
+/// What opening an in-order record gave: its content type, where its content starts after
+/// the header and its length; `None` for a record whose number was already delivered.
+type InOrderRecord = Option<(u8, usize, usize)>;
+
+/// Opens the in-order record `record` (header included) as the stream's next positional
+/// record.
+fn open_positional(traffic: &mut Traffic, record: &mut [u8]) -> Result<InOrderRecord, TlsError> {
+    let seq = traffic.rx.seq;
+    if seq == u64::MAX {
+        // RFC 8446 §5.3: sequence numbers do not wrap.
+        return Err(TlsError::UnexpectedMessage);
+    }
+    if traffic.rx_replay.seen(seq) {
+        // Delivered out of order already, from a copy elsewhere in the stream.
+        traffic.rx.seq += 1;
+        return Ok(None);
+    }
+    let (kind, content) = traffic.rx.keys.open_in_place(seq, record)?;
+    let len = content.len();
+    traffic.rx.seq += 1;
+    traffic.rx_replay.insert(seq);
+    Ok(Some((kind, 0, len)))
+}
+
+/// Opens the in-order numbered record `record`: its number is found from its prefix
+/// (docs/wire.md §5) under the current receive key, or the one before a KeyUpdate.
+fn open_numbered(traffic: &mut Traffic, record: &mut [u8]) -> Result<InOrderRecord, TlsError> {
+    let Some(found) = find_number(traffic, record) else {
+        if is_spent_number(traffic, record) {
+            return Ok(None);
+        }
+        return Err(TlsError::Decrypt);
+    };
+    let (keys, replay, hint) = match found.epoch {
+        NumberEpoch::Current => (
+            &traffic.rx.keys,
+            &mut traffic.rx_replay,
+            &mut traffic.rx.seq,
+        ),
+        NumberEpoch::Previous => {
+            let (prev, replay) = traffic.rx_prev.as_mut().expect("found under it");
+            (&prev.keys, replay, &mut prev.seq)
+        }
+    };
+    let (kind, content) = keys.open_in_place(found.number, record)?;
+    let len = content.len();
+    if len < NUMBER_PREFIX_LEN
+        || (found.flags & number_flag::CONTROL != 0) != (kind != content_type::APPLICATION_DATA)
+    {
+        return Err(TlsError::BadRecord);
+    }
+    replay.insert(found.number);
+    *hint = found.number + 1;
+    Ok(Some((kind, NUMBER_PREFIX_LEN, len - NUMBER_PREFIX_LEN)))
+}
+
+/// Whether `record`'s prefix names a number already opened under the current key (a copy of
+/// a record delivered before: a retransmission's copy, or bytes replayed elsewhere).
+fn is_spent_number(traffic: &Traffic, record: &[u8]) -> bool {
+    if record.len() < MIN_NUMBERED_RECORD {
+        return false;
+    }
+    let ciphertext: [u8; NUMBER_PREFIX_LEN] = record[HEADER_LEN..HEADER_LEN + NUMBER_PREFIX_LEN]
+        .try_into()
+        .expect("5 bytes");
+    traffic.rx_replay.seen_numbers().any(|n| {
+        let mut prefix = ciphertext;
+        for (p, m) in prefix.iter_mut().zip(traffic.rx.keys.keystream_prefix(n)) {
+            *p ^= m;
+        }
+        prefix_flags(prefix, n).is_some()
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NumberEpoch {
+    Current,
+    Previous,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct FoundNumber {
+    epoch: NumberEpoch,
+    number: u64,
+    flags: u8,
+}
+
+/// The number whose keystream turns the first ciphertext bytes of `record` (header included,
+/// at least [`MIN_NUMBERED_RECORD`] bytes) into a prefix naming that number: unseen numbers
+/// of the current key nearest its next expected one first, then of the key before.
+fn find_number_with_hint(
+    traffic: &Traffic,
+    record: &[u8],
+    hint: Option<u64>,
+) -> Option<FoundNumber> {
+    if record.len() < MIN_NUMBERED_RECORD {
+        return None;
+    }
+    let ciphertext: [u8; NUMBER_PREFIX_LEN] = record[HEADER_LEN..HEADER_LEN + NUMBER_PREFIX_LEN]
+        .try_into()
+        .expect("5 bytes");
+    let try_key = |keys: &RecordKeys, replay: &ReplayWindow, hint: u64| {
+        replay.candidates(hint).find_map(|n| {
+            let mask = keys.keystream_prefix(n);
+            let mut prefix = ciphertext;
+            for (p, m) in prefix.iter_mut().zip(mask) {
+                *p ^= m;
+            }
+            prefix_flags(prefix, n).map(|flags| (n, flags))
+        })
+    };
+    if let Some((number, flags)) = try_key(
+        &traffic.rx.keys,
+        &traffic.rx_replay,
+        hint.unwrap_or(traffic.rx.seq),
+    ) {
+        return Some(FoundNumber {
+            epoch: NumberEpoch::Current,
+            number,
+            flags,
+        });
+    }
+    let (prev, replay) = traffic.rx_prev.as_ref()?;
+    try_key(&prev.keys, replay, prev.seq).map(|(number, flags)| FoundNumber {
+        epoch: NumberEpoch::Previous,
+        number,
+        flags,
+    })
+}
+
+fn find_number(traffic: &Traffic, record: &[u8]) -> Option<FoundNumber> {
+    find_number_with_hint(traffic, record, None)
+}
+
+/// Shortest numbered record: header, prefix, content type, tag.
+const MIN_NUMBERED_RECORD: usize = HEADER_LEN + NUMBER_PREFIX_LEN + 1 + TAG_LEN;
+/// Shortest protected record: header, content type, tag.
+const MIN_RECORD: usize = HEADER_LEN + 1 + TAG_LEN;
 
 fn session_of<Data>(conn: &UnbufferedConnectionCommon<Data>) -> Session {
     Session {

@@ -1,0 +1,337 @@
+//! The out-of-order receive path (Minion §6): records found in segments handed over in any
+//! order, numbered records (docs/wire.md §5) from a sender that reorders its writes, a stock
+//! sender's positional records by prediction, and bytes tampered with on the way.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::{Setup, default_setup, feed};
+use proptest::prelude::*;
+use squarepeg_tls::{OutOfOrderConfig, Tls, TlsError};
+
+/// Message length: a 4-byte id, then filler derived from it.
+const MESSAGE: usize = 48;
+
+fn message(id: u32) -> Vec<u8> {
+    let mut m = id.to_be_bytes().to_vec();
+    m.extend((0..MESSAGE - 4).map(|i| (id as usize * 7 + i) as u8));
+    m
+}
+
+/// A client and a server whose receive path is the out-of-order one, handshake done
+/// through segments in order. Returns them and the next stream offset towards the server.
+fn connected(setup: &Setup, numbered: bool, predictions: u32) -> (Tls, Tls, u64) {
+    let mut client = Tls::client(setup.client.clone(), common::SERVER_NAME).unwrap();
+    let mut server = Tls::server(setup.server.clone()).unwrap();
+    let mut config = OutOfOrderConfig::new(256 * 1024);
+    config.predictions = predictions;
+    server.enable_out_of_order(config);
+    if numbered {
+        server.accept_numbered_records();
+        client.send_numbered_records();
+    }
+    let mut offset = 0u64;
+    for _ in 0..10 {
+        let mut c = Vec::new();
+        client.poll_output(&mut c);
+        let mut s = Vec::new();
+        server.poll_output(&mut s);
+        if c.is_empty() && s.is_empty() {
+            break;
+        }
+        let mut ignored = Vec::new();
+        server
+            .push_segment(offset, &c, &mut ignored, &mut |_| panic!("no data yet"))
+            .unwrap();
+        offset += c.len() as u64;
+        feed(&mut client, &s, usize::MAX).unwrap();
+    }
+    assert!(!client.is_handshaking() && !server.is_handshaking());
+    (client, server, offset)
+}
+
+/// What the client wrote: one tagged write per message (or control output), with a priority.
+struct Write {
+    priority: i32,
+    bytes: Vec<u8>,
+}
+
+/// Seals `count` messages, one per write, each with a random priority; control output
+/// (switch marker, KeyUpdates) as writes that nothing overtakes, as the connection core does.
+fn seal_messages(client: &mut Tls, ids: std::ops::Range<u32>, rng: &mut u64) -> Vec<Write> {
+    let mut writes = Vec::new();
+    for id in ids {
+        let mut control = Vec::new();
+        client.poll_output(&mut control);
+        if !control.is_empty() {
+            writes.push(Write {
+                priority: i32::MAX,
+                bytes: control,
+            });
+        }
+        let mut bytes = Vec::new();
+        client.seal(&message(id), &mut bytes).unwrap();
+        writes.push(Write {
+            priority: (next(rng) % 4) as i32,
+            bytes,
+        });
+    }
+    writes
+}
+
+fn next(rng: &mut u64) -> u64 {
+    // xorshift64*
+    *rng ^= *rng >> 12;
+    *rng ^= *rng << 25;
+    *rng ^= *rng >> 27;
+    rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+}
+
+/// The stream a tagged queue makes of `writes`: each write is inserted behind every pending
+/// one of at least its priority; between insertions the head is sent at random, and always
+/// while more than 8 writes wait (the queue drains as fast as it fills).
+fn tagged_stream(writes: Vec<Write>, reorder: bool, rng: &mut u64) -> Vec<u8> {
+    let mut pending: Vec<Write> = Vec::new();
+    let mut stream = Vec::new();
+    for w in writes {
+        let at = if reorder {
+            pending.partition_point(|p| p.priority >= w.priority)
+        } else {
+            pending.len()
+        };
+        pending.insert(at, w);
+        while pending.len() > 8 || (!pending.is_empty() && next(rng).is_multiple_of(3)) {
+            stream.extend(pending.remove(0).bytes);
+        }
+    }
+    for w in pending {
+        stream.extend(w.bytes);
+    }
+    stream
+}
+
+/// Cuts `stream` (starting at stream offset `base`) into segments of 1..=max bytes.
+fn segments(stream: &[u8], base: u64, max: usize, rng: &mut u64) -> Vec<(u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < stream.len() {
+        let n = (1 + next(rng) as usize % max).min(stream.len() - at);
+        out.push((base + at as u64, stream[at..at + n].to_vec()));
+        at += n;
+    }
+    out
+}
+
+/// What the server delivered: messages by id (how often), and how many out of order.
+#[derive(Default, Debug)]
+struct Received {
+    counts: HashMap<u32, u32>,
+    out_of_order: u32,
+    garbage: u32,
+}
+
+impl Received {
+    fn take(&mut self, bytes: &[u8]) {
+        for m in bytes.chunks(MESSAGE) {
+            let id = u32::from_be_bytes(m[..4].try_into().unwrap());
+            if m != message(id) {
+                self.garbage += 1;
+            } else {
+                *self.counts.entry(id).or_default() += 1;
+            }
+        }
+    }
+}
+
+/// Pushes `segments` into `server` in the given order; returns what it delivered and how it
+/// ended.
+fn receive(server: &mut Tls, segments: &[(u64, Vec<u8>)]) -> (Received, Result<(), TlsError>) {
+    let mut got = Received::default();
+    for (offset, data) in segments {
+        let mut in_order = Vec::new();
+        let mut out_of_order: Vec<Vec<u8>> = Vec::new();
+        let result = server.push_segment(*offset, data, &mut in_order, &mut |r| {
+            out_of_order.push(r.content.to_vec())
+        });
+        assert_eq!(
+            in_order.len() % MESSAGE,
+            0,
+            "in-order data is whole messages"
+        );
+        got.take(&in_order);
+        for r in out_of_order {
+            assert_eq!(
+                r.len(),
+                MESSAGE,
+                "an out-of-order record is one whole message"
+            );
+            got.out_of_order += 1;
+            got.take(&r);
+        }
+        if let Err(e) = result {
+            return (got, Err(e));
+        }
+    }
+    (got, Ok(()))
+}
+
+fn exactly_once(got: &Received, ids: std::ops::Range<u32>) {
+    assert_eq!(got.garbage, 0);
+    for id in ids.clone() {
+        assert_eq!(got.counts.get(&id), Some(&1), "message {id}: {got:?}");
+    }
+    assert_eq!(got.counts.len(), ids.len());
+}
+
+#[test]
+fn numbered_records_arrive_out_of_order_once_each() {
+    let setup = default_setup();
+    let (mut client, mut server, base) = connected(&setup, true, 0);
+    let mut rng = 0x1234_5678_9abc_def1;
+    let writes = seal_messages(&mut client, 0..200, &mut rng);
+    let stream = tagged_stream(writes, true, &mut rng);
+    let mut segs = segments(&stream, base, 300, &mut rng);
+    // The first segment is lost and comes last: everything behind it is out of order.
+    let first = segs.remove(0);
+    segs.push(first);
+    let (got, result) = receive(&mut server, &segs);
+    result.unwrap();
+    exactly_once(&got, 0..200);
+    assert!(got.out_of_order > 150, "{got:?} {:?}", server.stats());
+    assert!(server.stats().receiving_numbered);
+    assert_eq!(server.out_of_order_bytes_held(), 0);
+}
+
+#[test]
+fn stock_sender_records_are_predicted() {
+    let setup = default_setup();
+    let (mut client, mut server, base) = connected(&setup, false, 4);
+    let mut rng = 0x0bad_cafe_dead_beef;
+    let writes = seal_messages(&mut client, 0..200, &mut rng);
+    // A stock sender writes in order, one record per write.
+    let stream = tagged_stream(writes, false, &mut rng);
+    let mut segs = segments(&stream, base, 500, &mut rng);
+    let first = segs.remove(0);
+    segs.push(first);
+    let (got, result) = receive(&mut server, &segs);
+    result.unwrap();
+    exactly_once(&got, 0..200);
+    assert!(got.out_of_order > 150, "{got:?}");
+    assert!(!server.stats().receiving_numbered);
+}
+
+#[test]
+fn reordered_writes_across_key_updates_never_repeat_a_nonce() {
+    let setup = default_setup();
+    let (mut client, mut server, base) = connected(&setup, true, 0);
+    client.set_key_update_threshold(300);
+    client.record_nonces(true);
+    let mut rng = 77;
+    let writes = seal_messages(&mut client, 0..700, &mut rng);
+    let stream = tagged_stream(writes, true, &mut rng);
+    let mut segs = segments(&stream, base, 200, &mut rng);
+    // Swap neighbours at random: a lossy, reordering path.
+    for i in 1..segs.len() {
+        if next(&mut rng).is_multiple_of(4) {
+            segs.swap(i - 1, i);
+        }
+    }
+    let (got, result) = receive(&mut server, &segs);
+    result.unwrap();
+    exactly_once(&got, 0..700);
+    assert!(client.stats().key_updates_sent >= 3);
+    let nonces = client.sealed_nonces();
+    let mut unique = nonces.to_vec();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), nonces.len(), "a (key, nonce) was used twice");
+}
+
+#[test]
+fn duplicated_and_overlapping_segments_deliver_once() {
+    let setup = default_setup();
+    let (mut client, mut server, base) = connected(&setup, true, 0);
+    let mut rng = 99;
+    let writes = seal_messages(&mut client, 0..100, &mut rng);
+    let stream = tagged_stream(writes, true, &mut rng);
+    let mut segs = segments(&stream, base, 250, &mut rng);
+    // Every segment twice, the copies cut differently, all in reverse.
+    segs.extend(segments(&stream, base, 700, &mut rng));
+    segs.reverse();
+    let (got, result) = receive(&mut server, &segs);
+    result.unwrap();
+    exactly_once(&got, 0..100);
+}
+
+#[test]
+fn a_replayed_record_is_not_delivered_twice() {
+    let setup = default_setup();
+    let (mut client, mut server, base) = connected(&setup, true, 0);
+    let mut rng = 5;
+    let writes = seal_messages(&mut client, 0..20, &mut rng);
+    let stream = tagged_stream(writes, false, &mut rng);
+    // A copy of the stream's record bytes, placed again further on (an attacker's segment),
+    // before the real stream arrives.
+    let (got_copy, _) = receive(
+        &mut server,
+        &[(base + stream.len() as u64 + 1000, stream.clone())],
+    );
+    let (got, result) = receive(&mut server, &[(base, stream.clone())]);
+    let mut all = got_copy;
+    for (id, n) in got.counts {
+        *all.counts.entry(id).or_default() += n;
+    }
+    assert!(all.counts.values().all(|&n| n == 1), "{all:?}");
+    assert_eq!(all.garbage + got.garbage, 0);
+    // The in-order stream still reads: the copies were out of its way.
+    result.unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+
+    /// Whatever a middlebox does to the segments — flips bits, injects fake record headers,
+    /// splices two copies of a range — nothing it touched is delivered: every message
+    /// handed out is one that was sent, byte for byte, and none twice. (The connection may
+    /// fail; that is TLS's answer to tampering.)
+    #[test]
+    fn tampered_bytes_are_never_delivered(
+        seed in any::<u64>(),
+        numbered in any::<bool>(),
+        flips in proptest::collection::vec((any::<u16>(), any::<u8>()), 0..6),
+        injections in proptest::collection::vec((any::<u16>(), any::<u16>(), any::<u64>()), 0..6),
+    ) {
+        let setup = default_setup();
+        let (mut client, mut server, base) = connected(&setup, numbered, 4);
+        let mut rng = seed | 1;
+        let writes = seal_messages(&mut client, 0..60, &mut rng);
+        let stream = tagged_stream(writes, numbered, &mut rng);
+        let mut segs = segments(&stream, base, 400, &mut rng);
+        let mut attacks: Vec<(u64, Vec<u8>)> = Vec::new();
+        for (at, bit) in flips {
+            // A corrupted copy of a range that arrives before the genuine one.
+            let i = at as usize % segs.len();
+            let mut copy = segs[i].clone();
+            let b = bit as usize % (copy.1.len() * 8);
+            copy.1[b / 8] ^= 1 << (b % 8);
+            attacks.push(copy);
+        }
+        for (at, len, fill) in injections {
+            // A fake record header with a plausible length and junk after it.
+            let offset = base + u64::from(at) % stream.len() as u64;
+            let len = 22 + usize::from(len) % 400;
+            let mut fake = vec![0x17, 0x03, 0x03, (len >> 8) as u8, len as u8];
+            let mut x = fill | 1;
+            fake.extend((0..len).map(|_| next(&mut x) as u8));
+            attacks.push((offset, fake));
+        }
+        let held_back = segs.remove(0);
+        attacks.extend(segs);
+        attacks.push(held_back);
+        let (got, _result) = receive(&mut server, &attacks);
+        prop_assert_eq!(got.garbage, 0);
+        prop_assert!(got.counts.values().all(|&n| n == 1), "{:?}", got);
+        prop_assert!(got.counts.keys().all(|&id| id < 60));
+    }
+}
