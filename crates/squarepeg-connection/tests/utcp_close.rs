@@ -1,20 +1,15 @@
 //! Over the uTCP substrate, a graceful close does not cut off what the TCP still sends: the
 //! messages queued before the CLOSE are delivered and reported `Sent`, not `Discarded`.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use squarepeg_connection::{Config, Connection, EndpointLink, Event, Role, Substrate, tcp_config};
 use squarepeg_session::{MessageProps, MessageStatus};
-use squarepeg_tcp::{ConnectionConfig, Endpoint, EndpointConfig, Event as TcpEvent};
-
-fn endpoint(ip: &str, secret: u8, now: Instant) -> Endpoint {
-    let mut config = EndpointConfig::default();
-    config.secret = [secret; 32];
-    config.local_addresses = vec![ip.parse().unwrap()];
-    Endpoint::new(config, now)
-}
+use squarepeg_tcp::{ConnectionConfig, Event as TcpEvent};
 
 #[test]
 fn messages_queued_before_a_graceful_close_end_sent() {
@@ -27,8 +22,8 @@ fn messages_queued_before_a_graceful_close_end_sent() {
         "10.0.0.1:40000".parse().unwrap(),
         "10.0.0.2:443".parse().unwrap(),
     );
-    let mut client_ep = endpoint("10.0.0.1", 1, now);
-    let mut server_ep = endpoint("10.0.0.2", 2, now);
+    let mut client_ep = common::endpoint("10.0.0.1", 1, now);
+    let mut server_ep = common::endpoint("10.0.0.2", 2, now);
     server_ep.listen(server_addr, 4, tcp.clone()).unwrap();
     let h = client_ep
         .connect(now, client_addr, server_addr, tcp)

@@ -3,6 +3,8 @@
 //! delivered before the hole is filled; messages arrive once each, byte for byte, whatever
 //! their priorities and lifetimes; no (key, nonce) is ever used twice; the close is clean.
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -11,15 +13,8 @@ use squarepeg_connection::{
     Config, Connection, EndpointLink, Event, Role, Substrate, TlsSetup, tcp_config,
 };
 use squarepeg_session::{MessageProps, MessageStatus, Priority};
-use squarepeg_tcp::{ConnectionConfig, Endpoint, EndpointConfig, Event as TcpEvent};
+use squarepeg_tcp::{ConnectionConfig, Event as TcpEvent};
 use squarepeg_tls::config::{self, Trust};
-
-fn endpoint(ip: &str, secret: u8, now: Instant) -> Endpoint {
-    let mut config = EndpointConfig::default();
-    config.secret = [secret; 32];
-    config.local_addresses = vec![ip.parse().unwrap()];
-    Endpoint::new(config, now)
-}
 
 fn setups() -> (TlsSetup, TlsSetup) {
     let cert = config::self_signed(&["peg.test".into()]).unwrap();
@@ -61,8 +56,8 @@ fn run(count: u32, drop_every: u64, props: impl Fn(u32) -> MessageProps) -> Outc
         "10.0.0.2:443".parse().unwrap(),
     );
     let (client_tls, server_tls) = setups();
-    let mut client_ep = endpoint("10.0.0.1", 1, now);
-    let mut server_ep = endpoint("10.0.0.2", 2, now);
+    let mut client_ep = common::endpoint("10.0.0.1", 1, now);
+    let mut server_ep = common::endpoint("10.0.0.2", 2, now);
     server_ep.listen(server_addr, 4, tcp.clone()).unwrap();
     let h = client_ep
         .connect(now, client_addr, server_addr, tcp)

@@ -1289,14 +1289,17 @@ impl Tls {
         if self.peer_closed {
             return Ok(());
         }
-        let floor = self.in_order_offset();
+        let in_order_before = self.in_order_offset();
         let Some(ooo) = &mut self.ooo else {
             return Err(TlsError::Config(
                 "out-of-order receive is not enabled".into(),
             ));
         };
-        let refused = ooo.store.insert(floor, offset, data);
+        let refused = ooo.store.insert(in_order_before, offset, data);
         self.stats.segment_bytes_refused += refused as u64;
+        // Fragments this segment did not touch are scanned again only when the in-order
+        // stream moved (the handshake may have finished, keys may have changed).
+        let mut touched = offset..offset.saturating_add(data.len() as u64);
         // The stream's next bytes, in order.
         loop {
             let at = self.in_order_offset();
@@ -1314,6 +1317,9 @@ impl Tls {
             }
         }
         let floor = self.in_order_offset();
+        if floor != in_order_before {
+            touched = 0..u64::MAX;
+        }
         let consumed = self.inbox.consumed;
         if let Some(ooo) = &mut self.ooo {
             ooo.store.drop_below(floor);
@@ -1321,13 +1327,18 @@ impl Tls {
             // them at a record boundary cannot be met any more.
             ooo.delivered = ooo.delivered.split_off(&consumed);
         }
-        self.scan_out_of_order(deliver);
+        self.scan_out_of_order(touched, deliver);
         Ok(())
     }
 
-    /// Looks for complete records ahead of the in-order stream and delivers the whole
-    /// application-data ones.
-    fn scan_out_of_order(&mut self, deliver: &mut dyn FnMut(OutOfOrderRecord<'_>)) {
+    /// Looks for complete records ahead of the in-order stream in the fragments that overlap
+    /// `touched` (the others did not change since they were last scanned) and delivers the
+    /// whole application-data ones.
+    fn scan_out_of_order(
+        &mut self,
+        touched: std::ops::Range<u64>,
+        deliver: &mut dyn FnMut(OutOfOrderRecord<'_>),
+    ) {
         let in_order_end = self.in_order_offset();
         let Phase::Traffic(traffic) = &mut self.phase else {
             return;
@@ -1336,7 +1347,16 @@ impl Tls {
             return;
         };
         let numbering = self.numbering;
-        let starts: Vec<u64> = ooo.store.fragments.keys().copied().collect();
+        // Fragments neither overlap nor touch: those overlapping the range are the last ones
+        // starting before its end.
+        let starts: Vec<u64> = ooo
+            .store
+            .fragments
+            .range(..touched.end)
+            .rev()
+            .take_while(|(s, f)| **s + f.bytes.len() as u64 > touched.start)
+            .map(|(s, _)| *s)
+            .collect();
         for start in starts {
             let Some(mut fragment) = ooo.store.fragments.remove(&start) else {
                 continue;
@@ -1457,7 +1477,7 @@ impl Scan<'_> {
         deliver: &mut dyn FnMut(OutOfOrderRecord<'_>),
     ) -> Candidate {
         if self.numbering.accept
-            && let Some(found) = find_number_with_hint(self.traffic, record, hint)
+            && let Some(found) = find_number(self.traffic, record, hint)
         {
             return self.open_numbered(offset, record, found, deliver);
         }
@@ -1495,24 +1515,13 @@ impl Scan<'_> {
             return Candidate::NotARecord;
         }
         replay.insert(found.number);
-        let content = &content[NUMBER_PREFIX_LEN..];
-        self.stats.records_out_of_order += 1;
-        self.stats.bytes_out_of_order += content.len() as u64;
-        self.stats.bytes_opened += content.len() as u64;
-        self.delivered.insert(
-            offset,
-            Delivered {
-                wire_len: record.len(),
-                number: found.number,
-            },
-        );
-        deliver(OutOfOrderRecord {
+        let record = OutOfOrderRecord {
             offset,
             wire_len: record.len(),
             number: found.number,
-            content,
-        });
-        Candidate::Delivered(found.number)
+            content: &content[NUMBER_PREFIX_LEN..],
+        };
+        hand_out(self.stats, self.delivered, record, deliver)
     }
 
     /// A positional record (a stock sender): its number lies between what the bytes before
@@ -1562,23 +1571,13 @@ impl Scan<'_> {
                 return Candidate::Record(n);
             }
             self.traffic.rx_replay.insert(n);
-            self.stats.records_out_of_order += 1;
-            self.stats.bytes_out_of_order += content.len() as u64;
-            self.stats.bytes_opened += content.len() as u64;
-            self.delivered.insert(
-                offset,
-                Delivered {
-                    wire_len: record.len(),
-                    number: n,
-                },
-            );
-            deliver(OutOfOrderRecord {
+            let record = OutOfOrderRecord {
                 offset,
                 wire_len: record.len(),
                 number: n,
                 content,
-            });
-            return Candidate::Delivered(n);
+            };
+            return hand_out(self.stats, self.delivered, record, deliver);
         }
         Candidate::NotARecord
     }
@@ -1587,6 +1586,30 @@ impl Scan<'_> {
 /// What opening an in-order record gave: its content type, where its content starts after
 /// the header and its length; `None` for a record whose number was already delivered.
 type InOrderRecord = Option<(u8, usize, usize)>;
+
+/// Delivers a record opened out of order, counts it, and remembers it for the in-order path
+/// to skip.
+fn hand_out(
+    stats: &mut TlsStats,
+    delivered: &mut BTreeMap<u64, Delivered>,
+    record: OutOfOrderRecord<'_>,
+    deliver: &mut dyn FnMut(OutOfOrderRecord<'_>),
+) -> Candidate {
+    let len = record.content.len() as u64;
+    stats.records_out_of_order += 1;
+    stats.bytes_out_of_order += len;
+    stats.bytes_opened += len;
+    let number = record.number;
+    delivered.insert(
+        record.offset,
+        Delivered {
+            wire_len: record.wire_len,
+            number,
+        },
+    );
+    deliver(record);
+    Candidate::Delivered(number)
+}
 
 /// Opens the in-order record `record` (header included) as the stream's next positional
 /// record.
@@ -1611,7 +1634,7 @@ fn open_positional(traffic: &mut Traffic, record: &mut [u8]) -> Result<InOrderRe
 /// Opens the in-order numbered record `record`: its number is found from its prefix
 /// (docs/wire.md §5) under the current receive key, or the one before a KeyUpdate.
 fn open_numbered(traffic: &mut Traffic, record: &mut [u8]) -> Result<InOrderRecord, TlsError> {
-    let Some(found) = find_number(traffic, record) else {
+    let Some(found) = find_number(traffic, record, None) else {
         if is_spent_number(traffic, record) {
             return Ok(None);
         }
@@ -1643,19 +1666,33 @@ fn open_numbered(traffic: &mut Traffic, record: &mut [u8]) -> Result<InOrderReco
 /// Whether `record`'s prefix names a number already opened under the current key (a copy of
 /// a record delivered before: a retransmission's copy, or bytes replayed elsewhere).
 fn is_spent_number(traffic: &Traffic, record: &[u8]) -> bool {
-    if record.len() < MIN_NUMBERED_RECORD {
+    let Some(ciphertext) = prefix_ciphertext(record) else {
         return false;
+    };
+    traffic
+        .rx_replay
+        .seen_numbers()
+        .any(|n| names_number(&traffic.rx.keys, ciphertext, n).is_some())
+}
+
+/// The encrypted prefix of a numbered record (header included), if it is long enough to be one.
+fn prefix_ciphertext(record: &[u8]) -> Option<[u8; NUMBER_PREFIX_LEN]> {
+    if record.len() < MIN_NUMBERED_RECORD {
+        return None;
     }
-    let ciphertext: [u8; NUMBER_PREFIX_LEN] = record[HEADER_LEN..HEADER_LEN + NUMBER_PREFIX_LEN]
+    record[HEADER_LEN..HEADER_LEN + NUMBER_PREFIX_LEN]
         .try_into()
-        .expect("5 bytes");
-    traffic.rx_replay.seen_numbers().any(|n| {
-        let mut prefix = ciphertext;
-        for (p, m) in prefix.iter_mut().zip(traffic.rx.keys.keystream_prefix(n)) {
-            *p ^= m;
-        }
-        prefix_flags(prefix, n).is_some()
-    })
+        .ok()
+}
+
+/// If the prefix `ciphertext` decrypts, as record `n` under `keys`, to a prefix naming `n`:
+/// its flags (one keystream block, no AEAD).
+fn names_number(keys: &RecordKeys, ciphertext: [u8; NUMBER_PREFIX_LEN], n: u64) -> Option<u8> {
+    let mut prefix = ciphertext;
+    for (p, m) in prefix.iter_mut().zip(keys.keystream_prefix(n)) {
+        *p ^= m;
+    }
+    prefix_flags(prefix, n)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1674,26 +1711,12 @@ struct FoundNumber {
 /// The number whose keystream turns the first ciphertext bytes of `record` (header included,
 /// at least [`MIN_NUMBERED_RECORD`] bytes) into a prefix naming that number: unseen numbers
 /// of the current key nearest its next expected one first, then of the key before.
-fn find_number_with_hint(
-    traffic: &Traffic,
-    record: &[u8],
-    hint: Option<u64>,
-) -> Option<FoundNumber> {
-    if record.len() < MIN_NUMBERED_RECORD {
-        return None;
-    }
-    let ciphertext: [u8; NUMBER_PREFIX_LEN] = record[HEADER_LEN..HEADER_LEN + NUMBER_PREFIX_LEN]
-        .try_into()
-        .expect("5 bytes");
+fn find_number(traffic: &Traffic, record: &[u8], hint: Option<u64>) -> Option<FoundNumber> {
+    let ciphertext = prefix_ciphertext(record)?;
     let try_key = |keys: &RecordKeys, replay: &ReplayWindow, hint: u64| {
-        replay.candidates(hint).find_map(|n| {
-            let mask = keys.keystream_prefix(n);
-            let mut prefix = ciphertext;
-            for (p, m) in prefix.iter_mut().zip(mask) {
-                *p ^= m;
-            }
-            prefix_flags(prefix, n).map(|flags| (n, flags))
-        })
+        replay
+            .candidates(hint)
+            .find_map(|n| names_number(keys, ciphertext, n).map(|flags| (n, flags)))
     };
     if let Some((number, flags)) = try_key(
         &traffic.rx.keys,
@@ -1712,10 +1735,6 @@ fn find_number_with_hint(
         number,
         flags,
     })
-}
-
-fn find_number(traffic: &Traffic, record: &[u8]) -> Option<FoundNumber> {
-    find_number_with_hint(traffic, record, None)
 }
 
 /// Shortest numbered record: header, prefix, content type, tag.

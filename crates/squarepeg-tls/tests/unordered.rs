@@ -111,6 +111,24 @@ fn tagged_stream(writes: Vec<Write>, reorder: bool, rng: &mut u64) -> Vec<u8> {
     stream
 }
 
+/// What the client writes for messages `ids` (one tagged write each), as its tagged queue
+/// puts it on the wire (`reorder`: by priority; otherwise in order, as a stock sender).
+fn client_stream(
+    client: &mut Tls,
+    ids: std::ops::Range<u32>,
+    reorder: bool,
+    rng: &mut u64,
+) -> Vec<u8> {
+    let writes = seal_messages(client, ids, rng);
+    tagged_stream(writes, reorder, rng)
+}
+
+/// The first segment is lost and comes last: everything behind it arrives out of order.
+fn lose_first(segs: &mut Vec<(u64, Vec<u8>)>) {
+    let first = segs.remove(0);
+    segs.push(first);
+}
+
 /// Cuts `stream` (starting at stream offset `base`) into segments of 1..=max bytes.
 fn segments(stream: &[u8], base: u64, max: usize, rng: &mut u64) -> Vec<(u64, Vec<u8>)> {
     let mut out = Vec::new();
@@ -189,12 +207,9 @@ fn numbered_records_arrive_out_of_order_once_each() {
     let setup = default_setup();
     let (mut client, mut server, base) = connected(&setup, true, 0);
     let mut rng = 0x1234_5678_9abc_def1;
-    let writes = seal_messages(&mut client, 0..200, &mut rng);
-    let stream = tagged_stream(writes, true, &mut rng);
+    let stream = client_stream(&mut client, 0..200, true, &mut rng);
     let mut segs = segments(&stream, base, 300, &mut rng);
-    // The first segment is lost and comes last: everything behind it is out of order.
-    let first = segs.remove(0);
-    segs.push(first);
+    lose_first(&mut segs);
     let (got, result) = receive(&mut server, &segs);
     result.unwrap();
     exactly_once(&got, 0..200);
@@ -208,12 +223,10 @@ fn stock_sender_records_are_predicted() {
     let setup = default_setup();
     let (mut client, mut server, base) = connected(&setup, false, 4);
     let mut rng = 0x0bad_cafe_dead_beef;
-    let writes = seal_messages(&mut client, 0..200, &mut rng);
     // A stock sender writes in order, one record per write.
-    let stream = tagged_stream(writes, false, &mut rng);
+    let stream = client_stream(&mut client, 0..200, false, &mut rng);
     let mut segs = segments(&stream, base, 500, &mut rng);
-    let first = segs.remove(0);
-    segs.push(first);
+    lose_first(&mut segs);
     let (got, result) = receive(&mut server, &segs);
     result.unwrap();
     exactly_once(&got, 0..200);
@@ -228,8 +241,7 @@ fn reordered_writes_across_key_updates_never_repeat_a_nonce() {
     client.set_key_update_threshold(300);
     client.record_nonces(true);
     let mut rng = 77;
-    let writes = seal_messages(&mut client, 0..700, &mut rng);
-    let stream = tagged_stream(writes, true, &mut rng);
+    let stream = client_stream(&mut client, 0..700, true, &mut rng);
     let mut segs = segments(&stream, base, 200, &mut rng);
     // Swap neighbours at random: a lossy, reordering path.
     for i in 1..segs.len() {
@@ -253,8 +265,7 @@ fn duplicated_and_overlapping_segments_deliver_once() {
     let setup = default_setup();
     let (mut client, mut server, base) = connected(&setup, true, 0);
     let mut rng = 99;
-    let writes = seal_messages(&mut client, 0..100, &mut rng);
-    let stream = tagged_stream(writes, true, &mut rng);
+    let stream = client_stream(&mut client, 0..100, true, &mut rng);
     let mut segs = segments(&stream, base, 250, &mut rng);
     // Every segment twice, the copies cut differently, all in reverse.
     segs.extend(segments(&stream, base, 700, &mut rng));
@@ -269,8 +280,7 @@ fn a_replayed_record_is_not_delivered_twice() {
     let setup = default_setup();
     let (mut client, mut server, base) = connected(&setup, true, 0);
     let mut rng = 5;
-    let writes = seal_messages(&mut client, 0..20, &mut rng);
-    let stream = tagged_stream(writes, false, &mut rng);
+    let stream = client_stream(&mut client, 0..20, false, &mut rng);
     // A copy of the stream's record bytes, placed again further on (an attacker's segment),
     // before the real stream arrives.
     let (got_copy, _) = receive(
@@ -305,8 +315,7 @@ proptest! {
         let setup = default_setup();
         let (mut client, mut server, base) = connected(&setup, numbered, 4);
         let mut rng = seed | 1;
-        let writes = seal_messages(&mut client, 0..60, &mut rng);
-        let stream = tagged_stream(writes, numbered, &mut rng);
+                let stream = client_stream(&mut client, 0..60, numbered, &mut rng);
         let mut segs = segments(&stream, base, 400, &mut rng);
         let mut attacks: Vec<(u64, Vec<u8>)> = Vec::new();
         for (at, bit) in flips {
