@@ -60,6 +60,9 @@ pub struct TlsBenchArgs {
           default_values_t = [Contender::Squarepeg, Contender::TokioRustls, Contender::Quinn,
                               Contender::RawTcp])]
     contenders: Vec<Contender>,
+    /// Worker threads of the tokio runtime both ends run on.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
     /// Print one JSON document instead of a table.
     #[arg(long)]
     json: bool,
@@ -642,10 +645,10 @@ pub fn run(a: TlsBenchArgs) -> anyhow::Result<()> {
     ensure!(a.runs > 0, "--runs must be positive");
     ensure!(!a.contenders.is_empty(), "--contenders: give at least one");
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(a.workers.max(1))
         .enable_all()
         .build()?;
-    let tls = TlsConfigs::new(a.suite.suite())?;
+    let tls = Arc::new(TlsConfigs::new(a.suite.suite())?);
     let pattern = Arc::new(Pattern::new());
     let mut bests: Vec<(Contender, Best)> = Vec::new();
     for &c in &a.contenders {
@@ -658,18 +661,22 @@ pub fn run(a: TlsBenchArgs) -> anyhow::Result<()> {
         for (contender, best) in bests.iter_mut() {
             let label = contender.label(a.squarepeg_bulk);
             let bar = bytes_bar(a.quiet, a.bytes, format!("{label}, run {round}/{}", a.runs));
-            let run = rt.block_on(async {
+            let (contender, bytes, bulk) = (*contender, a.bytes, a.squarepeg_bulk);
+            let (tls, pattern, shown) = (tls.clone(), pattern.clone(), bar.clone());
+            // The receiving end runs in a task too, as the sending end does: both on the
+            // runtime's two workers, none on this thread, which only waits.
+            let transfer = rt.spawn(async move {
+                let (tls, pattern, bar) = (&*tls, &pattern, &shown);
                 match contender {
                     Contender::Squarepeg => {
-                        squarepeg_transfer(a.bytes, a.squarepeg_bulk, &tls, &pattern, &bar).await
+                        squarepeg_transfer(bytes, bulk, tls, pattern, bar).await
                     }
-                    Contender::TokioRustls => {
-                        tokio_rustls_transfer(a.bytes, &tls, &pattern, &bar).await
-                    }
-                    Contender::Quinn => quinn_transfer(a.bytes, &tls, &pattern, &bar).await,
-                    Contender::RawTcp => raw_tcp_transfer(a.bytes, &pattern, &bar).await,
+                    Contender::TokioRustls => tokio_rustls_transfer(bytes, tls, pattern, bar).await,
+                    Contender::Quinn => quinn_transfer(bytes, tls, pattern, bar).await,
+                    Contender::RawTcp => raw_tcp_transfer(bytes, pattern, bar).await,
                 }
             });
+            let run = rt.block_on(transfer)?;
             bar.finish_and_clear();
             best.add(run.with_context(|| label.to_string())?, a.bytes);
         }
