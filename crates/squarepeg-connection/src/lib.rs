@@ -466,19 +466,37 @@ impl Connection {
         if t.failed {
             return;
         }
+        // Each record's plaintext is copied from where it was opened straight into the frame
+        // reader's buffer, and the frame reader decodes once for all of `data`: decoding after
+        // every record would move the partial frame at its end (most of a frame: a 16 KiB
+        // stream chunk's frame barely overruns a record) to a new chunk each time. Records
+        // opened before an error were authenticated: they count.
+        let mut unread = 0;
+        let mut deliver = |plaintext: &[u8]| {
+            if unread > 0 && r.buffer().len() - unread < plaintext.len() {
+                r.filled(unread);
+                unread = 0;
+            }
+            match r.buffer().get_mut(unread..unread + plaintext.len()) {
+                Some(room) => {
+                    room.copy_from_slice(plaintext);
+                    unread += plaintext.len();
+                }
+                // A read buffer smaller than a record.
+                None => r.push(plaintext),
+            }
+        };
         let result = loop {
             let taken = t.tls.push_ciphertext(data);
             data = &data[taken..];
-            t.opened.clear();
-            let result = t.tls.process(&mut t.opened);
-            // Records opened before an error were authenticated: they count.
-            if !t.opened.is_empty() {
-                r.push(&t.opened);
-            }
+            let result = t.tls.process_with(&mut deliver);
             if result.is_err() || data.is_empty() {
                 break result;
             }
         };
+        if unread > 0 {
+            r.filled(unread);
+        }
         self.take_frames(now);
         if let Err(e) = result {
             self.tls_failed(now, &e);
