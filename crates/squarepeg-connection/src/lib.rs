@@ -416,8 +416,11 @@ impl Connection {
     // ------------------------------------------------------------------ sending
 
     /// Appends frames to `out` (a byte stream's output) until it holds at least `limit`
-    /// bytes or nothing is left to send now; returns the number of frames appended. Ask only
-    /// when the substrate can take more, so that the scheduler decides as late as possible.
+    /// bytes or nothing is left to send now; returns the number of frames taken from the
+    /// session. Ask only when the substrate can take more, so that the scheduler decides as
+    /// late as possible. Over TLS the frames go out sealed in records, and the frames' bytes
+    /// past the last full record wait for the next call while the session has more to send
+    /// (so that records are full); a call may then append records and return 0.
     pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>, limit: usize) -> usize {
         if !matches!(self.send, SendPath::ByteStream) || self.fin_sent || self.transport_closed {
             return 0;
@@ -433,15 +436,29 @@ impl Connection {
         if t.tls.is_handshaking() || t.failed || t.close_notify_out {
             return 0;
         }
-        t.staging.clear();
-        // Room for the records' overhead (about 22 bytes per 16 KiB record).
-        let room = limit.saturating_sub(out.len());
-        let frames = self.session.poll_transmit_batch(now, &mut t.staging, room);
-        let sealed = if t.staging.is_empty() {
+        // Frames for whole records, the records' overhead aside (about 22 bytes per 16 KiB
+        // record). A stream chunk's frame is a little longer than a record's plaintext, so
+        // sealing each batch whole would follow every full record with one of a few bytes:
+        // twice the records to seal and open. While the session has more, the bytes past the
+        // last full record stay in `staging` for the next call instead.
+        let record = t.tls.max_record_plaintext();
+        let wanted = limit.saturating_sub(out.len()).div_ceil(record) * record;
+        let frames = self
+            .session
+            .poll_transmit_batch(now, &mut t.staging, wanted);
+        let more_to_come =
+            t.staging.len() >= wanted.max(record) && !self.session.is_send_finished();
+        let seal_len = if more_to_come {
+            t.staging.len() / record * record
+        } else {
+            t.staging.len()
+        };
+        let sealed = if seal_len == 0 {
             Ok(())
         } else {
-            t.tls.seal(&t.staging, out)
+            t.tls.seal(&t.staging[..seal_len], out)
         };
+        t.staging.drain(..seal_len);
         match sealed {
             Ok(()) if self.session.is_send_finished() => {
                 // The session's last frame is out: close_notify, then the FIN (RFC 8446 §6.1).
