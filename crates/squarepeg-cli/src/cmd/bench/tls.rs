@@ -4,10 +4,12 @@
 //! crypto as the reference line.
 //!
 //! Both ends of every transfer run in this process, on one tokio runtime with two worker
-//! threads: the sender in a spawned task, the receiver in the caller's. Throughput is the
-//! receiver's, from the first write to the last byte read; CPU is the whole process's (user +
-//! system, getrusage) over the same time, so it covers both ends, the drivers and the kernel's
-//! work on the loopback path. The handshake and the set-up are outside the timing.
+//! threads (`--workers`), each end in a task of its own; the main thread only waits. (With the
+//! receiving end on the main thread, as `peg bench messages` runs it, a third thread would
+//! share the two cores.) Throughput is the receiver's, from the first write to the last byte
+//! read; CPU is the whole process's (user + system, getrusage) over the same time, so it
+//! covers both ends, the drivers and the kernel's work on the loopback path. The handshake and
+//! the set-up are outside the timing.
 //!
 //! Every contender sends the same bytes: a pseudo-random pattern whose period (a prime) no
 //! write or read size divides. The receiver compares each read with what is due at its offset,
@@ -568,6 +570,8 @@ struct Report {
     write_size: usize,
     read_size: usize,
     cpus: usize,
+    /// Worker threads of the runtime both ends ran on.
+    workers: usize,
     /// How to read the ratios.
     ratios: &'static str,
     rows: Vec<Row>,
@@ -607,6 +611,7 @@ impl Report {
             write_size: WRITE_SIZE,
             read_size: READ_SIZE,
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            workers: a.workers.max(1),
             ratios: RATIOS,
             rows,
         }
@@ -631,11 +636,17 @@ impl Report {
             );
         }
         println!(
-            "{}, {} bytes per transfer over loopback, best of {} runs, {} CPUs; {}-byte writes, \
-             {}-byte reads. CPU is the whole process's (both ends). ÷rustls, ÷quinn: throughput \
+            "{}, {} bytes per transfer over loopback, best of {} runs, {} CPUs, {} tokio \
+             workers; {}-byte writes, {}-byte reads. CPU is the whole process's (both ends). ÷rustls, ÷quinn: throughput \
              over tokio-rustls's, quinn's; CPU÷: their CPU per GiB over the row's (above 1 \
              favours the row).",
-            self.suite, self.bytes, self.runs, self.cpus, self.write_size, self.read_size
+            self.suite,
+            self.bytes,
+            self.runs,
+            self.cpus,
+            self.workers,
+            self.write_size,
+            self.read_size
         );
     }
 }
