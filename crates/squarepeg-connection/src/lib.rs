@@ -440,8 +440,11 @@ impl Connection {
     // ------------------------------------------------------------------ sending
 
     /// Appends frames to `out` (a byte stream's output) until it holds at least `limit`
-    /// bytes or nothing is left to send now; returns the number of frames appended. Ask only
-    /// when the substrate can take more, so that the scheduler decides as late as possible.
+    /// bytes or nothing is left to send now; returns the number of frames taken from the
+    /// session. Ask only when the substrate can take more, so that the scheduler decides as
+    /// late as possible. Over TLS the frames go out sealed in records, and the frames' bytes
+    /// past the last full record wait for the next call while the session has more to send
+    /// (so that records are full); a call may then append records and return 0.
     pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>, limit: usize) -> usize {
         if !matches!(self.send, SendPath::ByteStream) || self.fin_sent || self.transport_closed {
             return 0;
@@ -457,15 +460,29 @@ impl Connection {
         if t.tls.is_handshaking() || t.failed || t.close_notify_out {
             return 0;
         }
-        t.staging.clear();
-        // Room for the records' overhead (about 22 bytes per 16 KiB record).
-        let room = limit.saturating_sub(out.len());
-        let frames = self.session.poll_transmit_batch(now, &mut t.staging, room);
-        let sealed = if t.staging.is_empty() {
+        // Frames for whole records, the records' overhead aside (about 22 bytes per 16 KiB
+        // record). A stream chunk's frame is a little longer than a record's plaintext, so
+        // sealing each batch whole would follow every full record with one of a few bytes:
+        // twice the records to seal and open. While the session has more, the bytes past the
+        // last full record stay in `staging` for the next call instead.
+        let record = t.tls.max_record_plaintext();
+        let wanted = limit.saturating_sub(out.len()).div_ceil(record) * record;
+        let frames = self
+            .session
+            .poll_transmit_batch(now, &mut t.staging, wanted);
+        let more_to_come =
+            t.staging.len() >= wanted.max(record) && !self.session.is_send_finished();
+        let seal_len = if more_to_come {
+            t.staging.len() / record * record
+        } else {
+            t.staging.len()
+        };
+        let sealed = if seal_len == 0 {
             Ok(())
         } else {
-            t.tls.seal(&t.staging, out)
+            t.tls.seal(&t.staging[..seal_len], out)
         };
+        t.staging.drain(..seal_len);
         match sealed {
             Ok(()) if self.session.is_send_finished() => {
                 // The session's last frame is out: close_notify, then the FIN (RFC 8446 §6.1).
@@ -490,19 +507,37 @@ impl Connection {
         if t.failed {
             return;
         }
+        // Each record's plaintext is copied from where it was opened straight into the frame
+        // reader's buffer, and the frame reader decodes once for all of `data`: decoding after
+        // every record would move the partial frame at its end (most of a frame: a 16 KiB
+        // stream chunk's frame barely overruns a record) to a new chunk each time. Records
+        // opened before an error were authenticated: they count.
+        let mut unread = 0;
+        let mut deliver = |plaintext: &[u8]| {
+            if unread > 0 && r.buffer().len() - unread < plaintext.len() {
+                r.filled(unread);
+                unread = 0;
+            }
+            match r.buffer().get_mut(unread..unread + plaintext.len()) {
+                Some(room) => {
+                    room.copy_from_slice(plaintext);
+                    unread += plaintext.len();
+                }
+                // A read buffer smaller than a record.
+                None => r.push(plaintext),
+            }
+        };
         let result = loop {
             let taken = t.tls.push_ciphertext(data);
             data = &data[taken..];
-            t.opened.clear();
-            let result = t.tls.process(&mut t.opened);
-            // Records opened before an error were authenticated: they count.
-            if !t.opened.is_empty() {
-                r.push(&t.opened);
-            }
+            let result = t.tls.process_with(&mut deliver);
             if result.is_err() || data.is_empty() {
                 break result;
             }
         };
+        if unread > 0 {
+            r.filled(unread);
+        }
         self.take_frames(now);
         self.update_numbering();
         if let Err(e) = result {
@@ -523,16 +558,16 @@ impl Connection {
         if t.failed {
             return;
         }
-        t.opened.clear();
+        r.opened.clear();
         let records = &mut r.records;
         let result = t
             .tls
-            .push_segment(offset, data, &mut t.opened, &mut |record| {
+            .push_segment(offset, data, &mut r.opened, &mut |record| {
                 records.push((record.offset, record.content.to_vec()))
             });
         // What opened before an error was authenticated: it counts.
-        if !t.opened.is_empty() {
-            r.in_order.push(&t.opened);
+        if !r.opened.is_empty() {
+            r.in_order.push(&r.opened);
         }
         r.deliver(now, &mut self.session, t.tls.in_order_offset());
         self.update_numbering();

@@ -146,6 +146,8 @@ pub(crate) struct TlsSegmentReceiver {
     held_close: Option<(u64, Frame)>,
     /// Out-of-order records of the last segment: (offset, content).
     pub(crate) records: Vec<(u64, Vec<u8>)>,
+    /// In-order plaintext opened by the last segment (reused between segments).
+    pub(crate) opened: Vec<u8>,
 }
 
 impl TlsSegmentReceiver {
@@ -159,6 +161,7 @@ impl TlsSegmentReceiver {
             record_frames,
             held_close: None,
             records: Vec::new(),
+            opened: Vec::new(),
         }
     }
 

@@ -85,8 +85,6 @@ pub(crate) enum RecordLayer {
 /// TLS with its scratch buffers.
 pub(crate) struct TlsLayer {
     pub(crate) tls: Tls,
-    /// Plaintext opened from the last bytes received, on its way to the frame reader.
-    pub(crate) opened: Vec<u8>,
     /// The session's frames, on their way to be sealed.
     pub(crate) staging: Vec<u8>,
     /// close_notify was handed out (the FIN may follow).
@@ -124,7 +122,6 @@ impl TlsLayer {
     pub(crate) fn new(tls: Tls) -> Self {
         Self {
             tls,
-            opened: Vec::new(),
             staging: Vec::new(),
             close_notify_out: false,
             close_notify_requested: false,

@@ -537,24 +537,42 @@ impl Tls {
     ///
     /// After a fatal error every later call returns the same error.
     pub fn process(&mut self, plaintext: &mut Vec<u8>) -> Result<(), TlsError> {
+        self.process_with(&mut |opened| plaintext.extend_from_slice(opened))
+    }
+
+    /// As [`Tls::process`], handing the application plaintext to `deliver`, in order, where
+    /// it was opened (a record's content, decrypted in place) instead of appending it to a
+    /// buffer: a receiver with a buffer of its own saves a copy.
+    pub fn process_with(&mut self, deliver: &mut dyn FnMut(&[u8])) -> Result<(), TlsError> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
+        // rustls hands out application data only from its own buffers during the handshake.
+        let mut handshake_plaintext = Vec::new();
         let progress = match &mut self.phase {
-            Phase::Client(conn) => {
-                drive_handshake(&mut ***conn, &mut self.inbox, &mut self.control, plaintext)
-            }
-            Phase::Server(conn) => {
-                drive_handshake(&mut ***conn, &mut self.inbox, &mut self.control, plaintext)
-            }
-            Phase::Traffic(_) => return self.open_records(plaintext),
+            Phase::Client(conn) => drive_handshake(
+                &mut ***conn,
+                &mut self.inbox,
+                &mut self.control,
+                &mut handshake_plaintext,
+            ),
+            Phase::Server(conn) => drive_handshake(
+                &mut ***conn,
+                &mut self.inbox,
+                &mut self.control,
+                &mut handshake_plaintext,
+            ),
+            Phase::Traffic(_) => return self.open_records(deliver),
             Phase::HandedOver => return Err(TlsError::Closed),
         };
+        if !handshake_plaintext.is_empty() {
+            deliver(&handshake_plaintext);
+        }
         match progress {
             Ok(HandshakeProgress::Blocked) => Ok(()),
             Ok(HandshakeProgress::Complete) => {
                 self.hand_over()?;
-                self.open_records(plaintext)
+                self.open_records(deliver)
             }
             Ok(HandshakeProgress::PeerClosed) => {
                 self.peer_closed = true;
@@ -629,8 +647,9 @@ impl Tls {
         Ok(())
     }
 
-    /// Opens every complete record in the inbox (RFC 8446 §5.2).
-    fn open_records(&mut self, plaintext: &mut Vec<u8>) -> Result<(), TlsError> {
+    /// Opens every complete record in the inbox (RFC 8446 §5.2), handing application data to
+    /// `deliver`.
+    fn open_records(&mut self, deliver: &mut dyn FnMut(&[u8])) -> Result<(), TlsError> {
         while !self.peer_closed {
             let Phase::Traffic(traffic) = &mut self.phase else {
                 return Ok(());
@@ -704,7 +723,7 @@ impl Tls {
                         self.numbering.receive_on = true;
                         self.stats.receiving_numbered = true;
                     }
-                    plaintext.extend_from_slice(content);
+                    deliver(content);
                     self.stats.bytes_opened += content_len as u64;
                     self.key_updates_without_data = 0;
                     self.user_canceled_without_data = 0;

@@ -34,8 +34,9 @@ pub struct Measurement {
     pub cpu: Duration,
 }
 
-/// CPU time (user + system) this process has used so far.
-fn process_cpu() -> Duration {
+/// CPU time (user + system) this process has used so far: all its threads, so both ends of a
+/// loopback transfer run in the process count.
+pub fn process_cpu() -> Duration {
     // SAFETY: getrusage only writes the struct it is given; all-zero is a valid rusage.
     let u = unsafe {
         let mut u: libc::rusage = std::mem::zeroed();

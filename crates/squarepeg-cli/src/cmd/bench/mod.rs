@@ -8,6 +8,7 @@ mod framing;
 mod messages;
 mod smoltcp;
 mod tcp;
+mod tls;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -26,6 +27,10 @@ enum BenchVerb {
     /// Bulk throughput and CPU per GiB: squarepeg's userspace TCP over TUN against the
     /// kernel, next to smoltcp's on the same path and kernel TCP over a veth pair (root).
     Tcp(tcp::TcpBenchArgs),
+    /// Bulk throughput and CPU per GiB inside TLS 1.3 over loopback, one cipher suite for
+    /// all: squarepeg over kernel TCP against tokio-rustls, quinn (QUIC over UDP) and raw
+    /// kernel TCP.
+    Tls(tls::TlsBenchArgs),
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -33,5 +38,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchVerb::Framing(args) => framing::run(&args),
         BenchVerb::Messages(args) => messages::run(args),
         BenchVerb::Tcp(args) => tcp::run(args),
+        BenchVerb::Tls(args) => tls::run(args),
     }
 }
