@@ -547,7 +547,7 @@ impl Connection {
 
     /// A segment of ciphertext at `offset` (TLS over segments, Minion §6).
     fn handle_tls_segment(&mut self, now: Instant, offset: u64, data: &[u8]) {
-        let (RecordLayer::Tls(t), ReceivePath::TlsSegments(r)) =
+        let (RecordLayer::Tls(t), ReceivePath::TlsSegments(_)) =
             (&mut self.record, &mut self.receive)
         else {
             return;
@@ -558,22 +558,67 @@ impl Connection {
         if t.failed {
             return;
         }
-        r.opened.clear();
-        let records = &mut r.records;
-        let result = t
-            .tls
-            .push_segment(offset, data, &mut r.opened, &mut |record| {
-                records.push((record.offset, record.content.to_vec()))
-            });
-        // What opened before an error was authenticated: it counts.
-        if !r.opened.is_empty() {
-            r.in_order.push(&r.opened);
+        let (mut offset, mut data) = (offset, data);
+        loop {
+            let (RecordLayer::Tls(t), ReceivePath::TlsSegments(r)) =
+                (&mut self.record, &mut self.receive)
+            else {
+                return;
+            };
+            let skipped_before = t.tls.stats().spliced_bytes_skipped;
+            r.opened.clear();
+            let records = &mut r.records;
+            let result = t
+                .tls
+                .push_segment(offset, data, &mut r.opened, &mut |record| {
+                    records.push((record.offset, record.content.to_vec()))
+                });
+            if t.tls.stats().spliced_bytes_skipped != skipped_before {
+                // The in-order stream jumped over a replaced range (before this call's
+                // plaintext): a unit cut there is gone, the reader starts afresh.
+                r.restart_in_order();
+            }
+            // What opened before an error was authenticated: it counts.
+            if !r.opened.is_empty() {
+                r.in_order.push(&r.opened);
+            }
+            r.deliver(now, &mut self.session, t.tls.in_order_offset());
+            for range in self.session.take_records_replaced() {
+                t.tls.note_replaced(range);
+            }
+            let resume = t.tls.can_skip_held();
+            self.update_numbering();
+            if let Err(e) = result {
+                self.tls_failed(now, &e);
+                return;
+            }
+            if !resume {
+                return;
+            }
+            // Held inside a range the peer just announced: skip it now, not at the next
+            // segment (there may be none for a while).
+            let RecordLayer::Tls(t) = &self.record else {
+                return;
+            };
+            (offset, data) = (t.tls.in_order_offset(), &[]);
         }
-        r.deliver(now, &mut self.session, t.tls.in_order_offset());
-        self.update_numbering();
-        if let Err(e) = result {
-            self.tls_failed(now, &e);
+    }
+
+    /// The padder the TCP's send queue should use for this connection's inconsistent
+    /// retransmissions (Hollywood §4.2), for a driver to install on the TCP connection when
+    /// it has them on (`squarepeg_tcp::Endpoint::set_padder`): uCOBS padding in cleartext;
+    /// under TLS, padding records sealed from record numbers the record layer reserves
+    /// (docs/wire.md §5.1). `None` on a byte-stream substrate.
+    pub fn padder(&mut self) -> Option<squarepeg_tcp::Padder> {
+        if !matches!(self.send, SendPath::Tagged(_)) {
+            return None;
         }
+        Some(match &mut self.record {
+            RecordLayer::Cleartext => {
+                squarepeg_tcp::Padder::from_fn(squarepeg_framing::encode_padding)
+            }
+            RecordLayer::Tls(t) => record::tls_padder(&mut t.tls),
+        })
     }
 
     /// Numbers this side's records once the peer's PARAMS asks for them (it reads out of
@@ -632,6 +677,10 @@ impl Connection {
         else {
             return None;
         };
+        // Ranges the padder filled since: the peer hears of them ahead of data.
+        for range in t.tls.take_replaced() {
+            self.session.announce_records_replaced(range);
+        }
         if !t.control_pending && !sender.has_pending() {
             t.control.clear();
             t.tls.poll_output(&mut t.control);

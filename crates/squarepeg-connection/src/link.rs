@@ -34,7 +34,7 @@ pub fn tcp_config(
         c.consistent_segmentation = true;
         c.message_writes = true;
         if inconsistent_retransmissions {
-            c.padder = Some(Padder(encode_padding));
+            c.padder = Some(Padder::from_fn(encode_padding));
         }
     }
     c
@@ -78,6 +78,8 @@ pub struct EndpointLink {
     /// Segments: one segment read.
     read_buf: Vec<u8>,
     fin_pending: bool,
+    /// The connection's own padder replaced the configured one.
+    padder_installed: bool,
 }
 
 impl EndpointLink {
@@ -89,6 +91,7 @@ impl EndpointLink {
             out_pos: 0,
             read_buf: Vec::new(),
             fin_pending: false,
+            padder_installed: false,
         }
     }
 
@@ -108,6 +111,14 @@ impl EndpointLink {
         {
             // Fails only for a connection already gone, which the reads below report.
             let _ = ep.enable_unordered_receive(h);
+        }
+        if !self.padder_installed {
+            self.padder_installed = true;
+            // Inconsistent retransmissions are on where the TCP config has a padder; the
+            // connection's own one knows its record layer (TLS seals padding records).
+            if ep.connection(h).is_some_and(|c| c.has_padder()) {
+                let _ = ep.set_padder(h, conn.padder());
+            }
         }
         self.take_reports(conn, ep);
         self.receive(now, conn, ep);

@@ -148,6 +148,9 @@ pub(crate) struct TlsSegmentReceiver {
     pub(crate) records: Vec<(u64, Vec<u8>)>,
     /// In-order plaintext opened by the last segment (reused between segments).
     pub(crate) opened: Vec<u8>,
+    /// The in-order reader's sizes, to start it afresh.
+    read_buffer: usize,
+    pinned_limit: usize,
 }
 
 impl TlsSegmentReceiver {
@@ -162,7 +165,16 @@ impl TlsSegmentReceiver {
             held_close: None,
             records: Vec::new(),
             opened: Vec::new(),
+            read_buffer,
+            pinned_limit,
         }
+    }
+
+    /// The in-order stream skipped bytes (a replaced range, docs/wire.md §5.1): a frame
+    /// begun before the skip will never end; the reader restarts at the next record.
+    pub(crate) fn restart_in_order(&mut self) {
+        self.in_order = Receiver::new(self.read_buffer, self.pinned_limit, true);
+        self.in_order.start_plain();
     }
 
     /// Hands the session the in-order frames, then those of the out-of-order records, then

@@ -25,7 +25,8 @@
 use std::sync::Arc;
 
 use squarepeg_session::{TlsFailure, TransportError};
-use squarepeg_tls::{Tls, TlsError};
+use squarepeg_tls::padding::MIN_PADDING_LEN;
+use squarepeg_tls::{PaddingSealer, Tls, TlsError};
 
 /// How a connection's bytes are protected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -150,4 +151,22 @@ pub(crate) fn tls_transport_error(e: &TlsError) -> TransportError {
         _ => TlsFailure::Handshake,
     };
     TransportError::Tls(failure)
+}
+
+/// The TCP send queue's padder under TLS: padding records (docs/wire.md §5.1).
+struct TlsPadder(PaddingSealer);
+
+impl squarepeg_tcp::Pad for TlsPadder {
+    fn min_len(&self) -> usize {
+        MIN_PADDING_LEN
+    }
+
+    fn pad(&self, range: std::ops::Range<u64>, len: usize, out: &mut Vec<u8>) -> bool {
+        self.0.pad(range, len, out)
+    }
+}
+
+/// A padder sealing under `tls`'s keys.
+pub(crate) fn tls_padder(tls: &mut Tls) -> squarepeg_tcp::Padder {
+    squarepeg_tcp::Padder::new(Arc::new(TlsPadder(tls.padding_sealer())))
 }

@@ -2,6 +2,9 @@
 //! simulated TCP endpoints with packet loss. Records behind a lost segment are opened and
 //! delivered before the hole is filled; messages arrive once each, byte for byte, whatever
 //! their priorities and lifetimes; no (key, nonce) is ever used twice; the close is clean.
+//! With inconsistent retransmissions (Hollywood §4.2) whole records replace whole records,
+//! padding records fill the rest, and a late original spliced with its replacement is
+//! skipped, never delivered (docs/wire.md §5.1).
 
 mod common;
 
@@ -12,7 +15,7 @@ use std::time::{Duration, Instant};
 use squarepeg_connection::{
     Config, Connection, EndpointLink, Event, Role, Substrate, TlsSetup, tcp_config,
 };
-use squarepeg_session::{MessageProps, MessageStatus, Priority};
+use squarepeg_session::{ConnectionError, MessageProps, MessageStatus, Priority};
 use squarepeg_tcp::{ConnectionConfig, Event as TcpEvent};
 use squarepeg_tls::config::{self, Trust};
 
@@ -42,15 +45,41 @@ struct Outcome {
     server: Connection,
 }
 
-/// Runs a client sending `count` messages (urgency and lifetime from `props`) over a path
-/// that drops every `drop_every`-th client packet for a while; returns what happened.
-fn run(count: u32, drop_every: u64, props: impl Fn(u32) -> MessageProps) -> Outcome {
+/// The simulated path. Client packets: for the first few hundred, every `drop_every`-th is
+/// lost; with `splice_originals` the lost packets are kept, and when the retransmission of
+/// the same sequence range carries other bytes (replacements), what arrives is a splice: the
+/// original's first half, the retransmission's second half (a middlebox mixing a cached
+/// copy with the new one, Hollywood §4.5).
+#[derive(Clone, Default)]
+struct Path {
+    /// Messages sent per millisecond.
+    per_ms: u32,
+    drop_every: u64,
+    one_way_ms: u64,
+    inconsistent: bool,
+    splice_originals: bool,
+}
+
+impl Path {
+    fn lossy(drop_every: u64) -> Self {
+        Path {
+            per_ms: 8,
+            drop_every,
+            ..Path::default()
+        }
+    }
+}
+
+/// Runs a client sending `count` messages (urgency and lifetime from `props`) over `path`;
+/// returns what happened.
+fn run(count: u32, path: &Path, props: impl Fn(u32) -> MessageProps) -> Outcome {
     let start = Instant::now();
     let mut now = start;
     let window = ConnectionConfig::default().recv_buffer;
     let substrate = Substrate::utcp(window);
-    // No inconsistent retransmissions: the TCP's padder writes uCOBS padding, not records.
-    let tcp = tcp_config(ConnectionConfig::default(), substrate, false);
+    // With inconsistent retransmissions the link swaps the uCOBS padder for the connection's
+    // own, which seals padding records.
+    let tcp = tcp_config(ConnectionConfig::default(), substrate, path.inconsistent);
     let (client_addr, server_addr): (SocketAddr, SocketAddr) = (
         "10.0.0.1:40000".parse().unwrap(),
         "10.0.0.2:443".parse().unwrap(),
@@ -72,19 +101,50 @@ fn run(count: u32, drop_every: u64, props: impl Fn(u32) -> MessageProps) -> Outc
     let mut received: HashMap<u32, u32> = HashMap::new();
     let mut sent = 0u32;
     let mut closed = false;
-    let mut packets = 0u64;
+    let (mut packets, mut acks) = (0u64, 0u64);
     let mut packet = vec![0u8; 2048];
+    let one_way = Duration::from_millis(path.one_way_ms);
+    // In flight: (arrival, packet number) -> bytes, each direction.
+    let mut to_server: BTreeMap<(Instant, u64), Vec<u8>> = BTreeMap::new();
+    let mut to_client: BTreeMap<(Instant, u64), Vec<u8>> = BTreeMap::new();
+    // Lost packets kept for `splice_originals`, by TCP sequence number.
+    let mut kept: HashMap<u32, Vec<u8>> = HashMap::new();
     for _ in 0..60_000 {
         while let Some(n) = client_ep.poll_transmit(now, &mut packet) {
             packets += 1;
             // Lossy for the first few hundred packets, then clean (so that the run ends).
-            if packets < 600 && packets % drop_every == drop_every / 2 {
+            let lossy = packets < 600;
+            let phase = packets % path.drop_every;
+            let seq = tcp_sequence(&packet[..n]);
+            if lossy && phase == path.drop_every / 2 {
+                if path.splice_originals
+                    && let Some(seq) = seq
+                {
+                    kept.entry(seq).or_insert_with(|| packet[..n].to_vec());
+                }
                 continue;
             }
-            let _ = server_ep.handle_packet(now, &packet[..n]);
+            let mut bytes = packet[..n].to_vec();
+            if let Some(original) = seq.and_then(|seq| kept.remove(&seq)) {
+                splice(&original, &mut bytes);
+            }
+            to_server.insert((now + one_way, packets), bytes);
         }
         while let Some(n) = server_ep.poll_transmit(now, &mut packet) {
-            let _ = client_ep.handle_packet(now, &packet[..n]);
+            acks += 1;
+            to_client.insert((now + one_way, acks), packet[..n].to_vec());
+        }
+        while let Some(entry) = to_server.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let _ = server_ep.handle_packet(now, &entry.remove());
+        }
+        while let Some(entry) = to_client.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let _ = client_ep.handle_packet(now, &entry.remove());
         }
         while let Some(ev) = server_ep.poll_event() {
             if let TcpEvent::Incoming(l) = ev
@@ -101,7 +161,7 @@ fn run(count: u32, drop_every: u64, props: impl Fn(u32) -> MessageProps) -> Outc
         while client_ep.poll_event().is_some() {}
         if client.is_established() && sent < count {
             // A burst every millisecond.
-            for _ in 0..8 {
+            for _ in 0..path.per_ms {
                 if sent == count {
                     break;
                 }
@@ -157,6 +217,41 @@ fn run(count: u32, drop_every: u64, props: impl Fn(u32) -> MessageProps) -> Outc
     }
 }
 
+/// The TCP sequence number of an IPv4 packet carrying data.
+fn tcp_sequence(packet: &[u8]) -> Option<u32> {
+    let ihl = usize::from(packet.first()? & 0x0f) * 4;
+    let tcp = packet.get(ihl..)?;
+    let data_offset = usize::from(tcp.get(12)? >> 4) * 4;
+    if tcp.len() <= data_offset {
+        return None;
+    }
+    Some(u32::from_be_bytes(tcp.get(4..8)?.try_into().ok()?))
+}
+
+/// Where `retransmission` (an IPv4 TCP packet) carries other bytes than `original`, of the
+/// same length: its payload's first half becomes the original's, the TCP checksum is fixed.
+fn splice(original: &[u8], retransmission: &mut [u8]) {
+    let ihl = usize::from(retransmission[0] & 0x0f) * 4;
+    let data = ihl + usize::from(retransmission[ihl + 12] >> 4) * 4;
+    if original.len() != retransmission.len() || original[data..] == retransmission[data..] {
+        return;
+    }
+    let half = (retransmission.len() - data) / 2;
+    retransmission[data..data + half].copy_from_slice(&original[data..data + half]);
+    // RFC 793 checksum: one's complement sum of the pseudo-header and the segment.
+    retransmission[ihl + 16..ihl + 18].fill(0);
+    let segment = &retransmission[ihl..];
+    let mut sum: u64 = 6 + segment.len() as u64;
+    for pair in retransmission[12..20].chunks(2).chain(segment.chunks(2)) {
+        sum += u64::from(u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    let checksum = !(sum as u16);
+    retransmission[ihl + 16..ihl + 18].copy_from_slice(&checksum.to_be_bytes());
+}
+
 fn no_nonce_twice(client: &Connection) {
     let nonces = client.tls().unwrap().sealed_nonces();
     let mut unique = nonces.to_vec();
@@ -168,7 +263,7 @@ fn no_nonce_twice(client: &Connection) {
 
 #[test]
 fn records_behind_a_loss_are_delivered_before_the_hole_fills() {
-    let out = run(400, 13, |_| MessageProps::default());
+    let out = run(400, &Path::lossy(13), |_| MessageProps::default());
     for id in 0..400 {
         assert_eq!(out.received.get(&id), Some(&1), "message {id}");
     }
@@ -186,7 +281,7 @@ fn records_behind_a_loss_are_delivered_before_the_hole_fills() {
 
 #[test]
 fn priorities_and_lifetimes_work_inside_records() {
-    let out = run(600, 7, |i| MessageProps {
+    let out = run(600, &Path::lossy(7), |i| MessageProps {
         priority: Priority::new((i % 4) as u8).unwrap(),
         lifetime: (i % 3 == 0).then(|| Duration::from_millis(5)),
         ..MessageProps::default()
@@ -214,4 +309,86 @@ fn priorities_and_lifetimes_work_inside_records() {
     let server = out.server.stats().tls.unwrap();
     assert!(server.records_out_of_order > 0, "{server:?}");
     no_nonce_twice(&out.client);
+}
+
+/// Voice-like traffic: most messages live 25 ms (a repair over the 20 ms round trip comes
+/// too late for them), every fourth must arrive.
+fn mostly_short_lived(i: u32) -> MessageProps {
+    MessageProps {
+        lifetime: (!i.is_multiple_of(4)).then(|| Duration::from_millis(25)),
+        ..MessageProps::default()
+    }
+}
+
+/// What a run with replacements must show whatever the path did: every message arrived at
+/// most once (checked byte for byte in `run`), the reliable ones all arrived, the record
+/// layer never failed, and no (key, nonce) was sealed twice, padding included. (A message
+/// with a lifetime may be lost: a replacement may not arrive, Hollywood §4.2.)
+fn check_replacement_run(out: &Outcome, count: u32) {
+    for (id, n) in &out.received {
+        assert_eq!(*n, 1, "message {id} delivered {n} times");
+    }
+    for id in (0..count).filter(|i| i.is_multiple_of(4)) {
+        assert_eq!(out.received.get(&id), Some(&1), "reliable message {id}");
+    }
+    // The clean end: the client closed, the server read its CLOSE.
+    let (client, server) = (out.client.session().error(), out.server.session().error());
+    assert!(
+        matches!(client, Some(ConnectionError::LocallyClosed))
+            && matches!(
+                server,
+                Some(ConnectionError::ApplicationClosed { code: 0, .. })
+            ),
+        "client {client:?}, server {server:?}"
+    );
+    no_nonce_twice(&out.client);
+}
+
+#[test]
+fn inconsistent_retransmissions_replace_whole_records_with_padding_records() {
+    let path = Path {
+        per_ms: 1,
+        drop_every: 9,
+        one_way_ms: 10,
+        inconsistent: true,
+        splice_originals: false,
+    };
+    let out = run(1500, &path, mostly_short_lived);
+    check_replacement_run(&out, 1500);
+    let client = out.client.stats().tls.unwrap();
+    let server = out.server.stats().tls.unwrap();
+    eprintln!("client: {client:?}\nserver: {server:?}");
+    let replaced = out
+        .statuses
+        .values()
+        .filter(|s| **s == MessageStatus::Replaced)
+        .count();
+    assert!(replaced > 0, "no message was replaced");
+    assert!(client.padding_records > 0, "{client:?}");
+    assert!(server.records_out_of_order > 0, "{server:?}");
+}
+
+#[test]
+fn a_late_original_spliced_with_its_replacement_is_skipped_never_delivered() {
+    let mut held = 0;
+    let mut skipped = 0;
+    for drop_every in [9, 11, 13, 17] {
+        let path = Path {
+            per_ms: 1,
+            drop_every,
+            one_way_ms: 10,
+            inconsistent: true,
+            splice_originals: true,
+        };
+        let out = run(1500, &path, mostly_short_lived);
+        check_replacement_run(&out, 1500);
+        let server = out.server.stats().tls.unwrap();
+        eprintln!("losses 2 in {drop_every}: server {server:?}");
+        held += server.records_held;
+        skipped += server.spliced_bytes_skipped;
+    }
+    assert!(
+        held > 0 && skipped > 0,
+        "no splice happened: held {held}, skipped {skipped}"
+    );
 }

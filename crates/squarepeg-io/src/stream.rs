@@ -102,6 +102,24 @@ impl TcpStream {
             .ok_or_else(|| tcp_to_io(squarepeg_tcp::Error::UnknownConnection))
     }
 
+    /// Replaces the connection's padder (inconsistent retransmissions), when it has one: the
+    /// layer above installs its own once it exists (a TLS connection seals padding records,
+    /// `squarepeg_tcp::Endpoint::set_padder`). Returns whether one was replaced.
+    pub fn replace_padder(&self, padder: squarepeg_tcp::Padder) -> io::Result<bool> {
+        let mut st = self.shared.lock();
+        let has = st
+            .endpoint
+            .connection(self.handle)
+            .ok_or_else(|| tcp_to_io(squarepeg_tcp::Error::UnknownConnection))?
+            .has_padder();
+        if has {
+            st.endpoint
+                .set_padder(self.handle, Some(padder))
+                .map_err(tcp_to_io)?;
+        }
+        Ok(has)
+    }
+
     /// The TCP state (RFC 9293 §3.3.2).
     pub fn state(&self) -> io::Result<TcpState> {
         self.shared

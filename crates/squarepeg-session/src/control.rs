@@ -21,6 +21,7 @@ pub mod frame_type {
     pub const STOP_SENDING: u8 = 0x06;
     pub const CLOSE: u8 = 0x07;
     pub const APPLICATION_CLOSE: u8 = 0x08;
+    pub const RECORDS_REPLACED: u8 = 0x09;
 }
 
 /// PARAMS identifiers (docs/wire.md §2.2). Unknown identifiers are ignored,
@@ -87,6 +88,11 @@ pub enum ControlFrame {
     Close { code: u64, reason: Vec<u8> },
     /// The application closed the connection with its own code.
     ApplicationClose { code: u64, reason: Vec<u8> },
+    /// Inside TLS with numbered records: the sender's retransmission of the stream bytes
+    /// `[start, start + len)` carried other records (inconsistent retransmission), so a
+    /// receiver may skip bytes there that do not authenticate (docs/wire.md §5.1). Sent only
+    /// to a peer whose PARAMS `record_numbers` has [`record_numbers::OUT_OF_ORDER`].
+    RecordsReplaced { start: u64, len: u64 },
 }
 
 /// A control body that cannot be parsed.
@@ -161,6 +167,7 @@ impl ControlFrame {
             Self::StopSending { .. } => STOP_SENDING,
             Self::Close { .. } => CLOSE,
             Self::ApplicationClose { .. } => APPLICATION_CLOSE,
+            Self::RecordsReplaced { .. } => RECORDS_REPLACED,
         }
     }
 
@@ -202,6 +209,10 @@ impl ControlFrame {
             Self::StopSending { stream, code } => {
                 put(*stream, out)?;
                 put(*code, out)?;
+            }
+            Self::RecordsReplaced { start, len } => {
+                put(*start, out)?;
+                put(*len, out)?;
             }
             Self::Close { code, reason } | Self::ApplicationClose { code, reason } => {
                 put(*code, out)?;
@@ -261,6 +272,10 @@ impl ControlFrame {
                 code: r.varint()?,
                 reason: r.reason()?,
             },
+            RECORDS_REPLACED => Self::RecordsReplaced {
+                start: r.varint()?,
+                len: r.varint()?,
+            },
             other => return Err(ControlError::UnknownType(other)),
         };
         r.finish()?;
@@ -308,15 +323,20 @@ mod tests {
             code: 0,
             reason: vec![],
         });
+        round_trip(ControlFrame::RecordsReplaced {
+            start: 1 << 40,
+            len: 27,
+        });
     }
 
     #[test]
     fn rejects_bad_bodies() {
         use ControlError::*;
-        let cases: [(&[u8], ControlError); 7] = [
+        let cases: [(&[u8], ControlError); 8] = [
             (&[], Empty),
             (&[0x00], UnknownType(0)),
-            (&[0x09, 1], UnknownType(9)),
+            (&[0x0a, 1], UnknownType(0x0a)),
+            (&[0x09, 1], Truncated(9)),
             (&[0x02], Truncated(2)),
             (&[0x02, 0x05, 0x00], TrailingBytes { ty: 2, extra: 1 }),
             (&[0x07, 0x00, 0x05, b'a'], Truncated(7)),

@@ -46,6 +46,10 @@ pub enum ProtocolError {
     /// A Switch frame to a format this side did not announce, or a second one.
     #[error("unexpected switch to frame format {format}")]
     UnexpectedSwitch { format: u64 },
+    /// A control frame this side did not ask for (RECORDS_REPLACED to a side that does not
+    /// read numbered records out of order).
+    #[error("unexpected control frame type {frame_type:#04x}")]
+    UnexpectedControl { frame_type: u8 },
 }
 
 impl ProtocolError {
@@ -61,7 +65,7 @@ impl ProtocolError {
             Self::StreamLimit { .. } => STREAM_LIMIT_ERROR,
             Self::StreamState { .. } => STREAM_STATE_ERROR,
             Self::FinalSize { .. } => FINAL_SIZE_ERROR,
-            Self::UnexpectedSwitch { .. } => PROTOCOL_VIOLATION,
+            Self::UnexpectedSwitch { .. } | Self::UnexpectedControl { .. } => PROTOCOL_VIOLATION,
         }
     }
 }

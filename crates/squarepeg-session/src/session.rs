@@ -10,7 +10,7 @@ use crate::config::{
     Config, ConfigError, DEFAULT_INITIAL_MAX_DATA, DEFAULT_INITIAL_MAX_STREAM_DATA,
     DEFAULT_INITIAL_MAX_STREAMS, MAX_MESSAGE_SIZE,
 };
-use crate::control::{ControlFrame, Params};
+use crate::control::{self, ControlFrame, Params};
 use crate::error::{ConnectionError, ProtocolError, SendError, StreamError, TransportError};
 use crate::hash::{IntMap, IntSet};
 use crate::scheduler::{Flow, Scheduler};
@@ -132,6 +132,9 @@ pub enum TransmitContent {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
+    /// RECORDS_REPLACED announcements not kept for the record layer (more than
+    /// [`MAX_RECORDS_REPLACED`] waiting).
+    pub records_replaced_dropped: u64,
     pub messages_sent: u64,
     pub messages_expired: u64,
     pub messages_squashed: u64,
@@ -151,6 +154,9 @@ pub struct Stats {
 
 /// PARAMS receive_formats with uCOBS (bit 0) and plain frames (bit 1).
 const FORMATS_WITH_PLAIN: u64 = 0b11;
+
+/// RECORDS_REPLACED announcements kept until the record layer takes them, at most.
+pub const MAX_RECORDS_REPLACED: usize = 4096;
 
 /// The frame-format choices of a session (docs/wire.md §3).
 #[derive(Clone, Copy, Debug, Default)]
@@ -275,6 +281,8 @@ pub struct Session {
     record_numbers: Option<u64>,
     /// The peer's PARAMS record_numbers.
     peer_record_numbers: Option<u64>,
+    /// Ranges the peer announced replaced, for the record layer to take.
+    records_replaced: VecDeque<std::ops::Range<u64>>,
 
     // Control frames waiting to go, coalesced: flags and sets, not a queue
     // of frames, so repeated credit updates cost one frame.
@@ -341,6 +349,7 @@ impl Session {
             formats: Formats::default(),
             record_numbers: None,
             peer_record_numbers: None,
+            records_replaced: VecDeque::new(),
             params_pending: true,
             max_data_pending: false,
             max_streams_pending: false,
@@ -1149,6 +1158,27 @@ impl Session {
         self.peer_record_numbers
     }
 
+    /// Tells the peer that a retransmission of the stream range `range` carried other
+    /// records (RECORDS_REPLACED, docs/wire.md §5.1); queued ahead of data like every control
+    /// frame. Only for a peer that reads numbered records out of order: ignored otherwise.
+    pub fn announce_records_replaced(&mut self, range: std::ops::Range<u64>) {
+        let wanted = self
+            .peer_record_numbers
+            .is_some_and(|b| b & control::record_numbers::OUT_OF_ORDER != 0);
+        if wanted && range.start < range.end {
+            self.control_queue.push_back(ControlFrame::RecordsReplaced {
+                start: range.start,
+                len: range.end - range.start,
+            });
+        }
+    }
+
+    /// Ranges the peer announced replaced (RECORDS_REPLACED), oldest first, for the record
+    /// layer.
+    pub fn take_records_replaced(&mut self) -> Vec<std::ops::Range<u64>> {
+        self.records_replaced.drain(..).collect()
+    }
+
     /// Plain frames both ways from the first frame, with no Switch and no announcement: for
     /// a session whose framing the layer below fixed before the stream began (inside TLS
     /// records, whose boundaries and AEAD already delimit and authenticate, docs/wire.md §4).
@@ -1370,6 +1400,23 @@ impl Session {
             ControlFrame::ApplicationClose { code, reason } => {
                 let reason = String::from_utf8_lossy(&reason).into_owned();
                 self.peer_closed(now, ConnectionError::ApplicationClosed { code, reason });
+            }
+            ControlFrame::RecordsReplaced { start, len } => {
+                // Only an out-of-order reader of numbered records asked for these.
+                let asked = self
+                    .record_numbers
+                    .is_some_and(|b| b & control::record_numbers::OUT_OF_ORDER != 0);
+                if !asked {
+                    return Err(ProtocolError::UnexpectedControl {
+                        frame_type: control::frame_type::RECORDS_REPLACED,
+                    });
+                }
+                // Varints are below 2^62: the end cannot overflow.
+                if self.records_replaced.len() < MAX_RECORDS_REPLACED {
+                    self.records_replaced.push_back(start..start + len);
+                } else {
+                    self.stats.records_replaced_dropped += 1;
+                }
             }
         }
         Ok(())

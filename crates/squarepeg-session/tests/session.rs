@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use squarepeg_framing::{DEFAULT_MAX_BODY, Frame, FrameHeader, StreamDecoder, encode_frame};
-use squarepeg_session::control::ControlFrame;
+use squarepeg_session::control::{self, ControlFrame};
 use squarepeg_session::*;
 
 fn session(role: Role) -> Session {
@@ -1100,4 +1100,43 @@ fn plain_frames_from_the_start() {
             ProtocolError::UnexpectedSwitch { .. }
         ))
     ));
+}
+
+#[test]
+fn records_replaced_goes_only_to_an_out_of_order_reader_of_numbered_records() {
+    let now = Instant::now();
+    let replaced = ControlFrame::RecordsReplaced {
+        start: 1000,
+        len: 300,
+    };
+    // A side that reads records out of order asked for these: it keeps them for its record
+    // layer.
+    let mut reader = session(Role::Server);
+    reader.announce_record_numbers(
+        control::record_numbers::READS | control::record_numbers::OUT_OF_ORDER,
+    );
+    reader.handle_frame(now, control(replaced.clone()));
+    assert!(reader.error().is_none());
+    assert_eq!(reader.take_records_replaced(), vec![1000..1300]);
+    assert!(reader.take_records_replaced().is_empty());
+    // One that did not ask closes with PROTOCOL_VIOLATION.
+    let mut other = session(Role::Server);
+    other.announce_record_numbers(control::record_numbers::READS);
+    other.handle_frame(now, control(replaced));
+    assert!(matches!(
+        other.error(),
+        Some(ConnectionError::ProtocolViolation(
+            ProtocolError::UnexpectedControl { frame_type: 0x09 }
+        ))
+    ));
+    // The sender announces only to a peer that asked (its PARAMS, bit 1).
+    let mut sender = session(Role::Client);
+    sender.announce_records_replaced(0..100);
+    assert!(!drain(&mut sender, now).iter().any(|(f, _)| {
+        f.header == FrameHeader::Control
+            && matches!(
+                ControlFrame::decode(&f.payload),
+                Ok(ControlFrame::RecordsReplaced { .. })
+            )
+    }));
 }

@@ -68,6 +68,13 @@ fn expected() -> Vec<(&'static str, ControlFrame)> {
                 reason: vec![],
             },
         ),
+        (
+            "RECORDS_REPLACED start=70000 len=254",
+            ControlFrame::RecordsReplaced {
+                start: 70_000,
+                len: 254,
+            },
+        ),
         ("frame: MAX_DATA 1048576", ControlFrame::MaxData(1_048_576)),
         (
             "frame: APPLICATION_CLOSE code=0 reason=\"\"",

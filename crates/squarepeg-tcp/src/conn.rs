@@ -14,7 +14,7 @@ use crate::error::{DropReason, Error};
 use crate::recv_buf::RecvBuffer;
 use crate::rtt::RttEstimator;
 use crate::scoreboard::{Delivered, Scoreboard, Transmission};
-use crate::send_queue::{MessageReport, SendQueue, SendQueueStats, WriteTag};
+use crate::send_queue::{MessageReport, Padder, SendQueue, SendQueueStats, WriteTag};
 use crate::trace::{TraceEvent, TraceLog, TraceRecord};
 use crate::utcp::{ReceivedSegment, Unordered, UnorderedStats, record};
 use crate::wire::{self, MAX_SACK_BLOCKS, OutHeader, OutOptions, Segment, TcpFlags};
@@ -706,6 +706,13 @@ impl Connection {
     /// Whether unordered receive is on (Minion §4.1).
     pub fn unordered_receive(&self) -> bool {
         self.unordered.is_some()
+    }
+    /// Whether retransmissions may carry replacements (a padder is set).
+    pub fn has_padder(&self) -> bool {
+        self.cfg.padder.is_some()
+    }
+    pub(crate) fn set_padder(&mut self, padder: Option<Padder>) {
+        self.cfg.padder = padder;
     }
     /// Free space in the send buffer.
     pub fn writable(&self) -> usize {
@@ -2895,7 +2902,7 @@ impl Connection {
     /// was — replacing a message that would have been useful costs more than sending one that
     /// arrives late. Without an RTT sample, or without a padder, nothing is replaced.
     fn replace_expired(&mut self, now: Instant, stream_start: u64, len: usize) {
-        let Some(padder) = self.cfg.padder else {
+        let Some(padder) = &self.cfg.padder else {
             return;
         };
         let Some(srtt) = self.rtt.srtt() else {

@@ -12,7 +12,7 @@ use crate::conn::{
 };
 use crate::error::{DropReason, Error};
 use crate::secret::Secret;
-use crate::send_queue::{MessageReport, SendQueue, WriteTag};
+use crate::send_queue::{MessageReport, Padder, SendQueue, WriteTag};
 use crate::syncookie;
 use crate::utcp::ReceivedSegment;
 use crate::wire::{self, OutHeader, OutOptions, Segment, TcpFlags, is_non_unicast};
@@ -491,6 +491,13 @@ impl Endpoint {
     /// so far is handed over first. It stays on.
     pub fn enable_unordered_receive(&mut self, h: ConnectionHandle) -> Result<(), Error> {
         self.with_conn(h, |c| c.enable_unordered())?
+    }
+
+    /// Replaces the connection's padder (inconsistent retransmissions, see [`Padder`]):
+    /// a layer above with per-connection state (TLS keys) installs its own once the
+    /// connection exists; `None` switches replacements off.
+    pub fn set_padder(&mut self, h: ConnectionHandle, padder: Option<Padder>) -> Result<(), Error> {
+        self.with_conn(h, |c| c.set_padder(padder))
     }
 
     /// Reads the next received segment, or as much of it as fits, into `buf` (unordered

@@ -108,7 +108,7 @@ pub use endpoint::{
 pub use error::{DropReason, Error};
 pub use rtt::RttEstimator;
 pub use send_queue::{
-    CommittedWrite, MAX_DEPENDENCY_DEPTH, MessageReport, Padder, SendQueue, SendQueueStats,
+    CommittedWrite, MAX_DEPENDENCY_DEPTH, MessageReport, Pad, Padder, SendQueue, SendQueueStats,
     WriteTag,
 };
 pub use trace::{TraceEvent, TraceRecord};

@@ -231,14 +231,62 @@ pub(crate) struct Replacement {
     pub replacements: u64,
 }
 
-/// Writes the padding that fills the rest of a replaced range: exactly `len` bytes that the
-/// receiver's upper layer discards (for squarepeg, [`squarepeg_framing::encode_padding`]).
-/// The TCP core stays framing-agnostic; setting a padder enables inconsistent
-/// retransmissions (Hollywood §4.2).
+/// What fills a replaced range (Hollywood §4.2): it writes the padding after the
+/// replacements, exactly `len` bytes that the receiver's upper layer discards, and sees every
+/// range replaced. The TCP core stays framing-agnostic; setting a padder enables inconsistent
+/// retransmissions. Implementations share state with the layer above (a TLS padder seals
+/// records under the connection's keys), hence `&self`.
+pub trait Pad: Send + Sync {
+    /// The shortest padding it can write (a TLS record has a header, a tag and a number):
+    /// the queue leaves either no padding or at least this much.
+    fn min_len(&self) -> usize {
+        0
+    }
+
+    /// Called once for each sequence range about to be replaced, `range` in stream offsets:
+    /// appends exactly `len` bytes of padding (0 when the replacements fill the range) that
+    /// go at the range's end. Returns false to decline: the range is retransmitted as it was.
+    fn pad(&self, range: std::ops::Range<u64>, len: usize, out: &mut Vec<u8>) -> bool;
+}
+
+/// Padding written by a plain function of the length (for squarepeg in cleartext,
+/// [`squarepeg_framing::encode_padding`]).
 ///
 /// [`squarepeg_framing::encode_padding`]: https://docs.rs/squarepeg-framing
-#[derive(Clone, Copy)]
-pub struct Padder(pub fn(usize, &mut Vec<u8>));
+struct FnPad(fn(usize, &mut Vec<u8>));
+
+impl Pad for FnPad {
+    fn pad(&self, _range: std::ops::Range<u64>, len: usize, out: &mut Vec<u8>) -> bool {
+        if len > 0 {
+            (self.0)(len, out);
+        }
+        true
+    }
+}
+
+/// The padder of a connection: see [`Pad`].
+#[derive(Clone)]
+pub struct Padder(std::sync::Arc<dyn Pad>);
+
+impl Padder {
+    /// A padder writing `len` bytes with `write(len, out)`.
+    pub fn from_fn(write: fn(usize, &mut Vec<u8>)) -> Self {
+        Padder(std::sync::Arc::new(FnPad(write)))
+    }
+
+    /// A padder with state of its own.
+    pub fn new(pad: std::sync::Arc<dyn Pad>) -> Self {
+        Padder(pad)
+    }
+
+    fn min_len(&self) -> usize {
+        self.0.min_len()
+    }
+
+    fn pad(&self, range: std::ops::Range<u64>, len: usize, out: &mut Vec<u8>) -> bool {
+        self.0.pad(range, len, out)
+    }
+}
 
 impl std::fmt::Debug for Padder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -248,7 +296,7 @@ impl std::fmt::Debug for Padder {
 
 impl PartialEq for Padder {
     fn eq(&self, other: &Self) -> bool {
-        std::ptr::fn_addr_eq(self.0, other.0)
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
     }
 }
 
@@ -856,7 +904,7 @@ impl SendQueue {
         to: u64,
         now: Instant,
         arrival: Instant,
-        padder: Padder,
+        padder: &Padder,
     ) -> Replacement {
         let mut done = Replacement::default();
         self.resolve(now);
@@ -906,7 +954,7 @@ impl SendQueue {
         a: usize,
         b: usize,
         arrival: Instant,
-        padder: Padder,
+        padder: &Padder,
     ) -> Option<(u64, u64)> {
         let start = self.committed[a].start;
         let end = self.committed[b - 1].end();
@@ -947,10 +995,12 @@ impl SendQueue {
             return None;
         }
         candidates.sort_by_key(|&(until, source, _)| (until.is_none(), until, source));
+        // The padder's shortest padding: a candidate that would leave less is skipped.
+        let min_padding = padder.min_len();
         let mut chosen: Vec<Source> = Vec::new();
         let mut left = len;
         for &(_, source, n) in &candidates {
-            if n <= left {
+            if n == left || (n < left && left - n >= min_padding) {
                 chosen.push(source);
                 left -= n;
             }
@@ -958,20 +1008,20 @@ impl SendQueue {
                 break;
             }
         }
-        if chosen.is_empty() {
+        if chosen.is_empty() || (left > 0 && left < min_padding) {
             return None;
         }
         let mut padding = Vec::new();
-        if left > 0 {
-            (padder.0)(left, &mut padding);
-            if padding.len() != left {
-                tracing::warn!(
-                    wanted = left,
-                    got = padding.len(),
-                    "padder wrote the wrong length; retransmitting the original bytes"
-                );
-                return None;
-            }
+        if !padder.pad(start..end, left, &mut padding) {
+            return None;
+        }
+        if padding.len() != left {
+            tracing::warn!(
+                wanted = left,
+                got = padding.len(),
+                "padder wrote the wrong length; retransmitting the original bytes"
+            );
+            return None;
         }
         // Take pending replacements out of the pending queue (they are not sent again at
         // their original time, Hollywood §4.2) and copy in-flight ones, in the order chosen.

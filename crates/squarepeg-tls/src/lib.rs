@@ -28,11 +28,13 @@
 
 pub mod config;
 mod error;
+pub mod padding;
 pub mod record;
 mod tls;
 pub mod unordered;
 
 pub use error::{TlsError, alert};
+pub use padding::PaddingSealer;
 pub use tls::{Tls, TlsStats};
 pub use unordered::{OutOfOrderConfig, OutOfOrderRecord};
 

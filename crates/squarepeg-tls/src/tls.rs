@@ -19,6 +19,7 @@ use rustls::{
 
 use crate::TlsError;
 use crate::error::alert;
+use crate::padding::{PaddingSealer, RESERVED_NUMBERS};
 use crate::record::{
     self, HEADER_LEN, MAX_INNER_PLAINTEXT_LEN, MAX_PLAINTEXT_LEN, MAX_RECORD_LEN, RecordKeys,
     TAG_LEN, content_type,
@@ -80,6 +81,21 @@ pub struct TlsStats {
     pub sending_numbered: bool,
     /// Whether the peer's records are numbered (its switch marker was read).
     pub receiving_numbered: bool,
+    /// Times the in-order stream stopped at bytes that did not authenticate (out-of-order
+    /// receiver of numbered records: a splice of original and replacement, until the peer
+    /// announces the range).
+    pub records_held: u64,
+    /// Bytes of replaced ranges the in-order stream skipped after such a stop.
+    pub spliced_bytes_skipped: u64,
+    /// Replaced-range announcements not kept (too many ahead of the in-order stream).
+    pub replaced_ranges_dropped: u64,
+    /// Padding records sealed for inconsistent retransmissions (see [`crate::padding`]).
+    pub padding_records: u64,
+    /// Their bytes.
+    pub padding_bytes: u64,
+    /// Replacements the padder declined (no reserved numbers left, or too many ranges not
+    /// yet announced).
+    pub padding_declined: u64,
 }
 
 /// One TLS 1.3 connection, client or server, over an in-order byte stream. Sans-IO: it is fed
@@ -127,6 +143,9 @@ pub struct Tls {
     numbering: Numbering,
     /// The out-of-order receive path, when enabled.
     ooo: Option<Box<OutOfOrder>>,
+    /// Seals padding for inconsistent retransmissions from numbers reserved here, once asked
+    /// for ([`Tls::padding_sealer`]).
+    padding: Option<PaddingSealer>,
 }
 
 /// Numbered records (docs/wire.md §5), both directions.
@@ -153,7 +172,17 @@ struct OutOfOrder {
     scratch: Vec<u8>,
     /// Mean wire length of records read in order (for predictions), as sum and count.
     seen_len: (u64, u64),
+    /// The in-order stream stopped at this offset on bytes that do not authenticate: with
+    /// numbered records, a late copy of original bytes spliced with their replacement, until
+    /// the sender's announcement of the replaced range lets it skip them (docs/wire.md §5.1).
+    held: Option<u64>,
+    /// Ranges the peer replaced (start -> end), ahead of the in-order stream.
+    replaced: BTreeMap<u64, u64>,
 }
+
+/// Replaced ranges kept ahead of the in-order stream, at most (more are in flight only with
+/// a window of that many padding records).
+const MAX_REPLACED_RANGES: usize = 4096;
 
 #[derive(Debug, Clone, Copy)]
 struct Delivered {
@@ -189,7 +218,8 @@ struct Traffic {
 }
 
 struct KeyEpoch {
-    keys: RecordKeys,
+    /// Shared with the padder while it seals under this key.
+    keys: Arc<RecordKeys>,
     /// Sequence number of the next record (RFC 8446 §5.3).
     seq: u64,
     /// 0 for the first application traffic key, one more after each KeyUpdate.
@@ -496,6 +526,7 @@ impl Tls {
             padding_granularity: 0,
             key_update_threshold: None,
             nonces: None,
+            padding: None,
             numbering: Numbering::default(),
             ooo: None,
         }
@@ -628,12 +659,12 @@ impl Tls {
         self.phase = Phase::Traffic(Box::new(Traffic {
             kernel,
             tx: KeyEpoch {
-                keys: tx,
+                keys: Arc::new(tx),
                 seq: secrets.tx.0,
                 epoch: 0,
             },
             rx: KeyEpoch {
-                keys: rx,
+                keys: Arc::new(rx),
                 seq: secrets.rx.0,
                 epoch: 0,
             },
@@ -651,21 +682,29 @@ impl Tls {
     /// `deliver`.
     fn open_records(&mut self, deliver: &mut dyn FnMut(&[u8])) -> Result<(), TlsError> {
         while !self.peer_closed {
+            if !matches!(self.phase, Phase::Traffic(_)) {
+                return Ok(());
+            }
+            let available_len = self.inbox.unconsumed();
+            if available_len < HEADER_LEN {
+                break;
+            }
+            let offset = self.inbox.consumed;
+            let record_len = match record::protected_record_len(&self.inbox.buf[self.inbox.head..])
+            {
+                Ok(len) => len,
+                Err(e) => return self.hold_or_fail(e),
+            };
+            if self.splices_replaced_range(offset, record_len) {
+                return self.hold_or_fail(TlsError::Decrypt);
+            }
+            if available_len < record_len {
+                break;
+            }
             let Phase::Traffic(traffic) = &mut self.phase else {
                 return Ok(());
             };
             let available = &mut self.inbox.buf[self.inbox.head..];
-            if available.len() < HEADER_LEN {
-                break;
-            }
-            let record_len = match record::protected_record_len(available) {
-                Ok(len) => len,
-                Err(e) => return Err(self.fail_with_alert(e)),
-            };
-            if available.len() < record_len {
-                break;
-            }
-            let offset = self.inbox.consumed;
             if let Some(ooo) = &mut self.ooo {
                 if let Some(d) = ooo.delivered.remove(&offset) {
                     // Opened and delivered out of order already (the same bytes: the store
@@ -705,6 +744,7 @@ impl Tls {
                     self.inbox.consume(record_len);
                     continue;
                 }
+                Err(e) if self.numbering.receive_on => return self.hold_or_fail(e),
                 Err(e) => return Err(self.fail_with_alert(e)),
             };
             self.stats.records_opened += 1;
@@ -770,6 +810,69 @@ impl Tls {
         Ok(())
     }
 
+    /// A record read in order did not authenticate (`e`). Fatal, except for an out-of-order
+    /// receiver of numbered records: a peer's inconsistent retransmission may have met a
+    /// late copy of the original bytes, and the receiver's first-copy-wins store then holds
+    /// a splice of both. The stream stops there (its bytes go back to the store, where the
+    /// out-of-order scan still finds every whole record after them) until the peer's
+    /// announcement of the range lets it skip ([`Tls::note_replaced`]). Nothing unauthenticated
+    /// is delivered either way; a hold that outgrows the store fails with `e`.
+    fn hold_or_fail(&mut self, e: TlsError) -> Result<(), TlsError> {
+        if !self.numbering.receive_on {
+            return Err(self.fail_with_alert(e));
+        }
+        let Some(ooo) = &mut self.ooo else {
+            return Err(self.fail_with_alert(e));
+        };
+        let at = self.inbox.consumed;
+        let refused = ooo.store.insert(at, at, &self.inbox.buf[self.inbox.head..]);
+        self.inbox.clear();
+        if refused > 0 {
+            return Err(self.fail_with_alert(e));
+        }
+        ooo.held = Some(at);
+        self.stats.records_held += 1;
+        Ok(())
+    }
+
+    /// Whether a record of `record_len` bytes at `offset` reaches past the end of a range
+    /// the peer replaced that holds `offset`: records never straddle a replaced range's end,
+    /// so it is a splice.
+    fn splices_replaced_range(&self, offset: u64, record_len: usize) -> bool {
+        let Some(ooo) = &self.ooo else {
+            return false;
+        };
+        ooo.replaced
+            .range(..=offset)
+            .next_back()
+            .is_some_and(|(_, &end)| end > offset && offset + record_len as u64 > end)
+    }
+
+    /// A held stream inside a range the peer replaced skips to the range's end: everything
+    /// whole and authentic in it was delivered out of order, the rest was the peer's to drop
+    /// (only messages with a deadline and padding are replaced). Returns whether it moved.
+    fn skip_held_range(&mut self) -> bool {
+        let Some(ooo) = &mut self.ooo else {
+            return false;
+        };
+        let Some(at) = ooo.held else {
+            return false;
+        };
+        let Some((_, &end)) = ooo.replaced.range(..=at).next_back() else {
+            return false;
+        };
+        if end <= at {
+            return false;
+        }
+        ooo.store.drop_below(end);
+        ooo.delivered = ooo.delivered.split_off(&end);
+        ooo.held = None;
+        self.inbox.clear();
+        self.inbox.consumed = end;
+        self.stats.spliced_bytes_skipped += end - at;
+        true
+    }
+
     /// Handles the complete handshake messages received after the handshake (RFC 8446 §4.6).
     fn handle_post_handshake_messages(&mut self) -> Result<(), TlsError> {
         loop {
@@ -817,7 +920,7 @@ impl Tls {
                         Err(e) => return Err(self.fail(e, Some(alert::INTERNAL_ERROR))),
                     };
                     let next = KeyEpoch {
-                        keys,
+                        keys: Arc::new(keys),
                         seq,
                         epoch: traffic.rx.epoch + 1,
                     };
@@ -904,6 +1007,7 @@ impl Tls {
             self.numbering.send_on = true;
             self.stats.sending_numbered = true;
         }
+        self.reserve_padding_numbers();
         if self.close_requested {
             if self.needs_key_update() && self.send_key_update(false, out).is_err() {
                 out.append(&mut self.control);
@@ -1113,10 +1217,13 @@ impl Tls {
         match keys {
             Ok((seq, keys)) => {
                 traffic.tx = KeyEpoch {
-                    keys,
+                    keys: Arc::new(keys),
                     seq,
                     epoch: traffic.tx.epoch + 1,
                 };
+                if let Some(padding) = &self.padding {
+                    padding.key_updated();
+                }
                 self.pending_key_update = None;
                 self.stats.key_updates_sent += 1;
                 Ok(())
@@ -1197,7 +1304,14 @@ impl Tls {
 
     /// Counters of the record layer.
     pub fn stats(&self) -> TlsStats {
-        self.stats
+        let mut stats = self.stats;
+        if let Some(padding) = &self.padding {
+            let p = padding.stats();
+            stats.padding_records = p.records;
+            stats.padding_bytes = p.bytes;
+            stats.padding_declined = p.declined;
+        }
+        stats
     }
 
     /// Most plaintext bytes per application data record [`Tls::seal`] makes (2^14 unless set).
@@ -1229,11 +1343,68 @@ impl Tls {
     /// KeyUpdate sent. Turning it off forgets them.
     pub fn record_nonces(&mut self, on: bool) {
         self.nonces = on.then(|| self.nonces.take().unwrap_or_default());
+        if let Some(padding) = &self.padding {
+            padding.record_nonces(on);
+        }
     }
 
-    /// The (key epoch, nonce) of every record sealed while [`Tls::record_nonces`] was on.
-    pub fn sealed_nonces(&self) -> &[(u64, [u8; 12])] {
-        self.nonces.as_deref().unwrap_or(&[])
+    /// The (key epoch, nonce) of every record sealed while [`Tls::record_nonces`] was on,
+    /// padding records sealed by the [`PaddingSealer`] last.
+    pub fn sealed_nonces(&self) -> Vec<(u64, [u8; 12])> {
+        let mut nonces = self.nonces.clone().unwrap_or_default();
+        if let Some(padding) = &self.padding {
+            nonces.extend(padding.sealed_nonces());
+        }
+        nonces
+    }
+
+    /// The sealer of padding records for inconsistent retransmissions (see
+    /// [`crate::padding`]), shared with this connection: from now on, once records are
+    /// numbered, [`Tls::poll_output`] keeps a few record numbers reserved for it.
+    pub fn padding_sealer(&mut self) -> PaddingSealer {
+        let padding = self.padding.get_or_insert_default();
+        padding.set_wanted();
+        if self.nonces.is_some() {
+            padding.record_nonces(true);
+        }
+        padding.clone()
+    }
+
+    /// The stream ranges the padder filled since the last call: the receiver must hear of
+    /// them (docs/wire.md §5.1), since a late copy of the original bytes may splice with the
+    /// replacement there.
+    pub fn take_replaced(&mut self) -> Vec<std::ops::Range<u64>> {
+        self.padding
+            .as_ref()
+            .map_or_else(Vec::new, PaddingSealer::take_replaced)
+    }
+
+    /// Keeps numbers reserved for the padder: renewed before they grow stale, never within
+    /// [`NUMBERED_KEY_UPDATE_MARGIN`] of the key's limit (the KeyUpdate stays the last record
+    /// under a key). The numbers are skipped by this side's own records.
+    fn reserve_padding_numbers(&mut self) {
+        let Some(padding) = &self.padding else {
+            return;
+        };
+        if !self.numbering.send_on || !padding.wanted() {
+            return;
+        }
+        let threshold = match &self.phase {
+            Phase::Traffic(traffic) => self.key_update_threshold_for(traffic),
+            _ => return,
+        };
+        let Phase::Traffic(traffic) = &mut self.phase else {
+            return;
+        };
+        let tx = &mut traffic.tx;
+        if !padding.needs_numbers(tx.epoch, tx.seq)
+            || tx.seq + RESERVED_NUMBERS + NUMBERED_KEY_UPDATE_MARGIN >= threshold
+        {
+            return;
+        }
+        let numbers = tx.seq..tx.seq + RESERVED_NUMBERS;
+        tx.seq = numbers.end;
+        padding.reserve(Arc::clone(&tx.keys), tx.epoch, numbers);
     }
 
     /// Accepts numbered records from the peer (docs/wire.md §5): its switch marker (an empty
@@ -1271,6 +1442,8 @@ impl Tls {
             delivered: BTreeMap::new(),
             scratch: Vec::new(),
             seen_len: (0, 0),
+            held: None,
+            replaced: BTreeMap::new(),
         }));
     }
 
@@ -1316,22 +1489,46 @@ impl Tls {
         };
         let refused = ooo.store.insert(in_order_before, offset, data);
         self.stats.segment_bytes_refused += refused as u64;
+        if refused > 0 && ooo.held.is_some() {
+            // The hold outgrew the store: the bytes it stopped at never authenticated.
+            return Err(self.fail_with_alert(TlsError::Decrypt));
+        }
         // Fragments this segment did not touch are scanned again only when the in-order
         // stream moved (the handshake may have finished, keys may have changed).
         let mut touched = offset..offset.saturating_add(data.len() as u64);
         // The stream's next bytes, in order.
-        loop {
+        // A skip only ever comes first, before any plaintext of this call: the caller's
+        // frame reader restarts there (see `Tls::in_order_skipped`).
+        self.skip_held_range();
+        'in_order: loop {
             let at = self.in_order_offset();
-            let Some(bytes) = self.ooo.as_mut().and_then(|o| o.store.take_at(at)) else {
+            let Some(ooo) = self.ooo.as_mut() else {
+                break;
+            };
+            if ooo.held.is_some() {
+                break;
+            }
+            let Some(bytes) = ooo.store.take_at(at) else {
                 break;
             };
             let mut rest = &bytes[..];
             while !rest.is_empty() {
+                let rest_at = self.in_order_offset();
                 let taken = self.push_ciphertext(rest);
                 rest = &rest[taken..];
                 self.process(in_order)?;
                 if self.peer_closed {
                     return Ok(());
+                }
+                if let Some(ooo) = self.ooo.as_mut()
+                    && ooo.held.is_some()
+                {
+                    // Back to the store with the bytes the hold returned.
+                    let refused = ooo.store.insert(rest_at, rest_at + taken as u64, rest);
+                    if refused > 0 {
+                        return Err(self.fail_with_alert(TlsError::Decrypt));
+                    }
+                    continue 'in_order;
                 }
             }
         }
@@ -1341,6 +1538,9 @@ impl Tls {
         }
         let consumed = self.inbox.consumed;
         if let Some(ooo) = &mut self.ooo {
+            if floor != in_order_before {
+                ooo.replaced.retain(|_, end| *end > floor);
+            }
             ooo.store.drop_below(floor);
             // Records delivered out of order that the in-order path passed without meeting
             // them at a record boundary cannot be met any more.
@@ -1348,6 +1548,42 @@ impl Tls {
         }
         self.scan_out_of_order(touched, deliver);
         Ok(())
+    }
+
+    /// The peer replaced the stream range `range` (its announcement, docs/wire.md §5.1): an
+    /// in-order stream held inside it may skip to its end — at the next
+    /// [`Tls::push_segment`] (with no bytes, if none are coming: see
+    /// [`Tls::can_skip_held`]). Ranges already passed are ignored; at most
+    /// [`MAX_REPLACED_RANGES`] are kept.
+    pub fn note_replaced(&mut self, range: std::ops::Range<u64>) {
+        let floor = self.inbox.consumed;
+        let Some(ooo) = &mut self.ooo else {
+            return;
+        };
+        if range.end <= floor || range.start >= range.end {
+            return;
+        }
+        if ooo.replaced.len() < MAX_REPLACED_RANGES {
+            let end = ooo.replaced.entry(range.start).or_insert(range.end);
+            *end = (*end).max(range.end);
+        } else {
+            self.stats.replaced_ranges_dropped += 1;
+        }
+    }
+
+    /// Whether the in-order stream is held inside a range the peer announced replaced: the
+    /// next [`Tls::push_segment`] skips to the range's end before anything else, so the
+    /// in-order plaintext it appends starts a new unit (a frame reader restarts there).
+    pub fn can_skip_held(&self) -> bool {
+        let Some(ooo) = &self.ooo else {
+            return false;
+        };
+        ooo.held.is_some_and(|at| {
+            ooo.replaced
+                .range(..=at)
+                .next_back()
+                .is_some_and(|(_, &end)| end > at)
+        })
     }
 
     /// Looks for complete records ahead of the in-order stream in the fragments that overlap

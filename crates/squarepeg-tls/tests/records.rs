@@ -519,7 +519,7 @@ fn nonces_never_repeat() {
         assert_eq!(unique.len(), nonces.len(), "a (key, nonce) pair repeated");
         // No key sealed more records than the limit allows.
         let mut per_epoch: HashMap<u64, u64> = HashMap::new();
-        for (epoch, _) in nonces {
+        for (epoch, _) in &nonces {
             *per_epoch.entry(*epoch).or_default() += 1;
         }
         assert!(per_epoch.values().all(|&n| n <= THRESHOLD), "{per_epoch:?}");

@@ -110,7 +110,11 @@ pub(crate) fn start(
     config: ConnectionConfig,
     window: usize,
 ) -> Result<Connection, ConnectError> {
-    let core = Core::new(role, config.core_config(), Substrate::utcp(window))?;
+    let mut core = Core::new(role, config.core_config(), Substrate::utcp(window))?;
+    // With inconsistent retransmissions on, the core's own padder (TLS: padding records).
+    if let Some(padder) = core.padder() {
+        stream.replace_padder(padder).map_err(ConnectError::Io)?;
+    }
     let shared = Arc::new(Shared::new(
         core,
         config.status_queue,

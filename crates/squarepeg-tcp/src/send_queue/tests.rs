@@ -404,7 +404,7 @@ fn replacement_takes_closest_to_expiry_live_messages_and_pads_exactly() {
     // Retransmitting message 1's range at 5 ms, arriving at 15 ms: 1 will have expired. The
     // live message closest to expiry is 2 (20 ms), in flight: a copy of it fills the range
     // exactly (Hollywood §4.2: every complete message in the send queue is a candidate).
-    let r = q.replace_expired(0, 10, now + ms(5), now + ms(15), Padder(dots));
+    let r = q.replace_expired(0, 10, now + ms(5), now + ms(15), &Padder::from_fn(dots));
     assert_eq!(
         r,
         Replacement {
@@ -429,7 +429,7 @@ fn replacement_takes_closest_to_expiry_live_messages_and_pads_exactly() {
     // Messages 2 and 3 in one retransmission, arriving at 40 ms: one run of 20 bytes, and
     // every in-flight message has expired by then. 7 (50 ms) first, then 5 (100 ms); 4 does
     // not fit after them; 6 has no deadline: it must arrive, so it is never a replacement.
-    let r = q.replace_expired(10, 30, now + ms(25), now + ms(40), Padder(dots));
+    let r = q.replace_expired(10, 30, now + ms(25), now + ms(40), &Padder::from_fn(dots));
     assert_eq!(r.replaced, 2);
     let mut seg = [0u8; 20];
     q.copy_out(10, &mut seg);
@@ -469,7 +469,7 @@ fn a_message_carried_twice_reports_its_fate_once() {
     send_all(&mut q);
     reports(&mut q);
     // 1's retransmission would be late: a copy of 2 goes in its range.
-    let r = q.replace_expired(0, 10, now + ms(5), now + ms(15), Padder(dots));
+    let r = q.replace_expired(0, 10, now + ms(5), now + ms(15), &Padder::from_fn(dots));
     assert_eq!(r.replacements, 1);
     assert_eq!(reports(&mut q), vec![MessageReport::Replaced { id: 1 }]);
     // The copy is acknowledged: 2 has arrived, whatever becomes of its first transmission.
@@ -480,7 +480,7 @@ fn a_message_carried_twice_reports_its_fate_once() {
         .unwrap();
     // 2's first transmission is retransmitted late: 3 (pending) takes its place, and 2 is
     // not reported replaced — it was acknowledged.
-    let r = q.replace_expired(10, 20, now + ms(50), now + ms(70), Padder(dots));
+    let r = q.replace_expired(10, 20, now + ms(50), now + ms(70), &Padder::from_fn(dots));
     assert_eq!(r.replaced, 1);
     let mut seg = [0u8; 10];
     q.copy_out(10, &mut seg);
@@ -509,11 +509,11 @@ fn an_original_replaced_while_its_copy_flies_waits_for_the_copy() {
     send_all(&mut q);
     reports(&mut q);
     // 1 late: a copy of 2 (closest to expiry) replaces it.
-    q.replace_expired(0, 10, now + ms(5), now + ms(15), Padder(dots));
+    q.replace_expired(0, 10, now + ms(5), now + ms(15), &Padder::from_fn(dots));
     assert_eq!(reports(&mut q), vec![MessageReport::Replaced { id: 1 }]);
     // 2's first transmission late too: the copy of 2 is still in flight, so 2 is not
     // reported replaced; 3 is copied in (live, in flight, carried once).
-    let r = q.replace_expired(10, 20, now + ms(25), now + ms(40), Padder(dots));
+    let r = q.replace_expired(10, 20, now + ms(25), now + ms(40), &Padder::from_fn(dots));
     assert_eq!(r.replaced, 1);
     let mut seg = [0u8; 10];
     q.copy_out(10, &mut seg);
@@ -521,7 +521,7 @@ fn an_original_replaced_while_its_copy_flies_waits_for_the_copy() {
     assert_eq!(reports(&mut q), vec![]);
     // The copy of 2 is late as well, and nothing is left to replace it with but 3 again,
     // which is carried twice now: it is retransmitted as it is, and 2 stays unreported.
-    let r = q.replace_expired(0, 10, now + ms(45), now + ms(60), Padder(dots));
+    let r = q.replace_expired(0, 10, now + ms(45), now + ms(60), &Padder::from_fn(dots));
     assert_eq!(r.replaced, 0);
     assert_eq!(reports(&mut q), vec![]);
     // Everything acknowledged: 2's copy reports 2, then 3 once for its two copies.
@@ -545,7 +545,7 @@ fn padding_from_an_earlier_replacement_can_be_replaced_again() {
     send_all(&mut q);
     q.insert_message(now, b"AAAAAA", msg(2, Some(now + ms(50))), None)
         .unwrap();
-    let r = q.replace_expired(0, 10, now + ms(20), now + ms(30), Padder(dots));
+    let r = q.replace_expired(0, 10, now + ms(20), now + ms(30), &Padder::from_fn(dots));
     assert_eq!(r.replacements, 1);
     let mut seg = [0u8; 10];
     q.copy_out(0, &mut seg);
@@ -554,7 +554,7 @@ fn padding_from_an_earlier_replacement_can_be_replaced_again() {
     // run, filled anew.
     q.insert_message(now, b"BBBBBBBB", msg(3, Some(now + ms(500))), None)
         .unwrap();
-    let r = q.replace_expired(0, 10, now + ms(100), now + ms(110), Padder(dots));
+    let r = q.replace_expired(0, 10, now + ms(100), now + ms(110), &Padder::from_fn(dots));
     assert_eq!(
         r,
         Replacement {
@@ -592,7 +592,7 @@ fn no_replacement_while_the_original_would_still_be_useful() {
     let now = Instant::now();
     let mut q = replacement_fixture(now);
     // Arrival at 9 ms: message 1 (10 ms) still useful; retransmit as is.
-    let r = q.replace_expired(0, 10, now + ms(1), now + ms(9), Padder(dots));
+    let r = q.replace_expired(0, 10, now + ms(1), now + ms(9), &Padder::from_fn(dots));
     assert_eq!(r, Replacement::default());
     let mut seg = [0u8; 10];
     q.copy_out(0, &mut seg);
@@ -606,14 +606,14 @@ fn no_replacement_of_messages_partly_received() {
     let mut q = replacement_fixture(now);
     // The receiver SACKed bytes 12..14, inside message 2.
     q.mark_received(12, 14);
-    let r = q.replace_expired(10, 20, now + ms(25), now + ms(40), Padder(dots));
+    let r = q.replace_expired(10, 20, now + ms(25), now + ms(40), &Padder::from_fn(dots));
     assert_eq!(r, Replacement::default());
     // Partly acknowledged: message 1 spans the cumulative ACK point.
     q.ack(5);
-    let r = q.replace_expired(5, 10, now + ms(25), now + ms(40), Padder(dots));
+    let r = q.replace_expired(5, 10, now + ms(25), now + ms(40), &Padder::from_fn(dots));
     assert_eq!(r, Replacement::default());
     // Message 3 is untouched and replaceable.
-    let r = q.replace_expired(20, 30, now + ms(25), now + ms(40), Padder(dots));
+    let r = q.replace_expired(20, 30, now + ms(25), now + ms(40), &Padder::from_fn(dots));
     assert_eq!(r.replaced, 1);
 }
 
@@ -622,10 +622,10 @@ fn never_replace_part_of_a_message() {
     let now = Instant::now();
     let mut q = replacement_fixture(now);
     // A retransmission of bytes 5..15 holds no whole message.
-    let r = q.replace_expired(5, 15, now + ms(50), now + ms(60), Padder(dots));
+    let r = q.replace_expired(5, 15, now + ms(50), now + ms(60), &Padder::from_fn(dots));
     assert_eq!(r, Replacement::default());
     // 5..20 holds message 2 whole: only its range changes.
-    let r = q.replace_expired(5, 20, now + ms(50), now + ms(60), Padder(dots));
+    let r = q.replace_expired(5, 20, now + ms(50), now + ms(60), &Padder::from_fn(dots));
     assert_eq!(r.replaced, 1);
     let mut seg = [0u8; 20];
     q.copy_out(0, &mut seg);
@@ -649,7 +649,7 @@ fn no_replacement_when_a_live_message_depends_on_it() {
         None,
     )
     .unwrap();
-    let r = q.replace_expired(0, 10, now + ms(50), now + ms(60), Padder(dots));
+    let r = q.replace_expired(0, 10, now + ms(50), now + ms(60), &Padder::from_fn(dots));
     assert_eq!(r, Replacement::default());
 }
 
@@ -665,11 +665,17 @@ fn no_replacement_without_a_fitting_live_message_or_with_a_bad_padder() {
     q.insert_message(now, b"x", msg(3, Some(now + ms(12))), None)
         .unwrap();
     // 3 fits but expires before arriving; 2 is live but too long.
-    let r = q.replace_expired(0, 3, now + ms(5), now + ms(15), Padder(dots));
+    let r = q.replace_expired(0, 3, now + ms(5), now + ms(15), &Padder::from_fn(dots));
     assert_eq!(r, Replacement::default());
     // Plain bytes are never replaced, and a padder that writes the wrong length is refused.
     q.insert_message(now, b"y", msg(4, None), None).unwrap();
-    let r = q.replace_expired(0, 3, now + ms(5), now + ms(15), Padder(wrong_length));
+    let r = q.replace_expired(
+        0,
+        3,
+        now + ms(5),
+        now + ms(15),
+        &Padder::from_fn(wrong_length),
+    );
     assert_eq!(r, Replacement::default());
     let mut seg = [0u8; 3];
     q.copy_out(0, &mut seg);
@@ -678,7 +684,7 @@ fn no_replacement_without_a_fitting_live_message_or_with_a_bad_padder() {
     q.push(b"bytes", WriteTag::default());
     send_all(&mut q);
     q.insert_message(now, b"y", msg(4, None), None).unwrap();
-    let r = q.replace_expired(0, 5, now + ms(5), now + ms(15), Padder(dots));
+    let r = q.replace_expired(0, 5, now + ms(5), now + ms(15), &Padder::from_fn(dots));
     assert_eq!(r, Replacement::default());
 }
 
@@ -806,4 +812,75 @@ fn dropped_ids_are_remembered_within_a_bound() {
     )
     .unwrap();
     assert_eq!(read_all(&mut q), b"old");
+}
+
+/// A padder with a shortest padding (as a TLS padding record has), remembering its calls.
+struct MinPad {
+    min: usize,
+    calls: std::sync::Mutex<Vec<(std::ops::Range<u64>, usize)>>,
+}
+
+impl Pad for MinPad {
+    fn min_len(&self) -> usize {
+        self.min
+    }
+
+    fn pad(&self, range: std::ops::Range<u64>, len: usize, out: &mut Vec<u8>) -> bool {
+        self.calls.lock().unwrap().push((range, len));
+        dots(len, out);
+        true
+    }
+}
+
+#[test]
+fn replacements_leave_no_padding_shorter_than_the_padder_writes() {
+    let now = Instant::now();
+    let mut q = replacement_fixture(now);
+    let pad = std::sync::Arc::new(MinPad {
+        min: 5,
+        calls: Default::default(),
+    });
+    let padder = Padder::new(pad.clone());
+    // As in the test above, 7 (12 bytes) goes first into the 20-byte run; 5 (4 bytes) would
+    // leave 4 bytes, less than the padder's 5: skipped, the padding takes 8.
+    let r = q.replace_expired(10, 30, now + ms(25), now + ms(40), &padder);
+    assert_eq!(r.replacements, 1);
+    let mut seg = [0u8; 20];
+    q.copy_out(10, &mut seg);
+    assert_eq!(&seg, b"777777777777........");
+    // The padder saw the whole range and how much of it was its own.
+    assert_eq!(*pad.calls.lock().unwrap(), vec![(10..30, 8)]);
+    // A range shorter than the shortest padding that no candidate fills exactly is left as
+    // it was (message 1's 10 bytes, with a 12-byte shortest padding).
+    let mut q = replacement_fixture(now);
+    let pad = std::sync::Arc::new(MinPad {
+        min: 12,
+        calls: Default::default(),
+    });
+    let r = q.replace_expired(0, 10, now + ms(5), now + ms(15), &Padder::new(pad.clone()));
+    assert_eq!(r.ranges, 1, "a copy of 2 fills the 10 bytes exactly");
+    assert_eq!(*pad.calls.lock().unwrap(), vec![(0..10, 0)]);
+    q.check_invariants();
+}
+
+#[test]
+fn a_declining_padder_keeps_the_original_bytes() {
+    struct Decline;
+    impl Pad for Decline {
+        fn pad(&self, _: std::ops::Range<u64>, _: usize, _: &mut Vec<u8>) -> bool {
+            false
+        }
+    }
+    let now = Instant::now();
+    let mut q = replacement_fixture(now);
+    let r = q.replace_expired(
+        10,
+        30,
+        now + ms(25),
+        now + ms(40),
+        &Padder::new(std::sync::Arc::new(Decline)),
+    );
+    assert_eq!(r, Replacement::default());
+    assert!(reports(&mut q).is_empty());
+    q.check_invariants();
 }
