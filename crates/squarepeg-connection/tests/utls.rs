@@ -58,6 +58,8 @@ struct Path {
     one_way_ms: u64,
     inconsistent: bool,
     splice_originals: bool,
+    /// The client's records per key (a KeyUpdate before each limit).
+    records_per_key: Option<u64>,
 }
 
 impl Path {
@@ -95,6 +97,9 @@ fn run(count: u32, path: &Path, props: impl Fn(u32) -> MessageProps) -> Outcome 
     config.tls = Some(client_tls);
     let mut client = Connection::new(Role::Client, config, substrate).unwrap();
     client.tls_mut().unwrap().record_nonces(true);
+    if let Some(records) = path.records_per_key {
+        client.tls_mut().unwrap().set_key_update_threshold(records);
+    }
     let mut client_link = EndpointLink::new(h);
     let mut server: Option<(Connection, EndpointLink)> = None;
     let mut statuses = BTreeMap::new();
@@ -352,6 +357,7 @@ fn inconsistent_retransmissions_replace_whole_records_with_padding_records() {
         one_way_ms: 10,
         inconsistent: true,
         splice_originals: false,
+        records_per_key: None,
     };
     let out = run(1500, &path, mostly_short_lived);
     check_replacement_run(&out, 1500);
@@ -379,6 +385,7 @@ fn a_late_original_spliced_with_its_replacement_is_skipped_never_delivered() {
             one_way_ms: 10,
             inconsistent: true,
             splice_originals: true,
+            records_per_key: None,
         };
         let out = run(1500, &path, mostly_short_lived);
         check_replacement_run(&out, 1500);
@@ -391,4 +398,28 @@ fn a_late_original_spliced_with_its_replacement_is_skipped_never_delivered() {
         held > 0 && skipped > 0,
         "no splice happened: held {held}, skipped {skipped}"
     );
+}
+
+#[test]
+fn padding_across_key_updates_opens_and_never_repeats_a_nonce() {
+    let path = Path {
+        per_ms: 1,
+        drop_every: 9,
+        one_way_ms: 10,
+        inconsistent: true,
+        splice_originals: true,
+        records_per_key: Some(300),
+    };
+    let out = run(1500, &path, mostly_short_lived);
+    check_replacement_run(&out, 1500);
+    let client = out.client.stats().tls.unwrap();
+    let server = out.server.stats().tls.unwrap();
+    eprintln!("client: {client:?}\nserver: {server:?}");
+    assert!(client.key_updates_sent >= 3, "{client:?}");
+    assert_eq!(server.key_updates_received, client.key_updates_sent);
+    assert!(client.padding_records > 0, "{client:?}");
+    // Padding sealed under a key of its own epoch: no (epoch, nonce) twice.
+    let nonces = out.client.tls().unwrap().sealed_nonces();
+    let epochs: std::collections::HashSet<u64> = nonces.iter().map(|(e, _)| *e).collect();
+    assert!(epochs.len() >= 4, "{epochs:?}");
 }

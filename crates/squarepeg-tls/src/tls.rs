@@ -212,6 +212,10 @@ struct Traffic {
     /// With numbered records: the receive key before the last KeyUpdate, for records sealed
     /// before it that a reordering sender put after it.
     rx_prev: Option<(KeyEpoch, ReplayWindow)>,
+    /// With numbered records: the receive key after the peer's next KeyUpdate, derived ahead,
+    /// for records sealed after it that a reordering sender (or an inconsistent
+    /// retransmission, docs/wire.md §5.1) put before it.
+    rx_next: Option<(KeyEpoch, ReplayWindow)>,
     suite: SupportedCipherSuite,
     /// Records one key may seal (the suite's confidentiality limit, RFC 8446 §5.5).
     confidentiality_limit: u64,
@@ -670,6 +674,7 @@ impl Tls {
             },
             rx_replay: ReplayWindow::starting_at(secrets.rx.0),
             rx_prev: None,
+            rx_next: None,
             suite,
             confidentiality_limit: suite
                 .tls13()
@@ -762,6 +767,9 @@ impl Tls {
                     if content.is_empty() && self.numbering.accept && !self.numbering.receive_on {
                         self.numbering.receive_on = true;
                         self.stats.receiving_numbered = true;
+                        if let Err(e) = next_rx_epoch(traffic).map(|n| traffic.rx_next = Some(n)) {
+                            return Err(self.fail(e, Some(alert::INTERNAL_ERROR)));
+                        }
                     }
                     deliver(content);
                     self.stats.bytes_opened += content_len as u64;
@@ -908,30 +916,27 @@ impl Tls {
                     if self.key_updates_without_data > MAX_KEY_UPDATES_WITHOUT_DATA {
                         return Err(self.fail_with_alert(TlsError::UnexpectedMessage));
                     }
-                    let (seq, secrets) = match traffic.kernel.update_rx_secret() {
-                        Ok(updated) => updated,
-                        Err(e) => {
-                            let e = TlsError::Handshake(e);
-                            return Err(self.fail(e, Some(alert::INTERNAL_ERROR)));
-                        }
+                    let next = match traffic.rx_next.take() {
+                        Some(next) => Ok(next),
+                        None => next_rx_epoch(traffic),
                     };
-                    let keys = match RecordKeys::from_secrets(&secrets) {
-                        Ok(keys) => keys,
+                    let (next, next_replay) = match next {
+                        Ok(next) => next,
                         Err(e) => return Err(self.fail(e, Some(alert::INTERNAL_ERROR))),
                     };
-                    let next = KeyEpoch {
-                        keys: Arc::new(keys),
-                        seq,
-                        epoch: traffic.rx.epoch + 1,
-                    };
                     let previous = mem::replace(&mut traffic.rx, next);
-                    let previous_replay =
-                        mem::replace(&mut traffic.rx_replay, ReplayWindow::starting_at(seq));
+                    let previous_replay = mem::replace(&mut traffic.rx_replay, next_replay);
                     // A reordering sender may put records sealed before its KeyUpdate after it.
                     traffic.rx_prev = self
                         .numbering
                         .receive_on
                         .then_some((previous, previous_replay));
+                    if self.numbering.receive_on {
+                        match next_rx_epoch(traffic) {
+                            Ok(next) => traffic.rx_next = Some(next),
+                            Err(e) => return Err(self.fail(e, Some(alert::INTERNAL_ERROR))),
+                        }
+                    }
                     self.stats.key_updates_received += 1;
                     // RFC 8446 §4.6.3: answer update_requested with one KeyUpdate of our own
                     // before our next application data; several requests while we are silent
@@ -1760,6 +1765,10 @@ impl Scan<'_> {
                 let (prev, replay) = self.traffic.rx_prev.as_mut().expect("found under it");
                 (&prev.keys, replay)
             }
+            NumberEpoch::Next => {
+                let (next, replay) = self.traffic.rx_next.as_mut().expect("found under it");
+                (&next.keys, replay)
+            }
         };
         self.scratch.clear();
         self.scratch.extend_from_slice(record);
@@ -1905,6 +1914,10 @@ fn open_numbered(traffic: &mut Traffic, record: &mut [u8]) -> Result<InOrderReco
             let (prev, replay) = traffic.rx_prev.as_mut().expect("found under it");
             (&prev.keys, replay, &mut prev.seq)
         }
+        NumberEpoch::Next => {
+            let (next, replay) = traffic.rx_next.as_mut().expect("found under it");
+            (&next.keys, replay, &mut next.seq)
+        }
     };
     let (kind, content) = keys.open_in_place(found.number, record)?;
     let len = content.len();
@@ -1954,6 +1967,7 @@ fn names_number(keys: &RecordKeys, ciphertext: [u8; NUMBER_PREFIX_LEN], n: u64) 
 enum NumberEpoch {
     Current,
     Previous,
+    Next,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -1965,7 +1979,8 @@ struct FoundNumber {
 
 /// The number whose keystream turns the first ciphertext bytes of `record` (header included,
 /// at least [`MIN_NUMBERED_RECORD`] bytes) into a prefix naming that number: unseen numbers
-/// of the current key nearest its next expected one first, then of the key before.
+/// of the current key nearest its next expected one first, then of the key before, then of
+/// the key after the peer's next KeyUpdate.
 fn find_number(traffic: &Traffic, record: &[u8], hint: Option<u64>) -> Option<FoundNumber> {
     let ciphertext = prefix_ciphertext(record)?;
     let try_key = |keys: &RecordKeys, replay: &ReplayWindow, hint: u64| {
@@ -1984,12 +1999,33 @@ fn find_number(traffic: &Traffic, record: &[u8], hint: Option<u64>) -> Option<Fo
             flags,
         });
     }
-    let (prev, replay) = traffic.rx_prev.as_ref()?;
-    try_key(&prev.keys, replay, prev.seq).map(|(number, flags)| FoundNumber {
-        epoch: NumberEpoch::Previous,
-        number,
-        flags,
+    let epochs = [
+        (NumberEpoch::Previous, traffic.rx_prev.as_ref()),
+        (NumberEpoch::Next, traffic.rx_next.as_ref()),
+    ];
+    epochs.into_iter().find_map(|(epoch, keys)| {
+        let (key_epoch, replay) = keys?;
+        try_key(&key_epoch.keys, replay, key_epoch.seq).map(|(number, flags)| FoundNumber {
+            epoch,
+            number,
+            flags,
+        })
     })
+}
+
+/// The receive key after the peer's next KeyUpdate (RFC 8446 §7.2), with its replay window.
+fn next_rx_epoch(traffic: &mut Traffic) -> Result<(KeyEpoch, ReplayWindow), TlsError> {
+    let (seq, secrets) = traffic
+        .kernel
+        .update_rx_secret()
+        .map_err(TlsError::Handshake)?;
+    let keys = RecordKeys::from_secrets(&secrets)?;
+    let next = KeyEpoch {
+        keys: Arc::new(keys),
+        seq,
+        epoch: traffic.rx.epoch + 1,
+    };
+    Ok((next, ReplayWindow::starting_at(seq)))
 }
 
 /// Shortest numbered record: header, prefix, content type, tag.
