@@ -11,8 +11,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use squarepeg_connection::{
-    Config as CoreConfig, Connection as Core, EndpointLink, Receive, Send, SessionConfig,
-    Substrate, tcp_config as core_tcp_config,
+    Config as CoreConfig, Connection as Core, EndpointLink, Protection, Receive, Send,
+    SessionConfig, Substrate, TlsSetup, TlsStats, tcp_config as core_tcp_config,
 };
 use squarepeg_lab::sim::{Host, KIND_DATA, decode_payload, encode_payload};
 use squarepeg_session::{MessageProps, MessageStatus, Priority, Role, SendError};
@@ -66,6 +66,8 @@ pub struct SquarepegCodec {
     substrate: Substrate,
     /// Inconsistent retransmissions (Hollywood §4.2), on the uTCP substrate.
     inconsistent: bool,
+    /// TLS 1.3 in the connection core, both sides' set-ups (each end takes its role's).
+    tls: Option<TlsPair>,
     /// The lifetime of each voice message: its playout budget (Hollywood §7.2).
     lifetime: Option<Duration>,
     /// The endpoint connection's settings before the substrate's uTCP options.
@@ -86,7 +88,31 @@ pub struct SquarepegCodec {
     outside_tcp: Vec<u64>,
 }
 
+/// The client's and the server's TLS set-ups of one call (the client trusts the server's
+/// certificate).
+#[derive(Debug, Clone)]
+pub struct TlsPair {
+    /// The connecting end's (the voice receiver's).
+    pub client: TlsSetup,
+    /// The listening end's (the voice sender's).
+    pub server: TlsSetup,
+}
+
+impl TlsPair {
+    fn for_role(&self, role: Role) -> TlsSetup {
+        match role {
+            Role::Client => self.client.clone(),
+            Role::Server => self.server.clone(),
+        }
+    }
+}
+
 impl SquarepegCodec {
+    /// The record layer's counters, over TLS once the connection exists.
+    pub fn tls_stats(&self) -> Option<TlsStats> {
+        self.conn.as_ref().and_then(|(core, _)| core.stats().tls)
+    }
+
     /// Messages the sender replaced in a retransmission.
     pub fn replaced(&self) -> &BTreeSet<u64> {
         &self.replaced
@@ -124,6 +150,7 @@ impl StreamCodec {
         Self::Squarepeg(Box::new(SquarepegCodec {
             substrate,
             inconsistent,
+            tls: None,
             lifetime,
             tcp: ConnectionConfig::default(),
             session: SessionConfig::default(),
@@ -147,6 +174,15 @@ impl StreamCodec {
         self
     }
 
+    /// squarepeg over TLS 1.3 with `tls` (records numbered and read out of order on the uTCP
+    /// substrate). No effect on [`StreamCodec::Records`].
+    pub fn with_tls(mut self, tls: TlsPair) -> Self {
+        if let Self::Squarepeg(c) = &mut self {
+            c.tls = Some(tls);
+        }
+        self
+    }
+
     /// squarepeg with the session's limits `session` (its message queue, windows). No effect
     /// on [`StreamCodec::Records`].
     pub fn with_session(mut self, session: SessionConfig) -> Self {
@@ -159,7 +195,14 @@ impl StreamCodec {
     /// The connection options this codec needs at either end.
     pub fn connection_config(&self) -> ConnectionConfig {
         match self {
-            Self::Squarepeg(c) => core_tcp_config(c.tcp.clone(), c.substrate, c.inconsistent),
+            // The TCP's padder writes uCOBS padding, which would break a TLS record stream:
+            // under TLS the flag waits for a padder that writes records (as the library's
+            // `ConnectionConfig` does).
+            Self::Squarepeg(c) => core_tcp_config(
+                c.tcp.clone(),
+                c.substrate,
+                c.inconsistent && c.tls.is_none(),
+            ),
             Self::Records { .. } => ConnectionConfig::default(),
         }
     }
@@ -462,6 +505,7 @@ impl TcpVoiceHost {
         if let (StreamCodec::Squarepeg(c), Some(h)) = (&mut self.codec, self.conn) {
             let mut config = CoreConfig::default();
             config.session = c.session.clone();
+            config.tls = c.tls.as_ref().map(|t| t.for_role(role));
             match Core::new(role, config, c.substrate) {
                 Ok(core) => c.conn = Some((core, EndpointLink::new(h))),
                 Err(e) => self.errors.push(format!("connection: {e}")),
@@ -540,7 +584,22 @@ impl TcpVoiceHost {
         if let StreamCodec::Squarepeg(c) = &mut self.codec {
             // The core binds frames as late as the endpoint lets it.
             if let Some((core, link)) = c.conn.as_mut() {
+                let tls_stream =
+                    core.protection() == Protection::Tls && c.substrate.send == Send::ByteStream;
+                if tls_stream {
+                    // `EndpointLink` reads a byte stream only through the core's receiver,
+                    // which TLS keeps (records are opened in the core): the bytes go in
+                    // through `handle_bytes`, as the tokio driver's kernel wire does.
+                    read_tls_stream(now, core, &mut self.ep, h, &mut self.read_buf);
+                }
                 link.drive(now, core, &mut self.ep);
+                if tls_stream {
+                    // `EndpointLink` stops writing when `poll_transmit` takes no frame, even
+                    // if it appended records (a handshake flight): they would wait for the
+                    // next event, which in a handshake never comes. A second drive writes
+                    // them.
+                    link.drive(now, core, &mut self.ep);
+                }
             }
             // Statuses first: the reports the link just took are of transmissions before
             // this call, so before anything it wrote.
@@ -553,6 +612,30 @@ impl TcpVoiceHost {
             && let Ok(n) = self.ep.write(h, &self.unsent)
         {
             self.unsent.drain(..n);
+        }
+    }
+}
+
+/// Hands what the TCP connection `h` received to `core` as in-order bytes, while it reads.
+fn read_tls_stream(
+    now: Instant,
+    core: &mut Core,
+    ep: &mut Endpoint,
+    h: ConnectionHandle,
+    buf: &mut [u8],
+) {
+    while core.wants_read() {
+        match ep.read(h, buf) {
+            Ok(0) => {
+                core.handle_transport_closed(now, squarepeg_session::TransportError::PeerClosed);
+                break;
+            }
+            Ok(n) => core.handle_bytes(now, &buf[..n]),
+            Err(squarepeg_tcp::Error::WouldBlock) => break,
+            Err(e) => {
+                core.handle_transport_closed(now, squarepeg_connection::tcp_error(e));
+                break;
+            }
         }
     }
 }
