@@ -667,7 +667,11 @@ fn listen_and_connect_run_tls_over_the_userspace_tcp() {
     let ns = namespace("utlsconnect");
     let ns_name = ns.name().to_string();
     let kernel = std::thread::spawn(move || {
-        let r = peg_in(&ns, &["listen", "[::]:4434", "--tls", "--no-stdin", "-q"], "");
+        let r = peg_in(
+            &ns,
+            &["listen", "[::]:4434", "--tls", "--no-stdin", "-q"],
+            "",
+        );
         (r, ns)
     });
     let from = SocketAddr::new(LAB_V4.kernel, 4434).to_string();

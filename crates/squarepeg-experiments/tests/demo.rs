@@ -159,10 +159,7 @@ fn unordered_delivery_removes_the_head_of_line_tail() {
 #[test]
 fn tls_transports_deliver_like_their_cleartext_counterparts() {
     let (_, runs) = demo(20, SEED);
-    eprintln!(
-        "{}",
-        squarepeg_experiments::voip::demo::demo_table(&runs)
-    );
+    eprintln!("{}", squarepeg_experiments::voip::demo::demo_table(&runs));
     let get = |scenario: &str, transport: &str| {
         runs.iter()
             .find(|r| r.scenario.name == scenario && r.transport == transport)
@@ -200,7 +197,11 @@ fn tls_transports_deliver_like_their_cleartext_counterparts() {
         "records delivered out of order: {}",
         utls.engine_stats
     );
-    assert_eq!(tls.records_out_of_order(), Some(0), "in order over a byte stream");
+    assert_eq!(
+        tls.records_out_of_order(),
+        Some(0),
+        "in order over a byte stream"
+    );
     assert!(
         utls.analysis.summary.late_loss_count < tls.analysis.summary.late_loss_count,
         "utls {} vs tls {}",

@@ -180,3 +180,27 @@ fn outputs_keep_their_schema() {
     assert!(table.contains("hollywood-70ms"));
     std::fs::remove_dir_all(&dir).expect("clean up");
 }
+
+/// The TLS transports on a scenario with losses: every message arrives once (reliable), the
+/// records of `utls` are opened out of order and it misses no more than `utcp` does, and the
+/// in-order `tls` opens none out of order.
+#[test]
+fn tls_transports_are_reliable_and_utls_opens_records_out_of_order() {
+    let scenario = hollywood_70ms();
+    let utcp = run(&scenario, "utcp", SEED, 10);
+    for transport in ["tls", "utls", "utls-ir"] {
+        let r = run(&scenario, transport, SEED, 10);
+        check_reliable(&r);
+        assert!(!r.network_losses_visible(), "{transport}");
+        let out_of_order = r.records_out_of_order().expect("receiver TLS stats");
+        if transport == "tls" {
+            assert_eq!(out_of_order, 0, "a byte stream opens records in order");
+        } else {
+            assert!(out_of_order > 0, "{transport}: {}", r.engine_stats);
+            assert_eq!(
+                r.analysis.summary.late_loss_count, utcp.analysis.summary.late_loss_count,
+                "{transport}"
+            );
+        }
+    }
+}

@@ -266,7 +266,9 @@ pub fn locate(stream: &[u8], framing: Framing) -> Result<Vec<(u64, Range<u64>)>,
             return Err(VoipError::Wire("datagrams are not a stream".into()));
         }
         Framing::Tls => {
-            return Err(VoipError::Wire("TLS records do not show their messages".into()));
+            return Err(VoipError::Wire(
+                "TLS records do not show their messages".into(),
+            ));
         }
         Framing::LengthPrefixed => {
             let mut at = 0usize;

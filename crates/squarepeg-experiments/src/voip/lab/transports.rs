@@ -450,8 +450,8 @@ impl LibraryCall {
         let tls = |e: squarepeg::TlsError| VoipError::Config(format!("TLS: {e}"));
         let name = "peg.lab".to_owned();
         let cert = config::self_signed(std::slice::from_ref(&name)).map_err(tls)?;
-        let server =
-            config::server_config(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes()).map_err(tls)?;
+        let server = config::server_config(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes())
+            .map_err(tls)?;
         let client = config::client_config(Trust::PinnedSha256(cert.fingerprint)).map_err(tls)?;
         self.sender_config = self.sender_config.with_tls_server(server);
         self.receiver_config = self.receiver_config.with_tls_client(client, name);
