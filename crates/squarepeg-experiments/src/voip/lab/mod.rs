@@ -402,7 +402,7 @@ fn is_voice(packet: &[u8], call: &LabCall, framing: Framing) -> bool {
     };
     match (sliced.transport, framing) {
         (Some(TransportSlice::Udp(u)), Framing::Datagram) => u.source_port() == call.sender.port(),
-        (Some(TransportSlice::Tcp(t)), Framing::LengthPrefixed | Framing::Ucobs) => {
+        (Some(TransportSlice::Tcp(t)), Framing::LengthPrefixed | Framing::Ucobs | Framing::Tls) => {
             t.source_port() == call.sender.port()
         }
         _ => false,
