@@ -32,11 +32,20 @@ fn demo_prints_the_table_as_json_and_writes_plots() {
     let rows = table["rows"].as_array().expect("rows");
     let names: Vec<&str> = rows
         .iter()
-        .take(4)
+        .take(7)
         .filter_map(|r| r["transport"].as_str())
         .collect();
-    assert_eq!(names, ["tcp", "utcp", "utcp-ir", "udp"]);
-    assert_eq!(rows.len(), 8);
+    assert_eq!(
+        names,
+        ["tcp", "utcp", "utcp-ir", "udp", "tls", "utls", "utls-ir"]
+    );
+    assert_eq!(rows.len(), 14);
+    // Over TLS the wire does not show which message a lost packet carried.
+    assert!(
+        rows.iter()
+            .filter(|r| r["transport"].as_str().is_some_and(|t| t.contains("tls")))
+            .all(|r| r["lost_by_network"].is_null())
+    );
     assert!(rows.iter().all(|r| r["messages_sent"] == 100));
     for plot in [
         "plots/sim-hollywood-70ms-cdf.png",

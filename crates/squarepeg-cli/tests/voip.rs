@@ -40,7 +40,19 @@ fn sim_run_prints_json_and_writes_files() {
         .iter()
         .filter_map(|r| r["transport"].as_str())
         .collect();
-    assert_eq!(names, ["udp", "tcp", "squarepeg", "utcp", "utcp-ir"]);
+    assert_eq!(
+        names,
+        [
+            "udp",
+            "tcp",
+            "squarepeg",
+            "tls",
+            "utcp",
+            "utcp-ir",
+            "utls",
+            "utls-ir"
+        ]
+    );
     assert!(
         runs.iter()
             .all(|r| r["messages_sent"] == 100 && r["seed"] == 5)

@@ -75,7 +75,7 @@ pub struct EndpointLink {
     /// Byte stream: frames taken from the connection, written from `out_pos`.
     out: Vec<u8>,
     out_pos: usize,
-    /// Segments: one segment read.
+    /// Segments: one segment read; under TLS on a byte stream, one read of ciphertext.
     read_buf: Vec<u8>,
     fin_pending: bool,
     /// The connection's own padder replaced the configured one.
@@ -148,17 +148,30 @@ impl EndpointLink {
         let h = self.handle;
         while conn.wants_read() {
             let read = match conn.substrate().receive {
-                Receive::InOrder => {
-                    let Some(mut r) = conn.take_receiver() else {
-                        return;
-                    };
-                    let read = ep.read(h, r.buffer());
-                    if let Ok(n) = read {
-                        r.filled(n);
+                Receive::InOrder => match conn.take_receiver() {
+                    Some(mut r) => {
+                        let read = ep.read(h, r.buffer());
+                        if let Ok(n) = read {
+                            r.filled(n);
+                        }
+                        conn.return_receiver(now, r);
+                        read
                     }
-                    conn.return_receiver(now, r);
-                    read
-                }
+                    // Under TLS the core keeps its receiver (records are opened first): the
+                    // bytes go in through `handle_bytes`.
+                    None => {
+                        if self.read_buf.len() < READ_CHUNK {
+                            self.read_buf.resize(READ_CHUNK, 0);
+                        }
+                        let read = ep.read(h, &mut self.read_buf);
+                        if let Ok(n) = read
+                            && n > 0
+                        {
+                            conn.handle_bytes(now, &self.read_buf[..n]);
+                        }
+                        read
+                    }
+                },
                 Receive::Segments { .. } => {
                     if self.read_buf.len() < READ_CHUNK {
                         self.read_buf.resize(READ_CHUNK, 0);
@@ -187,7 +200,10 @@ impl EndpointLink {
                 if self.out_pos == self.out.len() {
                     self.out.clear();
                     self.out_pos = 0;
-                    if conn.poll_transmit(now, &mut self.out, WRITE_SLICE) == 0 {
+                    // Under TLS the output may hold records with no frame (a handshake
+                    // flight, a KeyUpdate): what counts is whether there are bytes.
+                    conn.poll_transmit(now, &mut self.out, WRITE_SLICE);
+                    if self.out.is_empty() {
                         break;
                     }
                 }

@@ -155,3 +155,62 @@ fn unordered_delivery_removes_the_head_of_line_tail() {
         );
     }
 }
+
+#[test]
+fn tls_transports_deliver_like_their_cleartext_counterparts() {
+    let (_, runs) = demo(20, SEED);
+    eprintln!("{}", squarepeg_experiments::voip::demo::demo_table(&runs));
+    let get = |scenario: &str, transport: &str| {
+        runs.iter()
+            .find(|r| r.scenario.name == scenario && r.transport == transport)
+            .unwrap_or_else(|| panic!("{transport} over {scenario}"))
+    };
+    for scenario in ["hollywood-70ms", "hollywood-15ms"] {
+        for transport in ["tls", "utls", "utls-ir"] {
+            let r = get(scenario, transport);
+            let s = &r.analysis.summary;
+            // Encrypted: the wire does not say which message a dropped packet carried.
+            assert!(!r.network_losses_visible(), "{transport}");
+            assert!(r.warnings.is_empty(), "{transport}: {:?}", r.warnings);
+            assert_eq!(s.duplicate_arrivals + s.unknown_arrivals, 0, "{transport}");
+            assert!(
+                s.delivered_on_time > s.messages_sent * 9 / 10,
+                "{transport} over {scenario}: {s:?}"
+            );
+        }
+        // Out of order over uTCP as in cleartext: the same late losses as `utcp`.
+        let utcp = &get(scenario, "utcp").analysis.summary;
+        let utls = &get(scenario, "utls").analysis.summary;
+        assert_eq!(utls.late_loss_count, utcp.late_loss_count, "{scenario}");
+        // Inconsistent retransmissions inside TLS (padding records, docs/wire.md §5.1): the
+        // same late losses as in cleartext.
+        let utcp_ir = &get(scenario, "utcp-ir").analysis.summary;
+        let ir = &get(scenario, "utls-ir").analysis.summary;
+        assert_eq!(ir.late_loss_count, utcp_ir.late_loss_count, "{scenario}");
+    }
+    // Hollywood-70ms: the network drops voice packets; the records behind them are opened
+    // out of order, so `utls` has no head-of-line tail and misses fewer than in-order `tls`.
+    let utls = get("hollywood-70ms", "utls");
+    let tls = get("hollywood-70ms", "tls");
+    assert!(
+        utls.records_out_of_order().is_some_and(|n| n > 0),
+        "records delivered out of order: {}",
+        utls.engine_stats
+    );
+    assert_eq!(
+        tls.records_out_of_order(),
+        Some(0),
+        "in order over a byte stream"
+    );
+    assert!(
+        utls.analysis.summary.late_loss_count < tls.analysis.summary.late_loss_count,
+        "utls {} vs tls {}",
+        utls.analysis.summary.late_loss_count,
+        tls.analysis.summary.late_loss_count
+    );
+    // Hollywood-15ms: retransmissions are in time over every reliable transport.
+    for transport in ["tls", "utls", "utls-ir"] {
+        let s = &get("hollywood-15ms", transport).analysis.summary;
+        assert_eq!(s.late_loss_count, 0, "{transport}");
+    }
+}

@@ -1,5 +1,5 @@
 //! The VoIP experiment on the real network lab: a short call (5 s) per transport (of the
-//! userspace-TCP variants only `utcp-ir`, which exercises the stacks on TUN) over
+//! userspace-TCP variants only `utcp-ir` and `utls`, which exercise the stacks on TUN) over
 //! Hollywood's intercontinental scenario, checking the JSON's shape and that the figures
 //! make sense, and that every lab the runs built is gone afterwards. Needs root, `ip` and
 //! `ethtool` (CI has them); skipped otherwise.
@@ -48,8 +48,13 @@ fn short_call_on_the_real_lab() {
         ..VoipConfig::for_duration(Duration::from_secs(5)).expect("config")
     };
     let mut runs: Vec<RunResult> = Vec::new();
-    // One userspace-TCP variant keeps CI short: `utcp-ir` is `utcp` plus the padder.
-    for transport in lab::transports().into_iter().filter(|t| t.name() != "utcp") {
+    // Fewer userspace-TCP variants keep CI short: `utcp-ir` is `utcp` plus the padder, and
+    // `utls-ir` is `utls` plus its padder of TLS records (tested on the simulator).
+    let skipped = ["utcp", "utls-ir"];
+    for transport in lab::transports()
+        .into_iter()
+        .filter(|t| !skipped.contains(&t.name()))
+    {
         let result = lab::run(&scenario, transport.as_ref(), &config, 3, &|_| {});
         assert_eq!(
             our_namespaces(),
@@ -79,6 +84,18 @@ fn short_call_on_the_real_lab() {
                 );
             }
         }
+        if transport.name().contains("tls") {
+            // Encrypted: the network's losses are not read off the wire.
+            assert!(!r.network_losses_visible(), "{}", transport.name());
+            assert!(
+                r.engine_stats["receiver_tls"]["records_opened"]
+                    .as_u64()
+                    .is_some_and(|n| n >= 250),
+                "{}: the receiver opened the records: {}",
+                transport.name(),
+                r.engine_stats
+            );
+        }
         match transport.name() {
             // No retransmission: what never arrived is what the network dropped.
             "udp" => assert_eq!(s.never_delivered, s.lost_by_network),
@@ -91,7 +108,7 @@ fn short_call_on_the_real_lab() {
         // One packet per message, except that kernel TCP may coalesce two records held by
         // a retransmission or a busy machine into one segment (seen once under load).
         let least = match transport.name() {
-            "tcp" | "squarepeg" => 225,
+            "tcp" | "squarepeg" | "tls" => 225,
             _ => 250,
         };
         assert!(
@@ -104,7 +121,7 @@ fn short_call_on_the_real_lab() {
     let dir = std::env::temp_dir().join(format!("sqpg-voip-lab-{}", std::process::id()));
     let written = report::write_outputs(&dir, &config, &runs, false).expect("write");
     common::check_summary_shape(&written.summary);
-    assert_eq!(written.summary["runs"].as_array().map(Vec::len), Some(4));
+    assert_eq!(written.summary["runs"].as_array().map(Vec::len), Some(6));
     assert!(
         written.summary["runs"]
             .as_array()

@@ -21,7 +21,8 @@ pub struct ConnectionConfig {
     /// arrive after their deadline, the TCP sends live messages in their place, padded to the
     /// same length (inconsistent retransmissions, Hollywood §4.2; reported as
     /// `MessageStatus::Replaced`). Off: every byte is retransmitted as first sent. No effect
-    /// over kernel TCP.
+    /// over kernel TCP, nor yet over TLS (the TCP's padder writes uCOBS padding, not TLS
+    /// records; until a record padder exists, TLS connections retransmit consistently).
     pub inconsistent_retransmissions: bool,
     /// `TCP_NOTSENT_LOWAT` in bytes: the kernel keeps about twice this much
     /// unsent data at most; the rest waits in the session scheduler, where
@@ -57,9 +58,11 @@ pub struct ConnectionConfig {
     /// [`crate::ConnectionStats::statuses_lagged`]). 0 turns status
     /// reporting off.
     pub status_queue: usize,
-    /// TLS 1.3 (over kernel TCP): a client set-up for [`crate::Connection::connect`], a server
-    /// set-up for [`crate::Endpoint::bind`]; see [`crate::tls`] for making one (trusted roots,
-    /// a CA, a pinned certificate, a self-signed certificate). `None`: cleartext.
+    /// TLS 1.3: a client set-up for [`crate::Connection::connect`] and
+    /// [`crate::Connection::connect_utcp`], a server set-up for [`crate::Endpoint::bind`] and
+    /// [`crate::Endpoint::listen_utcp`]; see [`crate::tls`] for making one (trusted roots, a
+    /// CA, a pinned certificate, a self-signed certificate). Over the userspace TCP records are
+    /// numbered and opened out of order (docs/wire.md §5). `None`: cleartext.
     pub tls: Option<TlsSetup>,
 }
 
@@ -132,19 +135,6 @@ impl ConnectionConfig {
     ) -> Self {
         self.tls = Some(TlsSetup::Server { config });
         self
-    }
-
-    /// Checks the values for a connection over the userspace TCP, where TLS is not available
-    /// yet (the uTCP interface carries cleartext only).
-    #[cfg(feature = "utcp")]
-    pub(crate) fn check_utcp(&self, role: squarepeg_connection::Role) -> Result<(), ConfigError> {
-        self.check(role)?;
-        if self.tls.is_some() {
-            return Err(ConfigError(
-                "TLS is not available over the userspace TCP yet: use kernel TCP",
-            ));
-        }
-        Ok(())
     }
 
     /// Checks the values, and that the TLS side (if any) is `role`'s.

@@ -96,7 +96,7 @@ impl Endpoint {
         addr: SocketAddr,
         config: ConnectionConfig,
     ) -> Result<Self, ConnectError> {
-        config.check_utcp(Role::Server)?;
+        config.check(Role::Server)?;
         let (listener, window) =
             crate::utcp::listen(stack, addr, config.inconsistent_retransmissions)?;
         Ok(Self {
@@ -134,6 +134,14 @@ impl Endpoint {
     }
 }
 
+/// Over TLS: waits for the end of the handshake, whose outcome is the connect's.
+async fn established(conn: &Connection) -> Result<(), ConnectError> {
+    conn.established().await.map_err(|e| match e {
+        ConnectionError::Transport(t) => ConnectError::Transport(t),
+        other => ConnectError::Closed(other),
+    })
+}
+
 impl Connection {
     /// Opens a connection to `addr` (IPv4 or IPv6).
     pub async fn connect(
@@ -143,28 +151,27 @@ impl Connection {
         config.check(Role::Client)?;
         let socket = TcpStream::connect(addr).await.map_err(connect_error)?;
         let conn = kernel::start(socket, Role::Client, config)?;
-        // Over TLS: the handshake's outcome is the connect's.
-        conn.established().await.map_err(|e| match e {
-            ConnectionError::Transport(t) => ConnectError::Transport(t),
-            other => ConnectError::Closed(other),
-        })?;
+        established(&conn).await?;
         Ok(conn)
     }
 
     /// Opens a connection to `addr` over the userspace TCP of `stack` (with the stack's
     /// default TCP configuration and the uTCP options on; see the crate docs, "Over the
     /// userspace TCP"). The peer may be any squarepeg endpoint, over kernel or userspace TCP.
+    /// Over TLS it returns once the handshake is done, as [`Connection::connect`] does.
     #[cfg(feature = "utcp")]
     pub async fn connect_utcp(
         stack: &squarepeg_io::Stack,
         addr: SocketAddr,
         config: ConnectionConfig,
     ) -> Result<Connection, ConnectError> {
-        config.check_utcp(Role::Client)?;
+        config.check(Role::Client)?;
         let (stream, window) =
             crate::utcp::connect(stack, addr, config.inconsistent_retransmissions)
                 .await
                 .map_err(connect_error)?;
-        crate::utcp::start(stream, Role::Client, config, window)
+        let conn = crate::utcp::start(stream, Role::Client, config, window)?;
+        established(&conn).await?;
+        Ok(conn)
     }
 }

@@ -69,6 +69,12 @@
 //! options come from the stack's [`squarepeg_io::StackConfig::connection`] with unordered
 //! receive, message writes, consistent segmentation and the uCOBS padder switched on.
 //!
+//! TLS works the same way ([`ConnectionConfig::tls`]): `connect_utcp` returns once the
+//! handshake is done, records are numbered (docs/wire.md §5) and each frame is sealed into
+//! records of its own, so the receiver opens every record whose bytes arrived and delivers
+//! its messages out of order, as in cleartext ([`TlsStats::records_out_of_order`]). Until the
+//! TCP has a padder that writes TLS records, inconsistent retransmissions stay off under TLS.
+//!
 //! **How the driver reaches the TCP (design choice).** The core needs the connection's
 //! uTCP interface: segments with offsets, tagged message writes, message reports. The tokio
 //! driver gets it through `squarepeg-io`'s `TcpStream` in *record mode* — unordered-receive

@@ -65,6 +65,9 @@ pub fn run(mut args: ConnectArgs, given: &[String]) -> anyhow::Result<()> {
                     conn.remote_address(),
                     running.stack().device_name()
                 );
+                if let Some(tls) = super::tls::describe(&conn) {
+                    eprintln!("{tls}");
+                }
                 run_peer(conn, args.peer, true).await
             });
             rt.block_on(running.linger(Duration::from_secs(3)));

@@ -36,12 +36,7 @@ pub fn run(mut args: ListenArgs, given: &[String]) -> anyhow::Result<()> {
             eprintln!("listening on {}", ep.local_addr()?);
             let conn = ep.accept().await?;
             eprintln!("connection from {}", conn.remote_address());
-            if args.tls.tls {
-                conn.established().await?;
-                if let Some(tls) = super::tls::describe(&conn) {
-                    eprintln!("{tls}");
-                }
-            }
+            report_tls(&conn, args.tls.tls).await?;
             run_peer(conn, args.peer, false).await
         }),
         Substrate::Utcp => {
@@ -55,6 +50,7 @@ pub fn run(mut args: ListenArgs, given: &[String]) -> anyhow::Result<()> {
                 );
                 let conn = ep.accept().await?;
                 eprintln!("connection from {}", conn.remote_address());
+                report_tls(&conn, args.tls.tls).await?;
                 run_peer(conn, args.peer, false).await
             });
             // The closing handshake runs in the stack after the connection is gone.
@@ -66,4 +62,16 @@ pub fn run(mut args: ListenArgs, given: &[String]) -> anyhow::Result<()> {
     // stdin is read on a blocking thread that may still wait for a line.
     rt.shutdown_background();
     result
+}
+
+/// With `tls`: waits for the handshake (a refused one ends the command with its reason) and
+/// says what it settled.
+async fn report_tls(conn: &squarepeg::Connection, tls: bool) -> anyhow::Result<()> {
+    if tls {
+        conn.established().await?;
+        if let Some(tls) = super::tls::describe(conn) {
+            eprintln!("{tls}");
+        }
+    }
+    Ok(())
 }

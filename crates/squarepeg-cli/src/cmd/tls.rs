@@ -1,5 +1,6 @@
 //! `--tls` for `peg listen` and `peg connect`: TLS 1.3 with squarepeg's record layer
-//! (`squarepeg::tls`), over kernel TCP.
+//! (`squarepeg::tls`), over kernel TCP or the userspace TCP (`--substrate utcp`: numbered
+//! records, opened out of order).
 
 use std::path::PathBuf;
 

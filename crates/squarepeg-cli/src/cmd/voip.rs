@@ -40,7 +40,7 @@ pub struct VoipArgs {
     /// minion-contention.
     #[arg(long = "scenario", value_name = "NAME")]
     scenarios: Vec<String>,
-    /// Transport to run (repeatable; default: all). Known: udp, tcp, squarepeg, utcp, utcp-ir.
+    /// Transport to run (repeatable; default: all). Known: udp, tcp, squarepeg, tls, utcp, utcp-ir, utls, utls-ir.
     #[arg(long = "transport", value_name = "NAME")]
     transports: Vec<String>,
     /// How long the call lasts (messages = duration / interval).
@@ -195,9 +195,15 @@ fn run_lab(args: &VoipArgs, config: &VoipConfig, scenarios: &[Scenario]) -> Resu
             bar.finish_and_clear();
             if !args.json {
                 let s = &run.analysis.summary;
+                // Over TLS the wire does not show which message a dropped packet carried.
+                let lost = if run.network_losses_visible() {
+                    s.lost_by_network.to_string()
+                } else {
+                    "?".to_owned()
+                };
                 eprintln!(
-                    "{label}: {} sent, {} lost by the network, {} late, {} never delivered",
-                    s.messages_sent, s.lost_by_network, s.delivered_late, s.never_delivered
+                    "{label}: {} sent, {lost} lost by the network, {} late, {} never delivered",
+                    s.messages_sent, s.delivered_late, s.never_delivered
                 );
             }
             runs.push(run);

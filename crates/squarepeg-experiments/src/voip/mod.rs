@@ -156,3 +156,50 @@ pub struct RunResult {
     /// Errors the transport reported during the run that did not stop it.
     pub warnings: Vec<String>,
 }
+
+/// Adds what the wire and the record layer say about TLS to a run's engine statistics:
+/// whether the network's losses could be counted per message (not through encryption), and
+/// the receiving end's record counters (records opened, of which out of order).
+pub(crate) fn note_tls(
+    stats: &mut serde_json::Value,
+    framing: wire::Framing,
+    receiver_tls: Option<&squarepeg_connection::TlsStats>,
+) {
+    let Some(map) = stats.as_object_mut() else {
+        return;
+    };
+    map.insert(
+        "network_losses_visible".into(),
+        framing.shows_messages().into(),
+    );
+    if let Some(t) = receiver_tls {
+        map.insert(
+            "receiver_tls".into(),
+            serde_json::json!({
+                "records_opened": t.records_opened,
+                "records_out_of_order": t.records_out_of_order,
+                "bytes_out_of_order": t.bytes_out_of_order,
+                "receiving_numbered": t.receiving_numbered,
+            }),
+        );
+    }
+}
+
+impl RunResult {
+    /// Whether `lost_by_network` was measured: false over TLS, whose wire does not show which
+    /// message a dropped packet carried (the count is then 0, meaning unknown).
+    pub fn network_losses_visible(&self) -> bool {
+        self.engine_stats
+            .get("network_losses_visible")
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(true)
+    }
+
+    /// Over TLS: records the receiver opened out of order (before the bytes ahead of them).
+    pub fn records_out_of_order(&self) -> Option<u64> {
+        self.engine_stats
+            .get("receiver_tls")?
+            .get("records_out_of_order")?
+            .as_u64()
+    }
+}

@@ -38,7 +38,10 @@
 //! network delivered their first transmission (head-of-line blocking, sender delay);
 //! `lost_by_network` counts messages whose first transmission the network dropped, also
 //! those whose retransmission the sender then replaced in an inconsistent retransmission
-//! (Hollywood §4.2), which `replaced_by_sender` counts;
+//! (Hollywood §4.2), which `replaced_by_sender` counts — over TLS (`engine_stats`
+//! `network_losses_visible: false`) the wire does not show which message a packet carried,
+//! so it and `missed_not_lost_by_network` are not measured (0, and `-` in the table), and
+//! `engine_stats.receiver_tls` has the receiver's record counters;
 //! `dropped_by_sender` counts messages accepted but dropped unsent when their deadline
 //! passed; latency is the transport delay of delivered messages, nearest-rank percentiles; a burst
 //! is a maximal run of consecutive message numbers that missed their playout (Minion §8.2).
@@ -235,6 +238,15 @@ pub fn table(runs: &[RunResult]) -> String {
             .latency_ms
             .p99
             .map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
+        // Over TLS the wire does not show the messages: the network's share is unknown.
+        let (net_lost, beyond_net) = if r.network_losses_visible() {
+            (
+                s.lost_by_network.to_string(),
+                s.missed_not_lost_by_network.to_string(),
+            )
+        } else {
+            ("-".to_owned(), "-".to_owned())
+        };
         let _ = writeln!(
             out,
             "{:<4} {:<18} {:<10} {:>6} {:>9} {:>6} {:>6} {:>8} {:>9.2}% {:>11} {:>9} {:>7}",
@@ -242,12 +254,12 @@ pub fn table(runs: &[RunResult]) -> String {
             r.scenario.name,
             r.transport,
             s.messages_sent,
-            s.lost_by_network,
+            net_lost,
             s.delivered_late,
             s.never_delivered,
             s.delivered_on_time,
             s.late_loss_rate * 100.0,
-            s.missed_not_lost_by_network,
+            beyond_net,
             p99,
             s.longest_burst,
         );

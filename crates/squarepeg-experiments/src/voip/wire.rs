@@ -39,6 +39,18 @@ pub enum Framing {
     /// message as their payload; control and padding frames carry none), and plain frames
     /// after a Switch frame (docs/wire.md §3).
     Ucobs,
+    /// A TCP byte stream of TLS records (docs/wire.md §4-5): the messages are encrypted,
+    /// so which message a dropped segment carried cannot be read off the wire, and no
+    /// message is counted as lost by the network (see [`Framing::shows_messages`]).
+    Tls,
+}
+
+impl Framing {
+    /// Whether the wire shows which message each packet carries, so that the network's
+    /// losses can be counted per message.
+    pub fn shows_messages(self) -> bool {
+        self != Framing::Tls
+    }
 }
 
 /// Bytes of a record's length prefix in [`Framing::LengthPrefixed`].
@@ -122,6 +134,8 @@ pub fn lost_by_network(log: &[WirePacket], framing: Framing) -> Result<BTreeSet<
             .filter_map(|p| datagram_number(&p.bytes))
             .collect()),
         Framing::LengthPrefixed | Framing::Ucobs => stream_losses(log, framing),
+        // Encrypted: not measurable from the wire (reports mark the count as such).
+        Framing::Tls => Ok(BTreeSet::new()),
     }
 }
 
@@ -250,6 +264,11 @@ pub fn locate(stream: &[u8], framing: Framing) -> Result<Vec<(u64, Range<u64>)>,
     match framing {
         Framing::Datagram => {
             return Err(VoipError::Wire("datagrams are not a stream".into()));
+        }
+        Framing::Tls => {
+            return Err(VoipError::Wire(
+                "TLS records do not show their messages".into(),
+            ));
         }
         Framing::LengthPrefixed => {
             let mut at = 0usize;

@@ -35,7 +35,7 @@ use squarepeg_lab::packet::parse_ip;
 use squarepeg_lab::pcap::read_pcap;
 use squarepeg_lab::sim::{KIND_DATA, decode_payload, encode_payload};
 
-pub use transports::{LabSquarepeg, LabTcp, LabUdp};
+pub use transports::{LabSquarepeg, LabTcp, LabTls, LabUdp};
 pub use utcp::LabUtcp;
 
 use super::analysis::{Observations, analyse};
@@ -94,6 +94,10 @@ pub trait VoiceReceiver: Send {
     /// The next message and when the application got it; `None` once `deadline` has passed
     /// or the sender has closed the call.
     fn receive(&mut self, deadline: Instant) -> Result<Option<(Vec<u8>, Instant)>, VoipError>;
+    /// Over TLS: the record layer's counters as of the last message received.
+    fn tls_stats(&self) -> Option<squarepeg::TlsStats> {
+        None
+    }
 }
 
 /// The two ends of an open call.
@@ -129,10 +133,23 @@ pub fn transports() -> Vec<Box<dyn LabTransport>> {
         Box::new(LabUdp),
         Box::new(LabTcp),
         Box::new(LabSquarepeg),
+        Box::new(LabTls),
         Box::new(LabUtcp {
             inconsistent: false,
+            tls: false,
         }),
-        Box::new(LabUtcp { inconsistent: true }),
+        Box::new(LabUtcp {
+            inconsistent: true,
+            tls: false,
+        }),
+        Box::new(LabUtcp {
+            inconsistent: false,
+            tls: true,
+        }),
+        Box::new(LabUtcp {
+            inconsistent: true,
+            tls: true,
+        }),
     ]
 }
 
@@ -200,7 +217,7 @@ pub fn run(
     // Everything that can fail while the lab runs; the lab is torn down either way.
     let outcome = run_call(&lab, &call, transport, progress);
     let stats = lab.teardown();
-    let (sent, arrivals, mut warnings, drops) = outcome?;
+    let (sent, arrivals, mut warnings, drops, receiver_tls) = outcome?;
     let stats = stats?;
     let log = wire_log(&captures.0, &call, transport.framing())?;
     let lost = lost_by_network(&log, transport.framing())?;
@@ -227,7 +244,11 @@ pub fn run(
         transport_description: transport.description().to_owned(),
         seed,
         analysis,
-        engine_stats: engine_stats(&stats, &log),
+        engine_stats: {
+            let mut e = engine_stats(&stats, &log);
+            super::note_tls(&mut e, transport.framing(), receiver_tls.as_ref());
+            e
+        },
         warnings,
     })
 }
@@ -247,6 +268,7 @@ type CallOutcome = (
     Vec<(u64, Duration)>,
     Vec<String>,
     SenderDrops,
+    Option<squarepeg::TlsStats>,
 );
 
 fn run_call(
@@ -340,7 +362,7 @@ fn run_call(
     let arrivals = arrivals
         .into_inner()
         .map_err(|_| VoipError::Transport("the receiver thread panicked".into()))?;
-    Ok((sent, arrivals, warnings, drops))
+    Ok((sent, arrivals, warnings, drops, receiver.tls_stats()))
 }
 
 /// Reads the emulator's captures back: the voice flow's packets from the sender, as sent
@@ -380,7 +402,7 @@ fn is_voice(packet: &[u8], call: &LabCall, framing: Framing) -> bool {
     };
     match (sliced.transport, framing) {
         (Some(TransportSlice::Udp(u)), Framing::Datagram) => u.source_port() == call.sender.port(),
-        (Some(TransportSlice::Tcp(t)), Framing::LengthPrefixed | Framing::Ucobs) => {
+        (Some(TransportSlice::Tcp(t)), Framing::LengthPrefixed | Framing::Ucobs | Framing::Tls) => {
             t.source_port() == call.sender.port()
         }
         _ => false,

@@ -8,8 +8,11 @@ use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use std::sync::{Arc, Mutex};
+
 use squarepeg::{
     Connection, ConnectionConfig, Endpoint, MessageProps, MessageStatus, Priority, SendError,
+    TlsStats,
 };
 use squarepeg_lab::net::{Lab, NetNs};
 use squarepeg_lab::stack::LabStack;
@@ -222,6 +225,27 @@ impl LabTransport for LabTcp {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LabSquarepeg;
 
+/// [`LabSquarepeg`] over TLS 1.3 (a self-signed certificate the receiver pins): records
+/// opened in order, as kernel TCP delivers them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LabTls;
+
+impl LabTransport for LabTls {
+    fn name(&self) -> &'static str {
+        "tls"
+    }
+    fn description(&self) -> &'static str {
+        "squarepeg crate over TLS 1.3 on kernel TCP: messages in records opened in order, lifetime = playout delay"
+    }
+    fn framing(&self) -> Framing {
+        Framing::Tls
+    }
+    fn open(&self, lab: &Lab, call: &LabCall) -> Result<LabEnds, VoipError> {
+        let voice = LibraryCall::voice(call, call.scenario.playout_delay).with_tls()?;
+        Ok(open_library(lab, voice, Library::Kernel)?.boxed())
+    }
+}
+
 /// Runs a current-thread tokio runtime on a thread inside `ns`, so that the sockets it
 /// creates belong to that namespace.
 fn spawn_in<F>(
@@ -347,6 +371,8 @@ impl Drop for SquarepegSender {
 pub(crate) struct SquarepegReceiver {
     messages: mpsc::Receiver<(Vec<u8>, Instant)>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Over TLS: the record layer's counters as of the last message.
+    tls: Arc<Mutex<Option<TlsStats>>>,
 }
 
 impl VoiceReceiver for SquarepegReceiver {
@@ -359,6 +385,9 @@ impl VoiceReceiver for SquarepegReceiver {
             }
         }
         Ok(None)
+    }
+    fn tls_stats(&self) -> Option<TlsStats> {
+        *self.tls.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -412,6 +441,21 @@ impl LibraryCall {
             lifetime: Some(lifetime),
             close_limit: call.config.drain.max(Duration::from_secs(5)),
         }
+    }
+
+    /// This call over TLS 1.3: the sender serves a self-signed certificate made for the
+    /// call, which the receiver pins.
+    pub(crate) fn with_tls(mut self) -> Result<Self, VoipError> {
+        use squarepeg::tls::config::{self, Trust};
+        let tls = |e: squarepeg::TlsError| VoipError::Config(format!("TLS: {e}"));
+        let name = "peg.lab".to_owned();
+        let cert = config::self_signed(std::slice::from_ref(&name)).map_err(tls)?;
+        let server = config::server_config(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes())
+            .map_err(tls)?;
+        let client = config::client_config(Trust::PinnedSha256(cert.fingerprint)).map_err(tls)?;
+        self.sender_config = self.sender_config.with_tls_server(server);
+        self.receiver_config = self.receiver_config.with_tls_client(client, name);
+        Ok(self)
     }
 }
 
@@ -503,6 +547,8 @@ pub(crate) fn open_library(
     let (messages_tx, messages_rx) = mpsc::channel();
     let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
     let (connected_tx, connected_rx) = mpsc::channel::<Result<(), String>>();
+    let tls_stats = Arc::new(Mutex::new(None));
+    let receiver_tls = Arc::clone(&tls_stats);
     spawn_in(lab.client(), "library-receiver", move || async move {
         let connected = match &receiver_stack {
             None => Connection::connect(address, receiver_config).await,
@@ -523,6 +569,9 @@ pub(crate) fn open_library(
                         let at = Instant::now();
                         if messages_tx.send((Vec::from(m.payload), at)).is_err() {
                             break;
+                        }
+                        if let Some(t) = connection.stats().tls {
+                            *receiver_tls.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
                         }
                     }
                     Err(_) => break,
@@ -565,6 +614,7 @@ pub(crate) fn open_library(
         receiver: SquarepegReceiver {
             messages: messages_rx,
             stop: Some(stop_tx),
+            tls: tls_stats,
         },
     })
 }

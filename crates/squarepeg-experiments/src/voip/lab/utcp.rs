@@ -21,11 +21,16 @@ use crate::voip::VoipError;
 use crate::voip::wire::Framing;
 
 /// uCOBS messages over squarepeg's userspace TCP at both ends of the lab, with unordered
-/// delivery; `inconsistent` adds inconsistent retransmissions.
+/// delivery; `inconsistent` adds inconsistent retransmissions; `tls` puts the messages in
+/// numbered TLS 1.3 records opened out of order (under TLS the library keeps inconsistent
+/// retransmissions off until the TCP has a padder that writes records: `utls-ir` asks for
+/// them and runs as `utls` until then).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LabUtcp {
     /// Inconsistent retransmissions (Hollywood §4.2).
     pub inconsistent: bool,
+    /// TLS 1.3 (a self-signed certificate the receiver pins).
+    pub tls: bool,
 }
 
 /// Attaches a userspace stack to `role`'s end of `lab`, its connections with `tcp`'s
@@ -39,17 +44,35 @@ pub(crate) fn attach(lab: &Lab, role: Role, tcp: ConnectionConfig) -> Result<Lab
 
 impl LabTransport for LabUtcp {
     fn name(&self) -> &'static str {
-        if self.inconsistent { "utcp-ir" } else { "utcp" }
+        match (self.tls, self.inconsistent) {
+            (false, false) => "utcp",
+            (false, true) => "utcp-ir",
+            (true, false) => "utls",
+            (true, true) => "utls-ir",
+        }
     }
     fn description(&self) -> &'static str {
-        if self.inconsistent {
-            "uCOBS messages over squarepeg's userspace TCP on TUN at both ends: unordered delivery, lifetimes, inconsistent retransmissions"
-        } else {
-            "uCOBS messages over squarepeg's userspace TCP on TUN at both ends: unordered delivery, lifetimes"
+        match (self.tls, self.inconsistent) {
+            (false, false) => {
+                "uCOBS messages over squarepeg's userspace TCP on TUN at both ends: unordered delivery, lifetimes"
+            }
+            (false, true) => {
+                "uCOBS messages over squarepeg's userspace TCP on TUN at both ends: unordered delivery, lifetimes, inconsistent retransmissions"
+            }
+            (true, false) => {
+                "squarepeg messages in numbered TLS 1.3 records over squarepeg's userspace TCP on TUN at both ends: records opened out of order, lifetimes"
+            }
+            (true, true) => {
+                "as utls, with inconsistent retransmissions asked for (no effect until the TCP has a padder that writes TLS records)"
+            }
         }
     }
     fn framing(&self) -> Framing {
-        Framing::Ucobs
+        if self.tls {
+            Framing::Tls
+        } else {
+            Framing::Ucobs
+        }
     }
     fn addresses(&self, lab: &Lab) -> Option<(SocketAddr, SocketAddr)> {
         let (server, _) = stack_addresses(lab, Role::Server)?;
@@ -67,7 +90,10 @@ impl LabTransport for LabUtcp {
             receiver: Box::new(attach(lab, Role::Client, ConnectionConfig::default())?),
             inconsistent_retransmissions: self.inconsistent,
         };
-        let voice = LibraryCall::voice(call, call.scenario.playout_offset());
+        let mut voice = LibraryCall::voice(call, call.scenario.playout_offset());
+        if self.tls {
+            voice = voice.with_tls()?;
+        }
         Ok(open_library(lab, voice, library)?.boxed())
     }
 }

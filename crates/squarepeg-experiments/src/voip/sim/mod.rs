@@ -30,7 +30,7 @@ use super::analysis::{Observations, analyse};
 use super::config::{Scenario, VoipConfig};
 use super::wire::{Framing, lost_by_network, match_delivered};
 use super::{Engine, RunResult, VoipError};
-use tcp_host::{BulkClient, BulkServer, StreamCodec, TcpVoiceHost};
+use tcp_host::{BulkClient, BulkServer, StreamCodec, TcpVoiceHost, TlsPair};
 
 /// Where the call's ends sit in the simulator.
 #[derive(Debug, Clone)]
@@ -70,6 +70,8 @@ pub struct Recorded {
     /// Messages whose retransmission the sender filled with other messages (Hollywood
     /// §4.2 inconsistent retransmissions).
     pub replaced_by_sender: BTreeSet<u64>,
+    /// Over TLS: the receiving end's record-layer counters (records opened, out of order).
+    pub receiver_tls: Option<squarepeg_connection::TlsStats>,
 }
 
 /// A transport on the simulator: one implementation per transport.
@@ -197,12 +199,17 @@ fn collect_tcp(sim: &Simulator, ends: SimEnds, call: &SimCall) -> Result<Recorde
         StreamCodec::Squarepeg(c) => (c.dropped().clone(), c.replaced().clone()),
         _ => Default::default(),
     };
+    let receiver_tls = match receiver.codec() {
+        StreamCodec::Squarepeg(c) => c.tls_stats(),
+        StreamCodec::Records { .. } => None,
+    };
     Ok(Recorded {
         sent,
         arrivals: receiver.arrivals().to_vec(),
         errors,
         dropped_by_sender,
         replaced_by_sender,
+        receiver_tls,
     })
 }
 
@@ -253,36 +260,127 @@ impl SimTransport for SimSession {
     }
 }
 
+/// squarepeg session messages over TLS 1.3 over squarepeg's userspace TCP read in order,
+/// standard mode: the kernel substrate's behaviour with TLS (records opened in order), each
+/// message with its playout budget as lifetime.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SimTls;
+
+impl SimTransport for SimTls {
+    fn name(&self) -> &'static str {
+        "tls"
+    }
+    fn description(&self) -> &'static str {
+        "squarepeg messages in TLS 1.3 records over squarepeg's userspace TCP read in order, standard mode (the kernel substrate's behaviour)"
+    }
+    fn framing(&self) -> Framing {
+        Framing::Tls
+    }
+    fn install(&self, sim: &mut Simulator, call: &SimCall) -> Result<SimEnds, VoipError> {
+        let lifetime = Some(call.scenario.playout_delay);
+        let tls = sim_tls()?;
+        install_tcp(sim, call, || {
+            Ok(StreamCodec::session(lifetime).with_tls(tls.clone()))
+        })
+    }
+    fn collect(
+        &self,
+        sim: &Simulator,
+        ends: SimEnds,
+        call: &SimCall,
+    ) -> Result<Recorded, VoipError> {
+        collect_tcp(sim, ends, call)
+    }
+}
+
+/// The TLS set-ups of the simulator's calls: one Ed25519 certificate per process (made once:
+/// handshakes of one size, so a seed gives the same run every time), pinned by the client.
+pub fn sim_tls() -> Result<TlsPair, VoipError> {
+    use squarepeg::tls::config::{self, Trust};
+    type Made = Result<(String, String, [u8; 32]), String>;
+    static CERT: std::sync::OnceLock<Made> = std::sync::OnceLock::new();
+    let made = CERT.get_or_init(|| {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).map_err(|e| e.to_string())?;
+        let mut params =
+            rcgen::CertificateParams::new(vec!["peg.sim".to_owned()]).map_err(|e| e.to_string())?;
+        // A fixed serial: the default (from the key's hash) may lose a leading zero byte.
+        params.serial_number = Some(rcgen::SerialNumber::from(vec![0x5a; 16]));
+        let cert = params.self_signed(&key).map_err(|e| e.to_string())?;
+        let fingerprint = config::certificate_fingerprint(cert.der());
+        Ok((cert.pem(), key.serialize_pem(), fingerprint))
+    });
+    let (cert_pem, key_pem, fingerprint) = made
+        .as_ref()
+        .map_err(|e| VoipError::Config(format!("TLS certificate: {e}")))?;
+    let tls = |e: squarepeg::TlsError| VoipError::Config(format!("TLS: {e}"));
+    let server = config::server_config(cert_pem.as_bytes(), key_pem.as_bytes()).map_err(tls)?;
+    let client = config::client_config(Trust::PinnedSha256(*fingerprint)).map_err(tls)?;
+    Ok(TlsPair {
+        client: squarepeg_connection::TlsSetup::Client {
+            config: client,
+            server_name: "peg.sim".to_owned(),
+        },
+        server: squarepeg_connection::TlsSetup::Server { config: server },
+    })
+}
+
 /// uCOBS message frames over squarepeg's userspace TCP with the uTCP interface (Minion §4,
 /// Hollywood §4): the receiver takes every segment at once and delivers each message as
 /// soon as its frame is whole (no head-of-line blocking); the sender writes each message
 /// with its playout time as deadline. With `inconsistent`, a retransmission of messages
 /// that would arrive after their deadline carries live messages instead, padded to the
-/// same length (Hollywood §4.2).
+/// same length (Hollywood §4.2). With `tls`, the frames travel in numbered TLS 1.3 records
+/// that the receiver opens out of order (docs/wire.md §5); inconsistent retransmissions then
+/// wait for a padder that writes records (until it exists `utls-ir` runs as `utls`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SimUtcp {
     /// Inconsistent retransmissions.
     pub inconsistent: bool,
+    /// TLS 1.3 in the connection core.
+    pub tls: bool,
 }
 
 impl SimTransport for SimUtcp {
     fn name(&self) -> &'static str {
-        if self.inconsistent { "utcp-ir" } else { "utcp" }
+        match (self.tls, self.inconsistent) {
+            (false, false) => "utcp",
+            (false, true) => "utcp-ir",
+            (true, false) => "utls",
+            (true, true) => "utls-ir",
+        }
     }
     fn description(&self) -> &'static str {
-        if self.inconsistent {
-            "uCOBS messages over squarepeg's userspace TCP: unordered delivery, deadlines and inconsistent retransmissions (Hollywood §4.2)"
-        } else {
-            "uCOBS messages over squarepeg's userspace TCP: unordered delivery (Minion §4.1), deadlines, every byte retransmitted"
+        match (self.tls, self.inconsistent) {
+            (false, false) => {
+                "uCOBS messages over squarepeg's userspace TCP: unordered delivery (Minion §4.1), deadlines, every byte retransmitted"
+            }
+            (false, true) => {
+                "uCOBS messages over squarepeg's userspace TCP: unordered delivery, deadlines and inconsistent retransmissions (Hollywood §4.2)"
+            }
+            (true, false) => {
+                "squarepeg messages in numbered TLS 1.3 records over squarepeg's userspace TCP: records opened out of order, deadlines, every byte retransmitted"
+            }
+            (true, true) => {
+                "as utls, with inconsistent retransmissions asked for (no effect until the TCP has a padder that writes TLS records)"
+            }
         }
     }
     fn framing(&self) -> Framing {
-        Framing::Ucobs
+        if self.tls {
+            Framing::Tls
+        } else {
+            Framing::Ucobs
+        }
     }
     fn install(&self, sim: &mut Simulator, call: &SimCall) -> Result<SimEnds, VoipError> {
         let offset = call.scenario.playout_offset();
+        let tls = if self.tls { Some(sim_tls()?) } else { None };
         install_tcp(sim, call, || {
-            Ok(StreamCodec::unordered(Some(offset), self.inconsistent))
+            let codec = StreamCodec::unordered(Some(offset), self.inconsistent);
+            Ok(match &tls {
+                Some(t) => codec.with_tls(t.clone()),
+                None => codec,
+            })
         })
     }
     fn collect(
@@ -301,10 +399,23 @@ pub fn transports() -> Vec<Box<dyn SimTransport>> {
         Box::new(SimUdp),
         Box::new(SimTcp),
         Box::new(SimSession),
+        Box::new(SimTls),
         Box::new(SimUtcp {
             inconsistent: false,
+            tls: false,
         }),
-        Box::new(SimUtcp { inconsistent: true }),
+        Box::new(SimUtcp {
+            inconsistent: true,
+            tls: false,
+        }),
+        Box::new(SimUtcp {
+            inconsistent: false,
+            tls: true,
+        }),
+        Box::new(SimUtcp {
+            inconsistent: true,
+            tls: true,
+        }),
     ]
 }
 
@@ -407,13 +518,18 @@ pub fn run(
     };
     let analysis = analyse(config, scenario, &observations);
     let stats = sim.stats();
-    let engine_stats = serde_json::json!({
+    let mut engine_stats = serde_json::json!({
         "voice_packets_sent": log.len(),
         "voice_packets_dropped": log.iter().filter(|p| !p.delivered).count(),
         "down": stats.right_to_left,
         "up": stats.left_to_right,
         "events": stats.events,
     });
+    super::note_tls(
+        &mut engine_stats,
+        transport.framing(),
+        recorded.receiver_tls.as_ref(),
+    );
     Ok(RunResult {
         engine: Engine::Sim,
         scenario: scenario.clone(),

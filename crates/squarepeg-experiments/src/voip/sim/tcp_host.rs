@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use squarepeg_connection::{
     Config as CoreConfig, Connection as Core, EndpointLink, Receive, Send, SessionConfig,
-    Substrate, tcp_config as core_tcp_config,
+    Substrate, TlsSetup, TlsStats, tcp_config as core_tcp_config,
 };
 use squarepeg_lab::sim::{Host, KIND_DATA, decode_payload, encode_payload};
 use squarepeg_session::{MessageProps, MessageStatus, Priority, Role, SendError};
@@ -66,6 +66,8 @@ pub struct SquarepegCodec {
     substrate: Substrate,
     /// Inconsistent retransmissions (Hollywood §4.2), on the uTCP substrate.
     inconsistent: bool,
+    /// TLS 1.3 in the connection core, both sides' set-ups (each end takes its role's).
+    tls: Option<TlsPair>,
     /// The lifetime of each voice message: its playout budget (Hollywood §7.2).
     lifetime: Option<Duration>,
     /// The endpoint connection's settings before the substrate's uTCP options.
@@ -86,7 +88,31 @@ pub struct SquarepegCodec {
     outside_tcp: Vec<u64>,
 }
 
+/// The client's and the server's TLS set-ups of one call (the client trusts the server's
+/// certificate).
+#[derive(Debug, Clone)]
+pub struct TlsPair {
+    /// The connecting end's (the voice receiver's).
+    pub client: TlsSetup,
+    /// The listening end's (the voice sender's).
+    pub server: TlsSetup,
+}
+
+impl TlsPair {
+    fn for_role(&self, role: Role) -> TlsSetup {
+        match role {
+            Role::Client => self.client.clone(),
+            Role::Server => self.server.clone(),
+        }
+    }
+}
+
 impl SquarepegCodec {
+    /// The record layer's counters, over TLS once the connection exists.
+    pub fn tls_stats(&self) -> Option<TlsStats> {
+        self.conn.as_ref().and_then(|(core, _)| core.stats().tls)
+    }
+
     /// Messages the sender replaced in a retransmission.
     pub fn replaced(&self) -> &BTreeSet<u64> {
         &self.replaced
@@ -124,6 +150,7 @@ impl StreamCodec {
         Self::Squarepeg(Box::new(SquarepegCodec {
             substrate,
             inconsistent,
+            tls: None,
             lifetime,
             tcp: ConnectionConfig::default(),
             session: SessionConfig::default(),
@@ -147,6 +174,15 @@ impl StreamCodec {
         self
     }
 
+    /// squarepeg over TLS 1.3 with `tls` (records numbered and read out of order on the uTCP
+    /// substrate). No effect on [`StreamCodec::Records`].
+    pub fn with_tls(mut self, tls: TlsPair) -> Self {
+        if let Self::Squarepeg(c) = &mut self {
+            c.tls = Some(tls);
+        }
+        self
+    }
+
     /// squarepeg with the session's limits `session` (its message queue, windows). No effect
     /// on [`StreamCodec::Records`].
     pub fn with_session(mut self, session: SessionConfig) -> Self {
@@ -159,6 +195,8 @@ impl StreamCodec {
     /// The connection options this codec needs at either end.
     pub fn connection_config(&self) -> ConnectionConfig {
         match self {
+            // With inconsistent retransmissions the link installs the connection's own padder
+            // (under TLS, padding records).
             Self::Squarepeg(c) => core_tcp_config(c.tcp.clone(), c.substrate, c.inconsistent),
             Self::Records { .. } => ConnectionConfig::default(),
         }
@@ -462,6 +500,7 @@ impl TcpVoiceHost {
         if let (StreamCodec::Squarepeg(c), Some(h)) = (&mut self.codec, self.conn) {
             let mut config = CoreConfig::default();
             config.session = c.session.clone();
+            config.tls = c.tls.as_ref().map(|t| t.for_role(role));
             match Core::new(role, config, c.substrate) {
                 Ok(core) => c.conn = Some((core, EndpointLink::new(h))),
                 Err(e) => self.errors.push(format!("connection: {e}")),
