@@ -24,7 +24,9 @@
 //! records are the handshake, then exactly one record per write. Nothing about time.
 //!
 //! Needs root, /dev/net/tun and iproute2 (skipped with a message otherwise). Rerun with
-//! `cargo test -p squarepeg-cli --test stock_tls_sender -- --nocapture` to see the counts.
+//! `cargo test -p squarepeg-cli --test stock_tls_sender -- --nocapture` to see the counts;
+//! `STOCK_TLS_PREDICTIONS=n` sets the sequence numbers tried per candidate (default 4,
+//! `OutOfOrderConfig::new`). Figures in docs/results.md (TLS).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -189,7 +191,11 @@ async fn squarepeg_receiver(
         .expect("uTCP connect through the lab");
     let mut tls = Tls::client(client_config, SERVER_NAME).expect("TLS client");
     // The TCP's receive window: what it can hold ahead of a hole.
-    tls.enable_out_of_order(OutOfOrderConfig::new(window));
+    let mut ooo = OutOfOrderConfig::new(window);
+    if let Ok(p) = std::env::var("STOCK_TLS_PREDICTIONS") {
+        ooo.predictions = p.parse().expect("STOCK_TLS_PREDICTIONS: a number");
+    }
+    tls.enable_out_of_order(ooo);
 
     let mut got = Received {
         count: vec![0; WRITES as usize],
