@@ -1797,8 +1797,18 @@ impl Scan<'_> {
         hint: Option<u64>,
         deliver: &mut dyn FnMut(OutOfOrderRecord<'_>),
     ) -> Candidate {
-        let next = self.traffic.rx.seq;
-        let gap = offset.saturating_sub(self.in_order_end);
+        // Counted from the nearest record known before it: the last one delivered out of
+        // order that ends before it, else the in-order stream. (From the in-order stream
+        // alone, a record beyond a second hole is guessed across every record of the
+        // fragments between, and misses.)
+        let (next, known_end) = self
+            .delivered
+            .range(..offset)
+            .next_back()
+            .map(|(&at, d)| (d.number + 1, at + d.wire_len as u64))
+            .filter(|&(_, end)| (self.in_order_end..=offset).contains(&end))
+            .unwrap_or((self.traffic.rx.seq, self.in_order_end));
+        let gap = offset.saturating_sub(known_end);
         // Records between here and the in-order stream: at least one per longest record, at
         // most one per shortest.
         let fewest = next + gap / MAX_RECORD_LEN as u64;
