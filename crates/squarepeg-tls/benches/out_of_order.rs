@@ -15,6 +15,7 @@
 //! figure the median over rounds, per MiB of application data.
 //!
 //! `cargo bench -p squarepeg-tls --bench out_of_order [-- --json] [--rounds N] [--mib N]`
+//! (`--only late|in-order|process`: one way alone, for a profiler)
 
 use squarepeg_tls::config::{self, Trust};
 use squarepeg_tls::rustls::crypto::ring::cipher_suite;
@@ -178,6 +179,9 @@ struct Figures {
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
@@ -203,6 +207,16 @@ fn main() {
     let server_config =
         config::server_config(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes()).unwrap();
     let bytes = mib << 20;
+    // `--only late` (or `in-order`, `process`): one way alone, for a profiler.
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(|w| match w.as_str() {
+            "process" => Way::Process,
+            "in-order" => Way::InOrder,
+            _ => Way::Late,
+        });
     let mut all = Vec::new();
     for size in [200, 1200] {
         let (mut process, mut in_order, mut late) = (Vec::new(), Vec::new(), Vec::new());
@@ -212,6 +226,9 @@ fn main() {
             // Interleaved, the order turning each round.
             for k in 0..3 {
                 let way = [Way::Process, Way::InOrder, Way::Late][(round + k) % 3];
+                if only.is_some_and(|o| o != way) {
+                    continue;
+                }
                 let p = pair(&client_config, &server_config, size, bytes);
                 let plaintext = p.plaintext;
                 records = plaintext.div_ceil(size) as u64;

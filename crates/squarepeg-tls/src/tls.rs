@@ -1314,11 +1314,31 @@ impl Tls {
                 "out-of-order receive is not enabled".into(),
             ));
         };
-        let refused = ooo.store.insert(in_order_before, offset, data);
-        self.stats.segment_bytes_refused += refused as u64;
+        let end = offset.saturating_add(data.len() as u64);
+        // A segment that continues the in-order stream and overlaps nothing held ahead (all
+        // held fragments lie above the in-order offset) goes straight in, not through the
+        // store: one copy and no allocation less on the common path.
+        let direct = offset <= in_order_before
+            && end > in_order_before
+            && ooo.store.fragments.range(..end).next().is_none();
+        if !direct {
+            let refused = ooo.store.insert(in_order_before, offset, data);
+            self.stats.segment_bytes_refused += refused as u64;
+        }
         // Fragments this segment did not touch are scanned again only when the in-order
         // stream moved (the handshake may have finished, keys may have changed).
-        let mut touched = offset..offset.saturating_add(data.len() as u64);
+        let mut touched = offset..end;
+        if direct {
+            let mut rest = &data[(in_order_before - offset) as usize..];
+            while !rest.is_empty() {
+                let taken = self.push_ciphertext(rest);
+                rest = &rest[taken..];
+                self.process(in_order)?;
+                if self.peer_closed {
+                    return Ok(());
+                }
+            }
+        }
         // The stream's next bytes, in order.
         loop {
             let at = self.in_order_offset();
