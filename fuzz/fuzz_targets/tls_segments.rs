@@ -57,7 +57,11 @@ enum Op {
     /// Arbitrary bytes at an arbitrary 64-bit offset.
     RawFar { offset: u64, bytes: Vec<u8> },
     /// A genuine range with bytes XORed.
-    Flip { from: u16, len: u16, at: Vec<(u16, u8)> },
+    Flip {
+        from: u16,
+        len: u16,
+        at: Vec<(u16, u8)>,
+    },
     /// A fake record header with a plausible length, then filler.
     FakeHeader { at: u32, len: u16, fill: u8 },
     /// Genuine record `r` copied to `at` (a replay elsewhere, or over another record).
@@ -131,7 +135,10 @@ impl Checker {
     fn message(&mut self, m: &[u8]) -> u32 {
         assert!(m.len() >= MESSAGE_HEADER, "short message {m:?}");
         let id = u32::from_be_bytes(m[..4].try_into().unwrap());
-        let sent = self.messages.get(id as usize).unwrap_or_else(|| panic!("no message {id}"));
+        let sent = self
+            .messages
+            .get(id as usize)
+            .unwrap_or_else(|| panic!("no message {id}"));
         assert_eq!(m, &sent[..], "message {id} is not the one sent");
         assert!(!self.delivered[id as usize], "message {id} delivered twice");
         self.delivered[id as usize] = true;
@@ -168,7 +175,10 @@ impl Checker {
         let id = self.message(content);
         self.delivered_out_of_order[id as usize] = true;
         let r = &self.records[self.record_of[&id]];
-        assert_eq!(wire_len, r.wire_len, "message {id} from a record of another length");
+        assert_eq!(
+            wire_len, r.wire_len,
+            "message {id} from a record of another length"
+        );
         if !self.numbered {
             assert_eq!(number, r.position, "message {id} under another number");
         }
@@ -233,17 +243,32 @@ fuzz_target!(|input: Input| {
         let mut control = Vec::new();
         client.poll_output(&mut control);
         if !control.is_empty() {
-            writes.push(Write { priority: i32::MAX, overtaken: 0, bytes: control, id: None });
+            writes.push(Write {
+                priority: i32::MAX,
+                overtaken: 0,
+                bytes: control,
+                id: None,
+            });
         }
         let mut bytes = Vec::new();
         client.seal(m, &mut bytes).unwrap();
         let priority = (next(&mut rng) % 4) as i32;
-        writes.push(Write { priority, overtaken: 0, bytes, id: Some(id as u32) });
+        writes.push(Write {
+            priority,
+            overtaken: 0,
+            bytes,
+            id: Some(id as u32),
+        });
     }
     let mut control = Vec::new();
     client.poll_output(&mut control);
     if !control.is_empty() {
-        writes.push(Write { priority: i32::MAX, overtaken: 0, bytes: control, id: None });
+        writes.push(Write {
+            priority: i32::MAX,
+            overtaken: 0,
+            bytes: control,
+            id: None,
+        });
     }
     let mut pending: Vec<Write> = Vec::new();
     let mut ordered: Vec<Write> = Vec::new();
@@ -292,14 +317,21 @@ fuzz_target!(|input: Input| {
         }
         assert_eq!(at, w.bytes.len());
         if w.id.is_some() {
-            assert_eq!(records.last().unwrap().wire_len, w.bytes.len(), "one record a message");
+            assert_eq!(
+                records.last().unwrap().wire_len,
+                w.bytes.len(),
+                "one record a message"
+            );
         }
         stream.extend_from_slice(&w.bytes);
     }
     let end = base + stream.len() as u64;
     if std::env::var_os("TLS_SEGMENTS_DEBUG").is_some() {
         for r in &records {
-            eprintln!("record at {} len {} id {:?} position {}", r.offset, r.wire_len, r.id, r.position);
+            eprintln!(
+                "record at {} len {} id {:?} position {}",
+                r.offset, r.wire_len, r.id, r.position
+            );
         }
     }
     let mut record_of = HashMap::new();
@@ -374,7 +406,10 @@ fuzz_target!(|input: Input| {
                 (base + u64::from(*at), bytes)
             }
             Op::Copy { r, at, cut } => {
-                let Some(rec) = run.check.records.get(usize::from(*r) % run.check.records.len().max(1))
+                let Some(rec) = run
+                    .check
+                    .records
+                    .get(usize::from(*r) % run.check.records.len().max(1))
                 else {
                     continue;
                 };
@@ -384,7 +419,10 @@ fuzz_target!(|input: Input| {
                 (base + u64::from(*at), run.stream[from + cut..to].to_vec())
             }
             Op::BadLength { r, len } => {
-                let Some(rec) = run.check.records.get(usize::from(*r) % run.check.records.len().max(1))
+                let Some(rec) = run
+                    .check
+                    .records
+                    .get(usize::from(*r) % run.check.records.len().max(1))
                 else {
                     continue;
                 };
@@ -416,10 +454,16 @@ fuzz_target!(|input: Input| {
     }
     if run.clean {
         assert!(!run.failed);
-        assert!(run.server.in_order_offset() >= end, "the genuine stream stalled");
+        assert!(
+            run.server.in_order_offset() >= end,
+            "the genuine stream stalled"
+        );
         let missing: Vec<usize> = (0..count).filter(|&i| !run.check.delivered[i]).collect();
         assert!(missing.is_empty(), "messages {missing:?} never delivered");
-        assert!(run.check.in_order.is_empty(), "a partial message at the end");
+        assert!(
+            run.check.in_order.is_empty(),
+            "a partial message at the end"
+        );
     }
 });
 
@@ -453,7 +497,9 @@ impl Run {
             at >= floor
                 && (at == self.end
                     || at.checked_sub(self.base).is_some_and(|g| {
-                        self.stream.get(g as usize).is_some_and(|&genuine| genuine != b)
+                        self.stream
+                            .get(g as usize)
+                            .is_some_and(|&genuine| genuine != b)
                     }))
         });
         if made_up {
@@ -462,11 +508,18 @@ impl Run {
         let mut in_order = Vec::new();
         let mut ooo: Vec<(usize, u64, Vec<u8>)> = Vec::new();
         if std::env::var_os("TLS_SEGMENTS_DEBUG").is_some() {
-            eprintln!("push {offset} len {} (in order {}) held {}", data.len(), floor, self.server.out_of_order_bytes_held());
+            eprintln!(
+                "push {offset} len {} (in order {}) held {}",
+                data.len(),
+                floor,
+                self.server.out_of_order_bytes_held()
+            );
         }
-        let result = self.server.push_segment(offset, &data, &mut in_order, &mut |r| {
-            ooo.push((r.wire_len, r.number, r.content.to_vec()))
-        });
+        let result = self
+            .server
+            .push_segment(offset, &data, &mut in_order, &mut |r| {
+                ooo.push((r.wire_len, r.number, r.content.to_vec()))
+            });
         self.check.in_order(&in_order);
         for (wire_len, number, content) in ooo {
             self.check.out_of_order(wire_len, number, &content);
@@ -478,7 +531,10 @@ impl Run {
             self.window
         );
         if let Err(e) = result {
-            assert!(!self.clean, "an error with only genuine bytes in the stream: {e:?}");
+            assert!(
+                !self.clean,
+                "an error with only genuine bytes in the stream: {e:?}"
+            );
             self.failed = true;
         }
         self.pushed.push((offset, data));

@@ -114,7 +114,12 @@ fn run(forge: ForgeConfig, loss_seed: u64, drop_one_in: u64) -> Outcome {
     let mut drained = false;
     for _ in 0..30_000 {
         while let Some(n) = client_ep.poll_transmit(now, &mut packet) {
-            forger.process(now, Direction::LeftToRight, packet[..n].to_vec(), &mut emits);
+            forger.process(
+                now,
+                Direction::LeftToRight,
+                packet[..n].to_vec(),
+                &mut emits,
+            );
             for emit in emits.drain(..) {
                 packets += 1;
                 if packets < 600 && next(&mut rng).is_multiple_of(drop_one_in) {

@@ -12,9 +12,9 @@ use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use squarepeg_lab::Direction;
 use squarepeg_lab::middlebox::{
-    DirectionFilter, Emit, ForgeConfig, Forger, Middlebox, MiddleboxChain, OptionStripper, ResegmentConfig, Resegmenter,
-    RetransmitCache, RetransmitCacheConfig, SeqRewriteConfig, SeqRewriter, StripMode,
-    StripOptionsConfig, WindowMode, WindowRewriteConfig, WindowRewriter,
+    DirectionFilter, Emit, ForgeConfig, Forger, Middlebox, MiddleboxChain, OptionStripper,
+    ResegmentConfig, Resegmenter, RetransmitCache, RetransmitCacheConfig, SeqRewriteConfig,
+    SeqRewriter, StripMode, StripOptionsConfig, WindowMode, WindowRewriteConfig, WindowRewriter,
 };
 use squarepeg_lab::pcap::PcapWriter;
 
@@ -569,14 +569,22 @@ fn forger_injects_flips_and_splices_valid_packets() {
     let mut out = Vec::new();
     // Everything once, then everything again (retransmissions).
     for (seq, payload) in segs.iter().chain(segs.iter()) {
-        forger.process(Instant::now(), L2R, Seg::new(L2R, *seq, payload).build(), &mut out);
+        forger.process(
+            Instant::now(),
+            L2R,
+            Seg::new(L2R, *seq, payload).build(),
+            &mut out,
+        );
     }
     // The other direction passes untouched.
     let back = Seg::new(R2L, 77, b"reply").build();
     forger.process(Instant::now(), R2L, back.clone(), &mut out);
     assert_eq!(out.last().unwrap().packet, back);
     let stats = forger.stats();
-    assert!(stats.injected > 0 && stats.spliced > 0 && stats.flipped > 0, "{stats:?}");
+    assert!(
+        stats.injected > 0 && stats.spliced > 0 && stats.flipped > 0,
+        "{stats:?}"
+    );
     let (mut genuine, mut injected, mut spliced, mut flipped) = (0u64, 0u64, 0u64, 0u64);
     let is_record_copy = |payload: &[u8]| {
         payload.starts_with(&[0x17, 0x03, 0x03])
@@ -596,11 +604,14 @@ fn forger_injects_flips_and_splices_valid_packets() {
             genuine += 1;
         } else if bits == Some(1) {
             flipped += 1;
-        } else if offset % 700 == 0 && is_record_copy(&p.payload) {
+        } else if offset.is_multiple_of(700) && is_record_copy(&p.payload) {
             // An earlier record at a segment's place.
             spliced += 1;
         } else {
-            assert!(p.payload.starts_with(&[0x17, 0x03, 0x03]), "a fake record header");
+            assert!(
+                p.payload.starts_with(&[0x17, 0x03, 0x03]),
+                "a fake record header"
+            );
             injected += 1;
         }
     }

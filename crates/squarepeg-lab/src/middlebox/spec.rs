@@ -23,8 +23,8 @@
 use thiserror::Error;
 
 use super::{
-    DirectionFilter, ForgeConfig, MiddleboxConfig, ResegmentConfig, RetransmitCacheConfig, SeqRewriteConfig,
-    StripMode, StripOptionsConfig, WindowMode, WindowRewriteConfig,
+    DirectionFilter, ForgeConfig, MiddleboxConfig, ResegmentConfig, RetransmitCacheConfig,
+    SeqRewriteConfig, StripMode, StripOptionsConfig, WindowMode, WindowRewriteConfig,
 };
 use crate::units::{ValueError, parse_duration, parse_percent, parse_size};
 
