@@ -452,6 +452,19 @@ fuzz_target!(|input: Input| {
         let data = run.stream[from..to].to_vec();
         run.push(at, data);
     }
+    if std::env::var_os("TLS_SEGMENTS_SUMMARY").is_some() {
+        let ooo = run
+            .check
+            .delivered_out_of_order
+            .iter()
+            .filter(|&&d| d)
+            .count();
+        let all = run.check.delivered.iter().filter(|&&d| d).count();
+        eprintln!(
+            "summary: numbered {numbered} messages {count} delivered {all} out of order {ooo} clean {} failed {}",
+            run.clean, run.failed
+        );
+    }
     if run.clean {
         assert!(!run.failed);
         assert!(
