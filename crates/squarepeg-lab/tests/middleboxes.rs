@@ -12,9 +12,9 @@ use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use squarepeg_lab::Direction;
 use squarepeg_lab::middlebox::{
-    DirectionFilter, Emit, Middlebox, MiddleboxChain, OptionStripper, ResegmentConfig, Resegmenter,
-    RetransmitCache, RetransmitCacheConfig, SeqRewriteConfig, SeqRewriter, StripMode,
-    StripOptionsConfig, WindowMode, WindowRewriteConfig, WindowRewriter,
+    DirectionFilter, Emit, ForgeConfig, Forger, Middlebox, MiddleboxChain, OptionStripper,
+    ResegmentConfig, Resegmenter, RetransmitCache, RetransmitCacheConfig, SeqRewriteConfig,
+    SeqRewriter, StripMode, StripOptionsConfig, WindowMode, WindowRewriteConfig, WindowRewriter,
 };
 use squarepeg_lab::pcap::PcapWriter;
 
@@ -537,6 +537,92 @@ fn retransmission_cache_returns_the_original_bytes() {
     assert_eq!(
         run(&mut cache, Seg::new(R2L, 5001, b"EARLY").build(), R2L).payload,
         b"EARLY"
+    );
+}
+
+#[test]
+fn forger_injects_flips_and_splices_valid_packets() {
+    // Records of a TLS stream: header 17 03 03 len, then the body.
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let mut stream = Vec::new();
+    for _ in 0..40 {
+        let len = 30 + (rng.next_u32() % 500) as usize;
+        stream.extend_from_slice(&[0x17, 0x03, 0x03]);
+        stream.extend_from_slice(&(len as u16).to_be_bytes());
+        stream.extend(random_bytes(&mut rng, len));
+    }
+    let mut forger = Forger::new(ForgeConfig {
+        seed: 5,
+        directions: DirectionFilter::LeftToRight,
+        inject: 0.3,
+        flip: 1.0,
+        splice: 0.2,
+        span: 2000,
+        ..ForgeConfig::default()
+    });
+    let isn = 10_000u32;
+    let segs: Vec<(u32, &[u8])> = stream
+        .chunks(700)
+        .enumerate()
+        .map(|(i, c)| (isn.wrapping_add(700 * i as u32), c))
+        .collect();
+    let mut out = Vec::new();
+    // Everything once, then everything again (retransmissions).
+    for (seq, payload) in segs.iter().chain(segs.iter()) {
+        forger.process(
+            Instant::now(),
+            L2R,
+            Seg::new(L2R, *seq, payload).build(),
+            &mut out,
+        );
+    }
+    // The other direction passes untouched.
+    let back = Seg::new(R2L, 77, b"reply").build();
+    forger.process(Instant::now(), R2L, back.clone(), &mut out);
+    assert_eq!(out.last().unwrap().packet, back);
+    let stats = forger.stats();
+    assert!(
+        stats.injected > 0 && stats.spliced > 0 && stats.flipped > 0,
+        "{stats:?}"
+    );
+    let (mut genuine, mut injected, mut spliced, mut flipped) = (0u64, 0u64, 0u64, 0u64);
+    let is_record_copy = |payload: &[u8]| {
+        payload.starts_with(&[0x17, 0x03, 0x03])
+            && stream.windows(payload.len()).any(|w| w == payload)
+    };
+    for emit in &out[..out.len() - 1] {
+        let p = valid(&emit.packet);
+        let offset = p.seq.wrapping_sub(isn) as usize;
+        let original = stream.get(offset..offset + p.payload.len());
+        let bits = original.map(|o| {
+            o.iter()
+                .zip(&p.payload)
+                .map(|(a, b)| (a ^ b).count_ones())
+                .sum::<u32>()
+        });
+        if bits == Some(0) {
+            genuine += 1;
+        } else if bits == Some(1) {
+            flipped += 1;
+        } else if offset.is_multiple_of(700) && is_record_copy(&p.payload) {
+            // An earlier record at a segment's place.
+            spliced += 1;
+        } else {
+            assert!(
+                p.payload.starts_with(&[0x17, 0x03, 0x03]),
+                "a fake record header"
+            );
+            injected += 1;
+        }
+    }
+    assert_eq!(injected, stats.injected);
+    assert_eq!(flipped, stats.flipped);
+    // A spliced record may be the one that was there (a retransmission of the same range).
+    assert!(spliced <= stats.spliced);
+    assert_eq!(genuine + flipped + spliced, 2 * segs.len() as u64);
+    assert!(
+        stats.flipped as usize <= segs.len(),
+        "only retransmissions are flipped"
     );
 }
 

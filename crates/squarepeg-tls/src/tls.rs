@@ -1486,26 +1486,46 @@ impl Tls {
         if self.peer_closed {
             return Ok(());
         }
-        let in_order_before = self.in_order_offset();
-        let Some(ooo) = &mut self.ooo else {
+        if self.ooo.is_none() {
             return Err(TlsError::Config(
                 "out-of-order receive is not enabled".into(),
             ));
+        }
+        // A skip only ever comes first, before any plaintext of this call: the caller's
+        // frame reader restarts there (see `Tls::can_skip_held`).
+        self.skip_held_range();
+        let in_order_before = self.in_order_offset();
+        let Some(ooo) = &mut self.ooo else {
+            return Ok(());
         };
-        let refused = ooo.store.insert(in_order_before, offset, data);
-        self.stats.segment_bytes_refused += refused as u64;
-        if refused > 0 && ooo.held.is_some() {
-            // The hold outgrew the store: the bytes it stopped at never authenticated.
-            return Err(self.fail_with_alert(TlsError::Decrypt));
+        let end = offset.saturating_add(data.len() as u64);
+        // A segment that continues the in-order stream and overlaps nothing held ahead (all
+        // held fragments lie above the in-order offset) goes straight in, not through the
+        // store: one copy and no allocation less on the common path. Not while the stream
+        // is held: then everything waits in the store, where the scan finds it.
+        let direct = ooo.held.is_none()
+            && offset <= in_order_before
+            && end > in_order_before
+            && ooo.store.fragments.range(..end).next().is_none();
+        if !direct {
+            let refused = ooo.store.insert(in_order_before, offset, data);
+            self.stats.segment_bytes_refused += refused as u64;
+            if refused > 0 && ooo.held.is_some() {
+                // The hold outgrew the store: the bytes it stopped at never authenticated.
+                return Err(self.fail_with_alert(TlsError::Decrypt));
+            }
         }
         // Fragments this segment did not touch are scanned again only when the in-order
         // stream moved (the handshake may have finished, keys may have changed).
-        let mut touched = offset..offset.saturating_add(data.len() as u64);
+        let mut touched = offset..end;
+        if direct {
+            self.feed_in_order(&data[(in_order_before - offset) as usize..], in_order)?;
+        }
         // The stream's next bytes, in order.
-        // A skip only ever comes first, before any plaintext of this call: the caller's
-        // frame reader restarts there (see `Tls::in_order_skipped`).
-        self.skip_held_range();
-        'in_order: loop {
+        loop {
+            if self.peer_closed {
+                return Ok(());
+            }
             let at = self.in_order_offset();
             let Some(ooo) = self.ooo.as_mut() else {
                 break;
@@ -1516,26 +1536,7 @@ impl Tls {
             let Some(bytes) = ooo.store.take_at(at) else {
                 break;
             };
-            let mut rest = &bytes[..];
-            while !rest.is_empty() {
-                let rest_at = self.in_order_offset();
-                let taken = self.push_ciphertext(rest);
-                rest = &rest[taken..];
-                self.process(in_order)?;
-                if self.peer_closed {
-                    return Ok(());
-                }
-                if let Some(ooo) = self.ooo.as_mut()
-                    && ooo.held.is_some()
-                {
-                    // Back to the store with the bytes the hold returned.
-                    let refused = ooo.store.insert(rest_at, rest_at + taken as u64, rest);
-                    if refused > 0 {
-                        return Err(self.fail_with_alert(TlsError::Decrypt));
-                    }
-                    continue 'in_order;
-                }
-            }
+            self.feed_in_order(&bytes, in_order)?;
         }
         let floor = self.in_order_offset();
         if floor != in_order_before {
@@ -1552,6 +1553,28 @@ impl Tls {
             ooo.delivered = ooo.delivered.split_off(&consumed);
         }
         self.scan_out_of_order(touched, deliver);
+        Ok(())
+    }
+
+    /// Opens `bytes`, the stream's next ciphertext, in order. If the stream gets held on the
+    /// way (`hold_or_fail`), what is left goes back to the store with the bytes the hold
+    /// returned. Stops at the peer's close_notify.
+    fn feed_in_order(&mut self, mut rest: &[u8], in_order: &mut Vec<u8>) -> Result<(), TlsError> {
+        while !rest.is_empty() && !self.peer_closed {
+            let rest_at = self.in_order_offset();
+            let taken = self.push_ciphertext(rest);
+            rest = &rest[taken..];
+            self.process(in_order)?;
+            if let Some(ooo) = self.ooo.as_mut()
+                && ooo.held.is_some()
+            {
+                let refused = ooo.store.insert(rest_at, rest_at + taken as u64, rest);
+                if refused > 0 {
+                    return Err(self.fail_with_alert(TlsError::Decrypt));
+                }
+                break;
+            }
+        }
         Ok(())
     }
 

@@ -96,7 +96,8 @@ struct UpArgs {
     #[arg(long)]
     preset: Option<String>,
     /// Middleboxes between the client and the bottleneck, in path order, e.g.
-    /// "resegment,retx-cache,strip-options=keep:mss,seq-offset,window=cap:1000".
+    /// "resegment,retx-cache,strip-options=keep:mss,seq-offset,window=cap:1000"
+    /// ("forge=inject:1%/flip:50%/splice:1%": an attacker on TLS records).
     #[arg(long, value_name = "LIST")]
     middlebox: Option<String>,
     /// Middleboxes between the bottleneck and the server.

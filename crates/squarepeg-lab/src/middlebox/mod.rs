@@ -11,16 +11,18 @@
 //! | [`OptionStripper`] | removes TCP options that are not on an allow-list |
 //! | [`SeqRewriter`] | shifts one direction's sequence numbers by a per-flow random offset (ISN randomisation) |
 //! | [`WindowRewriter`] | clamps or overwrites the advertised window |
+//! | [`Forger`] | an attacker, not a TCPExposure behaviour: injects fake TLS record headers, flips bits in retransmissions, splices earlier records in (uTLS must deliver none of it) |
 //!
 //! Every transform keeps packets valid (lengths, IP and TCP checksums) and passes anything it
 //! does not understand — non-TCP, fragments, malformed headers — unchanged. A
 //! [`MiddleboxChain`] composes them and is itself a [`Middlebox`], so the simulator and the
 //! real-time emulator ([`crate::net`]) drive one object per position on the path.
 //! [`parse_middleboxes`] reads the compact command-line form
-//! (`resegment,retx-cache,strip-options=keep:mss,seq-offset,window=cap:1000`).
+//! (`resegment,retx-cache,strip-options=keep:mss,seq-offset,window=cap:1000,forge`).
 
 mod chain;
 mod flows;
+mod forge;
 mod options;
 mod resegment;
 mod retransmit_cache;
@@ -33,6 +35,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 pub use chain::MiddleboxChain;
+pub use forge::{ForgeConfig, ForgeStats, Forger};
 pub use options::{OptionStripper, OptionStripperStats, StripMode, StripOptionsConfig};
 pub use resegment::{ResegmentConfig, ResegmentStats, Resegmenter};
 pub use retransmit_cache::{RetransmitCache, RetransmitCacheConfig, RetransmitCacheStats};
@@ -117,6 +120,8 @@ pub enum MiddleboxConfig {
     SeqRewrite(SeqRewriteConfig),
     /// A [`WindowRewriter`].
     WindowRewrite(WindowRewriteConfig),
+    /// A [`Forger`].
+    Forge(ForgeConfig),
 }
 
 impl MiddleboxConfig {
@@ -128,6 +133,7 @@ impl MiddleboxConfig {
             MiddleboxConfig::StripOptions(c) => Box::new(OptionStripper::new(c.clone())),
             MiddleboxConfig::SeqRewrite(c) => Box::new(SeqRewriter::new(c.clone())),
             MiddleboxConfig::WindowRewrite(c) => Box::new(WindowRewriter::new(*c)),
+            MiddleboxConfig::Forge(c) => Box::new(Forger::new(c.clone())),
         }
     }
 }

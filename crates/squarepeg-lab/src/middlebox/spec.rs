@@ -15,6 +15,7 @@
 //! | `strip-options` (`strip`) | `keep:<kind>+<kind>…` (numbers or `mss`, `ws`, `sack-perm`, `sack`, `ts`; `keep:none` strips all), `mode:nop\|shrink` |
 //! | `seq-offset` (`seq-rewrite`) | `seed:<n>`, `sack:on\|off` |
 //! | `window` | `cap:<n>` or `fixed:<n>` (raw 16-bit field; required) |
+//! | `forge` | `inject:<%>` (fake record header per data segment), `flip:<%>` (bit flip per retransmission), `splice:<%>` (earlier record in place of a segment), `span:<size>`, `seed:<n>` |
 //!
 //! Every box also takes `dir:up|down|both`: `up` is client to server (the simulator's left to
 //! right), `down` server to client.
@@ -22,12 +23,12 @@
 use thiserror::Error;
 
 use super::{
-    DirectionFilter, MiddleboxConfig, ResegmentConfig, RetransmitCacheConfig, SeqRewriteConfig,
-    StripMode, StripOptionsConfig, WindowMode, WindowRewriteConfig,
+    DirectionFilter, ForgeConfig, MiddleboxConfig, ResegmentConfig, RetransmitCacheConfig,
+    SeqRewriteConfig, StripMode, StripOptionsConfig, WindowMode, WindowRewriteConfig,
 };
 use crate::units::{ValueError, parse_duration, parse_percent, parse_size};
 
-const BOXES: &str = "resegment, retx-cache, strip-options, seq-offset, window";
+const BOXES: &str = "resegment, retx-cache, strip-options, seq-offset, window, forge";
 
 /// Why a middlebox list could not be parsed.
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -98,6 +99,7 @@ fn parse_one(item: &str, whole: &str) -> Result<MiddleboxConfig, MiddleboxSpecEr
         "strip-options" | "strip" | "strip_options" => strip_options(&params),
         "seq-offset" | "seq-rewrite" | "seq_offset" => seq_offset(&params),
         "window" => window(&params),
+        "forge" => forge(&params),
         other => Err(MiddleboxSpecError::UnknownBox(other.to_owned())),
     }
 }
@@ -281,6 +283,32 @@ fn seq_offset(params: &[(&str, &str)]) -> Result<MiddleboxConfig, MiddleboxSpecE
     Ok(MiddleboxConfig::SeqRewrite(config))
 }
 
+fn forge(params: &[(&str, &str)]) -> Result<MiddleboxConfig, MiddleboxSpecError> {
+    let p = Params {
+        middlebox: "forge",
+        takes: "inject, flip, splice, span, seed, dir",
+    };
+    let mut config = ForgeConfig::default();
+    for &(key, value) in params {
+        match key {
+            "inject" => config.inject = p.value(key, value, parse_percent(value))?,
+            "flip" => config.flip = p.value(key, value, parse_percent(value))?,
+            "splice" => config.splice = p.value(key, value, parse_percent(value))?,
+            "span" => {
+                let size = p.value(key, value, parse_size(value))?;
+                config.span = u32::try_from(size)
+                    .ok()
+                    .filter(|s| *s < 1 << 30)
+                    .ok_or_else(|| p.bad(key, value, "expected less than 1 GiB"))?;
+            }
+            "seed" => config.seed = p.number(key, value)?,
+            "dir" => config.directions = p.direction(key, value)?,
+            _ => return Err(p.unknown(key)),
+        }
+    }
+    Ok(MiddleboxConfig::Forge(config))
+}
+
 fn window(params: &[(&str, &str)]) -> Result<MiddleboxConfig, MiddleboxSpecError> {
     let p = Params {
         middlebox: "window",
@@ -360,6 +388,22 @@ mod tests {
         assert_eq!(parse_middleboxes("  ").expect("empty"), vec![]);
         let keep_none = parse_middleboxes("strip-options=keep:none").expect("none");
         assert!(matches!(&keep_none[0], MiddleboxConfig::StripOptions(c) if c.allowed.is_empty()));
+        let forge =
+            parse_middleboxes("forge=inject:1%/flip:100%/splice:0.5%/span:4kb/seed:3/dir:up")
+                .expect("forge");
+        assert_eq!(
+            forge[0],
+            MiddleboxConfig::Forge(ForgeConfig {
+                seed: 3,
+                directions: DirectionFilter::LeftToRight,
+                inject: 0.01,
+                flip: 1.0,
+                splice: 0.005,
+                span: 4096,
+                ..ForgeConfig::default()
+            })
+        );
+        assert_eq!(forge[0].build().name(), "forge");
     }
 
     #[test]
@@ -374,6 +418,7 @@ mod tests {
         assert!(err("window=cap:70000").contains("whole number"));
         assert!(err("window=cap").contains("not key:value"));
         assert!(err("seq-offset=dir:sideways").contains("up, down or both"));
+        assert!(err("forge=inject:5").contains("needs a % suffix"));
         assert!(err("strip-options=keep:mss+bogus").contains("`bogus` is not an option kind"));
     }
 }
