@@ -416,6 +416,15 @@ impl Connection {
     pub fn handle_transport_closed(&mut self, now: Instant, reason: TransportError) {
         if !self.transport_closed {
             self.transport_closed = true;
+            let mut reason = reason;
+            if let RecordLayer::Tls(t) = &mut self.record
+                && t.tls.ends_held()
+            {
+                // The stream ended where it was held on bytes that never authenticated (no
+                // replacement covered them): that is the record layer's failure.
+                t.failed = true;
+                reason = tls_transport_error(&TlsError::Decrypt);
+            }
             self.session.handle_transport_closed(now, reason);
             if let SendPath::Tagged(t) = &mut self.send {
                 // Nothing more will be transmitted or reported.

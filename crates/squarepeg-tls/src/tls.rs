@@ -1599,6 +1599,17 @@ impl Tls {
         }
     }
 
+    /// The transport ended: if the in-order stream is held on bytes that never authenticated
+    /// (see [`Tls::note_replaced`]), that is a failure ([`TlsError::Decrypt`], with its
+    /// alert queued if the transport can still carry it). Returns whether it was.
+    pub fn ends_held(&mut self) -> bool {
+        if self.failed.is_some() || !self.ooo.as_ref().is_some_and(|o| o.held.is_some()) {
+            return false;
+        }
+        self.fail_with_alert(TlsError::Decrypt);
+        true
+    }
+
     /// Whether the in-order stream is held inside a range the peer announced replaced: the
     /// next [`Tls::push_segment`] skips to the range's end before anything else, so the
     /// in-order plaintext it appends starts a new unit (a frame reader restarts there).
