@@ -1603,7 +1603,7 @@ impl Tls {
     /// (see [`Tls::note_replaced`]), that is a failure ([`TlsError::Decrypt`], with its
     /// alert queued if the transport can still carry it). Returns whether it was.
     pub fn ends_held(&mut self) -> bool {
-        if self.failed.is_some() || !self.ooo.as_ref().is_some_and(|o| o.held.is_some()) {
+        if self.failed.is_some() || self.ooo.as_ref().is_none_or(|o| o.held.is_none()) {
             return false;
         }
         self.fail_with_alert(TlsError::Decrypt);
