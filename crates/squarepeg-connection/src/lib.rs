@@ -243,11 +243,7 @@ impl Connection {
             // Records delimit and authenticate: plain frames from the first byte (docs/wire.md
             // §4).
             session.use_plain_frames();
-            let mut numbers = record_numbers::READS;
-            if !substrate.receives_in_order() {
-                numbers |= record_numbers::OUT_OF_ORDER;
-            }
-            session.announce_record_numbers(numbers);
+            session.announce_record_numbers(record_number_bits(substrate));
         } else {
             session.set_frame_formats(receive_plain, send_plain);
         }
@@ -582,6 +578,7 @@ impl Connection {
                 .push_segment(offset, data, &mut r.opened, &mut |record| {
                     records.push((record.offset, record.content.to_vec()))
                 });
+            t.held_since = t.tls.is_held().then(|| t.held_since.unwrap_or(now));
             if t.tls.stats().spliced_bytes_skipped != skipped_before {
                 // The in-order stream jumped over a replaced range (before this call's
                 // plaintext): a unit cut there is gone, the reader starts afresh.
@@ -626,7 +623,13 @@ impl Connection {
             RecordLayer::Cleartext => {
                 squarepeg_tcp::Padder::from_fn(squarepeg_framing::encode_padding)
             }
-            RecordLayer::Tls(t) => record::tls_padder(&mut t.tls),
+            RecordLayer::Tls(t) => {
+                // The peer must know that a stop on unauthenticated bytes may be a splice
+                // (announced before the first frame: drivers ask before any is sent).
+                let bits = record_number_bits(self.substrate) | record_numbers::REPLACES;
+                self.session.announce_record_numbers(bits);
+                record::tls_padder(&mut t.tls)
+            }
         })
     }
 
@@ -637,12 +640,15 @@ impl Connection {
         let RecordLayer::Tls(t) = &mut self.record else {
             return;
         };
-        if t.tls.is_sending_numbered() {
-            return;
-        }
         let Some(bits) = self.session.peer_record_numbers() else {
             return;
         };
+        if bits & record_numbers::REPLACES != 0 {
+            t.tls.expect_replacements();
+        }
+        if t.tls.is_sending_numbered() {
+            return;
+        }
         let tagged = matches!(self.send, SendPath::Tagged(_));
         if bits & record_numbers::OUT_OF_ORDER != 0 || (tagged && bits & record_numbers::READS != 0)
         {
@@ -820,11 +826,30 @@ impl Connection {
 
     /// When [`Self::handle_timeout`] should next be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.session.poll_timeout()
+        let session = self.session.poll_timeout();
+        match self.hold_deadline() {
+            Some(hold) => Some(session.map_or(hold, |s| s.min(hold))),
+            None => session,
+        }
+    }
+
+    /// When a stop of the in-order TLS stream on unauthenticated bytes fails the connection.
+    fn hold_deadline(&self) -> Option<Instant> {
+        match &self.record {
+            RecordLayer::Tls(t) if !t.failed => t.held_since.map(|since| since + record::MAX_HOLD),
+            _ => None,
+        }
     }
 
     /// Runs the timers that are due.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.hold_deadline().is_some_and(|t| t <= now)
+            && let RecordLayer::Tls(t) = &mut self.record
+            && t.tls.ends_held()
+        {
+            // Held too long: no announcement covers the stop (docs/wire.md §5.1).
+            self.tls_failed(now, &TlsError::Decrypt);
+        }
         if self.session.poll_timeout().is_some_and(|t| t <= now) {
             self.session.handle_timeout(now);
         }
@@ -835,5 +860,15 @@ impl Connection {
     /// transport and stops.
     pub fn is_drained(&self) -> bool {
         self.session.is_drained()
+    }
+}
+
+/// PARAMS `record_numbers` of a TLS connection on `substrate` (docs/wire.md §5): it reads
+/// numbered records, and out of order where it reads segments.
+fn record_number_bits(substrate: Substrate) -> u64 {
+    if substrate.receives_in_order() {
+        record_numbers::READS
+    } else {
+        record_numbers::READS | record_numbers::OUT_OF_ORDER
     }
 }

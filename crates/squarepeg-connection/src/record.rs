@@ -23,6 +23,7 @@
 //! slot takes the out-of-order record scanner (Minion §6) and whole records per tagged write.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use squarepeg_session::{TlsFailure, TransportError};
 use squarepeg_tls::padding::MIN_PADDING_LEN;
@@ -100,7 +101,16 @@ pub(crate) struct TlsLayer {
     pub(crate) failed: bool,
     /// After a failure: the alert was handed out (the FIN may follow).
     pub(crate) alert_out: bool,
+    /// Since when the in-order stream is held on bytes that do not authenticate
+    /// (`Tls::is_held`): it fails after [`MAX_HOLD`].
+    pub(crate) held_since: Option<Instant>,
 }
+
+/// How long the in-order stream may stay held on bytes that do not authenticate before the
+/// connection fails: a peer announces each replaced range ahead of its data, so an honest
+/// splice is resolved within about a round trip (a few, if the announcement is lost); a
+/// forger's bytes end in a failure, not a stall.
+pub(crate) const MAX_HOLD: Duration = Duration::from_secs(5);
 
 impl std::fmt::Debug for TlsLayer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -130,6 +140,7 @@ impl TlsLayer {
             control_pending: false,
             failed: false,
             alert_out: false,
+            held_since: None,
         }
     }
 }

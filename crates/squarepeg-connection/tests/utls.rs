@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use squarepeg_connection::{
     Config, Connection, EndpointLink, Event, Role, Substrate, TlsSetup, tcp_config,
 };
-use squarepeg_session::{ConnectionError, MessageProps, MessageStatus, Priority};
+use squarepeg_session::{ConnectionError, MessageProps, MessageStatus, Priority, TransportError};
 use squarepeg_tcp::{ConnectionConfig, Event as TcpEvent};
 use squarepeg_tls::config::{self, Trust};
 
@@ -60,6 +60,9 @@ struct Path {
     splice_originals: bool,
     /// The client's records per key (a KeyUpdate before each limit).
     records_per_key: Option<u64>,
+    /// A forger flips a payload bit in every retransmitted client segment after the first
+    /// hundred packets (the handshake and PARAMS are through; checksum fixed).
+    corrupt_retransmissions: bool,
 }
 
 impl Path {
@@ -114,6 +117,8 @@ fn run(count: u32, path: &Path, props: impl Fn(u32) -> MessageProps) -> Outcome 
     let mut to_client: BTreeMap<(Instant, u64), Vec<u8>> = BTreeMap::new();
     // Lost packets kept for `splice_originals`, by TCP sequence number.
     let mut kept: HashMap<u32, Vec<u8>> = HashMap::new();
+    // Sequence numbers of client segments seen, for `corrupt_retransmissions`.
+    let mut seen = std::collections::HashSet::new();
     for _ in 0..60_000 {
         while let Some(n) = client_ep.poll_transmit(now, &mut packet) {
             packets += 1;
@@ -121,6 +126,7 @@ fn run(count: u32, path: &Path, props: impl Fn(u32) -> MessageProps) -> Outcome 
             let lossy = packets < 600;
             let phase = packets % path.drop_every;
             let seq = tcp_sequence(&packet[..n]);
+            let retransmitted = seq.is_some_and(|seq| !seen.insert(seq));
             if lossy && phase == path.drop_every / 2 {
                 if path.splice_originals
                     && let Some(seq) = seq
@@ -132,6 +138,11 @@ fn run(count: u32, path: &Path, props: impl Fn(u32) -> MessageProps) -> Outcome 
             let mut bytes = packet[..n].to_vec();
             if let Some(original) = seq.and_then(|seq| kept.remove(&seq)) {
                 splice(&original, &mut bytes);
+            }
+            if retransmitted && path.corrupt_retransmissions && packets > 100 {
+                let middle = bytes.len() - 1;
+                bytes[middle] ^= 0x40;
+                fix_tcp_checksum(&mut bytes);
             }
             to_server.insert((now + one_way, packets), bytes);
         }
@@ -243,18 +254,24 @@ fn splice(original: &[u8], retransmission: &mut [u8]) {
     }
     let half = (retransmission.len() - data) / 2;
     retransmission[data..data + half].copy_from_slice(&original[data..data + half]);
-    // RFC 793 checksum: one's complement sum of the pseudo-header and the segment.
-    retransmission[ihl + 16..ihl + 18].fill(0);
-    let segment = &retransmission[ihl..];
+    fix_tcp_checksum(retransmission);
+}
+
+/// Recomputes the TCP checksum of an IPv4 packet (RFC 793: one's complement sum of the
+/// pseudo-header and the segment).
+fn fix_tcp_checksum(packet: &mut [u8]) {
+    let ihl = usize::from(packet[0] & 0x0f) * 4;
+    packet[ihl + 16..ihl + 18].fill(0);
+    let segment = &packet[ihl..];
     let mut sum: u64 = 6 + segment.len() as u64;
-    for pair in retransmission[12..20].chunks(2).chain(segment.chunks(2)) {
+    for pair in packet[12..20].chunks(2).chain(segment.chunks(2)) {
         sum += u64::from(u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]));
     }
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);
     }
     let checksum = !(sum as u16);
-    retransmission[ihl + 16..ihl + 18].copy_from_slice(&checksum.to_be_bytes());
+    packet[ihl + 16..ihl + 18].copy_from_slice(&checksum.to_be_bytes());
 }
 
 fn no_nonce_twice(client: &Connection) {
@@ -358,6 +375,7 @@ fn inconsistent_retransmissions_replace_whole_records_with_padding_records() {
         inconsistent: true,
         splice_originals: false,
         records_per_key: None,
+        corrupt_retransmissions: false,
     };
     let out = run(1500, &path, mostly_short_lived);
     check_replacement_run(&out, 1500);
@@ -386,6 +404,7 @@ fn a_late_original_spliced_with_its_replacement_is_skipped_never_delivered() {
             inconsistent: true,
             splice_originals: true,
             records_per_key: None,
+            corrupt_retransmissions: false,
         };
         let out = run(1500, &path, mostly_short_lived);
         check_replacement_run(&out, 1500);
@@ -409,6 +428,7 @@ fn padding_across_key_updates_opens_and_never_repeats_a_nonce() {
         inconsistent: true,
         splice_originals: true,
         records_per_key: Some(300),
+        corrupt_retransmissions: false,
     };
     let out = run(1500, &path, mostly_short_lived);
     check_replacement_run(&out, 1500);
@@ -422,4 +442,30 @@ fn padding_across_key_updates_opens_and_never_repeats_a_nonce() {
     let nonces = out.client.tls().unwrap().sealed_nonces();
     let epochs: std::collections::HashSet<u64> = nonces.iter().map(|(e, _)| *e).collect();
     assert!(epochs.len() >= 4, "{epochs:?}");
+}
+
+#[test]
+fn corrupted_bytes_no_announcement_covers_fail_the_connection_not_stall_it() {
+    // Replacements are on, so the receiver holds on bytes that do not authenticate; a forger
+    // corrupting every retransmission makes holds no RECORDS_REPLACED covers. They must end in
+    // a TLS failure (within MAX_HOLD, or when the stream ends), never in delivering them.
+    let path = Path {
+        per_ms: 1,
+        drop_every: 9,
+        one_way_ms: 10,
+        inconsistent: true,
+        corrupt_retransmissions: true,
+        ..Path::default()
+    };
+    let out = run(1500, &path, mostly_short_lived);
+    let server = out.server.stats().tls.unwrap();
+    assert!(server.records_held > 0, "{server:?}");
+    let error = out.server.session().error();
+    assert!(
+        matches!(
+            error,
+            Some(ConnectionError::Transport(TransportError::Tls(_)))
+        ),
+        "{error:?}"
+    );
 }

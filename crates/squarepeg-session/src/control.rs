@@ -61,6 +61,9 @@ pub mod record_numbers {
     pub const READS: u64 = 0b01;
     /// It reads records out of order: number yours.
     pub const OUT_OF_ORDER: u64 = 0b10;
+    /// Its retransmissions may carry other records than the originals (inconsistent
+    /// retransmissions, docs/wire.md §5.1): it announces them with RECORDS_REPLACED.
+    pub const REPLACES: u64 = 0b100;
 }
 
 /// A decoded control frame.

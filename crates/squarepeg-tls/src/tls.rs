@@ -157,6 +157,8 @@ struct Numbering {
     send_requested: bool,
     /// Records sealed from now on are numbered.
     send_on: bool,
+    /// The peer may replace retransmitted records ([`Tls::expect_replacements`]).
+    replacements_expected: bool,
     /// The peer's switch marker was read: its records are numbered.
     receive_on: bool,
 }
@@ -819,14 +821,15 @@ impl Tls {
     }
 
     /// A record read in order did not authenticate (`e`). Fatal, except for an out-of-order
-    /// receiver of numbered records: a peer's inconsistent retransmission may have met a
+    /// receiver of numbered records from a peer that may replace records
+    /// ([`Tls::expect_replacements`]): its inconsistent retransmission may have met a
     /// late copy of the original bytes, and the receiver's first-copy-wins store then holds
     /// a splice of both. The stream stops there (its bytes go back to the store, where the
     /// out-of-order scan still finds every whole record after them) until the peer's
     /// announcement of the range lets it skip ([`Tls::note_replaced`]). Nothing unauthenticated
     /// is delivered either way; a hold that outgrows the store fails with `e`.
     fn hold_or_fail(&mut self, e: TlsError) -> Result<(), TlsError> {
-        if !self.numbering.receive_on {
+        if !self.numbering.receive_on || !self.numbering.replacements_expected {
             return Err(self.fail_with_alert(e));
         }
         let Some(ooo) = &mut self.ooo else {
@@ -1420,6 +1423,14 @@ impl Tls {
         self.numbering.accept = true;
     }
 
+    /// The peer's retransmissions may carry other records than the originals (it said so
+    /// under encryption; docs/wire.md §5.1): an out-of-order receiver of its numbered records
+    /// then holds at bytes that do not authenticate, until the peer's announcement of the
+    /// replaced range (a splice of original and replacement), instead of failing at once.
+    pub fn expect_replacements(&mut self) {
+        self.numbering.replacements_expected = true;
+    }
+
     /// Switches this side's records to numbered ones (docs/wire.md §5) once the peer said it
     /// reads them: the switch marker goes out with the next [`Tls::poll_output`] or
     /// [`Tls::seal`], and every record after it carries its number. From then on the records
@@ -1608,6 +1619,12 @@ impl Tls {
         }
         self.fail_with_alert(TlsError::Decrypt);
         true
+    }
+
+    /// Whether the in-order stream is held on bytes that do not authenticate (see
+    /// [`Tls::expect_replacements`]).
+    pub fn is_held(&self) -> bool {
+        self.ooo.as_ref().is_some_and(|o| o.held.is_some())
     }
 
     /// Whether the in-order stream is held inside a range the peer announced replaced: the
