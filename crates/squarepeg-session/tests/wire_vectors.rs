@@ -33,6 +33,13 @@ fn expected() -> Vec<(&'static str, ControlFrame)> {
                 ..Params::default()
             }),
         ),
+        (
+            "PARAMS record_numbers=0b111",
+            ControlFrame::Params(Params {
+                record_numbers: Some(0b111),
+                ..Params::default()
+            }),
+        ),
         ("MAX_DATA 1048576", ControlFrame::MaxData(1_048_576)),
         (
             "MAX_STREAM_DATA stream=5 max=70000",
