@@ -5,9 +5,9 @@
 //! the order the sender sent them, and those the path delivered — so one piece of code
 //! decides for both: the simulator from its trace hooks, the real lab from the emulator's
 //! captures on its server-facing interface (before the impairments) and client-facing
-//! interface (after them). The path is FIFO in every scenario (no reordering, no
-//! duplication, no middlebox), so the delivered packets are the sent ones, byte for byte and
-//! in order, minus the drops; [`match_delivered`] checks exactly that.
+//! interface (after them). No scenario rewrites packets, so every delivered packet is a sent
+//! one, byte for byte; the path may drop, reorder (jitter, explicit reordering) and
+//! duplicate them, so [`match_delivered`] matches by content, not by position.
 //!
 //! A message is *lost by the network* when the first transmission of any of its bytes was
 //! dropped. For a datagram transport every message is one datagram, sent once. For a TCP
@@ -15,7 +15,7 @@
 //! are being sent for the first time (TCP sends new data in sequence order); the stream is
 //! rebuilt from the sent segments and cut into messages by the transport's [`Framing`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Range;
 
 use etherparse::{SlicedPacket, TransportSlice};
@@ -94,35 +94,45 @@ pub struct WirePacket {
     pub delivered: bool,
 }
 
-/// Marks which sent packets were delivered: the delivered packets must be the sent ones in
-/// the same order with some left out (a FIFO path that drops). Anything else — a delivered
-/// packet that was never sent, or one out of order — is an error, since the mapping to
-/// messages would then be a guess.
+/// Marks which sent packets were delivered, in any order: each delivered packet is the
+/// earliest sent packet with the same bytes not matched yet (a path may reorder); a packet
+/// delivered more often than it was sent is a duplicate the path made, and counts once. A
+/// delivered packet that was never sent is an error (a path that rewrites packets, or an
+/// incomplete capture): the mapping to messages would be a guess.
 pub fn match_delivered(
     sent: Vec<Vec<u8>>,
     delivered: &[Vec<u8>],
 ) -> Result<Vec<WirePacket>, VoipError> {
-    let mut next = 0;
-    let log: Vec<WirePacket> = sent
-        .into_iter()
-        .map(|bytes| {
-            let hit = delivered.get(next).is_some_and(|d| *d == bytes);
-            next += usize::from(hit);
-            WirePacket {
-                bytes,
-                delivered: hit,
+    // Indices of the sent packets by content, earliest first.
+    let mut by_bytes: HashMap<&[u8], VecDeque<usize>> = HashMap::new();
+    for (i, bytes) in sent.iter().enumerate() {
+        by_bytes.entry(bytes.as_slice()).or_default().push_back(i);
+    }
+    let mut hit = vec![false; sent.len()];
+    let mut unknown = 0;
+    for d in delivered {
+        match by_bytes.get_mut(d.as_slice()) {
+            Some(unmatched) => {
+                if let Some(i) = unmatched.pop_front() {
+                    hit[i] = true;
+                }
+                // Else: every copy sent was delivered already; the path duplicated it.
             }
-        })
-        .collect();
-    if next != delivered.len() {
+            None => unknown += 1,
+        }
+    }
+    if unknown > 0 {
         return Err(VoipError::Wire(format!(
-            "{} of {} delivered packets do not match the sent ones in order (a path that \
-             reorders, duplicates or rewrites packets, or an incomplete capture)",
-            delivered.len() - next,
+            "{unknown} of {} delivered packets were never sent (a path that rewrites packets, \
+             or an incomplete capture)",
             delivered.len()
         )));
     }
-    Ok(log)
+    Ok(sent
+        .into_iter()
+        .zip(hit)
+        .map(|(bytes, delivered)| WirePacket { bytes, delivered })
+        .collect())
 }
 
 /// The numbers of the messages whose first transmission the path dropped.
@@ -392,12 +402,23 @@ mod tests {
     }
 
     #[test]
-    fn matching_needs_order() {
+    fn matching_by_content_in_any_order() {
+        let marks =
+            |log: Vec<WirePacket>| -> Vec<bool> { log.iter().map(|p| p.delivered).collect() };
         let sent = vec![vec![1], vec![2], vec![3]];
         let log = match_delivered(sent.clone(), &[vec![1], vec![3]]).expect("fifo");
-        let delivered: Vec<bool> = log.iter().map(|p| p.delivered).collect();
-        assert_eq!(delivered, [true, false, true]);
-        assert!(match_delivered(sent.clone(), &[vec![3], vec![1]]).is_err());
+        assert_eq!(marks(log), [true, false, true]);
+        // Reordered.
+        let log = match_delivered(sent.clone(), &[vec![3], vec![1]]).expect("reordered");
+        assert_eq!(marks(log), [true, false, true]);
+        // Duplicated by the path: counts once.
+        let log = match_delivered(sent.clone(), &[vec![2], vec![2]]).expect("duplicated");
+        assert_eq!(marks(log), [false, true, false]);
+        // The same bytes sent twice, delivered once: the earliest copy.
+        let twice = vec![vec![7], vec![8], vec![7]];
+        let log = match_delivered(twice, &[vec![7], vec![8]]).expect("same bytes");
+        assert_eq!(marks(log), [true, true, false]);
+        // Never sent: an error.
         assert!(match_delivered(sent, &[vec![4]]).is_err());
     }
 
