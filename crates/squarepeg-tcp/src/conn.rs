@@ -2896,11 +2896,12 @@ impl Connection {
     /// Before a retransmission of the stream bytes `[stream_start, stream_start + len)`: the
     /// messages in it that will have expired on arrival are replaced by live ones (Hollywood
     /// §4.2 inconsistent retransmissions; rules in [`SendQueue`]). Arrival is estimated as
-    /// now plus a one-way delay of (SRTT − RTTVAR) / 2: half the smoothed round trip
-    /// (Hollywood §4.2 uses SRTT/2), lowered by half its mean deviation so that a message that
-    /// could still arrive in time on a path running one deviation fast is retransmitted as it
-    /// was — replacing a message that would have been useful costs more than sending one that
-    /// arrives late. Without an RTT sample, or without a padder, nothing is replaced.
+    /// early as it plausibly can be: now plus half the smallest round trip measured (Hollywood
+    /// §4.2 uses SRTT/2). Replacing a message that would have been useful costs more than
+    /// sending one that arrives late, and under delay jitter the smoothed estimates are no
+    /// lower bound: (SRTT − RTTVAR)/2 replaced messages that then would have arrived in time
+    /// (issue 14: RTT 40 ms ± 10 ms, 60 ms playout). Without a fine-grained sample, (SRTT −
+    /// RTTVAR)/2. Without an RTT sample, or without a padder, nothing is replaced.
     fn replace_expired(&mut self, now: Instant, stream_start: u64, len: usize) {
         let Some(padder) = &self.cfg.padder else {
             return;
@@ -2911,7 +2912,11 @@ impl Connection {
         if len == 0 {
             return;
         }
-        let one_way = srtt.saturating_sub(self.rtt.rttvar()) / 2;
+        let round_trip = self
+            .rtt
+            .min_rtt()
+            .unwrap_or_else(|| srtt.saturating_sub(self.rtt.rttvar()));
+        let one_way = round_trip / 2;
         let arrival = later(now, one_way);
         let end = stream_start + len as u64;
         let r = self
