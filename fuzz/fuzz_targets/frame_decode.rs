@@ -47,7 +47,7 @@ fuzz_target!(|data: &[u8]| {
     .unwrap();
     let norm = |f: Result<squarepeg_framing::Frame, squarepeg_framing::FrameError>| match f {
         Err(squarepeg_framing::FrameError::Oversize { limit, .. }) => {
-            Err(squarepeg_framing::FrameError::Oversize { len: 0, limit })
+            Err(squarepeg_framing::FrameError::Oversize { len: None, limit })
         }
         other => other,
     };

@@ -103,6 +103,8 @@ fn run(addr: &str) {
     let mut rest = String::new();
     err.read_to_string(&mut rest).unwrap();
     assert!(l.wait().unwrap().success(), "listen failed: {rest}");
+    // A clean close by the peer is said, as an error would be.
+    assert!(rest.contains("peer closed the connection"), "{rest}");
 
     assert!(l_out.contains("[substream 3 #0] hello\n"), "{l_out}");
     assert!(l_out.contains("[substream 3 #1] second line\n"), "{l_out}");

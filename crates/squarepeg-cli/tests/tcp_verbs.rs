@@ -353,6 +353,38 @@ fn send_and_recv_move_files_to_and_from_kernel_servers() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A `recv` whose connection is refused leaves an existing FILE as it was (issue 14: it used
+/// to be truncated before connecting).
+#[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
+fn a_refused_recv_leaves_the_file_alone() {
+    if !can_run() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("spcli-refused-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let target = dir.join("keep.txt");
+    std::fs::write(&target, b"precious\n").unwrap();
+    // Nothing listens on the kernel's side: its TCP answers with a reset.
+    let ns = namespace("refused");
+    let from = SocketAddr::new(LAB_V4.kernel, 9102).to_string();
+    let out = Command::new(PEG)
+        .args(["tcp", "recv"])
+        .arg(&target)
+        .args(["--from", &from, "--setup", "--netns", ns.name(), "-q"])
+        .args(["--connect-timeout", "5"])
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "recv should fail: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(&target).unwrap(), b"precious\n");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 #[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn errors_are_clear() {

@@ -274,8 +274,9 @@ impl StreamDecoder {
                         self.scanned = self.filled;
                         let len = self.filled - self.start - 1;
                         if len > self.max_encoded {
+                            // Given up on before its end: its size is not known.
                             self.found.push(Found::Error(FrameError::Oversize {
-                                len,
+                                len: None,
                                 limit: self.max_body,
                             }));
                             self.mode = Mode::Skip;
@@ -601,10 +602,17 @@ mod tests {
         assert_eq!(d.next_frame(), Some(Err(FrameError::GarbageBeforeMarker)));
         assert_eq!(d.next_frame(), None);
         d.push(&[7u8; 40]);
-        assert!(matches!(
-            d.next_frame(),
-            Some(Err(FrameError::Oversize { .. }))
-        ));
+        // Given up on after 40 encoded bytes: the frame's size is not known, and the 40 bytes
+        // seen are not reported as its size.
+        let e = d.next_frame().unwrap().unwrap_err();
+        assert_eq!(
+            e,
+            FrameError::Oversize {
+                len: None,
+                limit: 16
+            }
+        );
+        assert_eq!(e.to_string(), "frame exceeds the limit of 16 bytes");
         // The rest of the oversize frame is skipped silently, and nothing
         // of it is held.
         d.push(&[7u8; 4000]);
@@ -700,7 +708,7 @@ mod tests {
                 }
             }
             let norm = |r: Result<Frame, FrameError>| match r {
-                Err(FrameError::Oversize { limit, .. }) => Err(FrameError::Oversize { len: 0, limit }),
+                Err(FrameError::Oversize { limit, .. }) => Err(FrameError::Oversize { len: None, limit }),
                 other => other,
             };
             let mut d = StreamDecoder::with_buffers(max_body, 1024, 4096);
@@ -727,7 +735,9 @@ mod tests {
     #[test]
     fn agrees_with_the_reassembler() {
         let norm = |r: Result<Frame, FrameError>| match r {
-            Err(FrameError::Oversize { limit, .. }) => Err(FrameError::Oversize { len: 0, limit }),
+            Err(FrameError::Oversize { limit, .. }) => {
+                Err(FrameError::Oversize { len: None, limit })
+            }
             other => other,
         };
         let mut wire = Vec::new();

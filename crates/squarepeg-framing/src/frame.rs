@@ -118,7 +118,7 @@ pub fn decode_frame_into(
     // The body is never longer than its encoding.
     if encoded.len() > cobs::max_encoded_len(max_body) {
         return Err(FrameError::Oversize {
-            len: encoded.len(),
+            len: None,
             limit: max_body,
         });
     }
@@ -142,7 +142,7 @@ pub(crate) fn decode_run(encoded: &[u8], max_body: usize) -> Result<Frame, Frame
     debug_assert!(!encoded.is_empty());
     if encoded.len() > cobs::max_encoded_len(max_body) {
         return Err(FrameError::Oversize {
-            len: encoded.len(),
+            len: None,
             limit: max_body,
         });
     }
@@ -170,14 +170,14 @@ pub(crate) fn decode_run_to_slice(
     debug_assert!(!encoded.is_empty());
     if encoded.len() > cobs::max_encoded_len(max_body) {
         return Err(FrameError::Oversize {
-            len: encoded.len(),
+            len: None,
             limit: max_body,
         });
     }
     let body_len = cobs::decode_run_into(encoded, out)?;
     if body_len > max_body {
         return Err(FrameError::Oversize {
-            len: body_len,
+            len: Some(body_len),
             limit: max_body,
         });
     }
@@ -229,7 +229,7 @@ pub(crate) fn decode_zero_free(
             let body_len = head_len + reader.rest_len()?;
             if body_len > max_body {
                 return Err(FrameError::Oversize {
-                    len: body_len,
+                    len: Some(body_len),
                     limit: max_body,
                 });
             }
@@ -240,7 +240,7 @@ pub(crate) fn decode_zero_free(
     let body_len = head_len + payload.len();
     if body_len > max_body {
         return Err(FrameError::Oversize {
-            len: body_len,
+            len: Some(body_len),
             limit: max_body,
         });
     }
@@ -369,7 +369,7 @@ pub mod reference {
     pub fn decode_frame(encoded: &[u8], max_body: usize) -> Result<Frame, FrameError> {
         if encoded.len() > cobs::max_encoded_len(max_body) {
             return Err(FrameError::Oversize {
-                len: encoded.len(),
+                len: None,
                 limit: max_body,
             });
         }
@@ -377,7 +377,7 @@ pub mod reference {
         cobs::reference::decode(encoded, &mut body)?;
         if body.len() > max_body {
             return Err(FrameError::Oversize {
-                len: body.len(),
+                len: Some(body.len()),
                 limit: max_body,
             });
         }

@@ -109,8 +109,11 @@ pub enum FrameError {
     TooShort,
     #[error("frame checksum mismatch (sent {expected:#010x}, computed {computed:#010x})")]
     ChecksumMismatch { expected: u32, computed: u32 },
-    #[error("frame of {len} bytes exceeds the limit of {limit} bytes")]
-    Oversize { len: usize, limit: usize },
+    /// A frame body over `limit` bytes. `len` is the body's size when it is known (a plain
+    /// frame's declared length, or a body decoded whole); a COBS frame is given up on as soon as
+    /// its encoding is too long for any body within the limit, before its size is known.
+    #[error("frame {}exceeds the limit of {limit} bytes", len.map(|n| format!("of {n} bytes ")).unwrap_or_default())]
+    Oversize { len: Option<usize>, limit: usize },
     #[error("stream offset plus length exceeds 2^62-1")]
     OffsetOverflow,
     #[error("bytes before the first frame marker")]

@@ -181,7 +181,7 @@ impl PlainDecoder {
             };
             if len > self.max_body as u64 {
                 self.spans.push(Err(FrameError::Oversize {
-                    len: usize::try_from(len).unwrap_or(usize::MAX),
+                    len: Some(usize::try_from(len).unwrap_or(usize::MAX)),
                     limit: self.max_body,
                 }));
                 self.failed = true;

@@ -317,7 +317,19 @@ mod tests {
         r.push(&wire);
         let got: Vec<_> = std::iter::from_fn(|| r.next_frame()).collect();
         assert_eq!(got.len(), 3);
-        assert!(matches!(got[2], Err(FrameError::Oversize { .. })));
+        // A plain frame declares its length: the error gives it.
+        let e = got[2].clone().unwrap_err();
+        assert_eq!(
+            e,
+            FrameError::Oversize {
+                len: Some(1 << 20),
+                limit: 1000
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "frame of 1048576 bytes exceeds the limit of 1000 bytes"
+        );
         // Nothing after the lost boundary is held or decoded.
         r.push(&[0x05; 10_000]);
         assert_eq!(r.next_frame(), None);

@@ -527,8 +527,7 @@ impl Reassembler {
                     }
                 }
                 Some(m) => {
-                    let len = (end - m - 1) as usize;
-                    self.report_oversize(m, len);
+                    self.report_oversize(m);
                     self.island0 = None;
                     self.advance_base(end);
                 }
@@ -577,7 +576,7 @@ impl Reassembler {
         let last_zero = at + last as u64;
         let tail = &new[last..];
         if tail.len() - 1 > self.max_encoded {
-            self.report_oversize(last_zero, tail.len() - 1);
+            self.report_oversize(last_zero);
             self.advance_base(end);
             return;
         }
@@ -591,13 +590,15 @@ impl Reassembler {
         });
     }
 
-    fn report_oversize(&mut self, marker: u64, len: usize) {
+    /// Rejects the frame at `marker` once its encoding is too long for any body within the
+    /// limit (its size is not known then).
+    fn report_oversize(&mut self, marker: u64) {
         Self::reject(
             &mut self.ready,
             &mut self.stats,
             marker,
             FrameError::Oversize {
-                len,
+                len: None,
                 limit: self.max_body,
             },
         );
@@ -728,7 +729,7 @@ impl Reassembler {
             && !prev_reported
             && (merged_end - p - 1) as usize > self.max_encoded
         {
-            self.report_oversize(p, (merged_end - p - 1) as usize);
+            self.report_oversize(p);
             prev_reported = true;
         }
         let merged = Island {

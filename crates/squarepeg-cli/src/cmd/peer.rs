@@ -138,6 +138,9 @@ pub async fn run_peer(conn: Connection, args: PeerArgs, initiator: bool) -> anyh
     if !normal_close(&reason) {
         bail!("connection closed: {reason}");
     }
+    if matches!(reason, ConnectionError::ApplicationClosed { .. }) {
+        eprintln!("peer closed the connection");
+    }
     files
 }
 

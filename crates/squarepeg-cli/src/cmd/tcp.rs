@@ -16,7 +16,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use sha2::{Digest, Sha256};
 use squarepeg_io::{HostSetup, TcpStream};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::stack::{RunningStack, StackArgs, check_target};
 
@@ -466,21 +466,30 @@ fn send(a: SendArgs) -> anyhow::Result<()> {
 fn recv(a: RecvArgs) -> anyhow::Result<()> {
     check_target(&a.stack, a.from)?;
     let rt = runtime()?;
-    let mut output: Box<dyn AsyncWrite + Unpin + Send> = if a.file.as_os_str() == "-" {
-        Box::new(tokio::io::stdout())
-    } else {
-        Box::new(tokio::fs::File::from_std(
-            std::fs::File::create(&a.file)
-                .with_context(|| format!("creating {}", a.file.display()))?,
-        ))
-    };
+    let to_stdout = a.file.as_os_str() == "-";
+    if !to_stdout {
+        check_writable(&a.file)?;
+    }
     let mut running = a.stack.start()?;
     let quiet = a.stack.quiet;
     let result = rt.block_on(async {
-        let mut conn = connect(&running, a.from, a.connect_timeout).await?;
-        let bar = progress_bar(quiet, None, "receiving");
+        let conn = connect(&running, a.from, a.connect_timeout).await?;
         let started = Instant::now();
+        // The file is created (and an existing one truncated) only once the first byte or a
+        // clean end of stream arrives: a refused or reset connection leaves it as it was.
+        let mut conn = tokio::io::BufReader::new(conn);
+        conn.fill_buf().await?;
+        let mut output: Box<dyn AsyncWrite + Unpin + Send> = if to_stdout {
+            Box::new(tokio::io::stdout())
+        } else {
+            Box::new(tokio::fs::File::from_std(
+                std::fs::File::create(&a.file)
+                    .with_context(|| format!("creating {}", a.file.display()))?,
+            ))
+        };
+        let bar = progress_bar(quiet, None, "receiving");
         let (total, digest) = copy_hashing(&mut conn, &mut output, &bar).await?;
+        let mut conn = conn.into_inner();
         output.flush().await?;
         // FIN only after the peer's: some senders stop at the first end of stream they see.
         conn.shutdown().await?;
@@ -502,6 +511,29 @@ fn recv(a: RecvArgs) -> anyhow::Result<()> {
     });
     rt.block_on(running.finish(quiet))?;
     result
+}
+
+/// Fails early, before any device is made, if `file` surely cannot be written: an existing file
+/// not open for writing (opened without truncating it), or a missing directory.
+fn check_writable(file: &std::path::Path) -> anyhow::Result<()> {
+    if file.exists() {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(file)
+            .with_context(|| format!("opening {}", file.display()))?;
+    } else {
+        let dir = file
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        ensure!(
+            dir.is_dir(),
+            "creating {}: no directory {}",
+            file.display(),
+            dir.display()
+        );
+    }
+    Ok(())
 }
 
 fn progress_bar(quiet: bool, len: Option<u64>, what: &str) -> ProgressBar {
