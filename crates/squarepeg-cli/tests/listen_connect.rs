@@ -83,6 +83,17 @@ fn run(addr: &str) {
             .spawn()
             .unwrap(),
     ));
+    // Once it has its connection the listener listens no more: a second client is refused
+    // instead of completing a handshake nobody answers.
+    line.clear();
+    err.read_line(&mut line).unwrap();
+    assert!(line.starts_with("connection from "), "unexpected: {line}");
+    let second = std::net::TcpStream::connect(&bound);
+    assert_eq!(
+        second.map_err(|e| e.kind()).err(),
+        Some(std::io::ErrorKind::ConnectionRefused),
+        "a second client was let in"
+    );
     let c = client.0.as_mut().unwrap();
     c.stdin
         .take()

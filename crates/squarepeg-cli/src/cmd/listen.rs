@@ -9,7 +9,7 @@ use super::peer::{PeerArgs, run_peer};
 use super::substrate::{Substrate, SubstrateArgs};
 
 /// Accept one connection on ADDR and exchange messages (stdin lines) and
-/// files.
+/// files. Listening stops once it is accepted.
 #[derive(Args, Debug)]
 pub struct ListenArgs {
     /// Address to listen on, e.g. 127.0.0.1:4433 or [::]:4433 (over kernel TCP, port 0 picks
@@ -35,6 +35,8 @@ pub fn run(mut args: ListenArgs, given: &[String]) -> anyhow::Result<()> {
             let ep = squarepeg::Endpoint::bind(&args.addr, config).await?;
             eprintln!("listening on {}", ep.local_addr()?);
             let conn = ep.accept().await?;
+            // One connection: later clients are refused rather than left hanging.
+            drop(ep);
             eprintln!("connection from {}", conn.remote_address());
             report_tls(&conn, args.tls.tls).await?;
             run_peer(conn, args.peer, false).await
@@ -49,6 +51,8 @@ pub fn run(mut args: ListenArgs, given: &[String]) -> anyhow::Result<()> {
                     running.stack().device_name()
                 );
                 let conn = ep.accept().await?;
+                // One connection: later clients are refused rather than left hanging.
+                drop(ep);
                 eprintln!("connection from {}", conn.remote_address());
                 report_tls(&conn, args.tls.tls).await?;
                 run_peer(conn, args.peer, false).await
