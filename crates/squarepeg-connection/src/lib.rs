@@ -570,24 +570,21 @@ impl Connection {
             else {
                 return;
             };
-            let skipped_before = t.tls.stats().spliced_bytes_skipped;
-            r.opened.clear();
-            let records = &mut r.records;
-            let result = t
-                .tls
-                .push_segment(offset, data, &mut r.opened, &mut |record| {
-                    records.push((record.offset, record.content.to_vec()))
-                });
-            t.held_since = t.tls.is_held().then(|| t.held_since.unwrap_or(now));
-            if t.tls.stats().spliced_bytes_skipped != skipped_before {
-                // The in-order stream jumped over a replaced range (before this call's
-                // plaintext): a unit cut there is gone, the reader starts afresh.
+            if t.tls.can_skip_held() {
+                // The call skips a replaced range before any plaintext: a unit cut there is
+                // gone, the reader starts afresh.
                 r.restart_in_order();
             }
-            // What opened before an error was authenticated: it counts.
-            if !r.opened.is_empty() {
-                r.in_order.push(&r.opened);
-            }
+            let (records, reader) = (&mut r.records, &mut r.in_order);
+            // In-order plaintext goes straight into the frame reader; what opened before an
+            // error was authenticated: it counts.
+            let result = t.tls.push_segment_with(
+                offset,
+                data,
+                &mut |opened| reader.push(opened),
+                &mut |record| records.push((record.offset, record.content.to_vec())),
+            );
+            t.held_since = t.tls.is_held().then(|| t.held_since.unwrap_or(now));
             r.deliver(now, &mut self.session, t.tls.in_order_offset());
             for range in self.session.take_records_replaced() {
                 t.tls.note_replaced(range);

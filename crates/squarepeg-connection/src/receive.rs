@@ -146,8 +146,6 @@ pub(crate) struct TlsSegmentReceiver {
     held_close: Option<(u64, Frame)>,
     /// Out-of-order records of the last segment: (offset, content).
     pub(crate) records: Vec<(u64, Vec<u8>)>,
-    /// In-order plaintext opened by the last segment (reused between segments).
-    pub(crate) opened: Vec<u8>,
     /// The in-order reader's sizes, to start it afresh.
     read_buffer: usize,
     pinned_limit: usize,
@@ -164,7 +162,6 @@ impl TlsSegmentReceiver {
             record_frames,
             held_close: None,
             records: Vec::new(),
-            opened: Vec::new(),
             read_buffer,
             pinned_limit,
         }

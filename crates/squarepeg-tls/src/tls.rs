@@ -1491,6 +1491,25 @@ impl Tls {
         in_order: &mut Vec<u8>,
         deliver: &mut dyn FnMut(OutOfOrderRecord<'_>),
     ) -> Result<(), TlsError> {
+        self.push_segment_with(
+            offset,
+            data,
+            &mut |opened| in_order.extend_from_slice(opened),
+            deliver,
+        )
+    }
+
+    /// As [`Tls::push_segment`], handing the in-order application plaintext to `in_order`
+    /// where it was opened (as [`Tls::process_with`]): a receiver with a buffer of its own
+    /// saves a copy. A skip over a replaced range ([`Tls::can_skip_held`] true before the
+    /// call) happens before any of it.
+    pub fn push_segment_with(
+        &mut self,
+        offset: u64,
+        data: &[u8],
+        in_order: &mut dyn FnMut(&[u8]),
+        deliver: &mut dyn FnMut(OutOfOrderRecord<'_>),
+    ) -> Result<(), TlsError> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
@@ -1570,12 +1589,16 @@ impl Tls {
     /// Opens `bytes`, the stream's next ciphertext, in order. If the stream gets held on the
     /// way (`hold_or_fail`), what is left goes back to the store with the bytes the hold
     /// returned. Stops at the peer's close_notify.
-    fn feed_in_order(&mut self, mut rest: &[u8], in_order: &mut Vec<u8>) -> Result<(), TlsError> {
+    fn feed_in_order(
+        &mut self,
+        mut rest: &[u8],
+        in_order: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), TlsError> {
         while !rest.is_empty() && !self.peer_closed {
             let rest_at = self.in_order_offset();
             let taken = self.push_ciphertext(rest);
             rest = &rest[taken..];
-            self.process(in_order)?;
+            self.process_with(in_order)?;
             if let Some(ooo) = self.ooo.as_mut()
                 && ooo.held.is_some()
             {
