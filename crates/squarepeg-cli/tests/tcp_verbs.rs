@@ -491,6 +491,33 @@ fn peg_in(ns: &NetNs, args: &[&str], stdin: &str) -> (bool, String, String) {
     )
 }
 
+/// `peg connect FROM --substrate utcp` (plus `extra`) from namespace `ns_name`, writing
+/// `line`, retried for a few seconds while the kernel's listener may not be up yet. Returns
+/// the successful run's stderr; fails the test if no attempt succeeds.
+fn connect_utcp_retrying(ns_name: &str, from: &str, extra: &[&str], line: &str) -> String {
+    let mut last = String::new();
+    for _ in 0..20 {
+        let mut c = Command::new(PEG)
+            .args(["connect", from])
+            .args(extra)
+            .args(["--substrate", "utcp", "--setup", "--netns", ns_name, "-q"])
+            .env("RUST_BACKTRACE", "0")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin.take().unwrap().write_all(line.as_bytes()).unwrap();
+        let out = c.wait_with_output().unwrap();
+        last = String::from_utf8_lossy(&out.stderr).into_owned();
+        if out.status.success() {
+            return last;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("utcp connect: {last}");
+}
+
 /// `peg listen` and `peg connect` over the userspace TCP (`--substrate utcp`), each facing
 /// the other substrate: messages arrive intact, and a file sent over a stream matches.
 #[test]
@@ -546,41 +573,7 @@ fn listen_and_connect_run_over_the_userspace_tcp() {
         (r, ns)
     });
     let from = SocketAddr::new(LAB_V6.kernel, 4434).to_string();
-    // The kernel listener may not be up yet: retry the connection a few times.
-    let mut last = String::new();
-    let mut connected = false;
-    for _ in 0..20 {
-        let mut c = Command::new(PEG)
-            .args([
-                "connect",
-                &from,
-                "--substrate",
-                "utcp",
-                "--setup",
-                "--netns",
-            ])
-            .arg(&ns_name)
-            .args(["-q"])
-            .env("RUST_BACKTRACE", "0")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        c.stdin
-            .take()
-            .unwrap()
-            .write_all(b"from the userspace side\n")
-            .unwrap();
-        let out = c.wait_with_output().unwrap();
-        if out.status.success() {
-            connected = true;
-            break;
-        }
-        last = String::from_utf8_lossy(&out.stderr).into_owned();
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    assert!(connected, "utcp connect: {last}");
+    connect_utcp_retrying(&ns_name, &from, &[], "from the userspace side\n");
     let ((ok, out, err), _ns) = kernel.join().unwrap();
     assert!(ok, "kernel listen: {err}");
     assert!(out.contains("] from the userspace side"), "{out}");
@@ -707,43 +700,12 @@ fn listen_and_connect_run_tls_over_the_userspace_tcp() {
         (r, ns)
     });
     let from = SocketAddr::new(LAB_V4.kernel, 4434).to_string();
-    // The kernel listener may not be up yet: retry the connection a few times.
-    let mut last = String::new();
-    let mut connected = false;
-    for _ in 0..20 {
-        let mut c = Command::new(PEG)
-            .args([
-                "connect",
-                &from,
-                "--tls",
-                "--insecure",
-                "--substrate",
-                "utcp",
-                "--setup",
-                "--netns",
-            ])
-            .arg(&ns_name)
-            .args(["-q"])
-            .env("RUST_BACKTRACE", "0")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        c.stdin
-            .take()
-            .unwrap()
-            .write_all(b"sealed from the userspace side\n")
-            .unwrap();
-        let out = c.wait_with_output().unwrap();
-        last = String::from_utf8_lossy(&out.stderr).into_owned();
-        if out.status.success() {
-            connected = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    assert!(connected, "utcp connect: {last}");
+    let last = connect_utcp_retrying(
+        &ns_name,
+        &from,
+        &["--tls", "--insecure"],
+        "sealed from the userspace side\n",
+    );
     assert!(last.contains("TLS 1.3, TLS13_"), "{last}");
     let ((ok, out, err), _ns) = kernel.join().unwrap();
     assert!(ok, "kernel listen: {err}");

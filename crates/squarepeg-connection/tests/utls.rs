@@ -12,24 +12,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use squarepeg_connection::{
-    Config, Connection, EndpointLink, Event, Role, Substrate, TlsSetup, tcp_config,
-};
+use squarepeg_connection::{Config, Connection, EndpointLink, Event, Role, Substrate, tcp_config};
 use squarepeg_session::{ConnectionError, MessageProps, MessageStatus, Priority, TransportError};
 use squarepeg_tcp::{ConnectionConfig, Event as TcpEvent};
-use squarepeg_tls::config::{self, Trust};
-
-fn setups() -> (TlsSetup, TlsSetup) {
-    let cert = config::self_signed(&["peg.test".into()]).unwrap();
-    let server = TlsSetup::Server {
-        config: config::server_config(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes()).unwrap(),
-    };
-    let client = TlsSetup::Client {
-        config: config::client_config(Trust::PinnedSha256(cert.fingerprint)).unwrap(),
-        server_name: "peg.test".into(),
-    };
-    (client, server)
-}
 
 fn payload(i: u32) -> Vec<u8> {
     let len = 40 + (i as usize * 37) % 300;
@@ -89,7 +74,7 @@ fn run(count: u32, path: &Path, props: impl Fn(u32) -> MessageProps) -> Outcome 
         "10.0.0.1:40000".parse().unwrap(),
         "10.0.0.2:443".parse().unwrap(),
     );
-    let (client_tls, server_tls) = setups();
+    let (client_tls, server_tls) = common::tls_setups();
     let mut client_ep = common::endpoint("10.0.0.1", 1, now);
     let mut server_ep = common::endpoint("10.0.0.2", 2, now);
     server_ep.listen(server_addr, 4, tcp.clone()).unwrap();

@@ -17,28 +17,15 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use squarepeg_connection::{
-    Config, Connection, ConnectionError, EndpointLink, Event, Role, Substrate, TlsSetup,
-    TransportError, tcp_config,
+    Config, Connection, ConnectionError, EndpointLink, Event, Role, Substrate, TransportError,
+    tcp_config,
 };
 use squarepeg_lab::Direction;
 use squarepeg_lab::middlebox::{DirectionFilter, ForgeConfig, Forger, Middlebox};
 use squarepeg_session::MessageProps;
 use squarepeg_tcp::{ConnectionConfig, Event as TcpEvent};
-use squarepeg_tls::config::{self, Trust};
 
 const MESSAGES: u32 = 150;
-
-fn setups() -> (TlsSetup, TlsSetup) {
-    let cert = config::self_signed(&["peg.test".into()]).unwrap();
-    let server = TlsSetup::Server {
-        config: config::server_config(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes()).unwrap(),
-    };
-    let client = TlsSetup::Client {
-        config: config::client_config(Trust::PinnedSha256(cert.fingerprint)).unwrap(),
-        server_name: "peg.test".into(),
-    };
-    (client, server)
-}
 
 fn payload(i: u32) -> Vec<u8> {
     let len = 40 + (i as usize * 37) % 300;
@@ -90,7 +77,7 @@ fn run(forge: ForgeConfig, loss_seed: u64, drop_one_in: u64) -> Outcome {
         "10.0.0.1:40000".parse().unwrap(),
         "10.0.0.2:443".parse().unwrap(),
     );
-    let (client_tls, server_tls) = setups();
+    let (client_tls, server_tls) = common::tls_setups();
     let mut client_ep = common::endpoint("10.0.0.1", 1, now);
     let mut server_ep = common::endpoint("10.0.0.2", 2, now);
     server_ep.listen(server_addr, 4, tcp.clone()).unwrap();

@@ -95,7 +95,6 @@ impl PaddingSealer {
     /// or too few reserved numbers (the range is then retransmitted as it was).
     pub fn pad(&self, range: Range<u64>, len: usize, out: &mut Vec<u8>) -> bool {
         let mut state = self.state();
-
         if state.replaced.len() >= MAX_REPLACED_RANGES {
             // The receiver must hear of every range: none replaced until these are taken.
             state.stats.declined += 1;
