@@ -212,6 +212,141 @@ impl TunDevice {
     }
 }
 
+/// The device's file descriptor, non-blocking, registered with the driver's runtime.
+pub(crate) type DeviceFd = tokio::io::unix::AsyncFd<tun_rs::SyncDevice>;
+
+/// Reads one packet; `Ok(None)` when none is waiting.
+pub(crate) fn read_packet(fd: &DeviceFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: read(2) into a buffer we own, of its length. The raw system call skips
+        // libc's cancellation-point bookkeeping, measurable at one call per packet.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_read,
+                fd.get_ref().as_raw_fd(),
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        };
+        if n >= 0 {
+            return Ok(Some(n as usize));
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::WouldBlock => return Ok(None),
+            io::ErrorKind::Interrupted => continue,
+            _ => return Err(e),
+        }
+    }
+}
+
+/// Writes one packet; `Ok(false)` when the device says "try again".
+pub(crate) fn write_packet(fd: &DeviceFd, packet: &[u8]) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: write(2) of a buffer we borrow, of its length (see `read_packet`).
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_write,
+                fd.get_ref().as_raw_fd(),
+                packet.as_ptr(),
+                packet.len(),
+            )
+        };
+        if n >= 0 {
+            return Ok(true);
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::WouldBlock => return Ok(false),
+            io::ErrorKind::Interrupted => continue,
+            _ => return Err(e),
+        }
+    }
+}
+
+/// A TUN device read and written one whole IP packet at a time from tokio tasks, for
+/// applications of the device other than the userspace TCP's driver (`peg tunnel`'s device).
+/// Opened without offloads ([`TunDevice::into_packets`]), so a read is never a super-packet.
+pub struct PacketDevice {
+    fd: DeviceFd,
+    name: String,
+    mtu: u16,
+}
+
+impl std::fmt::Debug for PacketDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PacketDevice")
+            .field("name", &self.name)
+            .field("mtu", &self.mtu)
+            .finish()
+    }
+}
+
+impl TunDevice {
+    /// The device as a [`PacketDevice`], registered with the current tokio runtime. Fails
+    /// for a device opened with offloads (open it with [`Offload::Off`]): its reads would be
+    /// virtio-net headers and super-packets, not IP packets.
+    pub fn into_packets(self) -> Result<PacketDevice, Error> {
+        if self.offload {
+            return Err(Error::io(
+                format!("TUN device `{}`", self.name),
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "opened with offloads; packet access needs Offload::Off",
+                ),
+            ));
+        }
+        let TunDevice {
+            device, name, mtu, ..
+        } = self;
+        device
+            .set_nonblocking(true)
+            .map_err(|e| Error::io(format!("making TUN device `{name}` non-blocking"), e))?;
+        // SAFETY: the device owns its descriptor, keeps it open until it is dropped (with the
+        // AsyncFd) and always reports the same one.
+        let fd = unsafe { tokio::io::unix::AsyncFd::register(device) }
+            .map_err(|e| Error::io(format!("registering TUN device `{name}`"), e.into()))?;
+        Ok(PacketDevice { fd, name, mtu })
+    }
+}
+
+impl PacketDevice {
+    /// The interface name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The MTU.
+    pub fn mtu(&self) -> u16 {
+        self.mtu
+    }
+
+    /// Waits for the next packet and reads it into `buf` (a packet longer than `buf` is
+    /// truncated by the kernel: give at least the MTU); returns its length.
+    pub async fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let mut ready = self.fd.readable().await?;
+            match read_packet(&self.fd, buf)? {
+                Some(n) => return Ok(n),
+                None => ready.clear_ready(),
+            }
+        }
+    }
+
+    /// Writes one IP packet, waiting while the device's queue is full.
+    pub async fn send(&self, packet: &[u8]) -> io::Result<()> {
+        loop {
+            let mut ready = self.fd.writable().await?;
+            if write_packet(&self.fd, packet)? {
+                return Ok(());
+            }
+            ready.clear_ready();
+        }
+    }
+}
+
 /// Errors that mean "this kernel (or device) cannot do offloads", as opposed to errors that
 /// opening without offloads would meet as well: TUNSETIFF without IFF_VNET_HDR support or
 /// TUNSETOFFLOAD without TSO/CSUM support answer EINVAL (or ENOTTY, EOPNOTSUPP).

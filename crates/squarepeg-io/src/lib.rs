@@ -96,7 +96,8 @@ mod stack;
 mod stream;
 
 pub use device::{
-    InterfaceCounters, MIN_MTU, Offload, TunConfig, TunDevice, validate_device_name, validate_mtu,
+    InterfaceCounters, MIN_MTU, Offload, PacketDevice, TunConfig, TunDevice, validate_device_name,
+    validate_mtu,
 };
 pub use error::Error;
 pub use setup::{AddressPair, HostSetup, LAB_V4, LAB_V6, check_unicast};

@@ -24,7 +24,7 @@ use squarepeg_tcp::{
 use tokio::io::Interest;
 use tokio::sync::Notify;
 
-use crate::device::TunDevice;
+use crate::device::{DeviceFd, TunDevice, read_packet, write_packet};
 use crate::error::{Error, stopped_error, tcp_to_io};
 use crate::offload::{self, RxPacket};
 use crate::setup::check_unicast;
@@ -722,9 +722,6 @@ impl Outbound {
     }
 }
 
-/// The device's file descriptor, non-blocking, registered with the driver's runtime.
-type DeviceFd = tokio::io::unix::AsyncFd<tun_rs::SyncDevice>;
-
 /// The length an IP packet's header claims (0 if it is not IPv4 or IPv6).
 fn ip_length(packet: &[u8]) -> usize {
     match packet.first().map(|b| b >> 4) {
@@ -733,57 +730,6 @@ fn ip_length(packet: &[u8]) -> usize {
             40 + usize::from(u16::from_be_bytes([packet[4], packet[5]]))
         }
         _ => 0,
-    }
-}
-
-/// Reads one packet; `Ok(None)` when none is waiting.
-fn read_packet(fd: &DeviceFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
-    use std::os::fd::AsRawFd;
-    loop {
-        // SAFETY: read(2) into a buffer we own, of its length. The raw system call skips
-        // libc's cancellation-point bookkeeping, measurable at one call per packet.
-        let n = unsafe {
-            libc::syscall(
-                libc::SYS_read,
-                fd.get_ref().as_raw_fd(),
-                buf.as_mut_ptr(),
-                buf.len(),
-            )
-        };
-        if n >= 0 {
-            return Ok(Some(n as usize));
-        }
-        let e = io::Error::last_os_error();
-        match e.kind() {
-            io::ErrorKind::WouldBlock => return Ok(None),
-            io::ErrorKind::Interrupted => continue,
-            _ => return Err(e),
-        }
-    }
-}
-
-/// Writes one packet; `Ok(false)` when the device says "try again".
-fn write_packet(fd: &DeviceFd, packet: &[u8]) -> io::Result<bool> {
-    use std::os::fd::AsRawFd;
-    loop {
-        // SAFETY: write(2) of a buffer we borrow, of its length (see `read_packet`).
-        let n = unsafe {
-            libc::syscall(
-                libc::SYS_write,
-                fd.get_ref().as_raw_fd(),
-                packet.as_ptr(),
-                packet.len(),
-            )
-        };
-        if n >= 0 {
-            return Ok(true);
-        }
-        let e = io::Error::last_os_error();
-        match e.kind() {
-            io::ErrorKind::WouldBlock => return Ok(false),
-            io::ErrorKind::Interrupted => continue,
-            _ => return Err(e),
-        }
     }
 }
 

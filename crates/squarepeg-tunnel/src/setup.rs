@@ -1,0 +1,179 @@
+//! The host configuration around a tunnel device, as `wg-quick` does it: the device's
+//! addresses, routes into the tunnel, and a default route through it that excludes the
+//! tunnel's own path. Routes through the device disappear with the device (the process
+//! created it, so it goes when the process exits, however it exits); the one route this
+//! module adds elsewhere — the host route that keeps the server reachable outside the
+//! tunnel — is removed when the [`HostConfig`] is dropped.
+
+use std::net::IpAddr;
+use std::process::Command;
+
+use thiserror::Error;
+
+use crate::control::Assigned;
+use crate::pool::Subnet;
+
+/// A configuration command that failed.
+#[derive(Debug, Error)]
+#[error("`ip {args}` failed: {message}")]
+pub struct SetupError {
+    /// The arguments of `ip`.
+    pub args: String,
+    /// What it said.
+    pub message: String,
+}
+
+/// Runs `ip ARGS`; returns its standard output.
+fn ip(args: &[&str]) -> Result<String, SetupError> {
+    let fail = |message: String| SetupError {
+        args: args.join(" "),
+        message,
+    };
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| fail(format!("running ip (is iproute2 installed?): {e}")))?;
+    if !out.status.success() {
+        return Err(fail(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// What was configured outside the device, undone on drop.
+#[derive(Debug, Default)]
+pub struct HostConfig {
+    undo: Vec<Vec<String>>,
+}
+
+impl HostConfig {
+    /// Nothing configured yet.
+    pub fn new() -> HostConfig {
+        HostConfig::default()
+    }
+
+    /// Gives device `dev` the local side of each address (`server` is the local side on the
+    /// server, `client` on a client) with its subnet's prefix.
+    pub fn addresses(
+        &mut self,
+        dev: &str,
+        assigned: &[Assigned],
+        server_side: bool,
+    ) -> Result<(), SetupError> {
+        for a in assigned {
+            let local = if server_side { a.server } else { a.client };
+            let with_prefix = format!("{local}/{}", a.prefix_len);
+            let mut args = vec![family(local), "addr", "add", &with_prefix, "dev", dev];
+            if local.is_ipv6() {
+                // A point-to-point tunnel needs no duplicate address detection, which would
+                // hold the address back for a second or more.
+                args.push("nodad");
+            }
+            ip(&args)?;
+        }
+        Ok(())
+    }
+
+    /// Routes `subnet` into device `dev`.
+    pub fn route(&mut self, dev: &str, subnet: &Subnet) -> Result<(), SetupError> {
+        ip(&[
+            family(subnet.network()),
+            "route",
+            "add",
+            &subnet.to_string(),
+            "dev",
+            dev,
+        ])?;
+        Ok(())
+    }
+
+    /// Sends everything of `families` (the client's tunnel addresses) through `dev` except
+    /// the traffic to `server`, which keeps the path it has now: a host route to `server`
+    /// over today's route, then the two halves of the address space into the device (more
+    /// specific than any default route, which stays untouched — OpenVPN's `def1`).
+    pub fn default_route(
+        &mut self,
+        dev: &str,
+        server: IpAddr,
+        families: &[Assigned],
+    ) -> Result<(), SetupError> {
+        let current = ip(&["route", "get", &server.to_string()])?;
+        let (via, out_dev) = parse_route_get(&current).ok_or_else(|| SetupError {
+            args: format!("route get {server}"),
+            message: format!("no route to the server in `{}`", current.trim()),
+        })?;
+        let host = format!("{server}/{}", if server.is_ipv4() { 32 } else { 128 });
+        let mut args = vec![family(server), "route", "replace", host.as_str()];
+        if let Some(via) = &via {
+            args.extend(["via", via.as_str()]);
+        }
+        args.extend(["dev", out_dev.as_str()]);
+        ip(&args)?;
+        self.undo.push(
+            [family(server), "route", "del", host.as_str()]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+        );
+        for a in families {
+            let halves = if a.client.is_ipv4() {
+                ["0.0.0.0/1", "128.0.0.0/1"]
+            } else {
+                ["::/1", "8000::/1"]
+            };
+            for half in halves {
+                ip(&[family(a.client), "route", "add", half, "dev", dev])?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for HostConfig {
+    fn drop(&mut self) {
+        for args in self.undo.drain(..).rev() {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            if let Err(e) = ip(&args) {
+                eprintln!("peg tunnel: undoing the host configuration: {e}");
+            }
+        }
+    }
+}
+
+fn family(ip: IpAddr) -> &'static str {
+    if ip.is_ipv4() { "-4" } else { "-6" }
+}
+
+/// The gateway and device of `ip route get`'s answer (`A via G dev D …` or `A dev D …`).
+fn parse_route_get(out: &str) -> Option<(Option<String>, String)> {
+    let words: Vec<&str> = out.split_whitespace().collect();
+    let after = |key: &str| {
+        words
+            .iter()
+            .position(|w| *w == key)
+            .and_then(|i| words.get(i + 1))
+            .map(|w| w.to_string())
+    };
+    Some((after("via"), after("dev")?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_route_get;
+
+    #[test]
+    fn route_get_answers() {
+        assert_eq!(
+            parse_route_get(
+                "203.0.113.7 via 192.168.1.1 dev wlan0 src 192.168.1.20 uid 0 \n    cache"
+            ),
+            Some((Some("192.168.1.1".into()), "wlan0".into()))
+        );
+        assert_eq!(
+            parse_route_get("10.0.0.2 dev veth0 src 10.0.0.1 uid 0\n    cache"),
+            Some((None, "veth0".into()))
+        );
+        assert_eq!(parse_route_get("unreachable"), None);
+    }
+}
