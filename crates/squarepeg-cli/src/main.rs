@@ -29,6 +29,9 @@ enum Command {
     /// Connect and exchange messages and files (over kernel TCP, or the userspace TCP with
     /// --substrate utcp).
     Connect(Box<cmd::connect::ConnectArgs>),
+    /// An IP tunnel through TCP-only networks: each packet one squarepeg message, unordered
+    /// over the userspace TCP, stale packets dropped, ACKs and small packets first (root).
+    Tunnel(cmd::tunnel::TunnelArgs),
     /// Run benchmarks.
     Bench(cmd::bench::BenchArgs),
     /// The network lab: namespaces joined through the userspace link emulator.
@@ -50,6 +53,18 @@ fn main() -> anyhow::Result<()> {
         Command::Tcp(a) => cmd::tcp::run(*a),
         Command::Listen(a) => cmd::listen::run(*a, &given("listen")),
         Command::Connect(a) => cmd::connect::run(*a, &given("connect")),
+        Command::Tunnel(a) => {
+            let side = match &a.side {
+                cmd::tunnel::Side::Server(_) => "server",
+                cmd::tunnel::Side::Client(_) => "client",
+            };
+            let given = matches
+                .subcommand_matches("tunnel")
+                .and_then(|m| m.subcommand_matches(side))
+                .map(cmd::stack::StackArgs::given_in)
+                .unwrap_or_default();
+            cmd::tunnel::run(a, &given)
+        }
         Command::Bench(a) => cmd::bench::run(a),
         Command::Lab(args) => cmd::lab::run(args),
     }

@@ -296,41 +296,75 @@ pub async fn client_handshake(conn: &Connection) -> Result<Assignment, TunnelErr
         SendError::Connection(c) => TunnelError::Connection(c),
         other => TunnelError::Protocol(other.to_string()),
     })?;
-    loop {
-        let m = conn.recv_message().await?;
-        if m.substream != CONTROL_SUBSTREAM {
-            // Packets cannot come before an address: the server sends none.
-            return Err(TunnelError::Protocol(
-                "a packet before the address assignment".into(),
-            ));
-        }
-        return match Control::decode(&m.payload)? {
-            Control::Assign {
-                version,
-                mtu,
-                addresses,
-            } => {
-                if version != VERSION {
-                    return Err(TunnelError::Protocol(format!(
-                        "the server speaks version {version}, this client {VERSION}"
-                    )));
-                }
-                if addresses.is_empty() {
-                    return Err(TunnelError::Protocol(
-                        "an assignment without addresses".into(),
-                    ));
-                }
-                if mtu < squarepeg_io::MIN_MTU {
-                    return Err(TunnelError::Protocol(format!(
-                        "tunnel MTU {mtu} is too small"
-                    )));
-                }
-                Ok(Assignment { mtu, addresses })
-            }
-            Control::Refuse { reason } => Err(TunnelError::Refused(reason)),
-            Control::Hello { .. } => Err(TunnelError::Protocol("a hello from the server".into())),
-        };
+    let m = conn.recv_message().await?;
+    if m.substream != CONTROL_SUBSTREAM {
+        // Packets cannot come before an address: the server sends none.
+        return Err(TunnelError::Protocol(
+            "a packet before the address assignment".into(),
+        ));
     }
+    match Control::decode(&m.payload)? {
+        Control::Assign {
+            version,
+            mtu,
+            addresses,
+        } => {
+            if version != VERSION {
+                return Err(TunnelError::Protocol(format!(
+                    "the server speaks version {version}, this client {VERSION}"
+                )));
+            }
+            if addresses.is_empty() {
+                return Err(TunnelError::Protocol(
+                    "an assignment without addresses".into(),
+                ));
+            }
+            for a in &addresses {
+                check_assigned(a)?;
+            }
+            if mtu < squarepeg_io::MIN_MTU {
+                return Err(TunnelError::Protocol(format!(
+                    "tunnel MTU {mtu} is too small"
+                )));
+            }
+            Ok(Assignment { mtu, addresses })
+        }
+        Control::Refuse { reason } => Err(TunnelError::Refused(reason)),
+        Control::Hello { .. } => Err(TunnelError::Protocol("a hello from the server".into())),
+    }
+}
+
+/// The shortest prefixes a client accepts for its tunnel subnet: a shorter one would route
+/// much of the address space into the tunnel without `--default-route` being asked for.
+pub const MIN_PREFIX_V4: u8 = 8;
+/// See [`MIN_PREFIX_V4`].
+pub const MIN_PREFIX_V6: u8 = 32;
+
+/// Checks an address the server gave: a subnet no wider than the minimum prefixes, holding
+/// both ends, which differ.
+fn check_assigned(a: &Assigned) -> Result<(), TunnelError> {
+    let min = if a.client.is_ipv4() {
+        MIN_PREFIX_V4
+    } else {
+        MIN_PREFIX_V6
+    };
+    let bad = |why: &str| {
+        Err(TunnelError::Protocol(format!(
+            "the server assigned {}/{} with server {}: {why}",
+            a.client, a.prefix_len, a.server
+        )))
+    };
+    if a.prefix_len < min {
+        return bad(&format!("prefixes shorter than /{min} are refused"));
+    }
+    if a.client == a.server {
+        return bad("the same address at both ends");
+    }
+    let subnet = crate::pool::Subnet::containing(a.client, a.prefix_len);
+    if !subnet.contains(a.server) || a.client == subnet.network() {
+        return bad("not a host pair of one subnet");
+    }
+    Ok(())
 }
 
 /// Forwards packets between `device` and the server on `conn` until the connection ends
@@ -470,9 +504,14 @@ impl<D: PacketIo> Server<D> {
         }
     }
 
-    /// Serves one client: waits for its hello, gives it addresses, and forwards its packets
-    /// to the device until the connection ends (`Ok` when it was closed normally).
-    pub async fn serve(self: Arc<Self>, conn: Connection) -> Result<Vec<Assigned>, TunnelError> {
+    /// Serves one client: waits for its hello, gives it addresses (and tells `assigned`),
+    /// and forwards its packets to the device until the connection ends (`Ok` with its
+    /// addresses when it was closed normally).
+    pub async fn serve(
+        self: Arc<Self>,
+        conn: Connection,
+        assigned: impl FnOnce(&[Assigned]),
+    ) -> Result<Vec<Assigned>, TunnelError> {
         let refuse = |reason: String| {
             let conn = conn.clone();
             let stats = self.stats.clone();
@@ -536,6 +575,7 @@ impl<D: PacketIo> Server<D> {
                 SendError::Connection(c) => TunnelError::Connection(c),
                 other => TunnelError::Protocol(other.to_string()),
             })?;
+        assigned(&addresses);
         let theirs: Vec<IpAddr> = addresses.iter().map(|a| a.client).collect();
         let mtu = self.config.mtu;
         let result: Result<(), TunnelError> = async {

@@ -62,6 +62,19 @@ impl Subnet {
         Ok(s)
     }
 
+    /// The subnet of `prefix_len` bits that holds `ip` (host bits cleared). A prefix beyond
+    /// the family's width is taken as the full width.
+    pub fn containing(ip: IpAddr, prefix_len: u8) -> Subnet {
+        let s = Subnet {
+            network: ip,
+            prefix_len: prefix_len.min(width(ip)),
+        };
+        Subnet {
+            network: from_bits(ip, to_bits(ip) & !s.host_mask()),
+            ..s
+        }
+    }
+
     /// The network address.
     pub fn network(&self) -> IpAddr {
         self.network
@@ -265,6 +278,12 @@ mod tests {
         let v6: Subnet = "fd00:99::/64".parse().unwrap();
         assert_eq!(v6.server(), "fd00:99::1".parse::<IpAddr>().unwrap());
         assert!("::/0".parse::<Subnet>().is_ok());
+        let c = Subnet::containing("10.99.3.7".parse().unwrap(), 16);
+        assert_eq!(c.to_string(), "10.99.0.0/16");
+        assert_eq!(
+            Subnet::containing("fd00::5".parse().unwrap(), 200).prefix_len(),
+            128
+        );
     }
 
     #[test]

@@ -72,6 +72,12 @@ impl HostConfig {
             }
             ip(&args)?;
         }
+        if !assigned.iter().any(|a| a.client.is_ipv6()) {
+            // No IPv6 in the tunnel: keep the kernel from sending link-local IPv6 (router
+            // solicitations) into it, which the peer would only drop. Where IPv6 is off
+            // altogether the file is missing, which is as good.
+            let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{dev}/disable_ipv6"), "1");
+        }
         Ok(())
     }
 

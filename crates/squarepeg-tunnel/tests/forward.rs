@@ -75,7 +75,7 @@ async fn server(
     let s = server.clone();
     tokio::spawn(async move {
         while let Ok(conn) = ep.accept().await {
-            tokio::spawn(s.clone().serve(conn));
+            tokio::spawn(s.clone().serve(conn, |_| {}));
         }
     });
     (addr, server, host)
@@ -367,4 +367,51 @@ async fn a_server_refuses_a_client_without_a_hello() {
     );
     assert_eq!(server.stats().snapshot().clients_refused, 2);
     assert_eq!(server.clients(), 0);
+}
+
+#[tokio::test]
+async fn a_client_refuses_addresses_that_would_take_over_its_routing() {
+    for (client, prefix, server) in [
+        ("10.0.0.2", 4, "10.0.0.1"), // /4 routes a sixteenth of IPv4 into the tunnel
+        ("10.0.0.2", 24, "10.0.0.2"), // both ends the same
+        ("10.0.0.2", 24, "10.0.1.1"), // not one subnet
+        ("10.0.0.0", 24, "10.0.0.1"), // the network address
+        ("fd00::2", 16, "fd00::1"),  // too wide for IPv6
+    ] {
+        let ep = Endpoint::bind("127.0.0.1:0", ConnectionConfig::default())
+            .await
+            .unwrap();
+        let addr = ep.local_addr().unwrap();
+        let (client, server): (IpAddr, IpAddr) = (client.parse().unwrap(), server.parse().unwrap());
+        tokio::spawn(async move {
+            let conn = ep.accept().await.unwrap();
+            let _hello = conn.recv_message().await.unwrap();
+            let assign = Control::Assign {
+                version: VERSION,
+                mtu: 1380,
+                addresses: vec![squarepeg_tunnel::Assigned {
+                    client,
+                    prefix_len: prefix,
+                    server,
+                }],
+            };
+            conn.send_message(assign.encode(), MessageProps::default())
+                .await
+                .unwrap();
+            conn.closed().await;
+        });
+        match client_side_handshake(addr).await {
+            Err(TunnelError::Protocol(why)) => assert!(why.contains("assigned"), "{why}"),
+            other => panic!("{client}/{prefix} server {server}: accepted ({other:?})"),
+        }
+    }
+}
+
+async fn client_side_handshake(addr: SocketAddr) -> Result<Assignment, TunnelError> {
+    let conn = Connection::connect(addr, ConnectionConfig::default())
+        .await
+        .unwrap();
+    let r = timeout(WAIT, client_handshake(&conn)).await.unwrap();
+    conn.close().await;
+    r
 }
