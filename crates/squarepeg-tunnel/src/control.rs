@@ -1,4 +1,4 @@
-//! The tunnel's own messages (docs/wire.md §7): a client says hello, the server gives it its
+//! The tunnel's own messages (docs/wire.md §6): a client says hello, the server gives it its
 //! addresses or refuses it. They travel as squarepeg messages on [`CONTROL_SUBSTREAM`]; IP
 //! packets travel on [`PACKET_SUBSTREAM`], one packet per message.
 //!
@@ -237,7 +237,7 @@ mod tests {
         }
     }
 
-    /// The vectors of docs/wire.md §7.
+    /// The vectors of docs/wire.md §6.
     #[test]
     fn wire_vectors() {
         assert_eq!(Control::Hello { version: 1 }.encode(), [0x01, 0x01]);
