@@ -184,7 +184,7 @@ fn tunnel_over_kernel_tcp_with_two_clients() {
         return;
     }
     let w = World::new("tk", 2);
-    let mut server = in_ns(&w.server, &["tunnel", "server", "0.0.0.0:4443"]);
+    let mut server = in_ns(&w.server, &["tunnel", "server", "0.0.0.0:4443", "--nat"]);
     let fp = fingerprint(&mut server);
     server.wait_for("tunnel server on");
     let mut first = in_ns(
@@ -223,8 +223,13 @@ fn tunnel_over_kernel_tcp_with_two_clients() {
 
     ping(&w.clients[0], "10.99.0.1");
     ping(&w.clients[1], "10.99.0.1");
-    // The default route goes through the tunnel: the server's other address too.
+    // The default route goes through the tunnel: the server's other address too, and with
+    // --nat a host beyond the server (the second client's veth address: its answer goes to
+    // the masqueraded source, back through the server; without the NAT it would go to
+    // 10.99.0.2 through the second client's own tunnel, and the server would drop it as
+    // not that client's address).
     ping(&w.clients[0], &World::server_addr(1));
+    ping(&w.clients[0], "192.168.61.1");
     transfer(&w.server, &w.clients[0], 1);
     datagrams(&w.server, &w.clients[1]);
 
@@ -260,6 +265,20 @@ fn tunnel_over_kernel_tcp_with_two_clients() {
     for ns in w.clients.iter().chain([&w.server]) {
         nothing_left(ns);
     }
+    // The NAT table is gone and forwarding is off again.
+    let tables = w
+        .server
+        .command("nft")
+        .args(["list", "tables"])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&tables.stdout).contains("peg_tunnel"));
+    let forward = w
+        .server
+        .run(|| std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(forward.trim(), "0");
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! tunnel's own path. Routes through the device disappear with the device (the process
 //! created it, so it goes when the process exits, however it exits); the one route this
 //! module adds elsewhere — the host route that keeps the server reachable outside the
-//! tunnel — is removed when the [`HostConfig`] is dropped.
+//! tunnel — is removed when the [`HostConfig`] is dropped, as are the server's forwarding
+//! and masquerading ([`HostConfig::nat`]).
 
 use std::net::IpAddr;
 use std::process::Command;
@@ -41,10 +42,39 @@ fn ip(args: &[&str]) -> Result<String, SetupError> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Runs `nft ARGS`.
+fn nft(args: &[&str]) -> Result<(), SetupError> {
+    let fail = |message: String| SetupError {
+        args: format!("(nft) {}", args.join(" ")),
+        message,
+    };
+    let out = Command::new("nft")
+        .args(args)
+        .output()
+        .map_err(|e| fail(format!("running nft (is nftables installed?): {e}")))?;
+    if !out.status.success() {
+        return Err(fail(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// One thing to undo.
+#[derive(Debug)]
+enum Undo {
+    /// `ip ARGS`.
+    Ip(Vec<String>),
+    /// `nft delete table inet NAME`.
+    NftTable(String),
+    /// Write the old value back to a sysctl file.
+    Sysctl { path: String, old: String },
+}
+
 /// What was configured outside the device, undone on drop.
 #[derive(Debug, Default)]
 pub struct HostConfig {
-    undo: Vec<Vec<String>>,
+    undo: Vec<Undo>,
 }
 
 impl HostConfig {
@@ -116,12 +146,12 @@ impl HostConfig {
         }
         args.extend(["dev", out_dev.as_str()]);
         ip(&args)?;
-        self.undo.push(
+        self.undo.push(Undo::Ip(
             [family(server), "route", "del", host.as_str()]
                 .into_iter()
                 .map(String::from)
                 .collect(),
-        );
+        ));
         for a in families {
             let halves = if a.client.is_ipv4() {
                 ["0.0.0.0/1", "128.0.0.0/1"]
@@ -136,11 +166,76 @@ impl HostConfig {
     }
 }
 
+impl HostConfig {
+    /// Lets the clients of `subnets` (on device `dev`) reach beyond the server, as a home
+    /// router does: turns on forwarding for their families and masquerades what they send out
+    /// of any other interface (an nftables table of this process's own, `peg_tunnel_PID`).
+    /// Both are undone on drop (forwarding to the value it had).
+    pub fn nat(&mut self, dev: &str, subnets: &[Subnet]) -> Result<(), SetupError> {
+        let table = format!("peg_tunnel_{}", std::process::id());
+        nft(&["add", "table", "inet", &table])?;
+        self.undo.push(Undo::NftTable(table.clone()));
+        nft(&[
+            "add",
+            "chain",
+            "inet",
+            &table,
+            "post",
+            "{ type nat hook postrouting priority srcnat; policy accept; }",
+        ])?;
+        for s in subnets {
+            let (key, path) = if s.network().is_ipv4() {
+                ("ip", "/proc/sys/net/ipv4/ip_forward")
+            } else {
+                ("ip6", "/proc/sys/net/ipv6/conf/all/forwarding")
+            };
+            let subnet = s.to_string();
+            nft(&[
+                "add",
+                "rule",
+                "inet",
+                &table,
+                "post",
+                key,
+                "saddr",
+                &subnet,
+                "oifname",
+                "!=",
+                dev,
+                "masquerade",
+            ])?;
+            let fail = |e: std::io::Error| SetupError {
+                args: format!("(sysctl) {path}"),
+                message: e.to_string(),
+            };
+            let old = std::fs::read_to_string(path).map_err(fail)?;
+            if old.trim() != "1" {
+                std::fs::write(path, "1").map_err(fail)?;
+                self.undo.push(Undo::Sysctl {
+                    path: path.to_string(),
+                    old: old.trim().to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Drop for HostConfig {
     fn drop(&mut self) {
-        for args in self.undo.drain(..).rev() {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            if let Err(e) = ip(&args) {
+        for undo in self.undo.drain(..).rev() {
+            let result = match &undo {
+                Undo::Ip(args) => {
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                    ip(&args).map(drop)
+                }
+                Undo::NftTable(name) => nft(&["delete", "table", "inet", name]),
+                Undo::Sysctl { path, old } => std::fs::write(path, old).map_err(|e| SetupError {
+                    args: format!("(sysctl) {path}"),
+                    message: e.to_string(),
+                }),
+            };
+            if let Err(e) = result {
                 eprintln!("peg tunnel: undoing the host configuration: {e}");
             }
         }

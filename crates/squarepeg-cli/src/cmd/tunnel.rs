@@ -102,6 +102,10 @@ pub struct ServerArgs {
     /// The tunnel MTU (the server's is the tunnel's: clients take it).
     #[arg(long, default_value_t = TunnelConfig::default().mtu)]
     pub tun_mtu: u16,
+    /// Let clients reach beyond the server: turn on IP forwarding and masquerade their
+    /// packets leaving by any other interface (nftables); undone on exit.
+    #[arg(long)]
+    pub nat: bool,
     /// The certificate chain, PEM (leaf first); without it a self-signed certificate is
     /// made for this run and its fingerprint printed (give it to the clients' --pin).
     #[arg(long, requires = "key", conflicts_with = "cleartext")]
@@ -222,6 +226,9 @@ fn run_server(args: ServerArgs, given: &[String]) -> anyhow::Result<()> {
         })
         .collect();
     host.addresses(device.name(), &server_addresses, true)?;
+    if args.nat {
+        host.nat(device.name(), &args.subnet)?;
+    }
     let dev_name = device.name().to_string();
     let quiet = args.substrate.stack.quiet;
     let tunnel_config = args.packets.config(args.tun_mtu);
