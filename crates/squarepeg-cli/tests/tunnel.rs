@@ -172,6 +172,8 @@ fn nothing_left(ns: &NetNs) {
         let dst = line.split_whitespace().next().unwrap_or_default();
         // The tunnel's subnet, the default route's halves, the host route to the server.
         let ours = dst.starts_with("10.99.")
+            || dst.starts_with("fd00:99:")
+            || ["::/1", "8000::/1"].contains(&dst)
             || ["0.0.0.0/1", "128.0.0.0/1", "192.168.60.2"].contains(&dst);
         assert!(!ours, "route left behind: {line}");
     }
@@ -184,7 +186,19 @@ fn tunnel_over_kernel_tcp_with_two_clients() {
         return;
     }
     let w = World::new("tk", 2);
-    let mut server = in_ns(&w.server, &["tunnel", "server", "0.0.0.0:4443", "--nat"]);
+    let mut server = in_ns(
+        &w.server,
+        &[
+            "tunnel",
+            "server",
+            "0.0.0.0:4443",
+            "--nat",
+            "--subnet",
+            "10.99.0.0/24",
+            "--subnet",
+            "fd00:99::/64",
+        ],
+    );
     let fp = fingerprint(&mut server);
     server.wait_for("tunnel server on");
     let mut first = in_ns(
@@ -223,6 +237,7 @@ fn tunnel_over_kernel_tcp_with_two_clients() {
 
     ping(&w.clients[0], "10.99.0.1");
     ping(&w.clients[1], "10.99.0.1");
+    ping(&w.clients[1], "fd00:99::1");
     // The default route goes through the tunnel: the server's other address too, and with
     // --nat a host beyond the server (the second client's veth address: its answer goes to
     // the masqueraded source, back through the server; without the NAT it would go to
@@ -279,6 +294,28 @@ fn tunnel_over_kernel_tcp_with_two_clients() {
         .unwrap()
         .unwrap();
     assert_eq!(forward.trim(), "0");
+}
+
+#[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
+fn without_root_it_says_so() {
+    if !can_run() {
+        return;
+    }
+    // The same binary as an unprivileged user (setpriv drops root for the one command).
+    let out = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            common::PEG,
+        ])
+        .args(["tunnel", "client", "127.0.0.1:4443", "--cleartext"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("needs root"), "{err}");
 }
 
 #[test]
