@@ -194,3 +194,43 @@ fn bad_substrate_input_is_refused_with_what_to_change() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
+
+/// A first peer that connects and then says nothing does not hold `peg listen` for ever
+/// with `--idle-timeout`: it closes and says why.
+#[test]
+fn listen_gives_up_on_a_silent_peer_after_the_idle_timeout() {
+    let peg = env!("CARGO_BIN_EXE_peg");
+    let mut listener = Reaper(Some(
+        Command::new(peg)
+            .args([
+                "listen",
+                "127.0.0.1:0",
+                "--quiet",
+                "--no-stdin",
+                "--idle-timeout",
+                "300ms",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
+    let l = listener.0.as_mut().unwrap();
+    let mut err = BufReader::new(l.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_string();
+    // A plain TCP client that never sends a byte, and stays connected.
+    let silent = std::net::TcpStream::connect(&addr).unwrap();
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    let status = listener.0.take().unwrap().wait().unwrap();
+    drop(silent);
+    assert!(!status.success(), "{rest}");
+    assert!(rest.contains("--idle-timeout"), "{rest}");
+}

@@ -25,6 +25,39 @@ fn digest_in(text: &str) -> String {
 
 #[test]
 #[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
+fn ctrl_c_does_not_wait_for_ever_for_a_silent_peer() {
+    if !can_run() {
+        return;
+    }
+    let ns = namespace("grace");
+    let mut peg = Peg::spawn(&[
+        "tcp",
+        "sink",
+        "--setup",
+        "--netns",
+        ns.name(),
+        "--port",
+        "9000",
+        "-q",
+        "--grace",
+        "500ms",
+    ]);
+    peg.wait_for("sink on");
+    // A client that connects and then says nothing, and keeps its connection open.
+    let _silent = kernel_connect(&ns, SocketAddr::new(LAB_V4.stack, 9000));
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(peg.child.id() as libc::pid_t, libc::SIGINT) };
+    peg.wait_for("Ctrl-C again abandons");
+    // Before the grace period, peg waited for the silent peer until a second Ctrl-C (and
+    // `finish` gives up after a minute).
+    let (_, _, err) = peg.finish();
+    assert!(err.contains("abandoned 1 connection"), "{err}");
+    assert!(ns.ip(&["link", "show", "dev", "sp0"]).is_err());
+}
+
+#[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn sink_prints_the_digest_of_what_a_kernel_client_sent() {
     if !can_run() {
         return;

@@ -44,6 +44,10 @@ pub struct PeerArgs {
     /// Do not read stdin.
     #[arg(long)]
     pub no_stdin: bool,
+    /// Close the connection (and fail) once nothing has been sent or received for this long
+    /// (e.g. 30s): a silent peer does not hold the command for ever.
+    #[arg(long, value_parser = super::parse_duration_arg)]
+    pub idle_timeout: Option<Duration>,
     /// No progress bars (set from `--quiet`, which the substrate options carry).
     #[arg(skip)]
     pub quiet: bool,
@@ -119,6 +123,16 @@ pub async fn run_peer(conn: Connection, args: PeerArgs, initiator: bool) -> anyh
         let (f, l) = tokio::join!(file, lines);
         f.and(l)
     };
+    // The watchdog closes an idle connection, which ends everything below.
+    let idled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watchdog = args.idle_timeout.map(|limit| {
+        let (conn, idled) = (conn.clone(), idled.clone());
+        tokio::spawn(async move {
+            idle_for(&conn, limit).await;
+            idled.store(true, std::sync::atomic::Ordering::Relaxed);
+            conn.close().await;
+        })
+    });
     tokio::select! {
         r = local => {
             if let Err(e) = r {
@@ -135,6 +149,14 @@ pub async fn run_peer(conn: Connection, args: PeerArgs, initiator: bool) -> anyh
     let reason = printer.await?;
     let files = acceptor.await?;
     statuses.await?;
+    if let Some(w) = watchdog {
+        w.abort();
+    }
+    if let Some(limit) = args.idle_timeout
+        && idled.load(std::sync::atomic::Ordering::Relaxed)
+    {
+        bail!("nothing sent or received for {limit:?} (--idle-timeout): closed the connection");
+    }
     if !normal_close(&reason) {
         bail!("connection closed: {reason}");
     }
@@ -142,6 +164,27 @@ pub async fn run_peer(conn: Connection, args: PeerArgs, initiator: bool) -> anyh
         eprintln!("peer closed the connection");
     }
     files
+}
+
+/// Resolves with `limit` once no frame has been sent or received for `limit`.
+async fn idle_for(conn: &Connection, limit: Duration) -> Duration {
+    let frames = || {
+        let s = conn.stats().session;
+        s.frames_sent + s.frames_received
+    };
+    let mut last = frames();
+    let mut since = tokio::time::Instant::now();
+    let tick = (limit / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    loop {
+        tokio::time::sleep(tick).await;
+        let now = frames();
+        if now != last {
+            last = now;
+            since = tokio::time::Instant::now();
+        } else if since.elapsed() >= limit {
+            return limit;
+        }
+    }
 }
 
 async fn send_stdin(conn: &Connection, props: MessageProps) -> anyhow::Result<()> {

@@ -172,6 +172,10 @@ struct ServerArgs {
     /// Serve one connection, then exit.
     #[arg(long)]
     once: bool,
+    /// After Ctrl-C, how long the connections in progress may take to finish before they
+    /// are abandoned (a second Ctrl-C abandons them at once).
+    #[arg(long, default_value = "10s", value_parser = super::parse_duration_arg)]
+    grace: Duration,
 }
 
 #[derive(Args, Debug)]
@@ -257,12 +261,27 @@ fn serve(a: ServerArgs, service: Service) -> anyhow::Result<()> {
                 }
             }
         }
-        // Let the connections in progress finish (a second Ctrl-C abandons them).
+        // Let the connections in progress finish, for at most the grace period: a silent peer
+        // must not hold the exit for ever.
+        if !tasks.is_empty() {
+            eprintln!(
+                "waiting up to {:?} for {} connection(s) to finish; Ctrl-C again abandons them",
+                a.grace,
+                tasks.len()
+            );
+        }
+        let deadline = tokio::time::sleep(a.grace);
+        tokio::pin!(deadline);
         loop {
             tokio::select! {
                 next = tasks.join_next() => if next.is_none() { break },
                 _ = tokio::signal::ctrl_c() => break,
+                _ = &mut deadline => break,
             }
+        }
+        if !tasks.is_empty() {
+            eprintln!("abandoned {} connection(s)", tasks.len());
+            tasks.abort_all();
         }
         drop(listener);
         anyhow::Ok(())
