@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use squarepeg_experiments::voip::demo::{DEMO_SCHEMA, DEMO_TRANSPORTS, demo_json, run_demo};
+use squarepeg_experiments::voip::demo::{
+    DEMO_SCHEMA, DEMO_TRANSPORTS, demo_json, demo_scenarios, run_demo,
+};
 use squarepeg_experiments::voip::{RunResult, VoipConfig};
 
 /// A seed whose first 10 s lose voice packets on the downlink of both Hollywood scenarios.
@@ -19,7 +21,7 @@ fn config(seconds: u64) -> VoipConfig {
 
 fn demo(seconds: u64, seed: u64) -> (VoipConfig, Vec<RunResult>) {
     let c = config(seconds);
-    let runs = run_demo(&c, seed, &|_, _, _| {}).expect("demo runs");
+    let runs = run_demo(&c, seed, &demo_scenarios(), &|_, _, _| {}).expect("demo runs");
     (c, runs)
 }
 

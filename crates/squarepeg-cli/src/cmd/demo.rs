@@ -41,11 +41,31 @@ pub struct DemoArgs {
     /// Skip the plots.
     #[arg(long)]
     no_plots: bool,
+    /// Message payload size in bytes.
+    #[arg(long, default_value_t = 160)]
+    message_bytes: usize,
+    /// Time between messages.
+    #[arg(long, default_value = "20ms", value_parser = parse_duration_arg)]
+    interval: Duration,
+    #[command(
+        flatten,
+        next_help_heading = "Your own path (instead of Hollywood's two)"
+    )]
+    path: crate::cmd::voip::PathArgs,
 }
 
 /// Runs `peg demo`.
 pub fn run(args: DemoArgs) -> Result<()> {
-    let config = VoipConfig::for_duration(args.duration)?;
+    let config = VoipConfig {
+        message_bytes: args.message_bytes,
+        interval: args.interval,
+        ..VoipConfig::default()
+    }
+    .with_duration(args.duration)?;
+    let scenarios = match args.path.scenario()? {
+        Some(s) => vec![s],
+        None => demo::demo_scenarios(),
+    };
     let bar = if std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(0);
         bar.set_style(
@@ -63,7 +83,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
         bar.set_position(done as u64);
         bar.set_message(label.to_owned());
     };
-    let runs = demo::run_demo(&config, args.seed, &progress).context("running the demo")?;
+    let runs =
+        demo::run_demo(&config, args.seed, &scenarios, &progress).context("running the demo")?;
     bar.set_message("writing plots");
     let written = report::write_outputs(&args.out, &config, &runs, !args.no_plots)
         .with_context(|| format!("writing results to {}", args.out.display()))?;
@@ -74,10 +95,15 @@ pub fn run(args: DemoArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "VoIP on the simulator: {} s calls, 160-byte messages every 20 ms, seed {}",
+        "VoIP on the simulator: {} s calls, {}-byte messages every {} ms, seed {}",
         config.duration().as_secs_f64(),
+        config.message_bytes,
+        config.interval.as_secs_f64() * 1e3,
         args.seed
     );
+    for s in &scenarios {
+        println!("{}: {}", s.name, s.description);
+    }
     print!("{}", demo::demo_table(&runs));
     println!(
         "late-loss = messages that missed their playout (late or never delivered); net lost = \

@@ -29,6 +29,54 @@ use squarepeg_experiments::voip::{
 
 use crate::cmd::parse_duration_arg;
 
+/// A user's own path for `peg demo` and `peg lab voip`: "what would my network do?".
+#[derive(Debug, Args)]
+pub struct PathArgs {
+    /// Start from this scenario's path and playout delay (default hollywood-70ms) and run
+    /// only that, changed by --up, --down and --playout.
+    #[arg(long, value_name = "SCENARIO")]
+    preset: Option<String>,
+    /// The client-to-server link, as `peg lab up --up` takes it, e.g. "rate=1mbit
+    /// delay=35ms ge=p:0.34%,r:33%" (keys: delay, jitter, rate, queue, overhead, loss, ge,
+    /// reorder, dup, mtu).
+    #[arg(long, value_name = "SPEC")]
+    up: Option<String>,
+    /// The server-to-client link (the voice direction), e.g. "rate=8mbit delay=35ms
+    /// jitter=10ms loss=1%".
+    #[arg(long, value_name = "SPEC")]
+    down: Option<String>,
+    /// The de-jitter playout delay (Hollywood's T_playout).
+    #[arg(long, value_parser = parse_duration_arg)]
+    playout: Option<Duration>,
+}
+
+impl PathArgs {
+    /// The user's scenario, if any path option was given.
+    pub fn scenario(&self) -> Result<Option<Scenario>> {
+        if self.preset.is_none()
+            && self.up.is_none()
+            && self.down.is_none()
+            && self.playout.is_none()
+        {
+            return Ok(None);
+        }
+        let base = voip::scenario(self.preset.as_deref().unwrap_or("hollywood-70ms"))?;
+        let link = |spec: &Option<String>, what: &str| -> Result<_> {
+            spec.as_deref()
+                .map(|s| {
+                    squarepeg_lab::model::parse_spec(s).with_context(|| format!("--{what} {s:?}"))
+                })
+                .transpose()
+        };
+        let (up, down) = (link(&self.up, "up")?, link(&self.down, "down")?);
+        if up.is_none() && down.is_none() && self.playout.is_none() {
+            // Only a preset: that scenario as it is.
+            return Ok(Some(base));
+        }
+        Ok(Some(base.customized(up, down, self.playout)?))
+    }
+}
+
 /// `peg lab voip`: run the VoIP experiment.
 #[derive(Debug, Args)]
 pub struct VoipArgs {
@@ -37,7 +85,7 @@ pub struct VoipArgs {
     #[arg(long)]
     sim: bool,
     /// Scenario to run (repeatable; default: all). Known: hollywood-15ms, hollywood-70ms,
-    /// minion-contention.
+    /// minion-contention, bursty-loss, jitter, jitter-reorder, heavy-loss, long-rtt.
     #[arg(long = "scenario", value_name = "NAME")]
     scenarios: Vec<String>,
     /// Transport to run (repeatable; default: all). Known: udp, tcp, squarepeg, tls, utcp, utcp-ir, utls, utls-ir.
@@ -64,6 +112,8 @@ pub struct VoipArgs {
     /// Print the JSON summary on standard output instead of the table.
     #[arg(long)]
     json: bool,
+    #[command(flatten, next_help_heading = "Your own path (instead of --scenario)")]
+    path: PathArgs,
     /// Skip the plots.
     #[arg(long)]
     no_plots: bool,
@@ -78,7 +128,13 @@ pub fn run(args: VoipArgs) -> Result<()> {
         ..VoipConfig::default()
     }
     .with_duration(args.duration)?;
-    let scenarios: Vec<Scenario> = if args.scenarios.is_empty() {
+    let custom = args.path.scenario()?;
+    if custom.is_some() && !args.scenarios.is_empty() {
+        bail!("give either --scenario or a path of your own (--preset, --up, --down, --playout)");
+    }
+    let scenarios: Vec<Scenario> = if let Some(c) = custom {
+        vec![c]
+    } else if args.scenarios.is_empty() {
         SCENARIOS
             .iter()
             .map(|n| voip::scenario(n))

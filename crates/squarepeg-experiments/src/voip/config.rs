@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use squarepeg_lab::model::{Bottleneck, LinkConfig, presets};
+use squarepeg_lab::model::{Bottleneck, GilbertElliott, Jitter, LinkConfig, presets};
 
 use super::VoipError;
 
@@ -168,8 +168,138 @@ impl Scenario {
     }
 }
 
-/// The scenario names [`scenario`] knows, in report order.
-pub const SCENARIOS: &[&str] = &["hollywood-15ms", "hollywood-70ms", "minion-contention"];
+/// The scenario names [`scenario`] knows, in report order: Hollywood's two, Minion's
+/// contention case, then hostile paths (issue 14): bursty loss both ways, jitter that keeps
+/// and that breaks order, heavy loss, a long RTT.
+pub const SCENARIOS: &[&str] = &[
+    "hollywood-15ms",
+    "hollywood-70ms",
+    "minion-contention",
+    "bursty-loss",
+    "jitter",
+    "jitter-reorder",
+    "heavy-loss",
+    "long-rtt",
+];
+
+impl Scenario {
+    /// This scenario with a path of the user's: `up` (client → server) and `down` replace
+    /// the directions given, `playout` the playout delay; named `custom` (after this one's
+    /// name) and described by its links.
+    pub fn customized(
+        &self,
+        up: Option<LinkConfig>,
+        down: Option<LinkConfig>,
+        playout: Option<Duration>,
+    ) -> Result<Scenario, VoipError> {
+        let mut s = self.clone();
+        if let Some(up) = up {
+            s.bottleneck.left_to_right = up;
+        }
+        if let Some(down) = down {
+            s.bottleneck.right_to_left = down;
+        }
+        if let Some(p) = playout {
+            s.playout_delay = p;
+        }
+        s.bottleneck
+            .validate()
+            .map_err(|e| VoipError::Config(format!("the path: {e}")))?;
+        s.name = format!("custom-{}", self.name);
+        s.description = format!(
+            "down {}; up {}; {} ms playout (from {})",
+            s.bottleneck.right_to_left,
+            s.bottleneck.left_to_right,
+            s.playout_delay.as_millis(),
+            self.name
+        );
+        Ok(s)
+    }
+}
+
+/// The ADSL path of Hollywood §5.1.2 at `rtt`, with `each_way` applied to both directions.
+fn adsl(rtt: Duration, each_way: impl Fn(LinkConfig) -> LinkConfig) -> Bottleneck {
+    let b = presets::hollywood_adsl(rtt);
+    Bottleneck {
+        left_to_right: each_way(b.left_to_right),
+        right_to_left: each_way(b.right_to_left),
+    }
+}
+
+/// Bursty loss both ways: the 70 ms ADSL path with Gilbert-Elliott loss instead of random
+/// loss, mean burst 3 packets (r = 1/3), about 1 % overall (p = 0.01 r / 0.99), 30 ms
+/// playout — where a run of lost ACKs used to stall the sender (issue 14).
+pub fn bursty_loss() -> Scenario {
+    let r = 1.0 / 3.0;
+    let ge = GilbertElliott::new(0.01 * r / 0.99, r);
+    Scenario {
+        name: "bursty-loss".into(),
+        description: "ADSL 8/1 Mbit/s, RTT 70 ms, Gilbert-Elliott loss both ways (mean burst 3, about 1 %), 30 ms playout".into(),
+        bottleneck: adsl(Duration::from_millis(70), |l| {
+            l.with_loss(0.0).with_gilbert_elliott(ge)
+        }),
+        playout_delay: Duration::from_millis(30),
+        bulk: None,
+    }
+}
+
+/// RTT 40 ms with ±10 ms of uniform jitter each way, 0.2 % random loss, 60 ms playout;
+/// `preserve_order`: a FIFO link whose delay varies, or one that reorders as netem does.
+fn jittery(name: &str, preserve_order: bool) -> Scenario {
+    let jitter = Jitter {
+        amount: Duration::from_millis(10),
+        preserve_order,
+        ..Jitter::default()
+    };
+    Scenario {
+        name: name.into(),
+        description: format!(
+            "ADSL 8/1 Mbit/s, RTT 40 ms ± 10 ms jitter each way ({}), 0.2 % loss, 60 ms playout",
+            if preserve_order {
+                "order kept"
+            } else {
+                "reordering"
+            }
+        ),
+        bottleneck: adsl(Duration::from_millis(40), |l| {
+            l.with_loss(0.002).with_jitter_config(jitter)
+        }),
+        playout_delay: Duration::from_millis(60),
+        bulk: None,
+    }
+}
+
+/// Jitter that keeps packet order.
+pub fn jitter() -> Scenario {
+    jittery("jitter", true)
+}
+
+/// Jitter that reorders packets.
+pub fn jitter_reorder() -> Scenario {
+    jittery("jitter-reorder", false)
+}
+
+/// Heavy loss: the 70 ms ADSL path with 2 % random loss each way, 30 ms playout.
+pub fn heavy_loss() -> Scenario {
+    Scenario {
+        name: "heavy-loss".into(),
+        description: "ADSL 8/1 Mbit/s, RTT 70 ms, 2 % random loss each way, 30 ms playout".into(),
+        bottleneck: adsl(Duration::from_millis(70), |l| l.with_loss(0.02)),
+        playout_delay: Duration::from_millis(30),
+        bulk: None,
+    }
+}
+
+/// A long path: ADSL with RTT 200 ms, 0.1 % random loss each way, 100 ms playout.
+pub fn long_rtt() -> Scenario {
+    Scenario {
+        name: "long-rtt".into(),
+        description: "ADSL 8/1 Mbit/s, RTT 200 ms, 0.1 % random loss, 100 ms playout".into(),
+        bottleneck: presets::hollywood_adsl(Duration::from_millis(200)),
+        playout_delay: Duration::from_millis(100),
+        bulk: None,
+    }
+}
 
 /// Hollywood §5.1.2's intracontinental scenario: ADSL 8/1 Mbit/s, RTT 15 ms, 0.1 % random
 /// loss each way, 110 ms playout delay (the lab preset).
@@ -232,6 +362,11 @@ pub fn scenario(name: &str) -> Result<Scenario, VoipError> {
         "hollywood-15ms" => Ok(hollywood_15ms()),
         "hollywood-70ms" => Ok(hollywood_70ms()),
         "minion-contention" => Ok(minion_contention()),
+        "bursty-loss" => Ok(bursty_loss()),
+        "jitter" => Ok(jitter()),
+        "jitter-reorder" => Ok(jitter_reorder()),
+        "heavy-loss" => Ok(heavy_loss()),
+        "long-rtt" => Ok(long_rtt()),
         other => Err(VoipError::UnknownScenario {
             name: other.to_owned(),
             known: SCENARIOS.join(", "),
@@ -262,6 +397,37 @@ mod tests {
             scenario("adsl"),
             Err(VoipError::UnknownScenario { .. })
         ));
+        let b = bursty_loss().bottleneck.right_to_left;
+        let ge = b.gilbert_elliott.unwrap();
+        assert!((ge.stationary_loss() - 0.01).abs() < 1e-9);
+        assert!((ge.mean_bad_run() - 3.0).abs() < 1e-9);
+        assert_eq!(b.loss, 0.0);
+        assert!(
+            !jitter_reorder()
+                .bottleneck
+                .left_to_right
+                .jitter
+                .preserve_order
+        );
+        assert!(jitter().bottleneck.left_to_right.jitter.preserve_order);
+    }
+
+    #[test]
+    fn a_users_path_replaces_what_it_gives() {
+        let base = hollywood_70ms();
+        let down = squarepeg_lab::model::parse_spec("rate=2mbit delay=50ms loss=1%").unwrap();
+        let c = base
+            .customized(None, Some(down.clone()), Some(Duration::from_millis(80)))
+            .unwrap();
+        assert_eq!(c.bottleneck.right_to_left, down);
+        assert_eq!(c.bottleneck.left_to_right, base.bottleneck.left_to_right);
+        assert_eq!(c.playout_delay, Duration::from_millis(80));
+        assert_eq!(c.name, "custom-hollywood-70ms");
+        assert!(
+            c.description.contains("50ms") || c.description.contains("50 ms"),
+            "{}",
+            c.description
+        );
     }
 
     #[test]

@@ -49,17 +49,17 @@ pub fn demo_scenarios() -> Vec<Scenario> {
     vec![hollywood_70ms(), hollywood_15ms()]
 }
 
-/// Runs every scenario × transport of the demo; `progress(done, total, label)` is called
-/// before each run and once at the end.
+/// Runs every scenario × transport of the demo ([`demo_scenarios`], or a user's path);
+/// `progress(done, total, label)` is called before each run and once at the end.
 pub fn run_demo(
     config: &VoipConfig,
     seed: u64,
+    scenarios: &[Scenario],
     progress: &dyn Fn(usize, usize, &str),
 ) -> Result<Vec<RunResult>, VoipError> {
-    let scenarios = demo_scenarios();
     let total = scenarios.len() * DEMO_TRANSPORTS.len();
     let mut runs = Vec::with_capacity(total);
-    for scenario in &scenarios {
+    for scenario in scenarios {
         for &name in DEMO_TRANSPORTS {
             progress(runs.len(), total, &format!("{name} over {}", scenario.name));
             let transport = sim::transport(name)?;
@@ -104,9 +104,16 @@ pub fn demo_json(config: &VoipConfig, seed: u64, runs: &[RunResult]) -> Value {
 /// The late-loss table for people.
 pub fn demo_table(runs: &[RunResult]) -> String {
     let mut out = String::new();
+    // As wide as the longest scenario name (a user's path is `custom-…`).
+    let w = runs
+        .iter()
+        .map(|r| r.scenario.name.len())
+        .max()
+        .unwrap_or(0)
+        .max(16);
     let _ = writeln!(
         out,
-        "{:<16} {:<8} {:>6} {:>9} {:>6} {:>6} {:>8} {:>9} {:>10} {:>8}",
+        "{:<w$} {:<8} {:>6} {:>9} {:>6} {:>6} {:>8} {:>9} {:>10} {:>8}",
         "scenario",
         "transport",
         "sent",
@@ -131,7 +138,7 @@ pub fn demo_table(runs: &[RunResult]) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<16} {:<8} {:>6} {:>9} {:>6} {:>6} {:>8} {:>9} {:>9.2}% {:>8}",
+            "{:<w$} {:<8} {:>6} {:>9} {:>6} {:>6} {:>8} {:>9} {:>9.2}% {:>8}",
             r.scenario.name,
             r.transport,
             s.messages_sent,
