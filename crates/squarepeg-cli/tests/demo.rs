@@ -50,6 +50,10 @@ fn demo_prints_the_table_as_json_and_writes_plots() {
     for plot in [
         "plots/sim-hollywood-70ms-cdf.png",
         "plots/sim-hollywood-15ms-cdf.svg",
+        "plots/sim-hollywood-70ms-ccdf.png",
+        "plots/sim-hollywood-15ms-ccdf.svg",
+        "plots/sim-hollywood-70ms-late-loss.png",
+        "plots/sim-hollywood-15ms-late-loss.svg",
         "plots/sim-hollywood-70ms-utcp-ir-delay.png",
     ] {
         assert!(dir.join(plot).exists(), "{plot}");

@@ -1,7 +1,9 @@
 //! Plots: per message in the style of Hollywood figures 5.4-5.16 (transport delay and
 //! buffered time of every message, messages that missed their playout in red, plus a window
-//! of 100 messages around the first miss), and the latency CDF of every transport of a
-//! scenario (Minion figure 7). Each is written as SVG and PNG.
+//! of 100 messages around the first miss), the latency CDF of every transport of a
+//! scenario (Minion figure 7), its complement on a log scale (the fraction of messages later
+//! than x, never-delivered ones included: the tail the CDF hides), and bars of each
+//! transport's late losses next to the network's losses. Each is written as SVG and PNG.
 //!
 //! Text is measured and (in PNG) drawn with `ab_glyph` from a system TrueType font: DejaVu
 //! Sans (Debian package `fonts-dejavu-core`, which `.ci/run` installs), or the file named by
@@ -279,6 +281,35 @@ fn delay_chart<DB: DrawingBackend>(
 /// files.
 pub fn cdfs(dir: &Path, runs: &[RunResult]) -> Result<Vec<PathBuf>, VoipError> {
     ensure_font()?;
+    let mut files = Vec::new();
+    for (key, group) in by_engine_and_scenario(runs) {
+        let Some(chart) = latency_cdf(&group) else {
+            continue;
+        };
+        files.extend(write_svg_and_png(&dir.join(format!("{key}-cdf")), &chart)?);
+    }
+    Ok(files)
+}
+
+/// Writes, per engine and scenario, the complementary latency CDF on a log scale and the
+/// late-loss bars; returns the files.
+pub fn tails(dir: &Path, runs: &[RunResult]) -> Result<Vec<PathBuf>, VoipError> {
+    ensure_font()?;
+    let mut files = Vec::new();
+    for (key, group) in by_engine_and_scenario(runs) {
+        files.extend(write_svg_and_png(
+            &dir.join(format!("{key}-ccdf")),
+            &CcdfChart::of(&group),
+        )?);
+        files.extend(write_svg_and_png(
+            &dir.join(format!("{key}-late-loss")),
+            &LateLossBars::of(&group),
+        )?);
+    }
+    Ok(files)
+}
+
+fn by_engine_and_scenario(runs: &[RunResult]) -> Vec<(String, Vec<&RunResult>)> {
     let mut groups: Vec<(String, Vec<&RunResult>)> = Vec::new();
     for run in runs {
         let key = format!("{}-{}", run.engine.name(), run.scenario.name);
@@ -287,14 +318,225 @@ pub fn cdfs(dir: &Path, runs: &[RunResult]) -> Result<Vec<PathBuf>, VoipError> {
             None => groups.push((key, vec![run])),
         }
     }
-    let mut files = Vec::new();
-    for (key, group) in groups {
-        let Some(chart) = latency_cdf(&group) else {
-            continue;
-        };
-        files.extend(write_svg_and_png(&dir.join(format!("{key}-cdf")), &chart)?);
+    groups
+}
+
+/// The fraction of messages later than x (log scale), per transport: a message never
+/// delivered is later than every x, so each curve ends at the never-delivered fraction; the
+/// playout deadline is marked, and where a curve crosses it is the late-loss rate.
+struct CcdfChart {
+    caption: String,
+    /// Name and points (delay in ms, fraction later) of each curve.
+    curves: Vec<(String, Vec<(f64, f64)>)>,
+    hi: f64,
+    /// The smallest fraction shown: below one message of the largest run.
+    floor: f64,
+    deadline: f64,
+}
+
+impl CcdfChart {
+    fn of(runs: &[&RunResult]) -> CcdfChart {
+        let first = runs[0];
+        let deadline = ms(first.scenario.playout_offset());
+        let mut hi = deadline * 1.5;
+        let mut most = 1usize;
+        let curves = runs
+            .iter()
+            .map(|run| {
+                let mut delays: Vec<f64> = run
+                    .analysis
+                    .records
+                    .iter()
+                    .filter_map(|r| r.transport_delay().map(ms))
+                    .collect();
+                delays.sort_by(f64::total_cmp);
+                let total = run.analysis.records.len().max(1);
+                most = most.max(total);
+                if let Some(&last) = delays.last() {
+                    hi = hi.max(last);
+                }
+                // Just after each delay, one message fewer is later.
+                let points = delays
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &d)| (d, (total - i - 1) as f64 / total as f64))
+                    .collect();
+                (run.transport.clone(), points)
+            })
+            .collect();
+        CcdfChart {
+            caption: format!(
+                "messages later than x: {} ({}), playout deadline {:.1} ms after send",
+                first.scenario.name,
+                first.engine.name(),
+                deadline
+            ),
+            curves,
+            hi,
+            floor: 0.5 / most as f64,
+            deadline,
+        }
     }
-    Ok(files)
+}
+
+impl Chart for CcdfChart {
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), VoipError> {
+        root.fill(&WHITE).map_err(plot_err)?;
+        let (hi, floor) = (self.hi * 1.05, self.floor);
+        let mut chart = ChartBuilder::on(root)
+            .caption(&self.caption, (FONT, 20))
+            .margin(10)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0.0..hi, (floor..1.0).log_scale())
+            .map_err(plot_err)?;
+        chart
+            .configure_mesh()
+            .x_desc("transport delay (ms)")
+            .y_desc("fraction of messages later (log)")
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| format!("{y:.0e}"))
+            .label_style((FONT, 14))
+            .draw()
+            .map_err(plot_err)?;
+        chart
+            .draw_series(LineSeries::new(
+                [(self.deadline, floor), (self.deadline, 1.0)],
+                BLACK.stroke_width(2),
+            ))
+            .map_err(plot_err)?
+            .label("playout deadline")
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.stroke_width(2)));
+        for (i, (name, points)) in self.curves.iter().enumerate() {
+            let colour = PALETTE[i % PALETTE.len()];
+            // A step function from 1 at x = 0, each fraction held until the next delay; a
+            // fraction of 0 (every message delivered by then) is drawn at the floor.
+            let mut steps = vec![(0.0, 1.0)];
+            let mut level = 1.0;
+            for &(d, f) in points {
+                steps.push((d, level));
+                level = f.max(floor);
+                steps.push((d, level));
+            }
+            steps.push((hi, level));
+            chart
+                .draw_series(LineSeries::new(steps, colour.stroke_width(2)))
+                .map_err(plot_err)?
+                .label(name.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font((FONT, 14))
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()
+            .map_err(plot_err)?;
+        Ok(())
+    }
+}
+
+/// Per transport, the percentage of messages that missed their playout (late or never
+/// delivered), next to the percentage the network lost (the reference: what UDP would
+/// miss; not known over TLS, where the wire does not show which message a packet carried).
+struct LateLossBars {
+    caption: String,
+    /// Transport, late-loss %, network-loss % (if known).
+    bars: Vec<(String, f64, Option<f64>)>,
+}
+
+impl LateLossBars {
+    fn of(runs: &[&RunResult]) -> LateLossBars {
+        let first = runs[0];
+        let bars = runs
+            .iter()
+            .map(|run| {
+                let s = &run.analysis.summary;
+                let sent = s.messages_sent.max(1) as f64;
+                let net = run
+                    .network_losses_visible()
+                    .then(|| 100.0 * s.lost_by_network as f64 / sent);
+                (run.transport.clone(), 100.0 * s.late_loss_rate, net)
+            })
+            .collect();
+        LateLossBars {
+            caption: format!(
+                "missed playout vs lost by the network: {} ({})",
+                first.scenario.name,
+                first.engine.name()
+            ),
+            bars,
+        }
+    }
+}
+
+impl Chart for LateLossBars {
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), VoipError> {
+        root.fill(&WHITE).map_err(plot_err)?;
+        let top = self
+            .bars
+            .iter()
+            .map(|(_, late, net)| late.max(net.unwrap_or(0.0)))
+            .fold(0.1, f64::max)
+            * 1.2;
+        let n = self.bars.len();
+        let mut chart = ChartBuilder::on(root)
+            .caption(&self.caption, (FONT, 20))
+            .margin(10)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..n as f64, 0.0..top)
+            .map_err(plot_err)?;
+        let names: Vec<String> = self.bars.iter().map(|b| b.0.clone()).collect();
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(n * 2 + 1)
+            .x_label_formatter(&|x| {
+                let i = x.floor() as usize;
+                // Label the middle of each slot only.
+                if (x - x.floor() - 0.5).abs() < 0.01 {
+                    names.get(i).cloned().unwrap_or_default()
+                } else {
+                    String::new()
+                }
+            })
+            .y_desc("% of messages sent")
+            .y_label_formatter(&|y| format!("{y:.2}"))
+            .label_style((FONT, 14))
+            .draw()
+            .map_err(plot_err)?;
+        let late = PALETTE[0];
+        let net = RGBColor(127, 127, 127);
+        chart
+            .draw_series(self.bars.iter().enumerate().map(|(i, (_, v, _))| {
+                let x = i as f64;
+                Rectangle::new([(x + 0.15, 0.0), (x + 0.5, *v)], late.filled())
+            }))
+            .map_err(plot_err)?
+            .label("missed playout (late or never)")
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], late.filled()));
+        chart
+            .draw_series(self.bars.iter().enumerate().filter_map(|(i, (_, _, v))| {
+                let x = i as f64;
+                v.map(|v| Rectangle::new([(x + 0.5, 0.0), (x + 0.85, v)], net.filled()))
+            }))
+            .map_err(plot_err)?
+            .label("lost by the network")
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], net.filled()));
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font((FONT, 14))
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()
+            .map_err(plot_err)?;
+        Ok(())
+    }
 }
 
 pub(crate) const PALETTE: [RGBColor; 10] = [

@@ -188,6 +188,7 @@ pub fn write_outputs(
         for f in super::plot::cdfs(&plots_dir, runs)? {
             files.push(f);
         }
+        files.extend(super::plot::tails(&plots_dir, runs)?);
     }
     for (i, run) in runs.iter().enumerate() {
         let records = records_dir.join(format!("{}.jsonl", stem(run)));
