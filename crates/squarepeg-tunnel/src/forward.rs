@@ -459,6 +459,31 @@ impl<D: PacketIo> Server<D> {
         &self.stats
     }
 
+    /// Closes every client's connection gracefully (each client is told the tunnel ended,
+    /// rather than seeing its connection reset); waits at most `limit` for the closes.
+    pub async fn close_all(&self, limit: Duration) {
+        let mut conns: Vec<Connection> = Vec::new();
+        for conn in self
+            .routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+        {
+            // One entry per address: a client with two families is there twice.
+            if !conns
+                .iter()
+                .any(|c| c.remote_address() == conn.remote_address())
+            {
+                conns.push(conn.clone());
+            }
+        }
+        let mut closes = tokio::task::JoinSet::new();
+        for c in conns {
+            closes.spawn(async move { c.close().await });
+        }
+        let _ = tokio::time::timeout(limit, closes.join_all()).await;
+    }
+
     /// How many clients are connected.
     pub fn clients(&self) -> usize {
         self.pool

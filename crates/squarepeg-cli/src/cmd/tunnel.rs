@@ -294,6 +294,8 @@ fn run_server(args: ServerArgs, given: &[String]) -> anyhow::Result<()> {
                         r = r => r,
                         _ = shutdown_signal() => Ok(()),
                     };
+                    // Before the stack stops under them.
+                    server.close_all(Duration::from_secs(2)).await;
                     running.linger(Duration::from_secs(1)).await;
                     r.and(running.finish(quiet).await)
                 }
@@ -303,6 +305,8 @@ fn run_server(args: ServerArgs, given: &[String]) -> anyhow::Result<()> {
             r = serve => r,
             _ = shutdown_signal() => Ok(()),
         };
+        // The clients learn that the tunnel ended instead of seeing a reset.
+        server.close_all(Duration::from_secs(2)).await;
         eprintln!("tunnel: {}", server.stats().snapshot());
         r
     });
@@ -421,7 +425,12 @@ async fn client_session(conn: Connection, args: &ClientArgs) -> anyhow::Result<(
     let stats = Arc::new(TunnelStats::default());
     let config = args.packets.config(assignment.mtu);
     let result = tokio::select! {
-        r = run_client(conn.clone(), device, &assignment, &config, stats.clone()) => r,
+        r = run_client(conn.clone(), device, &assignment, &config, stats.clone()) => {
+            if r.is_ok() {
+                eprintln!("the server closed the tunnel");
+            }
+            r
+        }
         _ = shutdown_signal() => {
             // Bounded: a server that does not answer the close does not hold the exit.
             let _ = tokio::time::timeout(Duration::from_secs(2), conn.close()).await;
