@@ -3,7 +3,7 @@
 //! packets travel on [`PACKET_SUBSTREAM`], one packet per message.
 //!
 //! ```text
-//! Hello   = 0x01 version(1)
+//! Hello   = 0x01 version(1) [token_len(1) token]
 //! Assign  = 0x02 version(1) mtu(2) count(1) count × Address
 //! Address = family(1: 4 or 6) client_ip(4|16) prefix_len(1) server_ip(4|16)
 //! Refuse  = 0x03 reason (UTF-8, at most 255 bytes)
@@ -21,6 +21,8 @@ pub const VERSION: u8 = 1;
 pub const CONTROL_SUBSTREAM: u64 = 0;
 /// The substream of tunneled IP packets.
 pub const PACKET_SUBSTREAM: u64 = 1;
+/// The longest [`Control::Hello`] token.
+pub const MAX_TOKEN: usize = 255;
 /// The longest [`Control::Refuse`] reason (longer ones are cut at a character boundary).
 pub const MAX_REASON: usize = 255;
 
@@ -38,10 +40,13 @@ pub struct Assigned {
 /// A tunnel control message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Control {
-    /// Client → server, first: the protocol version it speaks.
+    /// Client → server, first: the protocol version it speaks, and the server's shared
+    /// secret if it asks for one (empty: none; sent only inside TLS).
     Hello {
         /// [`VERSION`].
         version: u8,
+        /// The shared secret, at most [`MAX_TOKEN`] bytes; empty when none.
+        token: Vec<u8>,
     },
     /// Server → client: its addresses (one per family) and the tunnel MTU.
     Assign {
@@ -84,6 +89,9 @@ pub enum ControlError {
     /// Two addresses of one family, or client and server of different families.
     #[error("inconsistent addresses: {0}")]
     Addresses(&'static str),
+    /// A hello with a token length of 0 (no token is sent as no length at all).
+    #[error("a hello with an empty token")]
+    EmptyToken,
     /// A refusal whose reason is not UTF-8.
     #[error("the refusal's reason is not UTF-8")]
     Reason,
@@ -94,7 +102,14 @@ impl Control {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
         match self {
-            Control::Hello { version } => out.extend_from_slice(&[0x01, *version]),
+            Control::Hello { version, token } => {
+                out.extend_from_slice(&[0x01, *version]);
+                if !token.is_empty() {
+                    let token = &token[..token.len().min(MAX_TOKEN)];
+                    out.push(token.len() as u8);
+                    out.extend_from_slice(token);
+                }
+            }
             Control::Assign {
                 version,
                 mtu,
@@ -127,7 +142,19 @@ impl Control {
         let (&kind, rest) = bytes.split_first().ok_or(ControlError::Empty)?;
         let mut r = Reader(rest);
         let message = match kind {
-            0x01 => Control::Hello { version: r.u8()? },
+            0x01 => {
+                let version = r.u8()?;
+                let token = if r.0.is_empty() {
+                    Vec::new()
+                } else {
+                    let len = r.u8()?;
+                    if len == 0 {
+                        return Err(ControlError::EmptyToken);
+                    }
+                    r.take(usize::from(len))?.to_vec()
+                };
+                Control::Hello { version, token }
+            }
             0x02 => {
                 let version = r.u8()?;
                 let mtu = u16::from_be_bytes([r.u8()?, r.u8()?]);
@@ -240,7 +267,22 @@ mod tests {
     /// The vectors of docs/wire.md §6.
     #[test]
     fn wire_vectors() {
-        assert_eq!(Control::Hello { version: 1 }.encode(), [0x01, 0x01]);
+        assert_eq!(
+            Control::Hello {
+                version: 1,
+                token: vec![]
+            }
+            .encode(),
+            [0x01, 0x01]
+        );
+        assert_eq!(
+            hex(&Control::Hello {
+                version: 1,
+                token: b"s3cret".to_vec()
+            }
+            .encode()),
+            "01 01 06 73 33 63 72 65 74"
+        );
         let v4_only = Control::Assign {
             version: 1,
             mtu: 1380,
@@ -273,7 +315,14 @@ mod tests {
     #[test]
     fn round_trips() {
         for m in [
-            Control::Hello { version: 1 },
+            Control::Hello {
+                version: 1,
+                token: vec![],
+            },
+            Control::Hello {
+                version: 1,
+                token: vec![7; 255],
+            },
             assign(),
             Control::Refuse {
                 reason: "the pool is empty".into(),
@@ -328,6 +377,14 @@ mod tests {
             Err(ControlError::Addresses(_))
         ));
         assert_eq!(Control::decode(&[0x03, 0xff]), Err(ControlError::Reason));
+        assert_eq!(
+            Control::decode(&[0x01, 1, 0]),
+            Err(ControlError::EmptyToken)
+        );
+        assert_eq!(
+            Control::decode(&[0x01, 1, 3, 1]),
+            Err(ControlError::Truncated)
+        );
         // Every byte string decodes or fails; none panics.
         let mut x = 0x1234_5678u32;
         for len in 0..64 {

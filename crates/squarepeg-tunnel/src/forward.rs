@@ -14,7 +14,7 @@ use squarepeg::{Connection, ConnectionError, MessageProps, Priority, SendError};
 use thiserror::Error;
 
 use crate::control::{
-    Assigned, CONTROL_SUBSTREAM, Control, ControlError, PACKET_SUBSTREAM, VERSION,
+    Assigned, CONTROL_SUBSTREAM, Control, ControlError, MAX_TOKEN, PACKET_SUBSTREAM, VERSION,
 };
 use crate::packet::{Class, DEFAULT_SMALL_PACKET, PacketError, PacketInfo, clamp_mss, inspect};
 use crate::pool::AddressPool;
@@ -280,9 +280,20 @@ pub struct Assignment {
     pub addresses: Vec<Assigned>,
 }
 
-/// The client's side of the hello: says hello and waits for the server's addresses.
-pub async fn client_handshake(conn: &Connection) -> Result<Assignment, TunnelError> {
-    let hello = Control::Hello { version: VERSION }.encode();
+/// The client's side of the hello: says hello (with the server's shared secret, if it has
+/// one) and waits for the server's addresses.
+pub async fn client_handshake(conn: &Connection, token: &[u8]) -> Result<Assignment, TunnelError> {
+    if token.len() > MAX_TOKEN {
+        return Err(TunnelError::Protocol(format!(
+            "a token of {} bytes is longer than {MAX_TOKEN}",
+            token.len()
+        )));
+    }
+    let hello = Control::Hello {
+        version: VERSION,
+        token: token.to_vec(),
+    }
+    .encode();
     conn.send_message(
         hello,
         MessageProps {
@@ -440,17 +451,25 @@ pub struct Server<D> {
     pool: Mutex<AddressPool>,
     routes: Mutex<HashMap<IpAddr, Connection>>,
     stats: Arc<TunnelStats>,
+    token: Option<Vec<u8>>,
 }
 
 impl<D: PacketIo> Server<D> {
-    /// A server forwarding between `device` and its clients, with addresses from `pool`.
-    pub fn new(device: Arc<D>, pool: AddressPool, config: TunnelConfig) -> Arc<Server<D>> {
+    /// A server forwarding between `device` and its clients, with addresses from `pool`;
+    /// with a `token`, only clients whose hello carries it are served.
+    pub fn new(
+        device: Arc<D>,
+        pool: AddressPool,
+        config: TunnelConfig,
+        token: Option<Vec<u8>>,
+    ) -> Arc<Server<D>> {
         Arc::new(Server {
             device,
             config,
             pool: Mutex::new(pool),
             routes: Mutex::new(HashMap::new()),
             stats: Arc::new(TunnelStats::default()),
+            token,
         })
     }
 
@@ -561,8 +580,20 @@ impl<D: PacketIo> Server<D> {
             Ok(m) => m?,
         };
         match (hello.substream, Control::decode(&hello.payload)) {
-            (CONTROL_SUBSTREAM, Ok(Control::Hello { version: VERSION })) => {}
-            (CONTROL_SUBSTREAM, Ok(Control::Hello { version })) => {
+            (
+                CONTROL_SUBSTREAM,
+                Ok(Control::Hello {
+                    version: VERSION,
+                    token,
+                }),
+            ) => {
+                if let Some(want) = &self.token
+                    && !constant_time_eq(want, &token)
+                {
+                    return Err(refuse("wrong or missing token".into()).await);
+                }
+            }
+            (CONTROL_SUBSTREAM, Ok(Control::Hello { version, .. })) => {
                 return Err(refuse(format!(
                     "this server speaks tunnel version {VERSION}, not {version}"
                 ))
@@ -635,6 +666,12 @@ impl<D: PacketIo> Server<D> {
             Ok(()) => Ok(addresses),
         }
     }
+}
+
+/// Compares secrets without an early exit on the first difference (the length is not
+/// secret).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
 fn control_props() -> MessageProps {

@@ -68,7 +68,7 @@ async fn server(
 ) {
     let (device, host) = memory_device(64);
     let pool = AddressPool::new(&[subnet.parse().unwrap()]).unwrap();
-    let server = Server::new(Arc::new(device), pool, config);
+    let server = Server::new(Arc::new(device), pool, config, None);
     let ep = Endpoint::bind("127.0.0.1:0", conn_config).await.unwrap();
     let addr = ep.local_addr().unwrap();
     tokio::spawn(server.clone().run_device());
@@ -91,7 +91,7 @@ struct Client {
 
 async fn client(addr: SocketAddr, conn_config: ConnectionConfig) -> Result<Client, TunnelError> {
     let conn = Connection::connect(addr, conn_config).await.unwrap();
-    let assignment = timeout(WAIT, client_handshake(&conn)).await.unwrap()?;
+    let assignment = timeout(WAIT, client_handshake(&conn, b"")).await.unwrap()?;
     let (device, host) = memory_device(64);
     let stats = Arc::new(TunnelStats::default());
     let run = {
@@ -250,9 +250,16 @@ async fn a_peer_sending_garbage_is_counted_and_survived() {
         priority: Priority::HIGHEST,
         ..MessageProps::default()
     };
-    raw.send_message(Control::Hello { version: VERSION }.encode(), hello)
-        .await
-        .unwrap();
+    raw.send_message(
+        Control::Hello {
+            version: VERSION,
+            token: vec![],
+        }
+        .encode(),
+        hello,
+    )
+    .await
+    .unwrap();
     let assign = timeout(WAIT, raw.recv_message()).await.unwrap().unwrap();
     assert!(matches!(
         Control::decode(&assign.payload).unwrap(),
@@ -289,7 +296,10 @@ async fn a_peer_sending_garbage_is_counted_and_survived() {
         let hello = conn.recv_message().await.unwrap();
         assert_eq!(
             Control::decode(&hello.payload).unwrap(),
-            Control::Hello { version: VERSION }
+            Control::Hello {
+                version: VERSION,
+                token: vec![]
+            }
         );
         let assign = Control::Assign {
             version: VERSION,
@@ -411,7 +421,48 @@ async fn client_side_handshake(addr: SocketAddr) -> Result<Assignment, TunnelErr
     let conn = Connection::connect(addr, ConnectionConfig::default())
         .await
         .unwrap();
-    let r = timeout(WAIT, client_handshake(&conn)).await.unwrap();
+    let r = timeout(WAIT, client_handshake(&conn, b"")).await.unwrap();
     conn.close().await;
     r
+}
+
+#[tokio::test]
+async fn a_server_with_a_token_serves_only_clients_that_have_it() {
+    let (device, _host) = memory_device(8);
+    let pool = AddressPool::new(&["10.94.0.0/24".parse().unwrap()]).unwrap();
+    let server = Server::new(
+        Arc::new(device),
+        pool,
+        TunnelConfig::default(),
+        Some(b"s3cret".to_vec()),
+    );
+    let (server_conf, client_conf) = tls_configs();
+    let ep = Endpoint::bind("127.0.0.1:0", server_conf).await.unwrap();
+    let addr = ep.local_addr().unwrap();
+    let s = server.clone();
+    tokio::spawn(async move {
+        while let Ok(conn) = ep.accept().await {
+            tokio::spawn(s.clone().serve(conn, |_| {}));
+        }
+    });
+    for (token, ok) in [
+        (&b""[..], false),
+        (b"s3cre", false),
+        (b"s3creT", false),
+        (b"s3cret", true),
+    ] {
+        let conn = Connection::connect(addr, client_conf.clone())
+            .await
+            .unwrap();
+        let r = timeout(WAIT, client_handshake(&conn, token)).await.unwrap();
+        match (r, ok) {
+            (Ok(a), true) => assert_eq!(
+                a.addresses[0].client,
+                "10.94.0.2".parse::<IpAddr>().unwrap()
+            ),
+            (Err(TunnelError::Refused(why)), false) => assert!(why.contains("token"), "{why}"),
+            (other, _) => panic!("token {token:?}: {other:?}"),
+        }
+    }
+    assert_eq!(server.stats().snapshot().clients_refused, 3);
 }

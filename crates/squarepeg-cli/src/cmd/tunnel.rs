@@ -60,6 +60,10 @@ pub struct PacketArgs {
     /// (labs only).
     #[arg(long)]
     pub cleartext: bool,
+    /// A file holding the shared secret (up to 255 bytes; surrounding white space is
+    /// ignored): the server serves only clients whose hello carries it.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 /// A packet lifetime, or none.
@@ -78,6 +82,29 @@ fn parse_lifetime(s: &str) -> Result<Lifetime, String> {
 }
 
 impl PacketArgs {
+    /// The shared secret from --token-file, if given.
+    fn token(&self) -> anyhow::Result<Option<Vec<u8>>> {
+        let Some(path) = &self.token_file else {
+            return Ok(None);
+        };
+        let raw = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let token = raw.trim_ascii().to_vec();
+        if token.is_empty() || token.len() > squarepeg_tunnel::control::MAX_TOKEN {
+            bail!(
+                "{}: a token is 1 to {} bytes, not {}",
+                path.display(),
+                squarepeg_tunnel::control::MAX_TOKEN,
+                token.len()
+            );
+        }
+        if self.cleartext {
+            eprintln!(
+                "warning: --cleartext: the token crosses the network readable by anyone on the path"
+            );
+        }
+        Ok(Some(token))
+    }
+
     fn config(&self, mtu: u16) -> TunnelConfig {
         let mut c = TunnelConfig::default();
         c.mtu = mtu;
@@ -203,6 +230,22 @@ fn open_device(name: &str, mtu: u16) -> anyhow::Result<TunDevice> {
 fn run_server(args: ServerArgs, given: &[String]) -> anyhow::Result<()> {
     args.substrate.check(given)?;
     let pool = AddressPool::new(&args.subnet)?;
+    let token = args.packets.token()?;
+    if token.is_none() {
+        eprintln!(
+            "note: no --token-file: any client that reaches this server{} gets an address{}",
+            if args.packets.cleartext {
+                ""
+            } else {
+                " and accepts its certificate"
+            },
+            if args.nat {
+                " and, with --nat, a way out"
+            } else {
+                ""
+            }
+        );
+    }
     let config = if args.packets.cleartext {
         cleartext_warning();
         ConnectionConfig::default()
@@ -234,7 +277,7 @@ fn run_server(args: ServerArgs, given: &[String]) -> anyhow::Result<()> {
     let tunnel_config = args.packets.config(args.tun_mtu);
     let result = rt.block_on(async {
         let device = Arc::new(device.into_packets()?);
-        let server = Server::new(device, pool, tunnel_config);
+        let server = Server::new(device, pool, tunnel_config, token);
         let accept = |conn: Connection| {
             let server = server.clone();
             tokio::spawn(async move {
@@ -390,7 +433,8 @@ async fn client_session(conn: Connection, args: &ClientArgs) -> anyhow::Result<(
     if let Some(tls) = super::tls::describe(&conn) {
         eprintln!("{tls}");
     }
-    let assignment = match client_handshake(&conn).await {
+    let token = args.packets.token()?.unwrap_or_default();
+    let assignment = match client_handshake(&conn, &token).await {
         Ok(a) => a,
         Err(TunnelError::Refused(reason)) => bail!("the server refused the tunnel: {reason}"),
         Err(e) => return Err(e.into()),
