@@ -237,7 +237,8 @@ impl std::fmt::Display for StatsSnapshot {
     }
 }
 
-/// Checks a packet from the device, clamps its MSS and hands it to `conn`.
+/// Hands a checked packet from the device to `conn`, its MSS clamped first if it is a SYN;
+/// a full send queue drops it (counted).
 fn send_packet(
     conn: &Connection,
     mut packet: Vec<u8>,
