@@ -1743,6 +1743,9 @@ enum Candidate {
     Record(u64),
     /// Not a record that authenticates here.
     NotARecord,
+    /// Not tried: no number could be found or predicted (a stock sender's records with
+    /// predictions off); not counted as rejected.
+    Untried,
 }
 
 impl Scan<'_> {
@@ -1792,8 +1795,10 @@ impl Scan<'_> {
                     f.at_boundary = true;
                     f.hint = Some(number + 1);
                 }
-                Candidate::NotARecord => {
-                    self.stats.candidates_rejected += 1;
+                outcome @ (Candidate::NotARecord | Candidate::Untried) => {
+                    if matches!(outcome, Candidate::NotARecord) {
+                        self.stats.candidates_rejected += 1;
+                    }
                     f.at_boundary = false;
                     f.hint = None;
                     f.cursor = pos + 1;
@@ -1818,7 +1823,12 @@ impl Scan<'_> {
         if !self.numbering.receive_on && self.config.predictions > 0 {
             return self.open_predicted(offset, record, hint, deliver);
         }
-        Candidate::NotARecord
+        if self.numbering.accept {
+            // A number was looked for and none fitted.
+            Candidate::NotARecord
+        } else {
+            Candidate::Untried
+        }
     }
 
     fn open_numbered(

@@ -234,6 +234,24 @@ fn stock_sender_records_are_predicted() {
     assert!(!server.stats().receiving_numbered);
 }
 
+/// With predictions off, a stock sender's records found out of order are not tried at all:
+/// nothing is delivered ahead of the hole, and nothing counts as rejected (the counter is for
+/// candidates that failed to authenticate).
+#[test]
+fn without_predictions_stock_records_are_not_counted_as_rejected() {
+    let setup = default_setup();
+    let (mut client, mut server, base) = connected(&setup, false, 0);
+    let mut rng = 0x0bad_cafe_dead_beef;
+    let stream = client_stream(&mut client, 0..200, false, &mut rng);
+    let mut segs = segments(&stream, base, 500, &mut rng);
+    lose_first(&mut segs);
+    let (got, result) = receive(&mut server, &segs);
+    result.unwrap();
+    exactly_once(&got, 0..200);
+    assert_eq!(got.out_of_order, 0, "{got:?}");
+    assert_eq!(server.stats().candidates_rejected, 0);
+}
+
 /// A stock sender's records of varied sizes (rustls seals one record per write, here 100–1400
 /// bytes) in MSS-sized segments, two of them lost: the records beyond the second hole are
 /// predicted from the last record found before them, not guessed across all the bytes since
