@@ -86,6 +86,7 @@ pub mod audit;
 pub mod cc;
 mod config;
 mod conn;
+mod cwv;
 mod endpoint;
 mod error;
 mod recv_buf;

@@ -452,6 +452,18 @@ impl Scoreboard {
         }
     }
 
+    /// A timeout proved spurious: segments it presumed lost and that have not been resent yet
+    /// are outstanding again (RFC 4015 §3: no go-back-N of data the receiver has).
+    pub fn clear_unsent_lost(&mut self) {
+        for seg in &mut self.segs {
+            if seg.lost && !seg.retrans_out && !seg.sacked {
+                seg.lost = false;
+                self.lost_bytes -= seg.end - seg.start;
+                self.lost_segs -= 1;
+            }
+        }
+    }
+
     /// First segment that is lost and not yet retransmitted (RFC 6675 NextSeg rule 1).
     pub fn next_lost(&self) -> Option<usize> {
         if self.lost_bytes == 0 {
