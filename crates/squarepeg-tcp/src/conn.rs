@@ -219,9 +219,9 @@ struct Tlp {
     pending: bool,
     /// An RTT sample arrived since the last probe (§7.3 condition 2).
     sampled: bool,
-    /// A retransmitted probe: its TSval and range, for the detection of a spurious timeout
-    /// that follows it (it is the first retransmission of the episode).
-    probe: Option<(u32, u64, u64)>,
+    /// The range a retransmitted probe resent, for the detection of a spurious timeout that
+    /// follows it (RFC 3708: every retransmission of the episode must be D-SACKed).
+    probe: Option<(u64, u64)>,
 }
 
 impl Default for Tlp {
@@ -246,6 +246,9 @@ struct RtoUndo {
     cc: Box<dyn CongestionControl>,
     /// TSval of the first retransmission after the timeout (RFC 3522 §2: RetransmitTS).
     retransmit_ts: u32,
+    /// A retransmitted tail loss probe was outstanding at the timeout: an Eifel verdict on
+    /// the timeout says nothing about whether the probe repaired a loss.
+    probe_open: bool,
     /// SND.UNA and SND.NXT at the timeout.
     una: u64,
     /// The first acceptable ACK after the timeout has not been seen yet (Eifel looks at that
@@ -1420,10 +1423,11 @@ impl Connection {
                     let probe = self.tlp.end_seq.and(self.tlp.probe);
                     self.rto_undo = Some(RtoUndo {
                         cc: self.cc.snapshot(),
-                        retransmit_ts: probe.map_or_else(|| self.ts_now(now), |p| p.0),
+                        retransmit_ts: self.ts_now(now),
+                        probe_open: probe.is_some(),
                         una: self.snd_una,
                         first_ack_pending: true,
-                        retransmitted: probe.map(|(_, s, e)| (s, e)).into_iter().collect(),
+                        retransmitted: probe.into_iter().collect(),
                         overflow: false,
                     });
                     self.cc.on_rto(now, self.flight());
@@ -2384,9 +2388,10 @@ impl Connection {
             return;
         };
         let mut spurious = false;
+        let mut eifel = false;
         if u.first_ack_pending && advancing {
             u.first_ack_pending = false;
-            spurious = ts_ok
+            eifel = ts_ok
                 && tsecr.is_some_and(|ecr| ecr != 0 && ts_before(ecr, u.retransmit_ts))
                 && self.snd_una > u.una;
         }
@@ -2401,8 +2406,16 @@ impl Connection {
         if !u.overflow && u.retransmitted.is_empty() && recovered && !u.first_ack_pending {
             spurious = true;
         }
-        if spurious {
+        if spurious || eifel {
+            // Only D-SACKs for every copy, the probe's included, show that the probe
+            // repaired nothing; otherwise its repair gets the response RFC 8985 §7.4 gives.
+            let probe_repair = !spurious && u.probe_open;
             self.undo_rto(now);
+            if probe_repair {
+                let flight = self.flight().min(self.cc.cwnd());
+                self.congestion_event(now, flight);
+                self.cc.on_recovery_exit(now);
+            }
         }
     }
 
@@ -3304,7 +3317,7 @@ impl Connection {
             self.counters.packets_retransmitted += 1;
             self.counters.bytes_retransmitted += payload_len as u64;
             self.tlp.is_retrans = true;
-            self.tlp.probe = Some((self.ts_now(now), start, end));
+            self.tlp.probe = Some((start, end));
             n
         };
         self.tlp.end_seq = Some(self.snd_nxt);
