@@ -46,11 +46,16 @@ pub trait CongestionControl: Debug + Send {
     fn set_mss(&mut self, mss: u64);
     /// A copy of the whole state, to restore when a retransmission timeout turns out to have
     /// been spurious (RFC 4015 §3: the response restores the window the timeout took away).
-    fn snapshot(&self) -> Box<dyn CongestionControl>;
+    /// `None` (the default): such timeouts are not undone.
+    fn snapshot(&self) -> Option<Box<dyn CongestionControl>> {
+        None
+    }
     /// Raises cwnd and ssthresh to at least `floor` bytes (never lowers them): the floor of a
     /// loss response in the non-validated phase of an application-limited flow (RFC 7661,
-    /// see `Connection::congestion_event`).
-    fn keep_at_least(&mut self, floor: u64);
+    /// see `Connection::congestion_event`). The default keeps the controller's own response.
+    fn keep_at_least(&mut self, floor: u64) {
+        let _ = floor;
+    }
 }
 
 /// Builds the configured controller.
@@ -156,8 +161,8 @@ impl CongestionControl for NewReno {
         }
         self.mss = mss.max(1);
     }
-    fn snapshot(&self) -> Box<dyn CongestionControl> {
-        Box::new(self.clone())
+    fn snapshot(&self) -> Option<Box<dyn CongestionControl>> {
+        Some(Box::new(self.clone()))
     }
     fn keep_at_least(&mut self, floor: u64) {
         self.cwnd = self.cwnd.max(floor);
@@ -309,8 +314,8 @@ impl CongestionControl for Cubic {
         }
         self.mss = mss.max(1);
     }
-    fn snapshot(&self) -> Box<dyn CongestionControl> {
-        Box::new(self.clone())
+    fn snapshot(&self) -> Option<Box<dyn CongestionControl>> {
+        Some(Box::new(self.clone()))
     }
     fn keep_at_least(&mut self, floor: u64) {
         self.cwnd = self.cwnd.max(floor);
@@ -400,7 +405,7 @@ mod tests {
             Box::new(Cubic::new(1000, 10)) as Box<dyn CongestionControl>,
             Box::new(NewReno::new(1000, 10)),
         ] {
-            let before = c.snapshot();
+            let before = c.snapshot().expect("a snapshot");
             c.on_rto(now, 10_000);
             assert_eq!(c.cwnd(), 1000);
             let c = before;

@@ -242,8 +242,9 @@ impl Default for Tlp {
 /// response restores the congestion state).
 #[derive(Debug)]
 struct RtoUndo {
-    /// The congestion controller as it was before the first timeout of the series.
-    cc: Box<dyn CongestionControl>,
+    /// The congestion controller as it was before the first timeout of the series (`None`:
+    /// a controller that keeps no snapshot, whose timeouts are not undone).
+    cc: Option<Box<dyn CongestionControl>>,
     /// TSval of the first retransmission after the timeout (RFC 3522 §2: RetransmitTS).
     retransmit_ts: u32,
     /// A retransmitted tail loss probe was outstanding at the timeout: an Eifel verdict on
@@ -2427,8 +2428,10 @@ impl Connection {
         let Some(u) = self.rto_undo.take() else {
             return;
         };
-        if u.cc.cwnd() > self.cc.cwnd() {
-            self.cc = u.cc;
+        if let Some(cc) = u.cc
+            && cc.cwnd() > self.cc.cwnd()
+        {
+            self.cc = cc;
         }
         if self.rto_recovery {
             self.rto_recovery = false;
