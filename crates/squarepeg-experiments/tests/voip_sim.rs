@@ -322,10 +322,16 @@ fn bursty_loss_both_ways_does_not_stall_the_sender() {
             *total += m;
         }
         if missed[3] > missed[2] {
-            violations.push(format!("seed {seed}: utcp-ir {} > utcp {}", missed[3], missed[2]));
+            violations.push(format!(
+                "seed {seed}: utcp-ir {} > utcp {}",
+                missed[3], missed[2]
+            ));
         }
         if missed[2] > missed[1] {
-            violations.push(format!("seed {seed}: utcp {} > tcp {}", missed[2], missed[1]));
+            violations.push(format!(
+                "seed {seed}: utcp {} > tcp {}",
+                missed[2], missed[1]
+            ));
         }
     }
     eprintln!("totals udp/tcp/utcp/utcp-ir: {totals:?}");
@@ -343,4 +349,53 @@ fn bursty_loss_both_ways_does_not_stall_the_sender() {
         excess(ir)
     );
     assert!(violations.is_empty(), "{violations:?}");
+}
+
+/// Issue 14, item 2 (second half): on the bursty path every retransmission is doomed (it
+/// arrives at least RTT + RTT/2 = 105 ms after its message was sent, past the 65 ms
+/// playout), so with inconsistent retransmissions no message the network lost may arrive
+/// late: each retransmitted range must carry live messages (or padding), never its doomed
+/// original. Counted per run: messages whose first transmission was lost and that then
+/// arrived late, i.e. were resent unchanged.
+#[test]
+fn every_doomed_range_in_a_burst_is_replaced() {
+    let scenario = bursty_70ms();
+    let mut unchanged = Vec::new();
+    for seed in 1..=30 {
+        let r = run(&scenario, "utcp-ir", seed, 60);
+        let late = r
+            .analysis
+            .records
+            .iter()
+            .filter(|m| m.lost_by_network && m.state == MessageState::Late)
+            .count();
+        let s = &r.analysis.summary;
+        eprintln!(
+            "seed {seed}: lost by network {}, replaced {}, resent unchanged and late {late}",
+            s.lost_by_network, s.replaced_by_sender
+        );
+        if late > 0 {
+            unchanged.push((seed, late));
+        }
+    }
+    let total: usize = unchanged.iter().map(|&(_, n)| n).sum();
+    assert!(
+        unchanged.is_empty(),
+        "{total} doomed messages resent unchanged: {unchanged:?}"
+    );
+}
+
+#[test]
+#[ignore]
+fn dbg_bursty() {
+    let seed: u64 = std::env::var("SEED").unwrap().parse().unwrap();
+    let t = std::env::var("T").unwrap();
+    let scenario = bursty_70ms();
+    let udp = run(&scenario, "udp", seed, 60);
+    let r = run(&scenario, &t, seed, 60);
+    for (a, b) in udp.analysis.records.iter().zip(&r.analysis.records) {
+        if a.missed() != b.missed() || b.missed() {
+            eprintln!("MSG {} udp {:?} {} {:?}", b.number, a.state, t, b);
+        }
+    }
 }
