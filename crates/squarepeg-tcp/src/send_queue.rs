@@ -895,9 +895,11 @@ impl SendQueue {
     /// and a replacement may not): pending ones, or copies of ones in flight — closest to
     /// expiry first, no more than fit —
     /// followed by padding to exactly the run's length (Hollywood §4.2 inconsistent
-    /// retransmissions). Padding from an earlier replacement counts as expired. A run no live
-    /// message fits into is left as it is (retransmitted unchanged). Never changes the length
-    /// of anything, never replaces part of a message.
+    /// retransmissions). Padding from an earlier replacement counts as expired. A run of
+    /// messages no live message fits into becomes padding alone (its messages would only
+    /// arrive late); a run of earlier padding no live message fits into, or one shorter than
+    /// the padder's shortest padding, is left as it is. Never changes the length of anything,
+    /// never replaces part of a message.
     pub(crate) fn replace_expired(
         &mut self,
         from: u64,
@@ -991,7 +993,14 @@ impl SendQueue {
                 candidates.push((until, Source::InFlight(i), r.data.len()));
             }
         }
-        if candidates.is_empty() {
+        // A run that holds messages is doomed whether or not a live message fills it: resent
+        // unchanged it would only deliver them late, and during a burst of losses the few
+        // live messages in flight are used up by the first runs (issue 14: every run after
+        // the first one or two went out unchanged). It then goes as padding, so the receiver
+        // gets nothing late and the path carries no dead bytes; a run of nothing but padding
+        // from an earlier replacement is only worth resending changed if a message fills it.
+        let doomed_messages = self.committed.range(a..b).any(|r| r.kind == Kind::Message);
+        if candidates.is_empty() && !doomed_messages {
             return None;
         }
         candidates.sort_by_key(|&(until, source, _)| (until.is_none(), until, source));
@@ -1008,7 +1017,7 @@ impl SendQueue {
                 break;
             }
         }
-        if chosen.is_empty() || (left > 0 && left < min_padding) {
+        if (chosen.is_empty() && !doomed_messages) || (left > 0 && left < min_padding) {
             return None;
         }
         let mut padding = Vec::new();
