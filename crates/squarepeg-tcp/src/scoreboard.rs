@@ -540,6 +540,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_spurious_timeout_clears_the_lost_marks_of_what_was_not_resent() {
+        let now = Instant::now();
+        let mut sb = Scoreboard::default();
+        for i in 0..4u64 {
+            sb.on_send(1 + i * 100, 1 + (i + 1) * 100, false, now);
+        }
+        sb.mark_all_lost();
+        assert_eq!(sb.lost_bytes(), 400);
+        // The timeout resent segment 0; then it proved spurious (RFC 4015 §3).
+        sb.on_retransmit(0, now);
+        sb.clear_unsent_lost();
+        sb.check_invariants();
+        assert_eq!(
+            sb.lost_bytes(),
+            100,
+            "the retransmitted one stays accounted as resent"
+        );
+        assert_eq!(sb.next_lost(), None, "nothing is resent again");
+        assert_eq!(
+            sb.pipe(400),
+            400,
+            "3 originals and 1 retransmission in flight"
+        );
+    }
+
+    #[test]
     fn sack_marks_holes_lost_after_three_segments() {
         let now = Instant::now();
         let mut sb = Scoreboard::default();
