@@ -822,3 +822,68 @@ fn an_application_limited_flow_keeps_its_initial_window_through_a_loss() {
         assert_eq!(st.app_limited_floors, 1);
     }
 }
+
+#[test]
+fn an_undone_timeout_keeps_the_response_to_a_tail_loss_probe_that_may_have_repaired() {
+    // A retransmitted tail loss probe was out when the timeout fired. The Eifel verdict says
+    // the timeout was spurious, but not whether the probe repaired a loss: that repair keeps
+    // its congestion response (RFC 8985 §7.4). Only D-SACKs for every copy, the probe's too,
+    // show that nothing was lost (RFC 3708): then the window comes back whole.
+    for proof in ["eifel", "dsack"] {
+        let mut h = Harness::new("192.0.2.1:40000", "198.51.100.7:80");
+        let c = h.connect(ConnectionConfig::default());
+        let syn = h.out1();
+        let iss = syn.seq;
+        h.now += Duration::from_millis(100);
+        h.inject(
+            &h.pkt(SYN | ACK, IRS, iss + 1)
+                .win(65535)
+                .opt(Opt::Mss(MSS as u16))
+                .opt(Opt::Ws(4))
+                .opt(Opt::SackOk)
+                .opt(Opt::Ts(1, syn.ts().expect("TSval").0)),
+        )
+        .unwrap();
+        h.out();
+        let cwnd = h.ep.stats_of(c).unwrap().cwnd;
+        h.ep.write(c, &[0u8; 3 * TS_PAYLOAD as usize]).unwrap();
+        let originals: Vec<u32> = h.out().iter().map(|p| p.ts().expect("TSval").0).collect();
+        h.fire_next_timer();
+        assert_eq!(
+            h.out1().seq,
+            ts_seg(iss, 2),
+            "the probe: the last segment again"
+        );
+        h.fire_next_timer();
+        let rto = h.out1();
+        assert_eq!(rto.seq, ts_seg(iss, 0));
+        assert_eq!(h.ep.stats_of(c).unwrap().rto_timeouts, 1);
+        h.now += Duration::from_millis(100);
+        if proof == "eifel" {
+            h.inject(&ts_ack(&h, iss, 3, originals[2])).unwrap();
+        } else {
+            let echo = rto.ts().expect("TSval").0;
+            h.inject(
+                &ts_ack(&h, iss, 3, echo).opt(Opt::Sack(vec![(ts_seg(iss, 0), ts_seg(iss, 1))])),
+            )
+            .unwrap();
+            assert_eq!(h.ep.stats_of(c).unwrap().spurious_rtos_undone, 0);
+            h.inject(
+                &ts_ack(&h, iss, 3, echo).opt(Opt::Sack(vec![(ts_seg(iss, 2), ts_seg(iss, 3))])),
+            )
+            .unwrap();
+        }
+        let st = h.ep.stats_of(c).unwrap();
+        assert_eq!(st.spurious_rtos_undone, 1, "{proof}");
+        if proof == "eifel" {
+            assert_eq!(
+                st.ssthresh,
+                cwnd * 7 / 10,
+                "CUBIC beta for the probe's repair"
+            );
+            assert_eq!(st.cwnd, st.ssthresh);
+        } else {
+            assert_eq!((st.cwnd, st.ssthresh), (cwnd, u64::MAX));
+        }
+    }
+}
