@@ -3044,7 +3044,9 @@ impl Connection {
         }
         self.force_retransmit = false;
         let payload_len = (seg_len - fin as u64) as usize;
-        self.replace_expired(now, start - 1, payload_len);
+        // After a timeout every outstanding segment is presumed lost without evidence: only
+        // copies of messages in flight may fill such a range (`replace_expired_with`).
+        self.replace_expired(now, start - 1, payload_len, !self.rto_recovery);
         let n = self.emit_data(now, buf, start, payload_len, fin, &opts, true)?;
         self.sb.on_retransmit(index, now);
         self.counters.packets_retransmitted += 1;
@@ -3078,7 +3080,7 @@ impl Connection {
     /// lower bound: (SRTT − RTTVAR)/2 replaced messages that then would have arrived in time
     /// (issue 14: RTT 40 ms ± 10 ms, 60 ms playout). Without a fine-grained sample, (SRTT −
     /// RTTVAR)/2. Without an RTT sample, or without a padder, nothing is replaced.
-    fn replace_expired(&mut self, now: Instant, stream_start: u64, len: usize) {
+    fn replace_expired(&mut self, now: Instant, stream_start: u64, len: usize, evidence: bool) {
         let Some(padder) = &self.cfg.padder else {
             return;
         };
@@ -3097,7 +3099,7 @@ impl Connection {
         let end = stream_start + len as u64;
         let r = self
             .queue
-            .replace_expired(stream_start, end, now, arrival, padder);
+            .replace_expired_with(stream_start, end, now, arrival, padder, evidence);
         if r.ranges > 0 {
             self.counters.inconsistent_retransmissions += 1;
             tracing::debug!(
@@ -3314,7 +3316,8 @@ impl Connection {
             let limit = self.payload_limit(&opts, buf.len());
             let (index, start, end, fin) = self.sb.limit_segment_tail(last, limit as u64)?;
             let payload_len = (end - start - fin as u64) as usize;
-            self.replace_expired(now, start - 1, payload_len);
+            // A probe resends a segment nothing shows lost.
+            self.replace_expired(now, start - 1, payload_len, false);
             let n = self.emit_data(now, buf, start, payload_len, fin, &opts, true)?;
             self.sb.on_retransmit(index, now);
             self.counters.packets_retransmitted += 1;

@@ -16,7 +16,7 @@
 //!   packed into a segment together with other writes (consistent segmentation). A message
 //!   with a deadline whose retransmission would arrive too late may be replaced, whole, by
 //!   live messages padded to exactly its length (Hollywood §4.2 inconsistent
-//!   retransmissions, [`SendQueue::replace_expired`]): pending messages, which then leave
+//!   retransmissions, [`SendQueue::replace_expired_with`]): pending messages, which then leave
 //!   the pending queue, or copies of live messages in flight (Hollywood considers every
 //!   complete message in the send queue). A message carried twice reports its fate once:
 //!   acknowledged when either copy is, replaced only when no copy is left.
@@ -223,7 +223,7 @@ enum Source {
     InFlight(usize),
 }
 
-/// What one call of [`SendQueue::replace_expired`] did.
+/// What one call of [`SendQueue::replace_expired_with`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Replacement {
     pub ranges: u64,
@@ -900,6 +900,7 @@ impl SendQueue {
     /// arrive late); a run of earlier padding no live message fits into, or one shorter than
     /// the padder's shortest padding, is left as it is. Never changes the length of anything,
     /// never replaces part of a message.
+    #[cfg(test)]
     pub(crate) fn replace_expired(
         &mut self,
         from: u64,
@@ -907,6 +908,27 @@ impl SendQueue {
         now: Instant,
         arrival: Instant,
         padder: &Padder,
+    ) -> Replacement {
+        self.replace_expired_with(from, to, now, arrival, padder, true)
+    }
+
+    /// The replacement described at `replace_expired` (which is this with `move_pending`
+    /// true); with `move_pending` false only copies of messages in
+    /// flight fill a run (or padding), never a pending message. A retransmission sent on a
+    /// presumption of loss rather than evidence — a retransmission timeout's go-back-N, a
+    /// tail loss probe — is often spurious, and then the receiver keeps the original bytes
+    /// of the range and drops the retransmission: a pending message moved into it would be
+    /// lost although the network delivered every packet (issue 14: lost ACKs made the
+    /// timeout fire, and `utcp-ir` missed messages `utcp` delivered). A copy costs nothing
+    /// then: its original is still in flight.
+    pub(crate) fn replace_expired_with(
+        &mut self,
+        from: u64,
+        to: u64,
+        now: Instant,
+        arrival: Instant,
+        padder: &Padder,
+        move_pending: bool,
     ) -> Replacement {
         let mut done = Replacement::default();
         self.resolve(now);
@@ -940,7 +962,7 @@ impl SendQueue {
         for &(a, b) in runs.iter().rev() {
             // A run of nothing but padding from an earlier replacement is only worth it if a
             // message fills it; a run with messages too.
-            if let Some(r) = self.fill_run(a, b, arrival, padder) {
+            if let Some(r) = self.fill_run(a, b, arrival, padder, move_pending) {
                 done.ranges += 1;
                 done.replaced += r.0;
                 done.replacements += r.1;
@@ -957,6 +979,7 @@ impl SendQueue {
         b: usize,
         arrival: Instant,
         padder: &Padder,
+        move_pending: bool,
     ) -> Option<(u64, u64)> {
         let start = self.committed[a].start;
         let end = self.committed[b - 1].end();
@@ -979,7 +1002,7 @@ impl SendQueue {
             }
         };
         let mut candidates: Vec<(Option<Instant>, Source, usize)> = Vec::new();
-        for (i, r) in self.pending.iter().enumerate() {
+        for (i, r) in self.pending.iter().enumerate().filter(|_| move_pending) {
             if let Some(until) = live(r) {
                 candidates.push((until, Source::Pending(i), r.data.len()));
             }

@@ -900,3 +900,35 @@ fn a_declining_padder_keeps_the_original_bytes() {
     assert!(reports(&mut q).is_empty());
     q.check_invariants();
 }
+
+#[test]
+fn without_evidence_of_loss_only_copies_fill_a_run() {
+    // A timeout's go-back-N or a tail loss probe resends ranges nothing shows lost: if the
+    // receiver has the originals it drops the retransmission, and a pending message moved
+    // into it would never arrive (issue 14). Only copies of messages in flight, or padding.
+    let now = Instant::now();
+    let mut q = replacement_fixture(now);
+    let r = q.replace_expired_with(
+        10,
+        30,
+        now + ms(25),
+        now + ms(40),
+        &Padder::from_fn(dots),
+        false,
+    );
+    // Messages 2 and 3 doomed; the in-flight ones have expired by then too, and the pending
+    // 7 and 5 stay pending: padding alone.
+    assert_eq!((r.ranges, r.replaced, r.replacements), (1, 2, 0));
+    let mut seg = [0u8; 20];
+    q.copy_out(10, &mut seg);
+    assert_eq!(&seg, b"....................");
+    assert_eq!(
+        q.pending_writes().map(|(n, _)| n).collect::<Vec<_>>(),
+        vec![6, 4, 3, 12]
+    );
+    // With evidence (the default), 7 and 5 move in.
+    let mut q = replacement_fixture(now);
+    let r = q.replace_expired(10, 30, now + ms(25), now + ms(40), &Padder::from_fn(dots));
+    assert_eq!(r.replacements, 2);
+    q.check_invariants();
+}
