@@ -250,7 +250,7 @@ struct RtoUndo {
     /// A retransmitted tail loss probe was outstanding at the timeout: an Eifel verdict on
     /// the timeout says nothing about whether the probe repaired a loss.
     probe_open: bool,
-    /// SND.UNA and SND.NXT at the timeout.
+    /// SND.UNA at the timeout.
     una: u64,
     /// The first acceptable ACK after the timeout has not been seen yet (Eifel looks at that
     /// one only, RFC 3522 §2).
@@ -2411,7 +2411,7 @@ impl Connection {
             // Only D-SACKs for every copy, the probe's included, show that the probe
             // repaired nothing; otherwise its repair gets the response RFC 8985 §7.4 gives.
             let probe_repair = !spurious && u.probe_open;
-            self.undo_rto(now);
+            self.undo_rto();
             if probe_repair {
                 let flight = self.flight().min(self.cc.cwnd());
                 self.congestion_event(now, flight);
@@ -2424,7 +2424,7 @@ impl Connection {
     /// the timeout comes back (unless the window has grown past it since), and what the
     /// timeout presumed lost but has not been resent yet is no longer resent (no go-back-N
     /// of data the receiver has; RACK finds any real loss by time).
-    fn undo_rto(&mut self, _now: Instant) {
+    fn undo_rto(&mut self) {
         let Some(u) = self.rto_undo.take() else {
             return;
         };
@@ -3079,7 +3079,9 @@ impl Connection {
     /// sending one that arrives late, and under delay jitter the smoothed estimates are no
     /// lower bound: (SRTT − RTTVAR)/2 replaced messages that then would have arrived in time
     /// (issue 14: RTT 40 ms ± 10 ms, 60 ms playout). Without a fine-grained sample, (SRTT −
-    /// RTTVAR)/2. Without an RTT sample, or without a padder, nothing is replaced.
+    /// RTTVAR)/2. Without an RTT sample, or without a padder, nothing is replaced. Without
+    /// `evidence` of loss (a timeout's go-back-N, a tail loss probe) only copies of messages
+    /// in flight fill the range, never a pending message (`SendQueue::replace_expired_with`).
     fn replace_expired(&mut self, now: Instant, stream_start: u64, len: usize, evidence: bool) {
         let Some(padder) = &self.cfg.padder else {
             return;
