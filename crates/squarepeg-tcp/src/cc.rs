@@ -44,6 +44,18 @@ pub trait CongestionControl: Debug + Send {
     fn on_idle_restart(&mut self, now: Instant);
     /// The sender MSS changed.
     fn set_mss(&mut self, mss: u64);
+    /// A copy of the whole state, to restore when a retransmission timeout turns out to have
+    /// been spurious (RFC 4015 §3: the response restores the window the timeout took away).
+    /// `None` (the default): such timeouts are not undone.
+    fn snapshot(&self) -> Option<Box<dyn CongestionControl>> {
+        None
+    }
+    /// Raises cwnd and ssthresh to at least `floor` bytes (never lowers them): the floor of a
+    /// loss response in the non-validated phase of an application-limited flow (RFC 7661,
+    /// see `Connection::congestion_event`). The default keeps the controller's own response.
+    fn keep_at_least(&mut self, floor: u64) {
+        let _ = floor;
+    }
 }
 
 /// Builds the configured controller.
@@ -148,6 +160,13 @@ impl CongestionControl for NewReno {
             self.cwnd = initial_window_bytes(mss, self.iw);
         }
         self.mss = mss.max(1);
+    }
+    fn snapshot(&self) -> Option<Box<dyn CongestionControl>> {
+        Some(Box::new(self.clone()))
+    }
+    fn keep_at_least(&mut self, floor: u64) {
+        self.cwnd = self.cwnd.max(floor);
+        self.ssthresh = self.ssthresh.max(floor);
     }
 }
 
@@ -295,6 +314,13 @@ impl CongestionControl for Cubic {
         }
         self.mss = mss.max(1);
     }
+    fn snapshot(&self) -> Option<Box<dyn CongestionControl>> {
+        Some(Box::new(self.clone()))
+    }
+    fn keep_at_least(&mut self, floor: u64) {
+        self.cwnd = self.cwnd.max(floor);
+        self.ssthresh = self.ssthresh.max(floor);
+    }
 }
 
 #[cfg(test)]
@@ -370,5 +396,28 @@ mod tests {
         // A second loss below W_max triggers fast convergence.
         c.on_congestion_event(now, c.cwnd());
         assert!(c.cwnd() < (w * 1000.0) as u64);
+    }
+
+    #[test]
+    fn snapshot_restores_and_floor_only_raises() {
+        let now = Instant::now();
+        for mut c in [
+            Box::new(Cubic::new(1000, 10)) as Box<dyn CongestionControl>,
+            Box::new(NewReno::new(1000, 10)),
+        ] {
+            let before = c.snapshot().expect("a snapshot");
+            c.on_rto(now, 10_000);
+            assert_eq!(c.cwnd(), 1000);
+            let c = before;
+            assert_eq!((c.cwnd(), c.ssthresh()), (10_000, u64::MAX), "{}", c.name());
+            let mut c = c;
+            c.on_congestion_event(now, 10_000);
+            let (cwnd, ssthresh) = (c.cwnd(), c.ssthresh());
+            assert!(cwnd < 10_000);
+            c.keep_at_least(cwnd - 1);
+            assert_eq!((c.cwnd(), c.ssthresh()), (cwnd, ssthresh), "never lowers");
+            c.keep_at_least(10_000);
+            assert_eq!((c.cwnd(), c.ssthresh()), (10_000, 10_000));
+        }
     }
 }

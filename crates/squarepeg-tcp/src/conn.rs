@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::cc::{AckEvent, CongestionControl, new_controller};
 use crate::config::ConnectionConfig;
+use crate::cwv::PipeAck;
 use crate::error::{DropReason, Error};
 use crate::recv_buf::RecvBuffer;
 use crate::rtt::RttEstimator;
@@ -129,6 +130,12 @@ pub struct ConnectionStats {
     pub send_queue: SendQueueStats,
     /// Retransmitted segments that carried replacement messages (Hollywood §4.2).
     pub inconsistent_retransmissions: u64,
+    /// Retransmission timeouts found spurious and undone (Eifel, RFC 3522 / RFC 4015, or
+    /// D-SACK, RFC 3708).
+    pub spurious_rtos_undone: u64,
+    /// Loss responses that stopped at the initial window because the flow was application
+    /// limited (RFC 7661 non-validated phase, see `Connection::congestion_event`).
+    pub app_limited_floors: u64,
     /// The unordered receive path (zero unless it is on).
     pub unordered: UnorderedStats,
 }
@@ -153,6 +160,8 @@ struct Counters {
     tail_loss_repairs: u64,
     rto_wait: Duration,
     inconsistent_retransmissions: u64,
+    spurious_rtos_undone: u64,
+    app_limited_floors: u64,
 }
 
 /// Events a connection reports to its endpoint.
@@ -210,6 +219,9 @@ struct Tlp {
     pending: bool,
     /// An RTT sample arrived since the last probe (§7.3 condition 2).
     sampled: bool,
+    /// The range a retransmitted probe resent, for the detection of a spurious timeout that
+    /// follows it (RFC 3708: every retransmission of the episode must be D-SACKed).
+    probe: Option<(u64, u64)>,
 }
 
 impl Default for Tlp {
@@ -220,9 +232,38 @@ impl Default for Tlp {
             pto_at: None,
             pending: false,
             sampled: true,
+            probe: None,
         }
     }
 }
+
+/// What a retransmission timeout took away, kept until the timeout proves needed or spurious
+/// (RFC 3522 Eifel detection with timestamps, RFC 3708 detection with D-SACK; the RFC 4015
+/// response restores the congestion state).
+#[derive(Debug)]
+struct RtoUndo {
+    /// The congestion controller as it was before the first timeout of the series (`None`:
+    /// a controller that keeps no snapshot, whose timeouts are not undone).
+    cc: Option<Box<dyn CongestionControl>>,
+    /// TSval of the first retransmission after the timeout (RFC 3522 §2: RetransmitTS).
+    retransmit_ts: u32,
+    /// A retransmitted tail loss probe was outstanding at the timeout: an Eifel verdict on
+    /// the timeout says nothing about whether the probe repaired a loss.
+    probe_open: bool,
+    /// SND.UNA at the timeout.
+    una: u64,
+    /// The first acceptable ACK after the timeout has not been seen yet (Eifel looks at that
+    /// one only, RFC 3522 §2).
+    first_ack_pending: bool,
+    /// Ranges retransmitted since the timeout and not yet reported as duplicates by a D-SACK
+    /// (RFC 3708 §3: the timeout was spurious once every retransmission is D-SACKed).
+    retransmitted: Vec<(u64, u64)>,
+    /// More retransmissions than `MAX_UNDO_RANGES`: D-SACK detection given up.
+    overflow: bool,
+}
+
+/// Retransmitted ranges an [`RtoUndo`] follows for D-SACK detection.
+const MAX_UNDO_RANGES: usize = 64;
 
 /// Worst-case delayed-ACK timer of the peer, added to the PTO of a one-segment flight whose
 /// ACK the peer may delay (RFC 8985 §7.2 WCDelAckT).
@@ -383,6 +424,10 @@ pub struct Connection {
     rto_recovery: bool,
     rack: Rack,
     tlp: Tlp,
+    /// Set at a retransmission timeout, until it proves needed or spurious.
+    rto_undo: Option<RtoUndo>,
+    /// What the flow gets acknowledged per round trip (RFC 7661 §4.2).
+    pipe_ack: PipeAck,
     rtt: RttEstimator,
     cc: Box<dyn CongestionControl>,
     /// Largest flight since the last ACK (decides whether cwnd limited the sender).
@@ -526,6 +571,8 @@ impl Connection {
             rto_recovery: false,
             rack: Rack::default(),
             tlp: Tlp::default(),
+            rto_undo: None,
+            pipe_ack: PipeAck::default(),
             rtt,
             cc,
             max_flight_recent: 0,
@@ -774,6 +821,8 @@ impl Connection {
             trace_dropped: self.trace.as_ref().map_or(0, |t| t.dropped),
             send_queue: self.queue.stats(),
             inconsistent_retransmissions: self.counters.inconsistent_retransmissions,
+            spurious_rtos_undone: self.counters.spurious_rtos_undone,
+            app_limited_floors: self.counters.app_limited_floors,
             unordered: self
                 .unordered
                 .as_ref()
@@ -1369,6 +1418,19 @@ impl Connection {
                 );
                 // RFC 5681 §3.1: ssthresh is reduced only on the first timeout of a series.
                 if self.rto_count == 0 {
+                    // Keep what the timeout takes away, to give it back if the timeout proves
+                    // spurious (RFC 3522 / RFC 3708 detection, RFC 4015 response). An open
+                    // retransmitted loss probe is the episode's first retransmission.
+                    let probe = self.tlp.end_seq.and(self.tlp.probe);
+                    self.rto_undo = Some(RtoUndo {
+                        cc: self.cc.snapshot(),
+                        retransmit_ts: self.ts_now(now),
+                        probe_open: probe.is_some(),
+                        una: self.snd_una,
+                        first_ack_pending: true,
+                        retransmitted: probe.into_iter().collect(),
+                        overflow: false,
+                    });
                     self.cc.on_rto(now, self.flight());
                 }
                 self.rto_count += 1;
@@ -1928,6 +1990,7 @@ impl Connection {
     /// RFC 6582).
     fn process_ack(&mut self, now: Instant, seg: &Segment<'_>, seq: u64, ack: u64) {
         let flight_before = self.flight();
+        let advancing = ack > self.snd_una;
         let window = (seg.window as u64) << self.snd_wscale;
         let mut window_changed = false;
         // Window update (SND.WL1 < SEG.SEQ or (SND.WL1 = SEG.SEQ and SND.WL2 =< SEG.ACK)).
@@ -2130,6 +2193,11 @@ impl Connection {
             self.rack_update(now, &delivered, dsack);
         }
         self.tlp_process_ack(now, ack, dsack);
+        // RFC 7661 §4.2: what the flow gets acknowledged, cumulatively or by SACK.
+        self.pipe_ack
+            .on_ack(now, newly_acked_before + new_sack, self.rtt.srtt());
+        let tsecr = seg.options.timestamps.map(|(_, ecr)| ecr);
+        self.detect_spurious_rto(now, advancing, tsecr, dsack);
         // The window reopened with our probe byte unacknowledged: the receiver dropped it, so
         // send it again first.
         if self.snd_wnd > 0
@@ -2268,12 +2336,109 @@ impl Connection {
             // The probe, not the original, delivered the last segment: it repaired a loss.
             self.tlp.end_seq = None;
             let flight = self.flight().min(self.cc.cwnd());
-            self.cc.on_congestion_event(now, flight);
+            self.rto_undo = None;
+            self.congestion_event(now, flight);
             self.cc.on_recovery_exit(now);
             self.counters.tail_loss_repairs += 1;
             self.trace(TraceEvent::TailLossRepaired);
         }
         // SEG.ACK == TLP.end_seq without D-SACK: the D-SACK of a duplicate may still come.
+    }
+
+    /// The window reduction of a loss event (fast recovery, or a loss a tail loss probe
+    /// repaired). The controller reduces as its RFC says; but when the flow was application
+    /// limited — in RFC 7661's non-validated phase, pipeACK < cwnd/2 (§3, §4.3) — the result
+    /// stops at the initial window (RFC 6928), or at cwnd if that was smaller. Such a flow's
+    /// rate is set by the application, not by cwnd: a reduction below what it sends changes
+    /// nothing while ACKs flow, and only stalls it (its messages expire in the queue) when a
+    /// burst of ACKs is lost, because an application-limited flow never regrows its window
+    /// (issue 14). RFC 7661 §4.3 lets the sender keep an unvalidated cwnd; the initial window
+    /// is what RFC 5681 §4.1 and RFC 6928 let any sender put into an unknown path without
+    /// feedback. A flow that uses its window (validated phase) gets the standard response.
+    fn congestion_event(&mut self, now: Instant, flight: u64) {
+        let cwnd = self.cc.cwnd();
+        let non_validated = self.pipe_ack.non_validated(now, self.rtt.srtt(), cwnd);
+        self.cc.on_congestion_event(now, flight);
+        if non_validated {
+            let iw = self.effective_mss() as u64 * u64::from(self.cfg.initial_window.max(1));
+            let floor = iw.min(cwnd);
+            if self.cc.cwnd() < floor {
+                self.cc.keep_at_least(floor);
+                self.counters.app_limited_floors += 1;
+            }
+        }
+    }
+
+    /// Detection of a spurious retransmission timeout. Eifel (RFC 3522 §2): the first ACK
+    /// that acknowledges new data after the timeout echoes a timestamp older than the first
+    /// retransmission, so it acknowledges an original transmission. D-SACK (RFC 3708 §3):
+    /// every retransmission since the timeout was reported as a duplicate once the cumulative
+    /// ACK has passed the data outstanding at the timeout — the receiver had all of it, and the
+    /// timeout only saw lost ACKs. Either way the response (RFC 4015 §3) gives back what the
+    /// timeout took.
+    fn detect_spurious_rto(
+        &mut self,
+        now: Instant,
+        advancing: bool,
+        tsecr: Option<u32>,
+        dsack: Option<(i64, i64)>,
+    ) {
+        let ts_ok = self.ts_ok;
+        let recovered = self.snd_una >= self.recover;
+        let Some(u) = self.rto_undo.as_mut() else {
+            return;
+        };
+        let mut spurious = false;
+        let mut eifel = false;
+        if u.first_ack_pending && advancing {
+            u.first_ack_pending = false;
+            eifel = ts_ok
+                && tsecr.is_some_and(|ecr| ecr != 0 && ts_before(ecr, u.retransmit_ts))
+                && self.snd_una > u.una;
+        }
+        if let Some((l, r)) = dsack
+            && let Some(i) = u
+                .retransmitted
+                .iter()
+                .position(|&(s, e)| l < e as i64 && r > s as i64)
+        {
+            u.retransmitted.swap_remove(i);
+        }
+        if !u.overflow && u.retransmitted.is_empty() && recovered && !u.first_ack_pending {
+            spurious = true;
+        }
+        if spurious || eifel {
+            // Only D-SACKs for every copy, the probe's included, show that the probe
+            // repaired nothing; otherwise its repair gets the response RFC 8985 §7.4 gives.
+            let probe_repair = !spurious && u.probe_open;
+            self.undo_rto();
+            if probe_repair {
+                let flight = self.flight().min(self.cc.cwnd());
+                self.congestion_event(now, flight);
+                self.cc.on_recovery_exit(now);
+            }
+        }
+    }
+
+    /// The response to a spurious timeout (RFC 4015 §3): the congestion state from before
+    /// the timeout comes back (unless the window has grown past it since), and what the
+    /// timeout presumed lost but has not been resent yet is no longer resent (no go-back-N
+    /// of data the receiver has; RACK finds any real loss by time).
+    fn undo_rto(&mut self) {
+        let Some(u) = self.rto_undo.take() else {
+            return;
+        };
+        if let Some(cc) = u.cc
+            && cc.cwnd() > self.cc.cwnd()
+        {
+            self.cc = cc;
+        }
+        if self.rto_recovery {
+            self.rto_recovery = false;
+            self.sb.clear_unsent_lost();
+        }
+        self.counters.spurious_rtos_undone += 1;
+        self.trace(TraceEvent::SpuriousRtoUndone);
     }
 
     /// Starts a recovery episode; `mark_head` deems the first unacknowledged segment lost (a
@@ -2310,7 +2475,9 @@ impl Connection {
             partial_acks: 0,
         });
         self.recover = self.snd_nxt;
-        self.cc.on_congestion_event(now, flight);
+        // A loss: whatever an earlier timeout took away stays taken.
+        self.rto_undo = None;
+        self.congestion_event(now, flight);
         self.counters.fast_retransmits += 1;
         self.trace(TraceEvent::RecoveryStart);
         tracing::debug!(
@@ -2877,11 +3044,22 @@ impl Connection {
         }
         self.force_retransmit = false;
         let payload_len = (seg_len - fin as u64) as usize;
-        self.replace_expired(now, start - 1, payload_len);
+        // After a timeout every outstanding segment is presumed lost without evidence: only
+        // copies of messages in flight may fill such a range (`replace_expired_with`).
+        self.replace_expired(now, start - 1, payload_len, !self.rto_recovery);
         let n = self.emit_data(now, buf, start, payload_len, fin, &opts, true)?;
         self.sb.on_retransmit(index, now);
         self.counters.packets_retransmitted += 1;
         self.counters.bytes_retransmitted += payload_len as u64;
+        if self.rto_recovery
+            && let Some(u) = self.rto_undo.as_mut()
+        {
+            if u.retransmitted.len() < MAX_UNDO_RANGES {
+                u.retransmitted.push((start, end));
+            } else {
+                u.overflow = true;
+            }
+        }
         // With SACK, resending the first unacknowledged segment restarts the timer (as Linux
         // does): armed at the last cumulative ACK, it could expire before the retransmission,
         // sent later (RACK waits out reordering first), has had a round trip (found by the
@@ -2901,8 +3079,10 @@ impl Connection {
     /// sending one that arrives late, and under delay jitter the smoothed estimates are no
     /// lower bound: (SRTT − RTTVAR)/2 replaced messages that then would have arrived in time
     /// (issue 14: RTT 40 ms ± 10 ms, 60 ms playout). Without a fine-grained sample, (SRTT −
-    /// RTTVAR)/2. Without an RTT sample, or without a padder, nothing is replaced.
-    fn replace_expired(&mut self, now: Instant, stream_start: u64, len: usize) {
+    /// RTTVAR)/2. Without an RTT sample, or without a padder, nothing is replaced. Without
+    /// `evidence` of loss (a timeout's go-back-N, a tail loss probe) only copies of messages
+    /// in flight fill the range, never a pending message (`SendQueue::replace_expired_with`).
+    fn replace_expired(&mut self, now: Instant, stream_start: u64, len: usize, evidence: bool) {
         let Some(padder) = &self.cfg.padder else {
             return;
         };
@@ -2921,7 +3101,7 @@ impl Connection {
         let end = stream_start + len as u64;
         let r = self
             .queue
-            .replace_expired(stream_start, end, now, arrival, padder);
+            .replace_expired_with(stream_start, end, now, arrival, padder, evidence);
         if r.ranges > 0 {
             self.counters.inconsistent_retransmissions += 1;
             tracing::debug!(
@@ -3130,6 +3310,7 @@ impl Connection {
                 self.fin_seq = Some(end - 1);
             }
             self.tlp.is_retrans = false;
+            self.tlp.probe = None;
             n
         } else {
             let last = self.sb.last_unsacked()?;
@@ -3137,12 +3318,14 @@ impl Connection {
             let limit = self.payload_limit(&opts, buf.len());
             let (index, start, end, fin) = self.sb.limit_segment_tail(last, limit as u64)?;
             let payload_len = (end - start - fin as u64) as usize;
-            self.replace_expired(now, start - 1, payload_len);
+            // A probe resends a segment nothing shows lost.
+            self.replace_expired(now, start - 1, payload_len, false);
             let n = self.emit_data(now, buf, start, payload_len, fin, &opts, true)?;
             self.sb.on_retransmit(index, now);
             self.counters.packets_retransmitted += 1;
             self.counters.bytes_retransmitted += payload_len as u64;
             self.tlp.is_retrans = true;
+            self.tlp.probe = Some((start, end));
             n
         };
         self.tlp.end_seq = Some(self.snd_nxt);

@@ -11,7 +11,10 @@
 //! is off, RFC 8985 (RACK-TLP loss detection and tail loss probes, with SACK), RFC 3042
 //! (limited transmit), RFC 5681 / RFC 9438 (NewReno and CUBIC congestion control), RFC 3465
 //! (byte counting), RFC 6928 (IW10), RFC 6528 (ISNs), RFC 5961 (challenge ACKs), RFC 4987
-//! (SYN cookies), RFC 6191 (TIME-WAIT reuse), RFC 896 (Nagle, off by default).
+//! (SYN cookies), RFC 6191 (TIME-WAIT reuse), RFC 896 (Nagle, off by default), RFC 7661
+//! (pipeACK and the non-validated phase of an application-limited flow: its loss response
+//! stops at the initial window), RFC 3522 / RFC 3708 / RFC 4015 (a spurious retransmission
+//! timeout, found by the timestamp echo or by D-SACKs, is undone).
 //!
 //! Loss recovery keeps one record per transmitted segment (its send time and transmission
 //! order): the RFC 6675 scoreboard and `pipe` decide what to send; with SACK, RACK (RFC 8985
@@ -36,7 +39,7 @@
 //! ([`Endpoint::poll_report`]); both also as record streams over `read`/`write`
 //! ([`utcp::record`]). Stream offsets, SRTT and RTTVAR are exposed on [`Connection`].
 //!
-//! Not implemented (yet): PRR, HyStart++, spurious-retransmission undo (Eifel/D-SACK), ECN,
+//! Not implemented (yet): PRR, HyStart++, F-RTO, undo of spurious fast retransmits, ECN,
 //! TCP Fast Open, urgent data (URG is ignored and data delivered inline, RFC 6093), path MTU
 //! discovery / ICMP, receive buffer auto-tuning, pacing and segmentation offloads.
 //!
@@ -86,6 +89,7 @@ pub mod audit;
 pub mod cc;
 mod config;
 mod conn;
+mod cwv;
 mod endpoint;
 mod error;
 mod recv_buf;

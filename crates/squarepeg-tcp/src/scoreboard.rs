@@ -452,6 +452,18 @@ impl Scoreboard {
         }
     }
 
+    /// A timeout proved spurious: segments it presumed lost and that have not been resent yet
+    /// are outstanding again (RFC 4015 §3: no go-back-N of data the receiver has).
+    pub fn clear_unsent_lost(&mut self) {
+        for seg in &mut self.segs {
+            if seg.lost && !seg.retrans_out && !seg.sacked {
+                seg.lost = false;
+                self.lost_bytes -= seg.end - seg.start;
+                self.lost_segs -= 1;
+            }
+        }
+    }
+
     /// First segment that is lost and not yet retransmitted (RFC 6675 NextSeg rule 1).
     pub fn next_lost(&self) -> Option<usize> {
         if self.lost_bytes == 0 {
@@ -526,6 +538,32 @@ impl Scoreboard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_spurious_timeout_clears_the_lost_marks_of_what_was_not_resent() {
+        let now = Instant::now();
+        let mut sb = Scoreboard::default();
+        for i in 0..4u64 {
+            sb.on_send(1 + i * 100, 1 + (i + 1) * 100, false, now);
+        }
+        sb.mark_all_lost();
+        assert_eq!(sb.lost_bytes(), 400);
+        // The timeout resent segment 0; then it proved spurious (RFC 4015 §3).
+        sb.on_retransmit(0, now);
+        sb.clear_unsent_lost();
+        sb.check_invariants();
+        assert_eq!(
+            sb.lost_bytes(),
+            100,
+            "the retransmitted one stays accounted as resent"
+        );
+        assert_eq!(sb.next_lost(), None, "nothing is resent again");
+        assert_eq!(
+            sb.pipe(400),
+            400,
+            "3 originals and 1 retransmission in flight"
+        );
+    }
 
     #[test]
     fn sack_marks_holes_lost_after_three_segments() {

@@ -16,7 +16,7 @@
 //!   packed into a segment together with other writes (consistent segmentation). A message
 //!   with a deadline whose retransmission would arrive too late may be replaced, whole, by
 //!   live messages padded to exactly its length (Hollywood §4.2 inconsistent
-//!   retransmissions, [`SendQueue::replace_expired`]): pending messages, which then leave
+//!   retransmissions, [`SendQueue::replace_expired_with`]): pending messages, which then leave
 //!   the pending queue, or copies of live messages in flight (Hollywood considers every
 //!   complete message in the send queue). A message carried twice reports its fate once:
 //!   acknowledged when either copy is, replaced only when no copy is left.
@@ -223,7 +223,7 @@ enum Source {
     InFlight(usize),
 }
 
-/// What one call of [`SendQueue::replace_expired`] did.
+/// What one call of [`SendQueue::replace_expired_with`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Replacement {
     pub ranges: u64,
@@ -895,9 +895,12 @@ impl SendQueue {
     /// and a replacement may not): pending ones, or copies of ones in flight — closest to
     /// expiry first, no more than fit —
     /// followed by padding to exactly the run's length (Hollywood §4.2 inconsistent
-    /// retransmissions). Padding from an earlier replacement counts as expired. A run no live
-    /// message fits into is left as it is (retransmitted unchanged). Never changes the length
-    /// of anything, never replaces part of a message.
+    /// retransmissions). Padding from an earlier replacement counts as expired. A run of
+    /// messages no live message fits into becomes padding alone (its messages would only
+    /// arrive late); a run of earlier padding no live message fits into, or one shorter than
+    /// the padder's shortest padding, is left as it is. Never changes the length of anything,
+    /// never replaces part of a message.
+    #[cfg(test)]
     pub(crate) fn replace_expired(
         &mut self,
         from: u64,
@@ -905,6 +908,27 @@ impl SendQueue {
         now: Instant,
         arrival: Instant,
         padder: &Padder,
+    ) -> Replacement {
+        self.replace_expired_with(from, to, now, arrival, padder, true)
+    }
+
+    /// The replacement described at `replace_expired` (which is this with `move_pending`
+    /// true); with `move_pending` false only copies of messages in
+    /// flight fill a run (or padding), never a pending message. A retransmission sent on a
+    /// presumption of loss rather than evidence — a retransmission timeout's go-back-N, a
+    /// tail loss probe — is often spurious, and then the receiver keeps the original bytes
+    /// of the range and drops the retransmission: a pending message moved into it would be
+    /// lost although the network delivered every packet (issue 14: lost ACKs made the
+    /// timeout fire, and `utcp-ir` missed messages `utcp` delivered). A copy costs nothing
+    /// then: its original is still in flight.
+    pub(crate) fn replace_expired_with(
+        &mut self,
+        from: u64,
+        to: u64,
+        now: Instant,
+        arrival: Instant,
+        padder: &Padder,
+        move_pending: bool,
     ) -> Replacement {
         let mut done = Replacement::default();
         self.resolve(now);
@@ -938,7 +962,7 @@ impl SendQueue {
         for &(a, b) in runs.iter().rev() {
             // A run of nothing but padding from an earlier replacement is only worth it if a
             // message fills it; a run with messages too.
-            if let Some(r) = self.fill_run(a, b, arrival, padder) {
+            if let Some(r) = self.fill_run(a, b, arrival, padder, move_pending) {
                 done.ranges += 1;
                 done.replaced += r.0;
                 done.replacements += r.1;
@@ -955,6 +979,7 @@ impl SendQueue {
         b: usize,
         arrival: Instant,
         padder: &Padder,
+        move_pending: bool,
     ) -> Option<(u64, u64)> {
         let start = self.committed[a].start;
         let end = self.committed[b - 1].end();
@@ -977,7 +1002,7 @@ impl SendQueue {
             }
         };
         let mut candidates: Vec<(Option<Instant>, Source, usize)> = Vec::new();
-        for (i, r) in self.pending.iter().enumerate() {
+        for (i, r) in self.pending.iter().enumerate().filter(|_| move_pending) {
             if let Some(until) = live(r) {
                 candidates.push((until, Source::Pending(i), r.data.len()));
             }
@@ -991,7 +1016,14 @@ impl SendQueue {
                 candidates.push((until, Source::InFlight(i), r.data.len()));
             }
         }
-        if candidates.is_empty() {
+        // A run that holds messages is doomed whether or not a live message fills it: resent
+        // unchanged it would only deliver them late, and during a burst of losses the few
+        // live messages in flight are used up by the first runs (issue 14: every run after
+        // the first one or two went out unchanged). It then goes as padding, so the receiver
+        // gets nothing late and the path carries no dead bytes; a run of nothing but padding
+        // from an earlier replacement is only worth resending changed if a message fills it.
+        let doomed_messages = self.committed.range(a..b).any(|r| r.kind == Kind::Message);
+        if candidates.is_empty() && !doomed_messages {
             return None;
         }
         candidates.sort_by_key(|&(until, source, _)| (until.is_none(), until, source));
@@ -1008,7 +1040,7 @@ impl SendQueue {
                 break;
             }
         }
-        if chosen.is_empty() || (left > 0 && left < min_padding) {
+        if (chosen.is_empty() && !doomed_messages) || (left > 0 && left < min_padding) {
             return None;
         }
         let mut padding = Vec::new();

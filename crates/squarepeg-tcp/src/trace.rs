@@ -43,6 +43,9 @@ pub enum TraceEvent {
     TailLossProbe { retransmission: bool },
     /// A tail loss probe repaired a loss, with a congestion response (RFC 8985 §7.4).
     TailLossRepaired,
+    /// A retransmission timeout proved spurious and was undone (RFC 3522 / RFC 3708
+    /// detection, RFC 4015 response).
+    SpuriousRtoUndone,
     /// A zero-window probe went out (RFC 9293 §3.8.6.1).
     WindowProbe,
 }

@@ -643,3 +643,247 @@ fn retransmitting_the_first_unacknowledged_segment_restarts_the_rto() {
     assert_eq!(h.ep.poll_timeout(), Some(h.now + rto));
     assert!(h.now + rto > sent_at + rto);
 }
+
+/// Client connection with timestamps (RFC 7323) and SACK, peer MSS 1000, handshake RTT
+/// `rtt`, RACK-TLP off (so that the retransmission timeout is the only timer in play).
+/// Returns the peer's next TSval too.
+fn open_ts(rtt: Duration) -> (Harness, ConnectionHandle, u32) {
+    let mut h = Harness::new("192.0.2.1:40000", "198.51.100.7:80");
+    let c = h.connect({
+        let mut config = ConnectionConfig::default();
+        config.rack_tlp = false;
+        config
+    });
+    let syn = h.out1();
+    let iss = syn.seq;
+    let (tsval, _) = syn.ts().expect("timestamps offered");
+    h.now += rtt;
+    let p = h
+        .pkt(SYN | ACK, IRS, iss + 1)
+        .win(65535)
+        .opt(Opt::Mss(MSS as u16))
+        .opt(Opt::Ws(4))
+        .opt(Opt::SackOk)
+        .opt(Opt::Ts(1, tsval));
+    h.inject(&p).unwrap();
+    h.out();
+    h.events();
+    (h, c, iss)
+}
+
+/// Payload per segment with timestamps: MSS 1000 less the 12-byte option.
+const TS_PAYLOAD: u32 = MSS - 12;
+
+/// Data sequence number of segment `i` with timestamps.
+fn ts_seg(iss: u32, i: u32) -> u32 {
+    iss + 1 + i * TS_PAYLOAD
+}
+
+/// ACK up to segment `upto` (timestamps), echoing `tsecr`.
+fn ts_ack(h: &Harness, iss: u32, upto: u32, tsecr: u32) -> Pkt {
+    h.pkt(ACK, IRS + 1, ts_seg(iss, upto))
+        .win(4096)
+        .opt(Opt::Ts(2, tsecr))
+}
+
+/// Three segments out, then silence until the retransmission timeout resends the first one;
+/// returns the TSvals of the three originals and of the retransmission.
+fn spurious_timeout_setup(h: &mut Harness, c: ConnectionHandle, iss: u32) -> (Vec<u32>, u32) {
+    h.ep.write(c, &[0u8; 3 * TS_PAYLOAD as usize]).unwrap();
+    let originals: Vec<u32> = h.out().iter().map(|p| p.ts().expect("TSval").0).collect();
+    assert_eq!(originals.len(), 3);
+    // No ACK comes back (they are lost on the way): the RTO fires, cwnd falls to one SMSS.
+    h.fire_next_timer();
+    let r = h.out1();
+    assert_eq!(r.seq, ts_seg(iss, 0));
+    let st = h.ep.stats_of(c).unwrap();
+    assert_eq!(st.rto_timeouts, 1);
+    assert!(st.cwnd <= MSS as u64, "{st:#?}");
+    (originals, r.ts().expect("TSval").0)
+}
+
+#[test]
+fn spurious_timeout_is_undone_when_the_timestamp_echo_shows_the_original_was_acked() {
+    // Eifel detection (RFC 3522 §2) and response (RFC 4015 §3): the first ACK after the
+    // timeout acknowledges the first segment and echoes the TSval of an original, sent before
+    // the retransmission: the timeout was spurious. The window comes back, and the third
+    // segment, which the timeout presumed lost, is not resent (no go-back-N).
+    let (mut h, c, iss) = open_ts(Duration::from_millis(100));
+    let cwnd = h.ep.stats_of(c).unwrap().cwnd;
+    let (originals, _) = spurious_timeout_setup(&mut h, c, iss);
+    h.now += Duration::from_millis(100);
+    h.inject(&ts_ack(&h, iss, 2, originals[1])).unwrap();
+    let st = h.ep.stats_of(c).unwrap();
+    assert_eq!(st.spurious_rtos_undone, 1);
+    assert_eq!((st.cwnd, st.ssthresh), (cwnd, u64::MAX), "{st:#?}");
+    h.none();
+    // The original of the third segment is acknowledged in its own time.
+    h.inject(&ts_ack(&h, iss, 3, originals[2])).unwrap();
+    assert_eq!(h.ep.stats_of(c).unwrap().bytes_in_flight, 0);
+
+    // A real loss: the ACK echoes the retransmission's TSval. The timeout stands, and the
+    // rest is resent in slow start.
+    let (mut h, c, iss) = open_ts(Duration::from_millis(100));
+    let (_, retransmission) = spurious_timeout_setup(&mut h, c, iss);
+    h.now += Duration::from_millis(100);
+    h.inject(&ts_ack(&h, iss, 1, retransmission)).unwrap();
+    let st = h.ep.stats_of(c).unwrap();
+    assert_eq!(st.spurious_rtos_undone, 0);
+    assert!(st.cwnd <= 2 * MSS as u64, "{st:#?}");
+    let resent: Vec<u32> = h.out().iter().map(|p| p.seq).collect();
+    assert_eq!(resent, vec![ts_seg(iss, 1), ts_seg(iss, 2)]);
+}
+
+#[test]
+fn spurious_timeout_is_undone_when_every_retransmission_is_dsacked() {
+    // RFC 3708 §3: without a usable echo (a peer that took the retransmission's TSval), the
+    // D-SACK for the only retransmission, with the cumulative ACK past everything that was
+    // outstanding at the timeout, shows that the receiver had it all.
+    for dsack in [true, false] {
+        let (mut h, c, iss) = open_ts(Duration::from_millis(100));
+        let cwnd = h.ep.stats_of(c).unwrap().cwnd;
+        let (_, retransmission) = spurious_timeout_setup(&mut h, c, iss);
+        h.now += Duration::from_millis(100);
+        let mut a = ts_ack(&h, iss, 3, retransmission);
+        if dsack {
+            a = a.opt(Opt::Sack(vec![(ts_seg(iss, 0), ts_seg(iss, 1))]));
+        }
+        h.inject(&a).unwrap();
+        let st = h.ep.stats_of(c).unwrap();
+        if dsack {
+            assert_eq!(st.spurious_rtos_undone, 1);
+            assert_eq!(st.cwnd, cwnd);
+        } else {
+            assert_eq!(st.spurious_rtos_undone, 0);
+            assert!(st.cwnd < cwnd);
+        }
+    }
+}
+
+/// A voice-like flow for 2 s (200 bytes every 50 ms, each acknowledged 100 ms later), then
+/// one of four further segments is lost and three duplicate ACKs SACK the others.
+fn loss_after_rate_limited_period(h: &mut Harness, c: ConnectionHandle) {
+    let mut sent = std::collections::VecDeque::new();
+    for _ in 0..40 {
+        h.ep.write(c, &[0u8; 200]).unwrap();
+        let p = h.out1();
+        sent.push_back(p.seq + 200);
+        h.now += Duration::from_millis(50);
+        if sent.len() > 2 {
+            let end = sent.pop_front().unwrap();
+            h.inject(&h.pkt(ACK, IRS + 1, end).win(4096)).unwrap();
+            h.out();
+        }
+    }
+    while let Some(end) = sent.pop_front() {
+        h.inject(&h.pkt(ACK, IRS + 1, end).win(4096)).unwrap();
+    }
+    let mut starts = Vec::new();
+    for _ in 0..4 {
+        h.ep.write(c, &[0u8; 200]).unwrap();
+        starts.push(h.out1().seq);
+    }
+    h.now += Duration::from_millis(100);
+    for k in 1..=3 {
+        h.inject(
+            &h.pkt(ACK, IRS + 1, starts[0])
+                .win(4096)
+                .opt(Opt::Sack(vec![(starts[1], starts[k] + 200)])),
+        )
+        .unwrap();
+        h.out();
+    }
+}
+
+#[test]
+fn an_application_limited_flow_keeps_its_initial_window_through_a_loss() {
+    // RFC 7661: the flow got about 400 bytes acknowledged per round trip, less than half its
+    // 10-segment window (the non-validated phase). A loss then reduces the window to no less
+    // than the initial window: what it sends is set by the application, and a window at the
+    // 2-segment floor would only stall it when ACKs are lost. (A flow that fills its window
+    // gets CUBIC's 0.7 and NewReno's half: `cubic_and_newreno_reduce_differently`.)
+    for cc in [CongestionAlgorithm::Cubic, CongestionAlgorithm::NewReno] {
+        let (mut h, c, _) = open(
+            {
+                let mut config = ConnectionConfig::default();
+                config.congestion = cc;
+                config.rack_tlp = false;
+                config
+            },
+            true,
+            Duration::from_millis(100),
+        );
+        let iw = h.ep.stats_of(c).unwrap().cwnd;
+        loss_after_rate_limited_period(&mut h, c);
+        let st = h.ep.stats_of(c).unwrap();
+        assert!(st.in_recovery, "{cc:?}: {st:#?}");
+        assert_eq!(st.fast_retransmits, 1);
+        assert_eq!((st.cwnd, st.ssthresh), (iw, iw), "{cc:?}");
+        assert_eq!(st.app_limited_floors, 1);
+    }
+}
+
+#[test]
+fn an_undone_timeout_keeps_the_response_to_a_tail_loss_probe_that_may_have_repaired() {
+    // A retransmitted tail loss probe was out when the timeout fired. The Eifel verdict says
+    // the timeout was spurious, but not whether the probe repaired a loss: that repair keeps
+    // its congestion response (RFC 8985 §7.4). Only D-SACKs for every copy, the probe's too,
+    // show that nothing was lost (RFC 3708): then the window comes back whole.
+    for proof in ["eifel", "dsack"] {
+        let mut h = Harness::new("192.0.2.1:40000", "198.51.100.7:80");
+        let c = h.connect(ConnectionConfig::default());
+        let syn = h.out1();
+        let iss = syn.seq;
+        h.now += Duration::from_millis(100);
+        h.inject(
+            &h.pkt(SYN | ACK, IRS, iss + 1)
+                .win(65535)
+                .opt(Opt::Mss(MSS as u16))
+                .opt(Opt::Ws(4))
+                .opt(Opt::SackOk)
+                .opt(Opt::Ts(1, syn.ts().expect("TSval").0)),
+        )
+        .unwrap();
+        h.out();
+        let cwnd = h.ep.stats_of(c).unwrap().cwnd;
+        h.ep.write(c, &[0u8; 3 * TS_PAYLOAD as usize]).unwrap();
+        let originals: Vec<u32> = h.out().iter().map(|p| p.ts().expect("TSval").0).collect();
+        h.fire_next_timer();
+        assert_eq!(
+            h.out1().seq,
+            ts_seg(iss, 2),
+            "the probe: the last segment again"
+        );
+        h.fire_next_timer();
+        let rto = h.out1();
+        assert_eq!(rto.seq, ts_seg(iss, 0));
+        assert_eq!(h.ep.stats_of(c).unwrap().rto_timeouts, 1);
+        h.now += Duration::from_millis(100);
+        if proof == "eifel" {
+            h.inject(&ts_ack(&h, iss, 3, originals[2])).unwrap();
+        } else {
+            let echo = rto.ts().expect("TSval").0;
+            h.inject(
+                &ts_ack(&h, iss, 3, echo).opt(Opt::Sack(vec![(ts_seg(iss, 0), ts_seg(iss, 1))])),
+            )
+            .unwrap();
+            assert_eq!(h.ep.stats_of(c).unwrap().spurious_rtos_undone, 0);
+            h.inject(
+                &ts_ack(&h, iss, 3, echo).opt(Opt::Sack(vec![(ts_seg(iss, 2), ts_seg(iss, 3))])),
+            )
+            .unwrap();
+        }
+        let st = h.ep.stats_of(c).unwrap();
+        assert_eq!(st.spurious_rtos_undone, 1, "{proof}");
+        if proof == "eifel" {
+            assert_eq!(
+                st.ssthresh,
+                cwnd * 7 / 10,
+                "CUBIC beta for the probe's repair"
+            );
+            assert_eq!(st.cwnd, st.ssthresh);
+        } else {
+            assert_eq!((st.cwnd, st.ssthresh), (cwnd, u64::MAX));
+        }
+    }
+}

@@ -519,20 +519,18 @@ fn an_original_replaced_while_its_copy_flies_waits_for_the_copy() {
     q.copy_out(10, &mut seg);
     assert_eq!(&seg, b"3333333333");
     assert_eq!(reports(&mut q), vec![]);
-    // The copy of 2 is late as well, and nothing is left to replace it with but 3 again,
-    // which is carried twice now: it is retransmitted as it is, and 2 stays unreported.
+    // The copy of 2 is late as well, and nothing live fits but 3, which is carried twice
+    // already: the range goes as padding (2 would only arrive late; issue 14), and 2, with no
+    // copy left in flight, is reported replaced.
     let r = q.replace_expired(0, 10, now + ms(45), now + ms(60), &Padder::from_fn(dots));
-    assert_eq!(r.replaced, 0);
-    assert_eq!(reports(&mut q), vec![]);
-    // Everything acknowledged: 2's copy reports 2, then 3 once for its two copies.
+    assert_eq!((r.replaced, r.replacements), (1, 0));
+    let mut seg = [0u8; 10];
+    q.copy_out(0, &mut seg);
+    assert_eq!(&seg, b"..........");
+    assert_eq!(reports(&mut q), vec![MessageReport::Replaced { id: 2 }]);
+    // Everything acknowledged: 3 once for its two copies.
     q.ack(30);
-    assert_eq!(
-        reports(&mut q),
-        vec![
-            MessageReport::Acked { id: 2 },
-            MessageReport::Acked { id: 3 }
-        ]
-    );
+    assert_eq!(reports(&mut q), vec![MessageReport::Acked { id: 3 }]);
     q.check_invariants();
 }
 
@@ -654,21 +652,19 @@ fn no_replacement_when_a_live_message_depends_on_it() {
 }
 
 #[test]
-fn no_replacement_without_a_fitting_live_message_or_with_a_bad_padder() {
+fn a_doomed_run_no_live_message_fits_goes_as_padding_unless_the_padder_fails() {
     let now = Instant::now();
     let mut q = SendQueue::new(1000, false);
     q.insert_message(now, b"abc", msg(1, Some(now + ms(10))), None)
         .unwrap();
     send_all(&mut q);
+    reports(&mut q);
     q.insert_message(now, b"toolong", msg(2, Some(now + ms(100))), None)
         .unwrap();
     q.insert_message(now, b"x", msg(3, Some(now + ms(12))), None)
         .unwrap();
-    // 3 fits but expires before arriving; 2 is live but too long.
-    let r = q.replace_expired(0, 3, now + ms(5), now + ms(15), &Padder::from_fn(dots));
-    assert_eq!(r, Replacement::default());
-    // Plain bytes are never replaced, and a padder that writes the wrong length is refused.
     q.insert_message(now, b"y", msg(4, None), None).unwrap();
+    // A padder that writes the wrong length is refused: the original bytes stay.
     let r = q.replace_expired(
         0,
         3,
@@ -680,6 +676,26 @@ fn no_replacement_without_a_fitting_live_message_or_with_a_bad_padder() {
     let mut seg = [0u8; 3];
     q.copy_out(0, &mut seg);
     assert_eq!(&seg, b"abc");
+    // 3 fits but expires before arriving, 2 is live but too long, 4 must arrive (no
+    // deadline): no live message fills the run. 1 would only arrive late, so the run goes as
+    // padding alone (issue 14: resent unchanged, a burst's doomed messages arrived late).
+    let r = q.replace_expired(0, 3, now + ms(5), now + ms(15), &Padder::from_fn(dots));
+    assert_eq!(
+        r,
+        Replacement {
+            ranges: 1,
+            replaced: 1,
+            replacements: 0
+        }
+    );
+    q.copy_out(0, &mut seg);
+    assert_eq!(&seg, b"...");
+    assert_eq!(reports(&mut q), vec![MessageReport::Replaced { id: 1 }]);
+    // Padding that no live message fills is resent as it is.
+    let r = q.replace_expired(0, 3, now + ms(50), now + ms(60), &Padder::from_fn(dots));
+    assert_eq!(r, Replacement::default());
+    q.check_invariants();
+    // Plain bytes are never replaced.
     let mut q = SendQueue::new(1000, false);
     q.push(b"bytes", WriteTag::default());
     send_all(&mut q);
@@ -882,5 +898,37 @@ fn a_declining_padder_keeps_the_original_bytes() {
     );
     assert_eq!(r, Replacement::default());
     assert!(reports(&mut q).is_empty());
+    q.check_invariants();
+}
+
+#[test]
+fn without_evidence_of_loss_only_copies_fill_a_run() {
+    // A timeout's go-back-N or a tail loss probe resends ranges nothing shows lost: if the
+    // receiver has the originals it drops the retransmission, and a pending message moved
+    // into it would never arrive (issue 14). Only copies of messages in flight, or padding.
+    let now = Instant::now();
+    let mut q = replacement_fixture(now);
+    let r = q.replace_expired_with(
+        10,
+        30,
+        now + ms(25),
+        now + ms(40),
+        &Padder::from_fn(dots),
+        false,
+    );
+    // Messages 2 and 3 doomed; the in-flight ones have expired by then too, and the pending
+    // 7 and 5 stay pending: padding alone.
+    assert_eq!((r.ranges, r.replaced, r.replacements), (1, 2, 0));
+    let mut seg = [0u8; 20];
+    q.copy_out(10, &mut seg);
+    assert_eq!(&seg, b"....................");
+    assert_eq!(
+        q.pending_writes().map(|(n, _)| n).collect::<Vec<_>>(),
+        vec![6, 4, 3, 12]
+    );
+    // With evidence (the default), 7 and 5 move in.
+    let mut q = replacement_fixture(now);
+    let r = q.replace_expired(10, 30, now + ms(25), now + ms(40), &Padder::from_fn(dots));
+    assert_eq!(r.replacements, 2);
     q.check_invariants();
 }
