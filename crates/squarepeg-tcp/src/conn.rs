@@ -2598,7 +2598,12 @@ impl Connection {
             field = cur.div_ceil(1 << self.rcv_wscale).min(65535);
         }
         let actual = field << self.rcv_wscale;
-        self.rcv_adv = self.rcv_adv.max(self.rcv_nxt + actual);
+        // The edge data is accepted up to: what was advertised, but not beyond the free space
+        // when the rounding up above offered more than there is. Recording the rounded edge
+        // would let a peer that sends all but a sliver of each window grow the buffer by up to
+        // a unit per ACK without bound; the sliver the field over-states is trimmed instead
+        // (a window shrinking by less than a unit, as RFC 7323 §2.4 allows for).
+        self.rcv_adv = self.rcv_adv.max(self.rcv_nxt + actual.min(free));
         field as u16
     }
 
