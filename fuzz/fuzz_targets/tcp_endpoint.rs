@@ -191,6 +191,13 @@ enum TsSel {
 }
 
 #[derive(Arbitrary, Debug)]
+enum LenSel {
+    Bytes(u16),
+    /// The server's window last offered, less this many bytes (at least one byte).
+    WindowLess(u16),
+}
+
+#[derive(Arbitrary, Debug)]
 struct Seg {
     seq: SeqSel,
     ack: AckSel,
@@ -203,7 +210,7 @@ struct Seg {
     wscale: Option<u8>,
     sack_permitted: bool,
     raw_options: Vec<u8>,
-    len: u16,
+    len: LenSel,
     fill: u8,
     /// From another client port (a new 4-tuple).
     other_port: Option<u16>,
@@ -224,6 +231,12 @@ struct Peer {
     /// Our timestamp clock and the server's last TSval.
     tsval: u32,
     ts_recent: u32,
+    /// Whether the client offered window scaling, the server's shift, and the window it last
+    /// offered (bytes, relative to `window_ack`).
+    offered_wscale: bool,
+    server_wscale: u8,
+    server_window: u32,
+    window_ack: u32,
 }
 
 fn seq_gt(a: u32, b: u32) -> bool {
@@ -408,6 +421,18 @@ impl Run {
                 if let Some((tsval, _)) = seg.options.timestamps {
                     self.peer.ts_recent = tsval;
                 }
+                if seg.flags.syn() {
+                    self.peer.server_wscale = match seg.options.window_scale {
+                        Some(ws) if self.peer.offered_wscale => ws.min(14),
+                        _ => 0,
+                    };
+                    self.peer.server_window = u32::from(seg.window);
+                } else if seg.flags.ack() {
+                    self.peer.server_window = u32::from(seg.window) << self.peer.server_wscale;
+                }
+                if seg.flags.ack() {
+                    self.peer.window_ack = seg.ack;
+                }
             }
             if dst.port() == self.peer.port {
                 if let Some(a) = self.audit.as_mut() {
@@ -548,7 +573,14 @@ impl Run {
             }
         }
         opts.extend_from_slice(&s.raw_options);
-        let len = usize::from(s.len) % 4000;
+        let len = match s.len {
+            LenSel::Bytes(n) => usize::from(n) % 4000,
+            LenSel::WindowLess(less) => {
+                let right = self.peer.window_ack.wrapping_add(self.peer.server_window);
+                let room = right.wrapping_sub(seq) as i32;
+                (room - i32::from(less)).clamp(1, 60_000) as usize
+            }
+        };
         let payload: Vec<u8> = (0..len)
             .map(|i| s.fill.wrapping_add((i as u32).wrapping_add(seq) as u8))
             .collect();
@@ -664,6 +696,10 @@ fuzz_target!(|input: Input| {
             server_isn: None,
             tsval: 1000,
             ts_recent: 0,
+            offered_wscale: s.syn.wscale.is_some(),
+            server_wscale: 0,
+            server_window: 0,
+            window_ack: 0,
         },
         listener: Some(listener),
         conns: Vec::new(),
