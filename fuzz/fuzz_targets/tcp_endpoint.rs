@@ -7,9 +7,10 @@
 //! sequence numbers (the client's next sequence number, the highest the server sent, the
 //! server's last timestamp), so that they are often in window, with any flags, window, MSS /
 //! window-scale / SACK-permitted / timestamp options, SACK blocks, raw option bytes and
-//! payload, from the connection's port or another one (a SYN storm); raw bytes as an IP packet
-//! or as a TCP header and payload in a valid IP packet; time advances (timers run); the
-//! application's writes, messages, reads, unordered reads, shutdown, close and abort.
+//! payload (of any length, or the window the server last offered less a few bytes), from the
+//! connection's port or another one (a SYN storm); raw bytes as an IP packet or as a TCP
+//! header and payload in a valid IP packet; time advances (timers run); the application's
+//! writes, messages, reads, unordered reads, shutdown, close and abort.
 //!
 //! After every operation (and every packet the server sends is read back):
 //! - no panic (debug assertions on: overflows are bugs);
@@ -22,8 +23,8 @@
 //!   packets and events per step;
 //! - every packet the server sends parses, with valid checksums;
 //! - until a SYN or RST on the connection's 4-tuple (a new incarnation, a reset), the server's
-//!   direction of the connection passes `WireAudit` (no sequence holes, retransmissions within one earlier transmission,
-//!   ACKs never ahead of the data the client sent).
+//!   direction of the connection passes `WireAudit` (no sequence holes, retransmissions within
+//!   one earlier transmission, ACKs never ahead of the data the client sent).
 #![no_main]
 
 use std::net::{Ipv4Addr, SocketAddr};
