@@ -579,7 +579,7 @@ impl Run {
             LenSel::WindowLess(less) => {
                 let right = self.peer.window_ack.wrapping_add(self.peer.server_window);
                 let room = right.wrapping_sub(seq) as i32;
-                (room - i32::from(less)).clamp(1, 60_000) as usize
+                room.saturating_sub(i32::from(less)).clamp(1, 60_000) as usize
             }
         };
         let payload: Vec<u8> = (0..len)
