@@ -2602,7 +2602,7 @@ impl Connection {
         // when the rounding up above offered more than there is. Recording the rounded edge
         // would let a peer that sends all but a sliver of each window grow the buffer by up to
         // a unit per ACK without bound; the sliver the field over-states is trimmed instead
-        // (a window shrinking by less than a unit, as RFC 7323 §2.4 allows for).
+        // (the window shrinks by less than one unit of the scale).
         self.rcv_adv = self.rcv_adv.max(self.rcv_nxt + actual.min(free));
         field as u16
     }
