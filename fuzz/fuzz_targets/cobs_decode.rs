@@ -46,7 +46,9 @@ fuzz_target!(|data: &[u8]| {
     cobs::decode(&enc, &mut back).unwrap();
     assert_eq!(back, data);
     // In two pieces, split where the first byte says.
-    let cut = data.first().map_or(0, |&b| usize::from(b) % (data.len() + 1));
+    let cut = data
+        .first()
+        .map_or(0, |&b| usize::from(b) % (data.len() + 1));
     let mut parts = Vec::new();
     cobs::encode_parts(&[&data[..cut], &data[cut..]], &mut parts);
     assert_eq!(parts, enc);
@@ -58,7 +60,11 @@ fuzz_target!(|data: &[u8]| {
         cobs::at_level::encode_parts(level, &[&data[..cut], &data[cut..]], &mut parts);
         assert_eq!(parts, enc, "{level:?}");
         match cobs::at_level::decode_into(level, data, &mut buf) {
-            Ok(n) => assert_eq!(Ok(buf[..n].to_vec()), rs.map(|()| slow.clone()), "{level:?}"),
+            Ok(n) => assert_eq!(
+                Ok(buf[..n].to_vec()),
+                rs.map(|()| slow.clone()),
+                "{level:?}"
+            ),
             Err(e) => assert_eq!(Err(e), rs, "{level:?}"),
         }
         let _ = cobs::at_level::decode_run_into(level, data, &mut small);

@@ -29,7 +29,10 @@ fuzz_target!(|data: &[u8]| {
         // fed to the stream decoder with markers, it comes out whole.
         let mut wire = Vec::new();
         encode_frame(&f.header, &f.payload, &mut wire).unwrap();
-        assert_eq!(decode_frame(&wire[1..wire.len() - 1], max_body), Ok(f.clone()));
+        assert_eq!(
+            decode_frame(&wire[1..wire.len() - 1], max_body),
+            Ok(f.clone())
+        );
         let mut d = StreamDecoder::new(max_body);
         d.push(&wire);
         assert_eq!(d.next_frame(), Some(Ok(f)));

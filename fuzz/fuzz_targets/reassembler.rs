@@ -37,7 +37,12 @@ enum Op {
     /// Stream bytes `from..from + len` (clamped to the stream).
     Clean { from: u16, len: u16 },
     /// Stream bytes with one byte XORed.
-    Flipped { from: u16, len: u16, at: u16, xor: u8 },
+    Flipped {
+        from: u16,
+        len: u16,
+        at: u16,
+        xor: u8,
+    },
     /// Arbitrary bytes at an arbitrary offset.
     Raw { offset: u32, bytes: Vec<u8> },
 }
@@ -55,8 +60,15 @@ fuzz_target!(|input: Input| {
     let mut sent = BTreeMap::new();
     for spec in input.frames.iter().take(64) {
         let header = match spec.kind % 4 {
-            0 => FrameHeader::Message { substream: u64::from(spec.kind), number: u64::from(spec.number) },
-            1 => FrameHeader::StreamChunk { stream: 1, offset: u64::from(spec.number), fin: false },
+            0 => FrameHeader::Message {
+                substream: u64::from(spec.kind),
+                number: u64::from(spec.number),
+            },
+            1 => FrameHeader::StreamChunk {
+                stream: 1,
+                offset: u64::from(spec.number),
+                fin: false,
+            },
             2 => FrameHeader::Control,
             _ => FrameHeader::Padding,
         };
@@ -73,7 +85,13 @@ fuzz_target!(|input: Input| {
             }
         } else {
             encode_frame(&header, &spec.payload, &mut wire).unwrap();
-            sent.insert(at, Frame { header, payload: spec.payload.clone().into() });
+            sent.insert(
+                at,
+                Frame {
+                    header,
+                    payload: spec.payload.clone().into(),
+                },
+            );
         }
         wire.resize(wire.len() + usize::from(spec.zeros_after % 4), 0);
     }
@@ -88,7 +106,12 @@ fuzz_target!(|input: Input| {
     let mut clean = true;
     let mut yielded: BTreeMap<u64, Vec<Frame>> = BTreeMap::new();
     let mut check = |r: &mut Reassembler, clean: bool| {
-        assert!(r.held_bytes() <= r.limit(), "held {} > limit {}", r.held_bytes(), r.limit());
+        assert!(
+            r.held_bytes() <= r.limit(),
+            "held {} > limit {}",
+            r.held_bytes(),
+            r.limit()
+        );
         while let Some(item) = r.next_frame() {
             match item {
                 Ok(f) => {
@@ -105,7 +128,10 @@ fuzz_target!(|input: Input| {
                     if clean {
                         assert!(
                             oversize.contains(&e.offset)
-                                && matches!(e.error, squarepeg_framing::FrameError::Oversize { .. }),
+                                && matches!(
+                                    e.error,
+                                    squarepeg_framing::FrameError::Oversize { .. }
+                                ),
                             "clean stream rejected: {e}"
                         );
                     }
@@ -158,7 +184,11 @@ fuzz_target!(|input: Input| {
             if oversize.contains(offset) {
                 continue;
             }
-            assert_eq!(yielded.get(offset).map(|v| &v[..]), Some(std::slice::from_ref(frame)), "frame at {offset} missing");
+            assert_eq!(
+                yielded.get(offset).map(|v| &v[..]),
+                Some(std::slice::from_ref(frame)),
+                "frame at {offset} missing"
+            );
         }
     }
 });

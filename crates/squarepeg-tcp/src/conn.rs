@@ -831,6 +831,38 @@ impl Connection {
         }
     }
 
+    /// Panics if the connection's state is inconsistent: the receive buffer, send queue and
+    /// scoreboard each agree with their own counts, SND.UNA <= SND.NXT, and received data
+    /// lies below RCV.NXT or within the window last advertised. For fuzzing and tests
+    /// ([`Endpoint::check_invariants`](crate::Endpoint::check_invariants)).
+    pub(crate) fn check_invariants(&self) {
+        self.recv.check_invariants();
+        self.queue.check_invariants();
+        self.sb.check_invariants();
+        assert!(
+            self.snd_una <= self.snd_nxt,
+            "SND.UNA {} beyond SND.NXT {}",
+            self.snd_una,
+            self.snd_nxt
+        );
+        if self.state.is_synchronized() {
+            // Stream offset o is sequence position o + 1 (the SYN takes position 0).
+            assert!(
+                self.recv.next() < self.rcv_nxt.max(1),
+                "in-order point {} beyond RCV.NXT {}",
+                self.recv.next(),
+                self.rcv_nxt
+            );
+            let right = self.rcv_adv.max(self.rcv_nxt);
+            if let Some(&(_, end)) = self.recv.ooo_ranges().last() {
+                assert!(
+                    end < right,
+                    "out-of-order data up to {end} beyond the window edge {right}"
+                );
+            }
+        }
+    }
+
     pub(crate) fn take_events(&mut self) -> std::vec::Drain<'_, ConnEvent> {
         // Message reports are read like segments in unordered mode.
         self.wake_reader_if_unordered();
@@ -2733,7 +2765,12 @@ impl Connection {
             field = cur.div_ceil(1 << self.rcv_wscale).min(65535);
         }
         let actual = field << self.rcv_wscale;
-        self.rcv_adv = self.rcv_adv.max(self.rcv_nxt + actual);
+        // The edge data is accepted up to: what was advertised, but not beyond the free space
+        // when the rounding up above offered more than there is. Recording the rounded edge
+        // would let a peer that sends all but a sliver of each window grow the buffer by up to
+        // a unit per ACK without bound; the sliver the field over-states is trimmed instead
+        // (the window shrinks by less than one unit of the scale).
+        self.rcv_adv = self.rcv_adv.max(self.rcv_nxt + actual.min(free));
         field as u16
     }
 

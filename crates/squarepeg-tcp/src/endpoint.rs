@@ -168,6 +168,77 @@ impl Endpoint {
         self.live
     }
 
+    /// Checks the endpoint's bookkeeping and every connection's internal consistency, and
+    /// panics with a description if anything is off: connection and half-open counts (within
+    /// [`EndpointConfig::max_connections`] and [`EndpointConfig::max_half_open`]), accept
+    /// queues within their backlogs, the demultiplexing table and timers pointing at live
+    /// connections, the reply queue within its bound, and per connection its receive buffer,
+    /// send queue and scoreboard. Read-only and slow (it walks everything): for fuzz targets
+    /// and tests, not for the data path.
+    #[doc(hidden)]
+    pub fn check_invariants(&self) {
+        let live = self.slots.iter().filter(|s| s.conn.is_some()).count();
+        assert_eq!(live, self.live, "live connections miscounted");
+        assert!(
+            self.live <= self.config.max_connections,
+            "{} connections, limit {}",
+            self.live,
+            self.config.max_connections
+        );
+        let half_open = self.slots.iter().filter(|s| s.half_open).count();
+        assert_eq!(
+            half_open, self.half_open,
+            "half-open connections miscounted"
+        );
+        assert!(
+            self.half_open <= self.config.max_half_open,
+            "{} half-open connections, limit {}",
+            self.half_open,
+            self.config.max_half_open
+        );
+        for (i, l) in self.listeners.iter().enumerate() {
+            let Some(l) = l else { continue };
+            assert!(
+                l.accept_queue.len() <= l.backlog,
+                "accept queue of {} beyond the backlog {}",
+                l.accept_queue.len(),
+                l.backlog
+            );
+            let half_open = self
+                .slots
+                .iter()
+                .filter(|s| s.half_open && s.listener == Some(ListenerHandle(i as u32)))
+                .count();
+            assert_eq!(half_open, l.half_open, "listener half-open miscounted");
+            assert!(
+                l.half_open <= l.backlog,
+                "listener half-open beyond the backlog"
+            );
+        }
+        for (tuple, &idx) in &self.table {
+            let slot = &self.slots[idx as usize];
+            let conn = slot.conn.as_ref().expect("table entry for a free slot");
+            assert!(slot.in_table, "table entry for a slot not in the table");
+            assert_eq!(
+                (conn.local_addr(), conn.remote_addr()),
+                *tuple,
+                "table entry for another tuple"
+            );
+        }
+        for &(t, idx) in &self.timers {
+            assert_eq!(self.slots[idx as usize].timer, Some(t), "stray timer");
+        }
+        assert!(
+            self.replies.len() <= self.config.max_pending_replies,
+            "reply queue beyond its bound"
+        );
+        for slot in &self.slots {
+            if let Some(c) = &slot.conn {
+                c.check_invariants();
+            }
+        }
+    }
+
     // ------------------------------------------------------------ opening
 
     /// Active open (RFC 9293 §3.10.1). A local port of 0 picks an ephemeral port.

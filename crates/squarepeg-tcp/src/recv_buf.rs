@@ -287,6 +287,40 @@ impl RecvBuffer {
         self.ooo.iter().map(|(&s, r)| (s, r.end)).collect()
     }
 
+    /// Panics if the structure is inconsistent: counts match the content, out-of-order ranges
+    /// are non-empty, disjoint, not touching (coalesced), above the in-order point and within
+    /// the range bound.
+    pub(crate) fn check_invariants(&self) {
+        if self.keep_content {
+            assert_eq!(self.ready.len(), self.ready_len, "ready bytes miscounted");
+        } else {
+            assert!(self.ready.is_empty(), "content kept after drop_content");
+        }
+        assert!(
+            self.ooo.len() <= self.max_ranges,
+            "more ranges than the bound"
+        );
+        let mut bytes = 0usize;
+        let mut prev_end = self.next();
+        for (i, (&s, r)) in self.ooo.iter().enumerate() {
+            assert!(s < r.end, "empty out-of-order range at {s}");
+            if i == 0 {
+                assert!(
+                    s > prev_end,
+                    "out-of-order range {s}.. at or below the in-order point"
+                );
+            } else {
+                assert!(s > prev_end, "out-of-order ranges overlap or touch at {s}");
+            }
+            if self.keep_content {
+                assert_eq!(r.data.len() as u64, r.end - s, "range {s}.. content length");
+            }
+            bytes += (r.end - s) as usize;
+            prev_end = r.end;
+        }
+        assert_eq!(bytes, self.ooo_bytes, "out-of-order bytes miscounted");
+    }
+
     /// The contiguous out-of-order range containing `offset`, if any.
     pub fn ooo_range_containing(&self, offset: u64) -> Option<(u64, u64)> {
         self.ooo

@@ -505,7 +505,7 @@ impl Scoreboard {
         holes
     }
 
-    #[cfg(test)]
+    /// Panics if the counters disagree with the segments.
     pub fn check_invariants(&self) {
         let (mut sacked, mut lost, mut rout) = (0, 0, 0);
         let (mut sacked_n, mut lost_n, mut rout_n) = (0, 0, 0);

@@ -1172,8 +1172,8 @@ impl SendQueue {
         self.pending.iter().map(|r| (r.data.len(), &r.tag))
     }
 
-    #[cfg(test)]
-    fn check_invariants(&self) {
+    /// Panics if the queue is inconsistent (records contiguous, counts match).
+    pub(crate) fn check_invariants(&self) {
         let mut pos = self
             .committed
             .front()

@@ -370,3 +370,40 @@ fn a_run_of_small_segments_is_acknowledged_every_second_segment() {
     assert!(send(&mut h, 100).is_empty());
     assert_eq!(send(&mut h, 100)[0].ack, IRS + 1 + 600);
 }
+
+/// A window that cannot be expressed in units of the window scale is rounded up so that its
+/// right edge never moves left; that rounding must not let a peer push the buffer past its
+/// limit one unit at a time (it sends all but a sliver of each window, the sliver is rounded
+/// up to a whole unit, and so on).
+#[test]
+fn window_rounding_does_not_grow_the_receive_buffer() {
+    let mut cfg = ConnectionConfig::default();
+    cfg.recv_buffer = 4000;
+    cfg.window_scale = Some(7);
+    cfg.delayed_ack = None;
+    let (mut h, c, iss) = open(cfg, 1000, Some(0), 65535);
+    let unit = 1u32 << 7;
+    let mut seq = IRS + 1;
+    // The window of the SYN is unscaled: start from an ACK that carries a scaled one.
+    h.inject(&h.pkt(ACK, seq, iss + 1).data(&[1])).unwrap();
+    seq += 1;
+    let mut window = u32::from(h.out1().win) * unit;
+    for _ in 0..200 {
+        if window == 0 {
+            break;
+        }
+        let n = (window - 1).max(1) as usize;
+        let _ = h.inject(&h.pkt(ACK, seq, iss + 1).data(&vec![1u8; n]));
+        let acks = h.out();
+        let Some(last) = acks.last() else { break };
+        // What the receiver took in is all it acknowledged.
+        seq = last.ack;
+        window = u32::from(last.win) * unit;
+        let held = h.ep.stats_of(c).unwrap().recv_buffered;
+        assert!(
+            held <= 4000,
+            "{held} bytes held with a receive buffer of 4000"
+        );
+    }
+    assert_eq!(window, 0, "the window stays open without reads");
+}
