@@ -174,6 +174,92 @@ pub(crate) enum ConnEvent {
     Closed(CloseReason),
 }
 
+/// A connection timer. Each has one deadline in [`Timers`]; `handle_timeout` dispatches
+/// the expired ones in [`Timer::ALL`]'s order. Adding a timer is a variant here, its place
+/// in that order and its arm in the dispatch (the compiler asks for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Timer {
+    /// TIME-WAIT's end (RFC 9293 §3.6: 2 MSL, or the configured time).
+    TimeWait,
+    /// How long FIN-WAIT-2 waits for the peer's FIN after the application closed.
+    FinWait2,
+    /// The delayed ACK (RFC 9293 §3.8.6.3).
+    DelayedAck,
+    /// RACK's reordering timer (RFC 8985 §6.2): when segments sent before RACK.xmit_ts may
+    /// be deemed lost.
+    Reordering,
+    /// The tail loss probe's timeout, PTO (RFC 8985 §7.2).
+    LossProbe,
+    /// The retransmission timeout (RFC 6298), also for SYN and SYN-ACK retries.
+    Retransmission,
+    /// The zero-window probe (RFC 9293 §3.8.6.1).
+    Persist,
+    /// Keep-alive (RFC 9293 §3.8.4).
+    Keepalive,
+}
+
+impl Timer {
+    /// Every timer, in dispatch order: the ones that end the connection first, the loss
+    /// probe before the retransmission timeout it may replace.
+    pub(crate) const ALL: [Timer; 8] = [
+        Timer::TimeWait,
+        Timer::FinWait2,
+        Timer::DelayedAck,
+        Timer::Reordering,
+        Timer::LossProbe,
+        Timer::Retransmission,
+        Timer::Persist,
+        Timer::Keepalive,
+    ];
+}
+
+/// The deadlines of a connection's timers: the one place that arms, cancels and reports
+/// them.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Timers {
+    at: [Option<Instant>; Timer::ALL.len()],
+}
+
+impl Timers {
+    /// Arms `timer` for `at` (re-arming moves it).
+    pub(crate) fn set(&mut self, timer: Timer, at: Instant) {
+        self.at[timer as usize] = Some(at);
+    }
+
+    /// Arms `timer` for `at`, or cancels it with `None`.
+    pub(crate) fn arm(&mut self, timer: Timer, at: Option<Instant>) {
+        self.at[timer as usize] = at;
+    }
+
+    pub(crate) fn cancel(&mut self, timer: Timer) {
+        self.at[timer as usize] = None;
+    }
+
+    pub(crate) fn get(&self, timer: Timer) -> Option<Instant> {
+        self.at[timer as usize]
+    }
+
+    pub(crate) fn is_armed(&self, timer: Timer) -> bool {
+        self.at[timer as usize].is_some()
+    }
+
+    /// The earliest deadline.
+    pub(crate) fn next(&self) -> Option<Instant> {
+        self.at.iter().flatten().min().copied()
+    }
+
+    /// Whether `timer` has expired by `now`; if so it is disarmed.
+    pub(crate) fn take_expired(&mut self, timer: Timer, now: Instant) -> bool {
+        let slot = &mut self.at[timer as usize];
+        if slot.is_some_and(|t| t <= now) {
+            *slot = None;
+            true
+        } else {
+            false
+        }
+    }
+}
+
 /// RACK state (RFC 8985 §6).
 #[derive(Clone, Copy, Debug)]
 struct Rack {
@@ -188,8 +274,6 @@ struct Rack {
     reo_wnd_persist: u32,
     /// RACK.dsack_round: SND.NXT when the window was last widened.
     dsack_round: Option<u64>,
-    /// The reordering timer: when segments sent before RACK.xmit_ts may be deemed lost.
-    timer: Option<Instant>,
 }
 
 impl Default for Rack {
@@ -201,7 +285,6 @@ impl Default for Rack {
             reo_wnd_mult: 1,
             reo_wnd_persist: 0,
             dsack_round: None,
-            timer: None,
         }
     }
 }
@@ -213,8 +296,6 @@ struct Tlp {
     end_seq: Option<u64>,
     /// TLP.is_retrans: the probe resent the last segment.
     is_retrans: bool,
-    /// The probe timeout (PTO).
-    pto_at: Option<Instant>,
     /// The PTO fired: send a probe.
     pending: bool,
     /// An RTT sample arrived since the last probe (§7.3 condition 2).
@@ -229,7 +310,6 @@ impl Default for Tlp {
         Tlp {
             end_seq: None,
             is_retrans: false,
-            pto_at: None,
             pending: false,
             sampled: true,
             probe: None,
@@ -433,19 +513,14 @@ pub struct Connection {
     /// Largest flight since the last ACK (decides whether cwnd limited the sender).
     max_flight_recent: u64,
 
-    // Timers.
-    rto_at: Option<Instant>,
+    /// Every timer of the connection, in one table ([`Timers`]).
+    timers: Timers,
     /// When the retransmission timer was last armed (to count the time spent waiting for it).
     rto_armed_at: Instant,
-    persist_at: Option<Instant>,
     persist_backoff: u32,
     /// Position of an outstanding zero-window probe byte.
     zwp_seq: Option<u64>,
-    delack_at: Option<Instant>,
-    keepalive_at: Option<Instant>,
     keepalive_sent: u32,
-    timewait_at: Option<Instant>,
-    finwait2_at: Option<Instant>,
     /// Consecutive retransmission timeouts (also SYN / SYN-ACK retries).
     rto_count: u32,
     /// When the oldest unacknowledged data was first outstanding (user timeout).
@@ -576,16 +651,11 @@ impl Connection {
             rtt,
             cc,
             max_flight_recent: 0,
-            rto_at: None,
+            timers: Timers::default(),
             rto_armed_at: n.now,
-            persist_at: None,
             persist_backoff: 0,
             zwp_seq: None,
-            delack_at: None,
-            keepalive_at: None,
             keepalive_sent: 0,
-            timewait_at: None,
-            finwait2_at: None,
             rto_count: 0,
             unacked_since: None,
             last_send: None,
@@ -1243,7 +1313,8 @@ impl Connection {
         }
         let _ = self.shutdown(now);
         if self.state == State::FinWait2 {
-            self.finwait2_at = Some(later(now, self.cfg.fin_wait2_timeout));
+            self.timers
+                .set(Timer::FinWait2, later(now, self.cfg.fin_wait2_timeout));
         }
     }
 
@@ -1270,15 +1341,8 @@ impl Connection {
             }
         }
         self.set_state(State::Closed);
-        self.rto_at = None;
-        self.tlp.pto_at = None;
+        self.timers = Timers::default();
         self.tlp.pending = false;
-        self.rack.timer = None;
-        self.persist_at = None;
-        self.delack_at = None;
-        self.keepalive_at = None;
-        self.timewait_at = None;
-        self.finwait2_at = None;
         self.ack_now = false;
         self.syn_pending = false;
         self.zwp_pending = false;
@@ -1288,18 +1352,19 @@ impl Connection {
     fn enter_time_wait(&mut self, now: Instant) {
         tracing::debug!(local = %self.local, remote = %self.remote, from = ?self.state, "TIME-WAIT");
         self.set_state(State::TimeWait);
-        self.rto_at = None;
-        self.tlp.pto_at = None;
+        // Only the delayed ACK survives into TIME-WAIT; its own timer is set below.
+        for t in Timer::ALL {
+            if t != Timer::DelayedAck {
+                self.timers.cancel(t);
+            }
+        }
         self.tlp.pending = false;
-        self.rack.timer = None;
-        self.persist_at = None;
-        self.keepalive_at = None;
-        self.finwait2_at = None;
         if self.close_reason.is_none() {
             self.close_reason = Some(CloseReason::Normal);
             self.events.push(ConnEvent::Closed(CloseReason::Normal));
         }
-        self.timewait_at = Some(later(now, self.cfg.time_wait));
+        self.timers
+            .set(Timer::TimeWait, later(now, self.cfg.time_wait));
     }
 
     fn established(&mut self, now: Instant) {
@@ -1325,12 +1390,13 @@ impl Connection {
 
     fn update_keepalive(&mut self, now: Instant) {
         self.keepalive_sent = 0;
-        self.keepalive_at = match self.cfg.keepalive {
+        let at = match self.cfg.keepalive {
             Some(k) if matches!(self.state, State::Established | State::CloseWait) => {
                 Some(later(now, k.idle))
             }
             _ => None,
         };
+        self.timers.arm(Timer::Keepalive, at);
     }
 
     // ---------------------------------------------------------------- timers
@@ -1341,20 +1407,7 @@ impl Connection {
         } else {
             None
         };
-        [
-            expiry,
-            self.rto_at,
-            self.tlp.pto_at,
-            self.rack.timer,
-            self.persist_at,
-            self.delack_at,
-            self.keepalive_at,
-            self.timewait_at,
-            self.finwait2_at,
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        [expiry, self.timers.next()].into_iter().flatten().min()
     }
 
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
@@ -1363,50 +1416,46 @@ impl Connection {
             // Hollywood §4.2: messages whose deadline passed before they were sent are dropped.
             self.queue.expire(now);
         }
-        if self.timewait_at.is_some_and(|t| t <= now) {
-            self.timewait_at = None;
-            self.enter_closed(CloseReason::Normal, false);
-            return;
-        }
-        if self.finwait2_at.is_some_and(|t| t <= now) {
-            self.finwait2_at = None;
-            if self.state == State::FinWait2 {
-                self.enter_closed(CloseReason::Normal, true);
-                return;
+        // In `Timer::ALL`'s order; a handler may cancel a later timer (a loss probe replaces
+        // the retransmission timeout) or end the connection.
+        for timer in Timer::ALL {
+            if !self.timers.take_expired(timer, now) {
+                continue;
             }
-        }
-        if self.delack_at.is_some_and(|t| t <= now) {
-            self.delack_at = None;
-            self.ack_now = true;
-        }
-        if self.rack.timer.is_some_and(|t| t <= now) {
-            // RACK's reordering timer (RFC 8985 §6.2): segments sent before the last delivered
-            // one whose time has come are lost.
-            self.rack.timer = None;
-            if self.rack_enabled() && self.state.is_synchronized() && self.rack_detect(now) {
-                self.maybe_enter_recovery(now);
+            match timer {
+                Timer::TimeWait => {
+                    self.enter_closed(CloseReason::Normal, false);
+                    return;
+                }
+                Timer::FinWait2 => {
+                    if self.state == State::FinWait2 {
+                        self.enter_closed(CloseReason::Normal, true);
+                        return;
+                    }
+                }
+                Timer::DelayedAck => self.ack_now = true,
+                Timer::Reordering => {
+                    // RACK's reordering timer (RFC 8985 §6.2): segments sent before the last
+                    // delivered one whose time has come are lost.
+                    if self.rack_enabled() && self.state.is_synchronized() && self.rack_detect(now)
+                    {
+                        self.maybe_enter_recovery(now);
+                    }
+                }
+                Timer::LossProbe => {
+                    if self.tlp_may_probe() {
+                        // The probe goes out next; the RTO restarts when it does (RFC 8985 §7.3).
+                        self.tlp.pending = true;
+                        self.timers.cancel(Timer::Retransmission);
+                    }
+                }
+                Timer::Retransmission => {
+                    self.counters.rto_wait += now.saturating_duration_since(self.rto_armed_at);
+                    self.on_rto(now);
+                }
+                Timer::Persist => self.zwp_pending = true,
+                Timer::Keepalive => self.on_keepalive(now),
             }
-        }
-        if self.tlp.pto_at.is_some_and(|t| t <= now) {
-            self.tlp.pto_at = None;
-            if self.tlp_may_probe() {
-                // The probe goes out next; the RTO restarts when it does (RFC 8985 §7.3).
-                self.tlp.pending = true;
-                self.rto_at = None;
-            }
-        }
-        if self.rto_at.is_some_and(|t| t <= now) {
-            self.rto_at = None;
-            self.counters.rto_wait += now.saturating_duration_since(self.rto_armed_at);
-            self.on_rto(now);
-        }
-        if self.persist_at.is_some_and(|t| t <= now) {
-            self.persist_at = None;
-            self.zwp_pending = true;
-        }
-        if self.keepalive_at.is_some_and(|t| t <= now) {
-            self.keepalive_at = None;
-            self.on_keepalive(now);
         }
     }
 
@@ -1487,7 +1536,7 @@ impl Connection {
                     sampled: self.tlp.sampled,
                     ..Tlp::default()
                 };
-                self.rack.timer = None;
+                self.timers.cancel(Timer::Reordering);
                 // A zero-window probe byte is now plain retransmittable data.
                 self.zwp_seq = None;
             }
@@ -1503,7 +1552,7 @@ impl Connection {
         }
         if self.flight() > 0 || !self.queue.is_empty() {
             // Not idle: retransmission handles liveness.
-            self.keepalive_at = Some(later(now, k.idle));
+            self.timers.set(Timer::Keepalive, later(now, k.idle));
             return;
         }
         if self.keepalive_sent >= k.probes {
@@ -1514,7 +1563,7 @@ impl Connection {
         }
         self.keepalive_sent += 1;
         self.keepalive_pending = true;
-        self.keepalive_at = Some(later(now, k.interval));
+        self.timers.set(Timer::Keepalive, later(now, k.interval));
     }
 
     /// Arms or disarms the retransmission and persist timers after sending or ACK processing.
@@ -1530,33 +1579,33 @@ impl Connection {
         let blocked = self.snd_wnd == 0 || usable < self.effective_mss() as u64;
         if blocked && only_probe_out && has_unsent && self.fin_seq.is_none() {
             // Persist timer (RFC 9293 §3.8.6.1): first probe after one RTO, then exponential.
-            self.rto_at = None;
-            self.tlp.pto_at = None;
-            if self.persist_at.is_none() && !self.zwp_pending {
+            self.timers.cancel(Timer::Retransmission);
+            self.timers.cancel(Timer::LossProbe);
+            if !self.timers.is_armed(Timer::Persist) && !self.zwp_pending {
                 let shift = self.persist_backoff.min(16);
                 let d = self
                     .rtt
                     .current_rto()
                     .saturating_mul(1 << shift)
                     .min(self.cfg.max_rto);
-                self.persist_at = Some(later(now, d));
+                self.timers.set(Timer::Persist, later(now, d));
             }
             return;
         }
-        self.persist_at = None;
+        self.timers.cancel(Timer::Persist);
         self.zwp_pending = false;
         if self.flight() == 0 {
-            self.rto_at = None;
-        } else if self.rto_at.is_none() && !self.tlp.pending {
+            self.timers.cancel(Timer::Retransmission);
+        } else if !self.timers.is_armed(Timer::Retransmission) && !self.tlp.pending {
             self.arm_rto(now);
         }
         // The loss probe timer runs while a probe could help (RFC 8985 §7.2).
         if self.tlp_may_probe() && !self.tlp.pending {
-            if self.tlp.pto_at.is_none() {
-                self.tlp.pto_at = Some(self.pto_deadline(now));
+            if !self.timers.is_armed(Timer::LossProbe) {
+                self.timers.set(Timer::LossProbe, self.pto_deadline(now));
             }
         } else {
-            self.tlp.pto_at = None;
+            self.timers.cancel(Timer::LossProbe);
         }
     }
 
@@ -1592,7 +1641,8 @@ impl Connection {
             None => Duration::from_secs(1),
         };
         let rto_at = self
-            .rto_at
+            .timers
+            .get(Timer::Retransmission)
             .unwrap_or_else(|| later(now, self.rtt.current_rto()));
         later(now, pto).min(rto_at)
     }
@@ -1604,7 +1654,7 @@ impl Connection {
         {
             at = at.min(later(since, limit).max(now));
         }
-        self.rto_at = Some(at);
+        self.timers.set(Timer::Retransmission, at);
         self.rto_armed_at = now;
     }
 
@@ -1679,7 +1729,7 @@ impl Connection {
                     self.cfg.max_rto,
                 );
             }
-            self.rto_at = None;
+            self.timers.cancel(Timer::Retransmission);
             self.snd_wl1 = 0;
             self.snd_wl2 = 1;
             self.established(now);
@@ -1694,7 +1744,7 @@ impl Connection {
             // with our original ISS.
             self.set_state(State::SynReceived);
             self.syn_pending = true;
-            self.rto_at = None;
+            self.timers.cancel(Timer::Retransmission);
             Ok(())
         }
     }
@@ -1778,7 +1828,7 @@ impl Connection {
         {
             self.snd_una = 1;
             self.sb.ack(1, &mut Delivered::default());
-            self.rto_at = None;
+            self.timers.cancel(Timer::Retransmission);
             self.snd_wnd = (seg.window as u64) << self.snd_wscale;
             self.max_snd_wnd = self.max_snd_wnd.max(self.snd_wnd);
             self.snd_wl1 = 0;
@@ -1839,7 +1889,8 @@ impl Connection {
             // The peer retransmitted its FIN: our last ACK was lost. Acknowledge it again and
             // restart the 2 MSL timeout (RFC 9293 §3.10.7.4, eighth check, TIME-WAIT).
             self.ack_now = true;
-            self.timewait_at = Some(later(now, self.cfg.time_wait));
+            self.timers
+                .set(Timer::TimeWait, later(now, self.cfg.time_wait));
             return Ok(());
         }
         if !acceptable {
@@ -1949,7 +2000,7 @@ impl Connection {
                 {
                     self.rtt.on_sample(now.saturating_duration_since(sent));
                 }
-                self.rto_at = None;
+                self.timers.cancel(Timer::Retransmission);
                 self.snd_wnd = (seg.window as u64) << self.snd_wscale;
                 self.max_snd_wnd = self.max_snd_wnd.max(self.snd_wnd);
                 self.snd_wl1 = seq as u64;
@@ -2003,7 +2054,8 @@ impl Connection {
                 State::TimeWait if flags.fin() => {
                     // Retransmitted FIN: acknowledge it and restart the 2MSL timeout.
                     self.ack_now = true;
-                    self.timewait_at = Some(later(now, self.cfg.time_wait));
+                    self.timers
+                        .set(Timer::TimeWait, later(now, self.cfg.time_wait));
                 }
                 _ => {
                     // CLOSE-WAIT, CLOSING, LAST-ACK: the peer already sent FIN; ignore text,
@@ -2104,9 +2156,9 @@ impl Connection {
                     .recovery
                     .is_some_and(|rec| ack < rec.point && rec.partial_acks > 0);
             if !crawling {
-                self.rto_at = None;
+                self.timers.cancel(Timer::Retransmission);
             }
-            self.tlp.pto_at = None;
+            self.timers.cancel(Timer::LossProbe);
             if self.rto_recovery && ack >= self.recover {
                 self.rto_recovery = false;
             }
@@ -2180,7 +2232,8 @@ impl Connection {
                     State::FinWait1 => {
                         self.set_state(State::FinWait2);
                         if self.user_closed {
-                            self.finwait2_at = Some(later(now, self.cfg.fin_wait2_timeout));
+                            self.timers
+                                .set(Timer::FinWait2, later(now, self.cfg.fin_wait2_timeout));
                         }
                     }
                     State::Closing => self.enter_time_wait(now),
@@ -2347,7 +2400,8 @@ impl Connection {
         };
         let reo_wnd = self.rack_reo_wnd();
         let (newly, wait) = self.sb.rack_detect(rack, self.rack.rtt, reo_wnd, now);
-        self.rack.timer = wait.map(|w| later(now, w));
+        self.timers
+            .arm(Timer::Reordering, wait.map(|w| later(now, w)));
         newly
     }
 
@@ -2656,7 +2710,10 @@ impl Connection {
                 _ => {}
             }
             if self.state == State::CloseWait {
-                self.keepalive_at = self.cfg.keepalive.map(|k| later(now, k.idle));
+                self.timers.arm(
+                    Timer::Keepalive,
+                    self.cfg.keepalive.map(|k| later(now, k.idle)),
+                );
             }
         }
         if self.rcv_nxt > prev_rcv_nxt && outcome.delivered > 0 {
@@ -2682,8 +2739,8 @@ impl Connection {
                     // window per delayed-ACK timeout (found by the simulator, seed 22357).
                     if self.rcv_nxt - self.rcv_acked >= 2 * self.ack_mss as u64 {
                         self.ack_now = true;
-                    } else if self.delack_at.is_none() {
-                        self.delack_at = Some(later(now, delay));
+                    } else if !self.timers.is_armed(Timer::DelayedAck) {
+                        self.timers.set(Timer::DelayedAck, later(now, delay));
                     }
                 }
             }
@@ -2862,7 +2919,7 @@ impl Connection {
     fn on_ack_sent(&mut self) {
         self.ack_now = false;
         self.dsack = None;
-        self.delack_at = None;
+        self.timers.cancel(Timer::DelayedAck);
         self.last_ack_sent = self.rcv_nxt;
         self.rcv_acked = self.rcv_nxt;
     }
@@ -2909,7 +2966,7 @@ impl Connection {
                     return Some(n);
                 }
                 // Nothing to probe with: the RTO stays in charge.
-                if self.flight() > 0 && self.rto_at.is_none() {
+                if self.flight() > 0 && !self.timers.is_armed(Timer::Retransmission) {
                     self.arm_rto(now);
                 }
             }
@@ -2987,7 +3044,8 @@ impl Connection {
             self.on_ack_sent();
         }
         self.counters.packets_sent += 1;
-        self.rto_at = Some(later(now, self.rtt.current_rto()));
+        self.timers
+            .set(Timer::Retransmission, later(now, self.rtt.current_rto()));
         self.rto_armed_at = now;
         Some(n)
     }
@@ -3101,8 +3159,8 @@ impl Connection {
         // does): armed at the last cumulative ACK, it could expire before the retransmission,
         // sent later (RACK waits out reordering first), has had a round trip (found by the
         // simulator, seed 866). NewReno keeps RFC 6582's timer ("Impatient").
-        if self.rto_at.is_none() || (self.sack_ok && start == self.snd_una) {
-            self.rto_at = None;
+        if !self.timers.is_armed(Timer::Retransmission) || (self.sack_ok && start == self.snd_una) {
+            self.timers.cancel(Timer::Retransmission);
             self.arm_rto(now);
         }
         Some(n)
@@ -3291,12 +3349,12 @@ impl Connection {
             self.fin_seq = Some(end - 1);
         }
         self.max_flight_recent = self.max_flight_recent.max(self.flight());
-        if self.rto_at.is_none() {
+        if !self.timers.is_armed(Timer::Retransmission) {
             self.arm_rto(now);
         }
         // New data restarts the loss probe timer (RFC 8985 §7.2).
-        self.tlp.pto_at = None;
-        self.persist_at = None;
+        self.timers.cancel(Timer::LossProbe);
+        self.timers.cancel(Timer::Persist);
         Some(n)
     }
 
@@ -3372,7 +3430,7 @@ impl Connection {
             retransmission: self.tlp.is_retrans,
         });
         // After a probe the RTO, not another probe, guards the flight (RFC 8985 §7.3).
-        self.rto_at = None;
+        self.timers.cancel(Timer::Retransmission);
         self.arm_rto(now);
         Some(n)
     }
