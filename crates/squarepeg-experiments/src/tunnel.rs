@@ -38,15 +38,19 @@
 //! - `peg-utcp-priacks`: the same with priorities on (pure ACKs, DNS, ICMP and small packets
 //!   ahead of bulk).
 //!
-//! Every kernel TCP in the lab (iperf3's flows, OpenVPN's and `peg-kernel`'s outer
-//! connection) uses [`TunnelLabConfig::congestion`] (default `cubic`, loss-based like
-//! Minion's flows), set as the namespaces' default.
+//! The tunneled iperf3 flows use [`TunnelLabConfig::congestion`] (default `cubic`,
+//! loss-based like Minion's flows; `iperf3 -C`). The outer kernel connections (OpenVPN's,
+//! `peg-kernel`'s) use [`TunnelLabConfig::outer_congestion`] (default `cubic`), set on a host
+//! route between the two ends (`ip route … congctl`: a namespace's default may only be an
+//! algorithm the host allows, a route's may be any); squarepeg's userspace TCP runs its own
+//! CUBIC. So every outer connection is loss-based CUBIC, whatever the host's default.
 //!
 //! # Output, schema `squarepeg.tunnel/1`
 //!
 //! ```text
 //! { "schema": "squarepeg.tunnel/1", "seed", "path": { "name", "down", "up" },
-//!   "playout_delay_ms", "playout_offset_ms", "duration_s", "congestion", "peg_security",
+//!   "playout_delay_ms", "playout_offset_ms", "duration_s", "congestion",
+//!   "outer_kernel_congestion", "peg_security",
 //!   "openvpn", "runs": [ { "variant", "uploads",
 //!     "voice": { "messages_sent", "messages_received", "on_time", "late", "never_delivered",
 //!                "late_loss_rate", "latency_ms": { "p50", "p95", "p99", "max" } },
@@ -165,8 +169,11 @@ pub struct TunnelLabConfig {
     pub scenario: Scenario,
     /// The voice call (its lead-in lets the bulk flows start first).
     pub voice: VoipConfig,
-    /// Congestion control of every kernel TCP in the lab.
+    /// Congestion control of the tunneled iperf3 flows.
     pub congestion: String,
+    /// Congestion control of the outer kernel TCP connections (OpenVPN's, `peg-kernel`'s),
+    /// set on the route between the two ends; `None`: the kernel's default.
+    pub outer_congestion: Option<String>,
 }
 
 impl TunnelLabConfig {
@@ -188,6 +195,7 @@ impl TunnelLabConfig {
             },
             voice,
             congestion: "cubic".into(),
+            outer_congestion: Some("cubic".into()),
         })
     }
 
@@ -251,7 +259,7 @@ pub struct TunnelRun {
 impl TunnelRun {
     /// The uploads' goodput together.
     pub fn upload_total_mbps(&self) -> f64 {
-        self.upload_mbps.iter().flatten().sum()
+        self.upload_mbps.iter().flatten().fold(0.0, |a, b| a + b)
     }
 }
 
@@ -266,9 +274,9 @@ struct Proc {
 
 impl Proc {
     fn spawn(ns: &NetNs, program: &Path, args: &[String], name: &str) -> Result<Proc, VoipError> {
-        let program = program.to_str().ok_or_else(|| {
-            VoipError::Config(format!("{}: not a UTF-8 path", program.display()))
-        })?;
+        let program = program
+            .to_str()
+            .ok_or_else(|| VoipError::Config(format!("{}: not a UTF-8 path", program.display())))?;
         let mut command: Command = ns.command(program);
         command
             .args(args)
@@ -308,7 +316,10 @@ impl Proc {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left.min(Duration::from_millis(200))) {
+            match self
+                .lines
+                .recv_timeout(left.min(Duration::from_millis(200)))
+            {
                 Ok(line) => {
                     let hit = line.contains(text);
                     self.seen.push(line.clone());
@@ -339,7 +350,11 @@ impl Proc {
             .rev()
             .map(String::as_str)
             .collect();
-        VoipError::Transport(format!("{} {what}; it said: {}", self.name, tail.join(" | ")))
+        VoipError::Transport(format!(
+            "{} {what}; it said: {}",
+            self.name,
+            tail.join(" | ")
+        ))
     }
 
     /// Waits until it exits by itself (at most `timeout`, then stops it); returns every line
@@ -521,7 +536,7 @@ fn open_tunnel(lab: &Lab, config: &TunnelLabConfig, variant: Variant) -> Result<
                 &server_args,
                 "openvpn server",
             )?;
-            server.wait_for("TCPv4_SERVER link local", SETUP_TIMEOUT)?;
+            server.wait_for("Listening for incoming TCP connection", SETUP_TIMEOUT)?;
             let mut client_args = args(&[
                 "--proto",
                 "tcp-client",
@@ -558,10 +573,20 @@ fn open_tunnel(lab: &Lab, config: &TunnelLabConfig, variant: Variant) -> Result<
                 for ns in [lab.client(), lab.server()] {
                     write_sysctl(ns, "/proc/sys/net/ipv4/ip_forward", "1")?;
                 }
-                lab.client()
-                    .ip(&["route", "add", "10.78.0.0/24", "via", &server_ip.to_string()])?;
-                lab.server()
-                    .ip(&["route", "add", "10.77.0.0/24", "via", &client_ip.to_string()])?;
+                lab.client().ip(&[
+                    "route",
+                    "add",
+                    "10.78.0.0/24",
+                    "via",
+                    &server_ip.to_string(),
+                ])?;
+                lab.server().ip(&[
+                    "route",
+                    "add",
+                    "10.77.0.0/24",
+                    "via",
+                    &client_ip.to_string(),
+                ])?;
                 (
                     args(&[
                         "tunnel",
@@ -666,6 +691,8 @@ fn start_bulk(
             "-J",
             "--connect-timeout",
             "5000",
+            "-C",
+            &config.congestion,
         ]);
         if k == 0 {
             a.push("-R".into());
@@ -732,13 +759,7 @@ pub fn run_cell(
         .filter_map(|r| r.transport_delay())
         .collect();
     delays.sort_unstable();
-    let count = |state| {
-        analysis
-            .records
-            .iter()
-            .filter(|r| r.state == state)
-            .count() as u64
-    };
+    let count = |state| analysis.records.iter().filter(|r| r.state == state).count() as u64;
     let voice = VoiceResult {
         sent: s.messages_sent,
         received: delays.len() as u64,
@@ -773,9 +794,26 @@ fn run_in_lab(
     uploads: u32,
     progress: &(dyn Fn(Progress) + Sync),
 ) -> Result<CellOutcome, VoipError> {
-    let cc_path = "/proc/sys/net/ipv4/tcp_congestion_control";
-    for ns in [lab.client(), lab.server()] {
-        write_sysctl(ns, cc_path, &config.congestion)?;
+    if let Some(cc) = &config.outer_congestion {
+        // A host route to the far end with its own congestion control: every kernel TCP
+        // between the two ends' lab addresses (OpenVPN's, peg-kernel's) uses it. Unlike a
+        // namespace's default, a route may name an algorithm the host restricts.
+        let a = *lab.addresses();
+        let i = &lab.info().interfaces;
+        for (ns, to, dev) in [
+            (lab.client(), a.server_v4, &i.client),
+            (lab.server(), a.client_v4, &i.server),
+        ] {
+            ns.ip(&[
+                "route",
+                "add",
+                &format!("{to}/32"),
+                "dev",
+                dev,
+                "congctl",
+                cc,
+            ])?;
+        }
     }
     let tunnel = open_tunnel(lab, config, variant)?;
     let bulk = start_bulk(lab, config, &tunnel, uploads)?;
@@ -867,6 +905,11 @@ pub fn tunnel_json(config: &TunnelLabConfig, seed: u64, runs: &[TunnelRun]) -> V
         "duration_s": config.voice.duration().as_secs_f64(),
         "bulk_s": config.bulk_seconds(),
         "congestion": config.congestion,
+        "outer_kernel_congestion": config.outer_congestion.clone().unwrap_or_else(|| {
+            std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+                .map(|s| s.trim().to_owned())
+                .unwrap_or_default()
+        }),
         "peg_security": "TLS 1.3, server certificate pinned (--pin)",
         "openvpn": "TCP mode, static key, AES-128-CBC + HMAC-SHA256, TCP_NODELAY",
         "runs": runs,
@@ -879,7 +922,15 @@ pub fn tunnel_table(runs: &[TunnelRun]) -> String {
     let _ = writeln!(
         out,
         "{:<17} {:>3} {:>9} {:>9} {:>8} {:>8} {:>8} {:>10} {:>10}",
-        "variant", "ul", "received", "late-loss", "p50 ms", "p95 ms", "p99 ms", "down Mb/s", "up Mb/s"
+        "variant",
+        "ul",
+        "received",
+        "late-loss",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "down Mb/s",
+        "up Mb/s"
     );
     let f = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
     for r in runs {

@@ -51,9 +51,14 @@ pub struct TunnelLabArgs {
     /// Numbers of competing uploads, comma-separated (0-3).
     #[arg(long, value_delimiter = ',', default_value = "0,1,2,3")]
     uploads: Vec<u32>,
-    /// Congestion control of every kernel TCP in the lab.
+    /// Congestion control of the tunneled iperf3 flows (the outer kernel TCPs keep the
+    /// kernel's default).
     #[arg(long, default_value = "cubic")]
     congestion: String,
+    /// Congestion control of the outer kernel TCP connections (OpenVPN's, peg-kernel's), set
+    /// on the route between the ends; `default` keeps the kernel's default.
+    #[arg(long, default_value = "cubic")]
+    outer_congestion: String,
     /// Seed of the link emulator's random loss.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -106,6 +111,8 @@ pub fn run(args: TunnelLabArgs) -> Result<()> {
     let peg = std::env::current_exe().context("finding the peg binary")?;
     let mut config = TunnelLabConfig::new(peg, scenario, args.duration)?;
     config.congestion = args.congestion.clone();
+    config.outer_congestion =
+        (args.outer_congestion != "default").then(|| args.outer_congestion.clone());
     if !squarepeg_lab::net::is_root() {
         bail!(
             "peg lab tunnel needs root (network namespaces, TUN devices, routes): run it with \
