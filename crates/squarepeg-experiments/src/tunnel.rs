@@ -953,13 +953,15 @@ pub fn tunnel_table(runs: &[TunnelRun]) -> String {
     out
 }
 
+/// One line: its name, its points and whether it is dashed.
+type Line = (String, Vec<(f64, f64)>, bool);
+
 /// Lines over x = competing uploads, one per variant (solid) and optionally a second set
 /// (dashed).
 struct UploadsChart {
     caption: String,
     y_desc: &'static str,
-    /// Name, points, dashed.
-    series: Vec<(String, Vec<(f64, f64)>, bool)>,
+    series: Vec<Line>,
 }
 
 impl Chart for UploadsChart {
