@@ -916,14 +916,15 @@ pub fn tunnel_json(config: &TunnelLabConfig, seed: u64, runs: &[TunnelRun]) -> V
     })
 }
 
-/// The table for people: one line per cell.
+/// The table for people: one line per run (cell and seed).
 pub fn tunnel_table(runs: &[TunnelRun]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<17} {:>3} {:>9} {:>9} {:>8} {:>8} {:>8} {:>10} {:>10}",
+        "{:<17} {:>3} {:>4} {:>9} {:>9} {:>8} {:>8} {:>8} {:>10} {:>10}",
         "variant",
         "ul",
+        "seed",
         "received",
         "late-loss",
         "p50 ms",
@@ -937,9 +938,10 @@ pub fn tunnel_table(runs: &[TunnelRun]) -> String {
         let v = &r.voice;
         let _ = writeln!(
             out,
-            "{:<17} {:>3} {:>9} {:>8.2}% {:>8} {:>8} {:>8} {:>10} {:>10.2}",
+            "{:<17} {:>3} {:>4} {:>9} {:>8.2}% {:>8} {:>8} {:>8} {:>10} {:>10.2}",
             r.variant.name(),
             r.uploads,
+            r.seed,
             format!("{}/{}", v.received, v.sent),
             v.late_loss_rate * 100.0,
             f(v.p50),
@@ -1051,16 +1053,23 @@ fn series(
     variant: Variant,
     y: impl Fn(&TunnelRun) -> Option<f64>,
 ) -> Vec<(f64, f64)> {
-    let mut points: Vec<(f64, f64)> = runs
-        .iter()
-        .filter(|r| r.variant == variant)
-        .filter_map(|r| Some((f64::from(r.uploads), y(r)?)))
-        .collect();
-    points.sort_by(|a, b| a.0.total_cmp(&b.0));
-    points
+    // The mean over the cell's runs (one per seed).
+    let mut cells: std::collections::BTreeMap<u32, (f64, u32)> = Default::default();
+    for r in runs.iter().filter(|r| r.variant == variant) {
+        if let Some(v) = y(r) {
+            let c = cells.entry(r.uploads).or_default();
+            c.0 += v;
+            c.1 += 1;
+        }
+    }
+    cells
+        .into_iter()
+        .map(|(n, (sum, k))| (f64::from(n), sum / f64::from(k)))
+        .collect()
 }
 
-/// Writes the plots into `dir` (SVG and PNG each) and returns the files:
+/// Writes the plots into `dir` (SVG and PNG each) and returns the files; a cell run with
+/// several seeds shows their mean (the CDFs: all their messages together):
 ///
 /// - `tunnel-late-loss`: the voice's late-loss percentage per variant over the number of
 ///   competing uploads;
@@ -1133,15 +1142,23 @@ pub fn plot(
     counts.sort_unstable();
     counts.dedup();
     for n in counts {
-        let curves = runs
+        // Each variant's runs (seeds) together.
+        let curves = vs
             .iter()
-            .filter(|r| r.uploads == n)
-            .map(|r| {
-                (
-                    r.variant.name().to_owned(),
-                    r.voice.delays_ms.clone(),
-                    r.voice.sent as usize,
-                )
+            .filter_map(|&v| {
+                let cell: Vec<&TunnelRun> = runs
+                    .iter()
+                    .filter(|r| r.uploads == n && r.variant == v)
+                    .collect();
+                (!cell.is_empty()).then(|| {
+                    (
+                        v.name().to_owned(),
+                        cell.iter()
+                            .flat_map(|r| r.voice.delays_ms.iter().copied())
+                            .collect(),
+                        cell.iter().map(|r| r.voice.sent as usize).sum(),
+                    )
+                })
             })
             .collect();
         let chart = CdfChart::new(

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! sudo peg lab tunnel                                  # every variant, 0-3 uploads, 30 s each
-//! sudo peg lab tunnel --uploads 0,2 --duration 60s --out results/tunnel
+//! sudo peg lab tunnel --uploads 0,2 --duration 60s --repeat 3 --out results/tunnel
 //! sudo peg lab tunnel --variant direct,peg-utcp-priacks --loss 1% --json
 //! ```
 //!
@@ -62,6 +62,9 @@ pub struct TunnelLabArgs {
     /// Seed of the link emulator's random loss.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Run every cell this many times, with seeds SEED, SEED+1, …; the plots show the means.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=20))]
+    repeat: u64,
     /// Where tunnel.json and the plots go.
     #[arg(long, value_name = "DIR", default_value = "tunnel-out")]
     out: PathBuf,
@@ -119,15 +122,16 @@ pub fn run(args: TunnelLabArgs) -> Result<()> {
              sudo"
         );
     }
-    let cells: Vec<(Variant, u32)> = args
-        .uploads
-        .iter()
-        .flat_map(|&n| variants.iter().map(move |&v| (v, n)))
-        .collect();
+    let mut cells: Vec<(u64, Variant, u32)> = Vec::new();
+    for seed in args.seed..args.seed + args.repeat {
+        for &n in &args.uploads {
+            cells.extend(variants.iter().map(|&v| (seed, v, n)));
+        }
+    }
     let mut runs = Vec::new();
-    for (i, &(variant, uploads)) in cells.iter().enumerate() {
+    for (i, &(seed, variant, uploads)) in cells.iter().enumerate() {
         let label = format!(
-            "[{}/{}] {} with {uploads} upload(s)",
+            "[{}/{}] {} with {uploads} upload(s), seed {seed}",
             i + 1,
             cells.len(),
             variant.name()
@@ -153,7 +157,7 @@ pub fn run(args: TunnelLabArgs) -> Result<()> {
             );
         }
         let progress = |p: Progress| bar.set_position(p.sent);
-        let run = run_cell(&config, variant, uploads, args.seed, &progress)
+        let run = run_cell(&config, variant, uploads, seed, &progress)
             .with_context(|| format!("running {} with {uploads} upload(s)", variant.name()))?;
         bar.finish_and_clear();
         if !args.json {
