@@ -2,7 +2,8 @@
 //! competing upload; the JSON must hold every variant asked for with voice received and
 //! goodput in both directions. Correctness only: no figure is compared with another (the
 //! experiment's numbers are in docs/results.md). Needs root, iperf3 and openvpn (`.ci/run`
-//! installs them); each cell's lab and processes are removed by the experiment.
+//! installs them); each cell's lab and processes are removed by the experiment. Bad input is
+//! refused before anything is built (no root needed).
 
 mod common;
 
@@ -61,4 +62,25 @@ fn lab_tunnel_reports_every_variant() {
         serde_json::from_slice(&std::fs::read(dir.0.join("tunnel.json")).expect("tunnel.json"))
             .expect("JSON");
     assert_eq!(on_disk, summary);
+}
+
+#[test]
+fn bad_input_is_refused_clearly() {
+    for (args, expect) in [
+        (
+            vec!["--variant", "wireguard"],
+            "unknown transport `wireguard`",
+        ),
+        (vec!["--uploads", "4"], "at most 3"),
+        (vec!["--path", "adsl"], "unknown scenario `adsl`"),
+        (vec!["--loss", "200%"], "outside 0..100 %"),
+        (vec!["--duration", "10ms"], "sends no message"),
+    ] {
+        let mut all = vec!["lab", "tunnel", "--no-plots", "--out", "/nonexistent/x"];
+        all.extend(args);
+        let output = peg(&all);
+        assert!(!output.status.success());
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert!(err.contains(expect), "{expect}: {err}");
+    }
 }

@@ -720,6 +720,32 @@ fn goodput_mbps(output: &str) -> Result<f64, String> {
         .ok_or_else(|| "no end.sum_received.bits_per_second".to_owned())
 }
 
+/// Checks that the tools `variants` need are there (`iperf3`; `openvpn` for
+/// [`Variant::OpenvpnTcp`]), so that a missing package is named before any lab is built.
+pub fn check_tools(config: &TunnelLabConfig, variants: &[Variant]) -> Result<(), VoipError> {
+    let found = |program: &Path| {
+        if program.components().count() > 1 {
+            return program.is_file();
+        }
+        std::env::var_os("PATH").is_some_and(|paths| {
+            std::env::split_paths(&paths).any(|dir| dir.join(program).is_file())
+        })
+    };
+    let mut needed = vec![(&config.iperf3, "iperf3")];
+    if variants.contains(&Variant::OpenvpnTcp) {
+        needed.push((&config.openvpn, "openvpn"));
+    }
+    for (program, package) in needed {
+        if !found(program) {
+            return Err(VoipError::Config(format!(
+                "{} not found: install Debian's {package} package",
+                program.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Runs one cell on a lab of its own; `progress` is called about once a second during the
 /// call.
 pub fn run_cell(

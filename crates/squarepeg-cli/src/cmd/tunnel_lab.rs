@@ -22,7 +22,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use squarepeg_experiments::tunnel::{
-    MAX_UPLOADS, TunnelLabConfig, Variant, plot, run_cell, tunnel_json, tunnel_table,
+    MAX_UPLOADS, TunnelLabConfig, Variant, check_tools, plot, run_cell, tunnel_json, tunnel_table,
 };
 use squarepeg_experiments::voip::{self, lab::Progress};
 
@@ -122,6 +122,7 @@ pub fn run(args: TunnelLabArgs) -> Result<()> {
              sudo"
         );
     }
+    check_tools(&config, &variants)?;
     let mut cells: Vec<(u64, Variant, u32)> = Vec::new();
     for seed in args.seed..args.seed + args.repeat {
         for &n in &args.uploads {
