@@ -68,6 +68,9 @@ enum Verb {
     /// Run the send-side priority experiment (Minion §8.3) on a lab of its own, or on the
     /// simulator with --sim.
     Priority(super::priority::PriorityArgs),
+    /// Run the tunnel experiment (Minion §8.4): voice and an iperf3 download with competing
+    /// uploads through the direct path, OpenVPN over TCP and `peg tunnel`, on labs of its own.
+    Tunnel(super::tunnel_lab::TunnelLabArgs),
     /// Run a lab in the foreground (what `up` starts in the background).
     #[command(hide = true)]
     Daemon(NameArg),
@@ -195,6 +198,7 @@ pub fn run(args: LabArgs) -> Result<()> {
         Verb::Cleanup => cmd_cleanup(),
         Verb::Voip(args) => super::voip::run(args),
         Verb::Priority(args) => super::priority::run(args),
+        Verb::Tunnel(args) => super::tunnel_lab::run(args),
         Verb::Daemon(name) => cmd_daemon(&name.name),
     }
 }

@@ -12,6 +12,7 @@ pub mod substrate;
 pub mod tcp;
 pub mod tls;
 pub mod tunnel;
+pub mod tunnel_lab;
 pub mod voip;
 
 /// Copies `r` to `w` until the end of `r`, counting on `bar`; returns the bytes and their

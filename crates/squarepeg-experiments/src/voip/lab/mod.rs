@@ -263,7 +263,7 @@ fn engine_stats(stats: &EmulatorStats, log: &[super::wire::WirePacket]) -> serde
     })
 }
 
-type CallOutcome = (
+pub(crate) type CallOutcome = (
     Vec<Option<Duration>>,
     Vec<(u64, Duration)>,
     Vec<String>,
@@ -271,7 +271,7 @@ type CallOutcome = (
     Option<squarepeg::TlsStats>,
 );
 
-fn run_call(
+pub(crate) fn run_call(
     lab: &Lab,
     call: &LabCall,
     transport: &dyn LabTransport,
