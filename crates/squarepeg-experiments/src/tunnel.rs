@@ -55,7 +55,7 @@
 //!     "voice": { "messages_sent", "messages_received", "on_time", "late", "never_delivered",
 //!                "late_loss_rate", "latency_ms": { "p50", "p95", "p99", "max" } },
 //!     "download_mbps", "upload_mbps": [ … per upload ], "upload_total_mbps",
-//!     "emulator": { "down", "up" }, "warnings": [ … ] }, … ] }
+//!     "emulator": { "down", "up" }, "tunnel_stats": [ … ], "warnings": [ … ] }, … ] }
 //! ```
 //!
 //! `download_mbps` is `null` when iperf3 gave no result (a warning says why).
@@ -252,6 +252,10 @@ pub struct TunnelRun {
     pub upload_mbps: Vec<Option<f64>>,
     /// The emulator's counters.
     pub emulator: Value,
+    /// What each `peg tunnel` process said about its packets when it stopped (packets it
+    /// sent and received; what the server sent and the client did not receive expired in
+    /// the tunnel).
+    pub tunnel_stats: Vec<String>,
     /// What went wrong without stopping the cell.
     pub warnings: Vec<String>,
 }
@@ -419,6 +423,24 @@ struct Tunnel {
     client: Ipv4Addr,
     /// Files to remove afterwards.
     _dir: Option<TempDir>,
+}
+
+impl Tunnel {
+    /// Stops the processes (client first) and returns what each said last about its
+    /// packets: `peg tunnel`'s `tunnel: sent … received …` line, prefixed with the process.
+    fn finish(mut self) -> Vec<String> {
+        let mut stats = Vec::new();
+        while let Some(mut p) = self.procs.pop() {
+            p.stop();
+            while let Ok(line) = p.lines.recv_timeout(Duration::from_millis(500)) {
+                p.seen.push(line);
+            }
+            if let Some(line) = p.seen.iter().rev().find(|l| l.starts_with("tunnel: sent")) {
+                stats.push(format!("{}: {}", p.name, &line["tunnel: ".len()..]));
+            }
+        }
+        stats
+    }
 }
 
 impl Drop for Tunnel {
@@ -769,7 +791,7 @@ pub fn run_cell(
     )?;
     let outcome = run_in_lab(&lab, config, variant, uploads, progress);
     let stats = lab.teardown();
-    let (observations, download, upload, mut warnings) = outcome?;
+    let (observations, download, upload, mut warnings, tunnel_stats) = outcome?;
     let stats = stats?;
     if stats.down.kernel_drops > 0 || stats.down.dropped_overload > 0 {
         warnings.push(format!(
@@ -807,11 +829,18 @@ pub fn run_cell(
         download_mbps: download,
         upload_mbps: upload,
         emulator: json!({ "down": stats.down, "up": stats.up, "elapsed_s": stats.elapsed_s }),
+        tunnel_stats,
         warnings,
     })
 }
 
-type CellOutcome = (Observations, Option<f64>, Vec<Option<f64>>, Vec<String>);
+type CellOutcome = (
+    Observations,
+    Option<f64>,
+    Vec<Option<f64>>,
+    Vec<String>,
+    Vec<String>,
+);
 
 fn run_in_lab(
     lab: &Lab,
@@ -867,7 +896,7 @@ fn run_in_lab(
         }
     }
     drop(bulk.servers);
-    drop(tunnel);
+    let tunnel_stats = tunnel.finish();
     let observations = Observations {
         sent,
         arrivals,
@@ -876,7 +905,7 @@ fn run_in_lab(
         dropped_by_sender: drops.dropped,
         replaced_by_sender: drops.replaced,
     };
-    Ok((observations, download, upload, warnings))
+    Ok((observations, download, upload, warnings, tunnel_stats))
 }
 
 fn opt(v: Option<f64>) -> Value {
@@ -908,6 +937,7 @@ pub fn tunnel_json(config: &TunnelLabConfig, seed: u64, runs: &[TunnelRun]) -> V
                 "upload_mbps": r.upload_mbps.iter().map(|u| opt(*u)).collect::<Vec<_>>(),
                 "upload_total_mbps": opt(Some(r.upload_total_mbps())),
                 "emulator": r.emulator,
+                "tunnel_stats": r.tunnel_stats,
                 "warnings": r.warnings,
             })
         })
