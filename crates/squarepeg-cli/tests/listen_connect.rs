@@ -32,22 +32,12 @@ fn sha_line(out: &str, verb: &str) -> String {
         .to_string()
 }
 
-fn run(addr: &str) {
-    let peg = env!("CARGO_BIN_EXE_peg");
-    let dir = TempDir::new(&format!("{}", addr.len()));
-    let recv = dir.0.join("recv");
-    std::fs::create_dir_all(&recv).unwrap();
-    let file = dir.0.join("payload.bin");
-    let data: Vec<u8> = (0..3_000_000u32)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-        .collect();
-    std::fs::write(&file, &data).unwrap();
-    let digest = hex::encode(Sha256::digest(&data));
-
+/// Starts `peg ARGS` (a `peg listen`), waits for its "listening on ADDR" line; returns the
+/// child, the rest of its stderr and ADDR.
+fn spawn_listener(args: &[&str]) -> (Reaper, BufReader<std::process::ChildStderr>, String) {
     let mut listener = Reaper(Some(
-        Command::new(peg)
-            .args(["listen", addr, "--quiet", "--recv-dir"])
-            .arg(&recv)
+        Command::new(env!("CARGO_BIN_EXE_peg"))
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -63,6 +53,24 @@ fn run(addr: &str) {
         .strip_prefix("listening on ")
         .unwrap_or_else(|| panic!("unexpected: {line}"))
         .to_string();
+    (listener, err, bound)
+}
+
+fn run(addr: &str) {
+    let peg = env!("CARGO_BIN_EXE_peg");
+    let dir = TempDir::new(&format!("{}", addr.len()));
+    let recv = dir.0.join("recv");
+    std::fs::create_dir_all(&recv).unwrap();
+    let file = dir.0.join("payload.bin");
+    let data: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&file, &data).unwrap();
+    let digest = hex::encode(Sha256::digest(&data));
+
+    let recv_arg = recv.to_str().unwrap();
+    let (mut listener, mut err, bound) =
+        spawn_listener(&["listen", addr, "--quiet", "--recv-dir", recv_arg]);
 
     let mut client = Reaper(Some(
         Command::new(peg)
@@ -85,7 +93,7 @@ fn run(addr: &str) {
     ));
     // Once it has its connection the listener listens no more: a second client is refused
     // instead of completing a handshake nobody answers.
-    line.clear();
+    let mut line = String::new();
     err.read_line(&mut line).unwrap();
     assert!(line.starts_with("connection from "), "unexpected: {line}");
     let second = std::net::TcpStream::connect(&bound);
@@ -199,32 +207,14 @@ fn bad_substrate_input_is_refused_with_what_to_change() {
 /// with `--idle-timeout`: it closes and says why.
 #[test]
 fn listen_gives_up_on_a_silent_peer_after_the_idle_timeout() {
-    let peg = env!("CARGO_BIN_EXE_peg");
-    let mut listener = Reaper(Some(
-        Command::new(peg)
-            .args([
-                "listen",
-                "127.0.0.1:0",
-                "--quiet",
-                "--no-stdin",
-                "--idle-timeout",
-                "300ms",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    ));
-    let l = listener.0.as_mut().unwrap();
-    let mut err = BufReader::new(l.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("{line}"))
-        .to_string();
+    let (mut listener, mut err, addr) = spawn_listener(&[
+        "listen",
+        "127.0.0.1:0",
+        "--quiet",
+        "--no-stdin",
+        "--idle-timeout",
+        "300ms",
+    ]);
     // A plain TCP client that never sends a byte, and stays connected.
     let silent = std::net::TcpStream::connect(&addr).unwrap();
     let mut rest = String::new();

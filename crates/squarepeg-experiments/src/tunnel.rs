@@ -1084,14 +1084,7 @@ impl Chart for UploadsChart {
                 .draw_series(points.iter().map(|&p| Circle::new(p, 4, colour.filled())))
                 .map_err(plot_err)?;
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font((FONT, 14))
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(plot_err)?;
+        crate::voip::plot::draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         Ok(())
     }
 }

@@ -272,6 +272,33 @@ fn send_packet(
     }
 }
 
+/// Checks a packet from the peer (one whole IP packet within the MTU, addressed as
+/// `addressed` requires), clamps its MSS if it is a SYN and writes it to `device`; anything
+/// else is dropped and counted.
+async fn packet_from_peer(
+    payload: squarepeg::Bytes,
+    mtu: u16,
+    config: &TunnelConfig,
+    stats: &TunnelStats,
+    device: &impl PacketIo,
+    addressed: impl Fn(&PacketInfo) -> bool,
+) -> io::Result<()> {
+    let mut packet = Vec::from(payload);
+    match inspect(&packet, mtu, usize::MAX) {
+        Ok(info) if !addressed(&info) => stats.add(Counter::MisaddressedFromPeer, 1),
+        Ok(info) => {
+            if info.tcp_syn && config.clamp_mss && clamp_mss(&mut packet, mtu) {
+                stats.add(Counter::MssClamped, 1);
+            }
+            device.send(&packet).await?;
+            stats.add(Counter::PacketsReceived, 1);
+            stats.add(Counter::BytesReceived, packet.len() as u64);
+        }
+        Err(e) => stats.bad(&e, true),
+    }
+    Ok(())
+}
+
 /// What the server gave this client.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Assignment {
@@ -409,21 +436,11 @@ pub async fn run_client(
                 // messages are ignored rather than fatal.
                 continue;
             }
-            let mut packet = Vec::from(m.payload);
-            match inspect(&packet, mtu, usize::MAX) {
-                Ok(info) if !ours.contains(&info.destination) => {
-                    stats.add(Counter::MisaddressedFromPeer, 1);
-                }
-                Ok(info) => {
-                    if info.tcp_syn && config.clamp_mss && clamp_mss(&mut packet, mtu) {
-                        stats.add(Counter::MssClamped, 1);
-                    }
-                    device.send(&packet).await?;
-                    stats.add(Counter::PacketsReceived, 1);
-                    stats.add(Counter::BytesReceived, packet.len() as u64);
-                }
-                Err(e) => stats.bad(&e, true),
-            }
+            // The server sends only to this client's addresses.
+            packet_from_peer(m.payload, mtu, config, &stats, &*device, |info| {
+                ours.contains(&info.destination)
+            })
+            .await?;
         }
     };
     let r: Result<(), TunnelError> = tokio::select! {
@@ -641,23 +658,16 @@ impl<D: PacketIo> Server<D> {
                 if m.substream != PACKET_SUBSTREAM {
                     continue;
                 }
-                let mut packet = Vec::from(m.payload);
-                match inspect(&packet, mtu, usize::MAX) {
-                    // A client sends only from its own addresses (no spoofing through the
-                    // server).
-                    Ok(info) if !theirs.contains(&info.source) => {
-                        self.stats.add(Counter::MisaddressedFromPeer, 1);
-                    }
-                    Ok(info) => {
-                        if info.tcp_syn && self.config.clamp_mss && clamp_mss(&mut packet, mtu) {
-                            self.stats.add(Counter::MssClamped, 1);
-                        }
-                        self.device.send(&packet).await?;
-                        self.stats.add(Counter::PacketsReceived, 1);
-                        self.stats.add(Counter::BytesReceived, packet.len() as u64);
-                    }
-                    Err(e) => self.stats.bad(&e, true),
-                }
+                // A client sends only from its own addresses (no spoofing through the server).
+                packet_from_peer(
+                    m.payload,
+                    mtu,
+                    &self.config,
+                    &self.stats,
+                    &*self.device,
+                    |info| theirs.contains(&info.source),
+                )
+                .await?;
             }
         }
         .await;

@@ -266,14 +266,7 @@ fn delay_chart<DB: DrawingBackend>(
         .map_err(plot_err)?
         .label("first transmission lost by the network")
         .legend(|(x, y)| TriangleMarker::new((x + 10, y), 6, BLACK.stroke_width(1)));
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font((FONT, 14))
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(plot_err)?;
+    draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     Ok(())
 }
 
@@ -427,14 +420,7 @@ impl Chart for CcdfChart {
                     PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2))
                 });
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font((FONT, 14))
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(plot_err)?;
+        draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         Ok(())
     }
 }
@@ -527,16 +513,24 @@ impl Chart for LateLossBars {
             .map_err(plot_err)?
             .label("lost by the network")
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], net.filled()));
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font((FONT, 14))
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(plot_err)?;
+        draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         Ok(())
     }
+}
+
+/// The series labels every chart here draws: a framed box of the curves' names at `position`.
+pub(crate) fn draw_legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+) -> Result<(), VoipError> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font((FONT, 14))
+        .position(position)
+        .draw()
+        .map_err(plot_err)
 }
 
 pub(crate) const PALETTE: [RGBColor; 10] = [
@@ -684,14 +678,7 @@ impl Chart for CdfChart {
                     PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2))
                 });
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font((FONT, 14))
-            .position(SeriesLabelPosition::LowerRight)
-            .draw()
-            .map_err(plot_err)?;
+        draw_legend(&mut chart, SeriesLabelPosition::LowerRight)?;
         Ok(())
     }
 }
