@@ -141,6 +141,42 @@ pub fn server_config_with_suites(
     Ok(Arc::new(config))
 }
 
+/// `config` accepting TLS 1.3 early data (0-RTT, RFC 8446 §2.3), up to
+/// `max_early_data_size` bytes per connection, from returning clients.
+///
+/// Only with single-use tickets: rustls accepts early data only from its stateful session
+/// store (the default), which takes a ticket out when it is used, so a replayed ClientHello
+/// with early data finds no ticket, gets a full handshake and has its early data skipped
+/// (RFC 8446 §8.1). The store is per `ServerConfig` (and shared by its clones): servers that
+/// share a name but not a configuration each refuse the other's tickets.
+pub fn server_accepting_early_data(
+    config: &ServerConfig,
+    max_early_data_size: u32,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    if config.ticketer.enabled() {
+        return Err(TlsError::Config(
+            "early data needs single-use (stateful) tickets, not a ticketer".into(),
+        ));
+    }
+    let mut config = config.clone();
+    config.max_early_data_size = max_early_data_size;
+    // Tickets are single use: one per connection the client may open before it is back.
+    config.send_tls13_tickets = config.send_tls13_tickets.max(2);
+    // The answer to early data goes in the server's first flight (0.5-RTT, RFC 8446 §4.4.4;
+    // no client certificates here, so it goes to whoever resumed the session).
+    config.send_half_rtt_data = true;
+    Ok(Arc::new(config))
+}
+
+/// `config` offering early data (0-RTT) to servers it holds a ticket from. Clones of a
+/// configuration share its ticket store: reuse one configuration for every connection to
+/// the same servers, or returning connections find no ticket.
+pub fn client_offering_early_data(config: &ClientConfig) -> Arc<ClientConfig> {
+    let mut config = config.clone();
+    config.enable_early_data = true;
+    Arc::new(config)
+}
+
 /// A self-signed certificate with its key, both PEM, and the SHA-256 of the certificate's DER
 /// (what [`Trust::PinnedSha256`] pins).
 #[derive(Clone)]

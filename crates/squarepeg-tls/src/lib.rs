@@ -35,7 +35,7 @@ pub mod unordered;
 
 pub use error::{TlsError, alert};
 pub use padding::PaddingSealer;
-pub use tls::{Tls, TlsStats};
+pub use tls::{EarlyData, Tls, TlsStats};
 pub use unordered::{OutOfOrderConfig, OutOfOrderRecord};
 
 /// rustls, as this crate uses it (for its configuration and certificate types).

@@ -10,7 +10,8 @@ use rustls::kernel::KernelConnection;
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::server::{ServerConnectionData, UnbufferedServerConnection};
 use rustls::unbuffered::{
-    ConnectionState, EncodeError, EncodeTlsData, UnbufferedConnectionCommon, UnbufferedStatus,
+    ConnectionState, EncodeError, EncodeTlsData, ReadEarlyData, TransmitTlsData,
+    UnbufferedConnectionCommon, UnbufferedStatus,
 };
 use rustls::{
     ClientConfig, ConnectionTrafficSecrets, HandshakeKind, ProtocolVersion, ServerConfig,
@@ -96,7 +97,69 @@ pub struct TlsStats {
     /// Replacements the padder declined (no reserved numbers left, or too many ranges not
     /// yet announced).
     pub padding_declined: u64,
+    /// Client: plaintext bytes sent as early data (0-RTT, RFC 8446 §2.3) with the
+    /// ClientHello.
+    pub early_data_sent: u64,
+    /// Server: plaintext bytes of early data received and delivered.
+    pub early_data_received: u64,
+    /// Server: plaintext bytes sealed before the client's Finished (0.5-RTT data, RFC 8446
+    /// §4.4.4), by rustls under the first application traffic key.
+    pub half_rtt_sealed: u64,
 }
+
+/// What became of TLS 1.3 early data (0-RTT, RFC 8446 §2.3 and §4.2.10) on a connection.
+///
+/// Early data can be replayed by an attacker who copies the client's first flight; the
+/// server side here accepts it only with single-use tickets (rustls accepts early data only
+/// with its stateful session store, whose tickets are taken on use), so a replayed flight
+/// gets its early data rejected: the replayer cannot finish the handshake, and nothing of it
+/// is delivered twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EarlyData {
+    /// No early data on this connection (client: none offered, or no ticket allowing it;
+    /// server: none received).
+    None,
+    /// Client: this many plaintext bytes went out as early data; the handshake has not
+    /// finished yet.
+    Offered(usize),
+    /// Client: the server accepted the early data (these bytes need not be sent again).
+    Accepted(usize),
+    /// Client: the server rejected the early data: these bytes were not processed and must
+    /// be sent again after the handshake if they are still wanted (RFC 8446 §4.2.10).
+    Rejected(usize),
+    /// Server: this many plaintext bytes of early data were received and delivered, ahead of
+    /// the client's Finished.
+    Received(u64),
+}
+
+/// Early data state, both sides.
+#[derive(Debug, Default)]
+struct Early {
+    /// Client: plaintext to send as early data behind the ClientHello (taken by the first
+    /// flight).
+    offer: Option<Vec<u8>>,
+    /// Client: bytes of it rustls sealed as early data.
+    sent: usize,
+    /// Client: rustls sent EndOfEarlyData, which it does exactly when the server's
+    /// EncryptedExtensions accepted the early data (RFC 8446 §4.5).
+    end_of_early_data: bool,
+    /// Client: the handshake finished (the outcome is known).
+    settled: bool,
+    /// Server: early data bytes delivered.
+    received: u64,
+    /// Server: rustls may seal application data now, before the client's Finished (its
+    /// handshake stopped in `WriteTraffic` with nothing left to read).
+    half_rtt_ready: bool,
+}
+
+/// Length of an EndOfEarlyData record's protected content: the message's 4-byte header and
+/// empty body, the inner content type and the AEAD tag (all TLS 1.3 suites have 16-byte tags).
+/// No other message the client seals during the handshake is this short (Finished carries a
+/// hash of 32 bytes or more), so a record of this length in the client's flight after the
+/// ServerHello is rustls's EndOfEarlyData, which rustls sends only when the server accepted
+/// its early data — the unbuffered API does not say so otherwise.
+const END_OF_EARLY_DATA_RECORD_LEN: usize = 4 + 1 + TAG_LEN;
 
 /// One TLS 1.3 connection, client or server, over an in-order byte stream. Sans-IO: it is fed
 /// the peer's bytes ([`Tls::push_ciphertext`], [`Tls::process`]) and polled for its own
@@ -146,6 +209,8 @@ pub struct Tls {
     /// Seals padding for inconsistent retransmissions from numbers reserved here, once asked
     /// for ([`Tls::padding_sealer`]).
     padding: Option<PaddingSealer>,
+    /// Early data (0-RTT) and 0.5-RTT data.
+    early: Early,
 }
 
 /// Numbered records (docs/wire.md §5), both directions.
@@ -340,9 +405,19 @@ enum HandshakeProgress {
     PeerClosed,
 }
 
-/// The two sides' `process_tls_records`, which rustls defines per side.
+/// The two sides' `process_tls_records` and early data, which rustls defines per side.
 trait ProcessTlsRecords<Data> {
     fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Data>;
+
+    /// Client: seals the early data on offer behind the ClientHello, if rustls allows it.
+    fn send_early_data(transmit: &mut TransmitTlsData<'_, Data>, early: &mut Early, out: &mut Vec<u8>);
+
+    /// Server: takes the early data rustls opened; returns the bytes to discard.
+    fn read_early_data(
+        read: &mut ReadEarlyData<'_, '_, Data>,
+        early: &mut Early,
+        plaintext: &mut Vec<u8>,
+    ) -> Result<usize, rustls::Error>;
 }
 
 impl ProcessTlsRecords<ClientConnectionData> for UnbufferedConnectionCommon<ClientConnectionData> {
@@ -352,6 +427,48 @@ impl ProcessTlsRecords<ClientConnectionData> for UnbufferedConnectionCommon<Clie
     ) -> UnbufferedStatus<'c, 'i, ClientConnectionData> {
         self.process_tls_records(incoming)
     }
+
+    fn send_early_data(
+        transmit: &mut TransmitTlsData<'_, ClientConnectionData>,
+        early: &mut Early,
+        out: &mut Vec<u8>,
+    ) {
+        let Some(data) = early.offer.take() else {
+            return;
+        };
+        // `None` without a ticket that allows early data (or with `enable_early_data` off).
+        let Some(mut writer) = transmit.may_encrypt_early_data() else {
+            return;
+        };
+        // rustls takes as much as the ticket's max_early_data_size allows and seals it as
+        // ordinary records (header, content, inner type, tag), one per call here.
+        for chunk in data.chunks(MAX_PLAINTEXT_LEN) {
+            let start = out.len();
+            out.resize(start + HEADER_LEN + chunk.len() + 1 + TAG_LEN + 64, 0);
+            match writer.encrypt(chunk, &mut out[start..]) {
+                Ok(n) => {
+                    out.truncate(start + n);
+                    let taken = n.saturating_sub(HEADER_LEN + 1 + TAG_LEN);
+                    early.sent += taken;
+                    if taken < chunk.len() {
+                        break;
+                    }
+                }
+                Err(_) => {
+                    out.truncate(start);
+                    break;
+                }
+            }
+        }
+    }
+
+    fn read_early_data(
+        _read: &mut ReadEarlyData<'_, '_, ClientConnectionData>,
+        _early: &mut Early,
+        _plaintext: &mut Vec<u8>,
+    ) -> Result<usize, rustls::Error> {
+        Err(rustls::Error::General("a client does not receive early data".into()))
+    }
 }
 
 impl ProcessTlsRecords<ServerConnectionData> for UnbufferedConnectionCommon<ServerConnectionData> {
@@ -360,6 +477,44 @@ impl ProcessTlsRecords<ServerConnectionData> for UnbufferedConnectionCommon<Serv
         incoming: &'i mut [u8],
     ) -> UnbufferedStatus<'c, 'i, ServerConnectionData> {
         self.process_tls_records(incoming)
+    }
+
+    fn send_early_data(
+        _transmit: &mut TransmitTlsData<'_, ServerConnectionData>,
+        _early: &mut Early,
+        _out: &mut Vec<u8>,
+    ) {
+    }
+
+    fn read_early_data(
+        read: &mut ReadEarlyData<'_, '_, ServerConnectionData>,
+        early: &mut Early,
+        plaintext: &mut Vec<u8>,
+    ) -> Result<usize, rustls::Error> {
+        let mut discard = 0;
+        while let Some(record) = read.next_record() {
+            let record = record?;
+            discard += record.discard;
+            early.received += record.payload.len() as u64;
+            plaintext.extend_from_slice(record.payload);
+        }
+        Ok(discard)
+    }
+}
+
+/// Client: notes rustls's EndOfEarlyData among the records just encoded (see
+/// [`END_OF_EARLY_DATA_RECORD_LEN`]).
+fn note_end_of_early_data(early: &mut Early, records: &[u8]) {
+    if early.sent == 0 {
+        return;
+    }
+    let mut rest = records;
+    while rest.len() >= HEADER_LEN {
+        let len = usize::from(u16::from_be_bytes([rest[3], rest[4]]));
+        if rest[0] == content_type::APPLICATION_DATA && len == END_OF_EARLY_DATA_RECORD_LEN {
+            early.end_of_early_data = true;
+        }
+        rest = rest.get(HEADER_LEN + len..).unwrap_or_default();
     }
 }
 
@@ -392,6 +547,7 @@ fn drive_handshake<Data>(
     inbox: &mut Inbox,
     control: &mut Vec<u8>,
     plaintext: &mut Vec<u8>,
+    early: &mut Early,
 ) -> Result<HandshakeProgress, rustls::Error>
 where
     UnbufferedConnectionCommon<Data>: ProcessTlsRecords<Data>,
@@ -412,11 +568,15 @@ where
                 return Err(e);
             }
             Ok(ConnectionState::EncodeTlsData(mut encoder)) => {
+                let start = control.len();
                 encode(&mut encoder, control);
+                note_end_of_early_data(early, &control[start..]);
                 Next::Continue
             }
-            Ok(ConnectionState::TransmitTlsData(transmit)) => {
-                // The encoded records are already queued in `control`, in order.
+            Ok(ConnectionState::TransmitTlsData(mut transmit)) => {
+                // The encoded records are already queued in `control`, in order; early data
+                // goes right behind the ClientHello.
+                UnbufferedConnectionCommon::<Data>::send_early_data(&mut transmit, early, control);
                 transmit.done();
                 Next::Continue
             }
@@ -431,11 +591,16 @@ where
             Ok(ConnectionState::BlockedHandshake) => Next::Blocked,
             Ok(ConnectionState::WriteTraffic(_)) => Next::WriteTraffic,
             Ok(ConnectionState::PeerClosed | ConnectionState::Closed) => Next::PeerClosed,
-            Ok(ConnectionState::ReadEarlyData(_)) => {
-                inbox.consume(discard);
-                return Err(rustls::Error::General(
-                    "early data received, which squarepeg never enables".into(),
-                ));
+            Ok(ConnectionState::ReadEarlyData(mut read)) => {
+                match UnbufferedConnectionCommon::<Data>::read_early_data(&mut read, early, plaintext)
+                {
+                    Ok(more) => discard += more,
+                    Err(e) => {
+                        inbox.consume(discard);
+                        return Err(e);
+                    }
+                }
+                Next::Continue
             }
             Ok(other) => {
                 let state = format!("{other:?}");
@@ -453,6 +618,7 @@ where
             Next::WriteTraffic if !conn.is_handshaking() => return Ok(HandshakeProgress::Complete),
             Next::Blocked | Next::WriteTraffic => {
                 if !inbox.expose_next_record() {
+                    early.half_rtt_ready = matches!(next, Next::WriteTraffic);
                     return Ok(HandshakeProgress::Blocked);
                 }
             }
@@ -484,6 +650,24 @@ impl Tls {
     /// is checked against, except with [`crate::config::Trust::PinnedSha256`] and
     /// [`crate::config::Trust::Insecure`]). The ClientHello is ready in [`Tls::poll_output`].
     pub fn client(config: Arc<ClientConfig>, server_name: &str) -> Result<Tls, TlsError> {
+        Self::client_with_early_data(config, server_name, &[]).map(|(tls, _)| tls)
+    }
+
+    /// A client connection that offers `early_data` as TLS 1.3 early data (0-RTT) behind its
+    /// ClientHello, as far as a stored session ticket for the server allows (the config must
+    /// have `enable_early_data` on and a resumption store holding a ticket from the same
+    /// server, with the server's `max_early_data_size` in it). Returns the connection and how
+    /// many bytes of `early_data` (a prefix) went out as early data: 0 without such a ticket.
+    /// Whether the server accepted them is known once the handshake is done
+    /// ([`Tls::early_data`]); if it rejected them, they must be sent again as ordinary data.
+    ///
+    /// Early data can be replayed by an attacker: offer only what is safe to process twice
+    /// (the servers here accept it only with single-use tickets, see [`EarlyData`]).
+    pub fn client_with_early_data(
+        config: Arc<ClientConfig>,
+        server_name: &str,
+        early_data: &[u8],
+    ) -> Result<(Tls, usize), TlsError> {
         if !config.enable_secret_extraction {
             return Err(TlsError::Config(
                 "the client configuration must enable secret extraction".into(),
@@ -493,8 +677,14 @@ impl Tls {
             .map_err(|e| TlsError::Config(format!("server name {server_name:?}: {e}")))?;
         let conn = UnbufferedClientConnection::new(config, name)?;
         let mut tls = Tls::new(Phase::Client(Box::new(conn)));
+        if !early_data.is_empty() {
+            tls.early.offer = Some(early_data.to_vec());
+        }
         tls.process(&mut Vec::new())?;
-        Ok(tls)
+        tls.early.offer = None;
+        let sent = tls.early.sent;
+        tls.stats.early_data_sent = sent as u64;
+        Ok((tls, sent))
     }
 
     /// A server connection; it speaks once the ClientHello has been pushed and processed.
@@ -504,9 +694,12 @@ impl Tls {
                 "the server configuration must enable secret extraction".into(),
             ));
         }
-        if config.max_early_data_size > 0 {
+        if config.max_early_data_size > 0 && config.ticketer.enabled() {
+            // rustls would not accept early data anyway; say why rather than ignore it.
             return Err(TlsError::Config(
-                "early data is not supported: max_early_data_size must be 0".into(),
+                "early data needs single-use (stateful) tickets: no ticketer with \
+                 max_early_data_size > 0"
+                    .into(),
             ));
         }
         let conn = UnbufferedServerConnection::new(config)?;
@@ -535,6 +728,7 @@ impl Tls {
             padding: None,
             numbering: Numbering::default(),
             ooo: None,
+            early: Early::default(),
         }
     }
 
@@ -586,22 +780,26 @@ impl Tls {
         }
         // rustls hands out application data only from its own buffers during the handshake.
         let mut handshake_plaintext = Vec::new();
+        self.early.half_rtt_ready = false;
         let progress = match &mut self.phase {
             Phase::Client(conn) => drive_handshake(
                 &mut ***conn,
                 &mut self.inbox,
                 &mut self.control,
                 &mut handshake_plaintext,
+                &mut self.early,
             ),
             Phase::Server(conn) => drive_handshake(
                 &mut ***conn,
                 &mut self.inbox,
                 &mut self.control,
                 &mut handshake_plaintext,
+                &mut self.early,
             ),
             Phase::Traffic(_) => return self.open_records(deliver),
             Phase::HandedOver => return Err(TlsError::Closed),
         };
+        self.stats.early_data_received = self.early.received;
         if !handshake_plaintext.is_empty() {
             deliver(&handshake_plaintext);
         }
@@ -640,6 +838,8 @@ impl Tls {
             }
         };
         let (secrets, kernel, session) = handed.map_err(|e| self.fail(e.into(), None))?;
+        self.early.settled = true;
+        self.early.half_rtt_ready = false;
         if kernel.protocol_version() != ProtocolVersion::TLSv1_3 {
             let e = TlsError::Handshake(rustls::Error::General(
                 "squarepeg's record layer speaks TLS 1.3 only".into(),
@@ -1237,6 +1437,86 @@ impl Tls {
                 Ok(())
             }
             // The peer cannot read anything after the KeyUpdate; no alert is possible.
+            Err(e) => Err(self.fail(e, None)),
+        }
+    }
+
+    /// What became of early data on this connection (see [`EarlyData`]).
+    pub fn early_data(&self) -> EarlyData {
+        let early = &self.early;
+        match &self.phase {
+            Phase::Server(_) | Phase::Traffic(_) | Phase::HandedOver if early.received > 0 => {
+                EarlyData::Received(early.received)
+            }
+            _ if early.sent == 0 => EarlyData::None,
+            _ if !early.settled => EarlyData::Offered(early.sent),
+            _ if early.end_of_early_data => EarlyData::Accepted(early.sent),
+            _ => EarlyData::Rejected(early.sent),
+        }
+    }
+
+    /// Server, during the handshake: whether application data may be sealed now, before the
+    /// client's Finished (0.5-RTT data, RFC 8446 §4.4.4: after the server's Finished went
+    /// out). Such data goes to a client whose identity is not yet known (no client
+    /// certificates here, so nothing changes) and, answering early data, may answer a
+    /// request that is only later known to be genuine: the handshake's end confirms it.
+    pub fn may_seal_half_rtt(&self) -> bool {
+        matches!(self.phase, Phase::Server(_)) && self.early.half_rtt_ready && self.failed.is_none()
+    }
+
+    /// Server, while [`Tls::may_seal_half_rtt`]: seals `plaintext` as application data under
+    /// the first traffic key (rustls seals these records; the sequence numbers carry on after
+    /// the hand-over), appended to `out` behind anything [`Tls::poll_output`] has pending.
+    /// Returns `Ok(false)`, appending nothing of `plaintext`, when that is not possible now.
+    pub fn seal_half_rtt(&mut self, plaintext: &[u8], out: &mut Vec<u8>) -> Result<bool, TlsError> {
+        if !self.may_seal_half_rtt() {
+            return Ok(false);
+        }
+        out.append(&mut self.control);
+        let Phase::Server(conn) = &mut self.phase else {
+            return Ok(false);
+        };
+        // Nothing arrived since the handshake stopped in `WriteTraffic`, so rustls answers the
+        // same bytes with the same state.
+        let exposed = &mut self.inbox.buf[self.inbox.head..self.inbox.head + self.inbox.exposed];
+        let UnbufferedStatus { discard, state } = conn.process(exposed);
+        let result = match state {
+            Ok(ConnectionState::WriteTraffic(mut writer)) => {
+                let mut sealed = Ok(true);
+                for chunk in plaintext.chunks(MAX_PLAINTEXT_LEN) {
+                    let start = out.len();
+                    out.resize(start + HEADER_LEN + chunk.len() + 1 + TAG_LEN + 64, 0);
+                    match writer.encrypt(chunk, &mut out[start..]) {
+                        Ok(n) => out.truncate(start + n),
+                        Err(e) => {
+                            out.truncate(start);
+                            sealed = Err(TlsError::Handshake(rustls::Error::General(format!(
+                                "sealing 0.5-RTT data: {e}"
+                            ))));
+                            break;
+                        }
+                    }
+                }
+                sealed
+            }
+            Ok(ConnectionState::EncodeTlsData(mut encoder)) => {
+                encode(&mut encoder, &mut self.control);
+                self.early.half_rtt_ready = false;
+                Ok(false)
+            }
+            Ok(_) => {
+                self.early.half_rtt_ready = false;
+                Ok(false)
+            }
+            Err(e) => Err(TlsError::from(e)),
+        };
+        self.inbox.consume(discard);
+        match result {
+            Ok(true) => {
+                self.stats.half_rtt_sealed += plaintext.len() as u64;
+                Ok(true)
+            }
+            Ok(false) => Ok(false),
             Err(e) => Err(self.fail(e, None)),
         }
     }
