@@ -102,7 +102,12 @@ use record::{RecordLayer, TlsLayer, tls_transport_error};
 use send::TaggedSender;
 use squarepeg_session::control::record_numbers;
 use squarepeg_tls::OutOfOrderConfig;
-pub use squarepeg_tls::{Tls, TlsError, TlsStats};
+pub use squarepeg_tls::{EarlyData, Tls, TlsError, TlsStats};
+
+/// How much of the session's output a client gathers to offer as early data: more than a
+/// ticket usually allows (squarepeg servers allow 16 KiB); what does not fit is sealed first
+/// after the handshake.
+const EARLY_DATA_GATHER: usize = 16 * 1024;
 
 /// Counters of the uTCP interface (segments in, tagged writes out).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -196,7 +201,18 @@ impl Connection {
                 if setup.is_client() != (role == Role::Client) {
                     return Err(ConfigError("the TLS side must match the connection's role").into());
                 }
-                let mut tls = setup.start()?;
+                let mut tls = match setup {
+                    // A client that may offer early data makes its ClientHello at the first
+                    // poll, with what the application queued by then (see
+                    // `Connection::poll_transmit`). Over tagged writes: not yet.
+                    TlsSetup::Client {
+                        config,
+                        server_name,
+                    } if config.enable_early_data && substrate.send == Send::ByteStream => {
+                        Tls::client_deferred(config.clone(), server_name)?
+                    }
+                    _ => setup.start()?,
+                };
                 // A squarepeg peer may number its records (announced in PARAMS below).
                 tls.accept_numbered_records();
                 if let Receive::Segments { window } = substrate.receive {
@@ -457,13 +473,57 @@ impl Connection {
         let RecordLayer::Tls(t) = &mut self.record else {
             return self.session.poll_transmit_batch(now, out, limit);
         };
+        if t.tls.is_hello_pending() {
+            // TLS 1.3 early data (0-RTT): PARAMS and the messages marked safely replayable
+            // go behind the ClientHello, as far as a ticket allows. They are the first bytes
+            // of this side's plaintext stream either way: what the server does not take
+            // (beyond the ticket's limit, or all of it if it rejects early data) is sealed
+            // first after the handshake (RFC 8446 §4.2.10).
+            let mut early = Vec::new();
+            self.session
+                .poll_transmit_early(now, &mut early, EARLY_DATA_GATHER);
+            match t.tls.start_client(&early) {
+                Ok(sent) => t.early = Some((early, sent)),
+                Err(e) => {
+                    t.tls.poll_output(out);
+                    self.tls_failed(now, &e);
+                    return 0;
+                }
+            }
+        }
         // Handshake flights, KeyUpdates, alerts first: they go on the wire in order.
         t.tls.poll_output(out);
         if t.failed {
             t.alert_out = true;
         }
+        if t.tls.is_handshaking() && t.tls.may_seal_half_rtt() && !t.failed {
+            // Server: answers to early data (and anything else the session has) go in the
+            // first flight, before the client's Finished (0.5-RTT, RFC 8446 §4.4.4).
+            let frames = self.session.poll_transmit_batch(
+                now,
+                &mut t.staging,
+                limit.saturating_sub(out.len()),
+            );
+            if !t.staging.is_empty() {
+                match t.tls.seal_half_rtt(&t.staging, out) {
+                    Ok(true) => t.staging.clear(),
+                    // Sealed after the handshake instead.
+                    Ok(false) => {}
+                    Err(e) => self.tls_failed(now, &e),
+                }
+            }
+            return frames;
+        }
         if t.tls.is_handshaking() || t.failed || t.close_notify_out {
             return 0;
+        }
+        if let Some((early, sent)) = t.early.take() {
+            // What the server did not take of the early data goes first.
+            let taken = match t.tls.early_data() {
+                EarlyData::Accepted(n) => n.min(sent),
+                _ => 0,
+            };
+            t.staging.splice(0..0, early[taken..].iter().copied());
         }
         // Frames for whole records, the records' overhead aside (about 22 bytes per 16 KiB
         // record). A stream chunk's frame is a little longer than a record's plaintext, so

@@ -104,6 +104,9 @@ pub(crate) struct TlsLayer {
     /// Since when the in-order stream is held on bytes that do not authenticate
     /// (`Tls::is_held`): it fails after [`MAX_HOLD`].
     pub(crate) held_since: Option<Instant>,
+    /// Client: the plaintext offered as early data and how much of it went early, until the
+    /// handshake says whether the server took it.
+    pub(crate) early: Option<(Vec<u8>, usize)>,
 }
 
 /// How long the in-order stream may stay held on bytes that do not authenticate before the
@@ -141,6 +144,7 @@ impl TlsLayer {
             failed: false,
             alert_out: false,
             held_since: None,
+            early: None,
         }
     }
 }

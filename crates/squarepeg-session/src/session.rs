@@ -43,6 +43,11 @@ pub struct MessageProps {
     /// A newer message with the same key replaces this one while it is
     /// still queued.
     pub squash_key: Option<u64>,
+    /// The application can take this message more than once (TAPS
+    /// `safelyReplayable`, RFC 9622 §9.1.3.4): only such messages may go as TLS 1.3 early
+    /// data (0-RTT), which an attacker can replay. Messages without it wait for the end of
+    /// the handshake.
+    pub safely_replayable: bool,
 }
 
 /// A received message. The payload is a slice of the buffer it was
@@ -177,6 +182,8 @@ struct QueuedMessage {
     deadline: Option<Instant>,
     depends_on: Option<MessageNumber>,
     squash_key: Option<u64>,
+    /// May go as early data (see [`MessageProps::safely_replayable`]).
+    replayable: bool,
     /// Queued messages that depend on this one.
     dependents: u32,
     /// A message that depends on this one was sent: never drop it.
@@ -578,6 +585,7 @@ impl Session {
                 deadline,
                 depends_on: props.depends_on,
                 squash_key: props.squash_key,
+                replayable: props.safely_replayable,
                 dependents: 0,
                 pinned: false,
                 expired: false,
@@ -1546,15 +1554,63 @@ impl Session {
         frames
     }
 
+    /// Appends what may go as TLS 1.3 early data (0-RTT), until `buf` holds at least
+    /// `limit` bytes: PARAMS, which opens the stream, then messages marked
+    /// [`MessageProps::safely_replayable`], the most urgent class first, each flow's
+    /// replayable messages from its front (one queued behind a message that is not
+    /// replayable waits with it, so a flow keeps its order). Everything else (other
+    /// messages, streams, other control frames) waits for [`Session::poll_transmit`] after
+    /// the handshake. Returns how many frames it appended.
+    pub fn poll_transmit_early(&mut self, now: Instant, buf: &mut Vec<u8>, limit: usize) -> usize {
+        if !matches!(self.state, State::Open) || self.formats.switch_pending {
+            return 0;
+        }
+        self.expire(now);
+        let mut frames = 0;
+        if std::mem::take(&mut self.params_pending) {
+            let params = self.params_frame();
+            if self.transmit_control(&params, buf).is_some() {
+                frames += 1;
+            }
+        }
+        while buf.len() < limit {
+            let messages = &self.messages;
+            let next = self
+                .message_flows
+                .iter_mut()
+                .filter_map(|(&(priority, substream), flow)| {
+                    let number = flow.front(|n| messages.contains(n))?;
+                    messages
+                        .get(number)
+                        .filter(|m| m.replayable)
+                        .map(|_| (priority.urgency(), number, priority, substream))
+                })
+                .min();
+            let Some((_, _, priority, substream)) = next else {
+                break;
+            };
+            if self.transmit_message(priority, substream, buf).is_none() {
+                break;
+            }
+            self.stats.frames_sent += 1;
+            frames += 1;
+        }
+        frames
+    }
+
+    fn params_frame(&self) -> ControlFrame {
+        ControlFrame::Params(Params {
+            initial_max_data: Some(self.config.connection_receive_window),
+            initial_max_stream_data: Some(self.config.stream_receive_window),
+            initial_max_streams: Some(self.local_max_streams),
+            receive_formats: self.formats.receive_plain.then_some(FORMATS_WITH_PLAIN),
+            record_numbers: self.record_numbers,
+        })
+    }
+
     fn next_control(&mut self) -> Option<ControlFrame> {
         if std::mem::take(&mut self.params_pending) {
-            return Some(ControlFrame::Params(Params {
-                initial_max_data: Some(self.config.connection_receive_window),
-                initial_max_stream_data: Some(self.config.stream_receive_window),
-                initial_max_streams: Some(self.local_max_streams),
-                receive_formats: self.formats.receive_plain.then_some(FORMATS_WITH_PLAIN),
-                record_numbers: self.record_numbers,
-            }));
+            return Some(self.params_frame());
         }
         if let Some(f) = self.control_queue.pop_front() {
             return Some(f);

@@ -384,6 +384,7 @@ proptest! {
                 lifetime: lifetime.map(Duration::from_millis),
                 depends_on,
                 squash_key: squash,
+                safely_replayable: false,
             };
             numbers.push(s.send_message(now, vec![urgency; 10], p).unwrap());
             now += Duration::from_millis(3);

@@ -146,6 +146,8 @@ struct Early {
     end_of_early_data: bool,
     /// Client: the handshake finished (the outcome is known).
     settled: bool,
+    /// Client: the ClientHello is still to be made ([`Tls::client_deferred`]).
+    hello_pending: bool,
     /// Server: early data bytes delivered.
     received: u64,
     /// Server: rustls may seal application data now, before the client's Finished (its
@@ -410,7 +412,11 @@ trait ProcessTlsRecords<Data> {
     fn process<'c, 'i>(&'c mut self, incoming: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Data>;
 
     /// Client: seals the early data on offer behind the ClientHello, if rustls allows it.
-    fn send_early_data(transmit: &mut TransmitTlsData<'_, Data>, early: &mut Early, out: &mut Vec<u8>);
+    fn send_early_data(
+        transmit: &mut TransmitTlsData<'_, Data>,
+        early: &mut Early,
+        out: &mut Vec<u8>,
+    );
 
     /// Server: takes the early data rustls opened; returns the bytes to discard.
     fn read_early_data(
@@ -467,7 +473,9 @@ impl ProcessTlsRecords<ClientConnectionData> for UnbufferedConnectionCommon<Clie
         _early: &mut Early,
         _plaintext: &mut Vec<u8>,
     ) -> Result<usize, rustls::Error> {
-        Err(rustls::Error::General("a client does not receive early data".into()))
+        Err(rustls::Error::General(
+            "a client does not receive early data".into(),
+        ))
     }
 }
 
@@ -592,8 +600,9 @@ where
             Ok(ConnectionState::WriteTraffic(_)) => Next::WriteTraffic,
             Ok(ConnectionState::PeerClosed | ConnectionState::Closed) => Next::PeerClosed,
             Ok(ConnectionState::ReadEarlyData(mut read)) => {
-                match UnbufferedConnectionCommon::<Data>::read_early_data(&mut read, early, plaintext)
-                {
+                match UnbufferedConnectionCommon::<Data>::read_early_data(
+                    &mut read, early, plaintext,
+                ) {
                     Ok(more) => discard += more,
                     Err(e) => {
                         inbox.consume(discard);
@@ -668,6 +677,16 @@ impl Tls {
         server_name: &str,
         early_data: &[u8],
     ) -> Result<(Tls, usize), TlsError> {
+        let mut tls = Self::client_deferred(config, server_name)?;
+        let sent = tls.start_client(early_data)?;
+        Ok((tls, sent))
+    }
+
+    /// A client connection whose ClientHello is made later: by [`Tls::start_client`], which
+    /// may offer early data then, or else by the first [`Tls::poll_output`] or
+    /// [`Tls::process`]. For a caller that learns what to send early only after creating
+    /// the connection.
+    pub fn client_deferred(config: Arc<ClientConfig>, server_name: &str) -> Result<Tls, TlsError> {
         if !config.enable_secret_extraction {
             return Err(TlsError::Config(
                 "the client configuration must enable secret extraction".into(),
@@ -677,14 +696,30 @@ impl Tls {
             .map_err(|e| TlsError::Config(format!("server name {server_name:?}: {e}")))?;
         let conn = UnbufferedClientConnection::new(config, name)?;
         let mut tls = Tls::new(Phase::Client(Box::new(conn)));
-        if !early_data.is_empty() {
-            tls.early.offer = Some(early_data.to_vec());
+        tls.early.hello_pending = true;
+        Ok(tls)
+    }
+
+    /// Whether this is a client from [`Tls::client_deferred`] whose ClientHello is not made
+    /// yet.
+    pub fn is_hello_pending(&self) -> bool {
+        self.early.hello_pending
+    }
+
+    /// Makes the ClientHello of a [`Tls::client_deferred`] client, offering `early_data` as
+    /// [`Tls::client_with_early_data`] does; returns how many bytes of it went as early data.
+    /// Once the ClientHello is made, offers nothing and returns 0.
+    pub fn start_client(&mut self, early_data: &[u8]) -> Result<usize, TlsError> {
+        if !std::mem::take(&mut self.early.hello_pending) {
+            return Ok(0);
         }
-        tls.process(&mut Vec::new())?;
-        tls.early.offer = None;
-        let sent = tls.early.sent;
-        tls.stats.early_data_sent = sent as u64;
-        Ok((tls, sent))
+        if !early_data.is_empty() {
+            self.early.offer = Some(early_data.to_vec());
+        }
+        let result = self.process(&mut Vec::new());
+        self.early.offer = None;
+        self.stats.early_data_sent = self.early.sent as u64;
+        result.map(|()| self.early.sent)
     }
 
     /// A server connection; it speaks once the ClientHello has been pushed and processed.
@@ -775,6 +810,9 @@ impl Tls {
     /// it was opened (a record's content, decrypted in place) instead of appending it to a
     /// buffer: a receiver with a buffer of its own saves a copy.
     pub fn process_with(&mut self, deliver: &mut dyn FnMut(&[u8])) -> Result<(), TlsError> {
+        if self.early.hello_pending {
+            self.start_client(&[])?;
+        }
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
@@ -1195,6 +1233,10 @@ impl Tls {
     /// Appends the bytes to send that are not application data: handshake records, a
     /// KeyUpdate (ours or the answer to the peer's), a fatal alert, close_notify.
     pub fn poll_output(&mut self, out: &mut Vec<u8>) {
+        if self.early.hello_pending {
+            // The error stays in `failed`; its alert (none before a ClientHello) is queued.
+            let _ = self.start_client(&[]);
+        }
         out.append(&mut self.control);
         if self.failed.is_some() || self.close_sent || !matches!(self.phase, Phase::Traffic(_)) {
             return;

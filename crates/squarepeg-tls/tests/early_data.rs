@@ -46,7 +46,10 @@ fn returning_client_request_and_answer_in_one_round_trip() {
     let mut server = Tls::server(s.server.clone()).unwrap();
     assert_eq!(feed(&mut server, &flight, usize::MAX).unwrap(), request);
     assert!(server.is_handshaking());
-    assert_eq!(server.early_data(), EarlyData::Received(request.len() as u64));
+    assert_eq!(
+        server.early_data(),
+        EarlyData::Received(request.len() as u64)
+    );
     // ...and answers in its first flight (0.5-RTT).
     assert!(server.may_seal_half_rtt());
     let answer = data(5000, 2);
@@ -69,7 +72,10 @@ fn returning_client_request_and_answer_in_one_round_trip() {
     assert_eq!(feed(&mut server, &wire, usize::MAX).unwrap(), up);
     assert!(!server.is_handshaking());
     assert!(!server.may_seal_half_rtt());
-    assert_eq!(server.early_data(), EarlyData::Received(request.len() as u64));
+    assert_eq!(
+        server.early_data(),
+        EarlyData::Received(request.len() as u64)
+    );
     let down = data(20_000, 4);
     let wire = sealed(&mut server, &down);
     assert_eq!(feed(&mut client, &wire, usize::MAX).unwrap(), down);
@@ -148,7 +154,10 @@ fn no_ticket_no_early_data_and_limits_hold() {
     let (_client, sent, flight) = first_flight(&s, &request);
     assert_eq!(sent, 1000);
     let mut server = Tls::server(s.server.clone()).unwrap();
-    assert_eq!(feed(&mut server, &flight, usize::MAX).unwrap(), &request[..1000]);
+    assert_eq!(
+        feed(&mut server, &flight, usize::MAX).unwrap(),
+        &request[..1000]
+    );
 }
 
 #[test]
