@@ -101,7 +101,7 @@ fn returning_request_and_answer_take_one_round_trip() {
     srv.handle_bytes(now, &up1);
     assert_eq!(
         messages(&mut srv),
-        [request.clone()],
+        std::slice::from_ref(&request),
         "request before the handshake's end"
     );
     assert!(!srv.is_established());

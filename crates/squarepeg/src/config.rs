@@ -64,7 +64,20 @@ pub struct ConnectionConfig {
     /// CA, a pinned certificate, a self-signed certificate). Over the userspace TCP records are
     /// numbered and opened out of order (docs/wire.md §5). `None`: cleartext.
     pub tls: Option<TlsSetup>,
+    /// TCP Fast Open (RFC 7413) over kernel TCP. A client connects with
+    /// `TCP_FASTOPEN_CONNECT`: its first write (the ClientHello, with early data when it
+    /// returns to a server it holds a TLS ticket from) rides on the SYN once the kernel holds
+    /// a cookie from the server, and the kernel falls back to an ordinary handshake when
+    /// it does not (first contact, a refused cookie, a path that drops SYNs with data). A
+    /// server listens with a Fast Open queue of [`FAST_OPEN_QUEUE`] pending connections;
+    /// the host must allow it (`net.ipv4.tcp_fastopen` with bit 2 set, e.g. 3; Linux's
+    /// default, 1, allows clients only). Off by default. No effect over the userspace TCP.
+    pub fast_open: bool,
 }
+
+/// Pending Fast Open connections a listener accepts (RFC 7413 §5.1: the queue bounds the
+/// state a SYN flood with valid cookies can create; beyond it, ordinary handshakes).
+pub const FAST_OPEN_QUEUE: u32 = 256;
 
 impl Default for ConnectionConfig {
     fn default() -> Self {
@@ -99,6 +112,7 @@ impl Default for ConnectionConfig {
             read_buffer: 64 * 1024,
             status_queue: 1 << 16,
             tls: None,
+            fast_open: false,
         }
     }
 }

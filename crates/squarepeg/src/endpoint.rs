@@ -4,8 +4,11 @@
 use std::io;
 use std::net::SocketAddr;
 
+use bytes::Bytes;
 use squarepeg_connection::{NewConnectionError, Role};
-use squarepeg_session::{ConfigError, ConnectionError, TransportError};
+use squarepeg_session::{
+    ConfigError, ConnectionError, MessageNumber, MessageProps, TransportError,
+};
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 
 use crate::config::ConnectionConfig;
@@ -34,6 +37,10 @@ pub enum ConnectError {
     /// The configuration is out of range.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// A message given to [`Connection::connect_with_messages`] could not be queued (too
+    /// large, more than the send queue holds, an unknown dependency).
+    #[error("first messages: {0}")]
+    Message(squarepeg_session::SendError),
 }
 
 /// A failed connect: a transport outcome the application can act on, or a local error.
@@ -82,7 +89,11 @@ impl Endpoint {
         config: ConnectionConfig,
     ) -> Result<Self, ConnectError> {
         config.check(Role::Server)?;
-        let listener = Listener::Kernel(TcpListener::bind(addr).await?);
+        let listener = TcpListener::bind(addr).await?;
+        if config.fast_open {
+            crate::fast_open::listen(&listener, crate::config::FAST_OPEN_QUEUE)?;
+        }
+        let listener = Listener::Kernel(listener);
         Ok(Self { listener, config })
     }
 
@@ -149,10 +160,53 @@ impl Connection {
         config: ConnectionConfig,
     ) -> Result<Connection, ConnectError> {
         config.check(Role::Client)?;
-        let socket = TcpStream::connect(addr).await.map_err(connect_error)?;
-        let conn = kernel::start(socket, Role::Client, config)?;
+        let conn = if config.fast_open {
+            Self::connect_with_messages(addr, config, Vec::new())
+                .await?
+                .0
+        } else {
+            let socket = TcpStream::connect(addr).await.map_err(connect_error)?;
+            kernel::start(socket, Role::Client, config)?
+        };
         established(&conn).await?;
         Ok(conn)
+    }
+
+    /// Opens a connection to `addr` with `first` queued before anything is sent, and returns
+    /// at once, with their message numbers, without waiting for the handshake (a failed
+    /// connect or handshake ends the connection: see [`Connection::closed`]).
+    ///
+    /// This is the start of a transaction (NGTCP): over TLS, to a server this configuration
+    /// holds a ticket from (its client configuration from
+    /// [`crate::tls::config::client_offering_early_data`], reused), the messages marked
+    /// [`MessageProps::safely_replayable`] go as TLS 1.3 early data right behind the
+    /// ClientHello; with [`ConnectionConfig::fast_open`], in the SYN itself once the kernel
+    /// holds the server's cookie. The rest wait for the handshake. So a returning client's
+    /// request reaches the server in the first packet and the answer comes back after one
+    /// round trip (see [`crate::transaction`]).
+    pub async fn connect_with_messages(
+        addr: impl ToSocketAddrs,
+        config: ConnectionConfig,
+        first: Vec<(Bytes, MessageProps)>,
+    ) -> Result<(Connection, Vec<MessageNumber>), ConnectError> {
+        config.check(Role::Client)?;
+        let (socket, remote) = if config.fast_open {
+            let remote = tokio::net::lookup_host(addr).await?.next().ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "the address resolves to nothing",
+                )
+            })?;
+            (
+                crate::fast_open::connect(remote).map_err(connect_error)?,
+                remote,
+            )
+        } else {
+            let socket = TcpStream::connect(addr).await.map_err(connect_error)?;
+            let remote = socket.peer_addr()?;
+            (socket, remote)
+        };
+        kernel::start_with(socket, remote, Role::Client, config, first)
     }
 
     /// Opens a connection to `addr` over the userspace TCP of `stack` (with the stack's

@@ -10,13 +10,16 @@ use std::io;
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use squarepeg_connection::{Connection as Core, Protection, Receiver, Role, Substrate};
+use squarepeg_session::{MessageNumber, MessageProps};
 use tokio::net::TcpStream;
 
 use crate::config::ConnectionConfig;
 use crate::connection::{Connection, Handle, Shared};
 use crate::driver::{self, Wire};
 use crate::endpoint::ConnectError;
+use crate::fast_open::KernelStream;
 use crate::unsent::AdaptiveLowat;
 
 struct KernelWire {
@@ -37,11 +40,11 @@ struct KernelWire {
 }
 
 impl Wire for KernelWire {
-    type Io = TcpStream;
+    type Io = KernelStream;
 
-    fn batch(&mut self, io: &TcpStream, now: Instant) -> usize {
+    fn batch(&mut self, io: &KernelStream, now: Instant) -> usize {
         if let Some(lowat) = self.lowat.as_mut()
-            && let Some(new) = lowat.update(now, io)
+            && let Some(new) = lowat.update(now, &io.0)
         {
             self.batch = self.write_batch.min(new as usize).max(1);
             self.shared.lock().notsent_lowat = Some(new);
@@ -92,14 +95,36 @@ pub(crate) fn start(
     role: Role,
     config: ConnectionConfig,
 ) -> Result<Connection, ConnectError> {
+    let remote = socket.peer_addr()?;
+    start_with(socket, remote, role, config, Vec::new()).map(|(c, _)| c)
+}
+
+/// [`start`] for a socket whose peer is `remote` (a Fast Open socket has not connected
+/// yet), queueing `first` before the driver's first poll: messages marked safely
+/// replayable go as TLS early data where a ticket allows. Returns their numbers.
+pub(crate) fn start_with(
+    socket: TcpStream,
+    remote: std::net::SocketAddr,
+    role: Role,
+    config: ConnectionConfig,
+    first: Vec<(Bytes, MessageProps)>,
+) -> Result<(Connection, Vec<MessageNumber>), ConnectError> {
     // Messages must not wait for Nagle (Hollywood §4.2).
     socket.set_nodelay(true)?;
     if let Some(lowat) = config.notsent_lowat {
         set_notsent_lowat(&socket, lowat)?;
     }
     let local = socket.local_addr()?;
-    let remote = socket.peer_addr()?;
-    let core = Core::new(role, config.core_config(), Substrate::byte_stream())?;
+    let mut core = Core::new(role, config.core_config(), Substrate::byte_stream())?;
+    let now = Instant::now();
+    let mut numbers = Vec::with_capacity(first.len());
+    for (payload, props) in first {
+        let number = core
+            .session_mut()
+            .send_message(now, payload, props)
+            .map_err(ConnectError::Message)?;
+        numbers.push(number);
+    }
     let tls = core.protection() == Protection::Tls;
     let shared = Arc::new(Shared::new(core, config.status_queue, local, remote));
     shared.lock().notsent_lowat = config.notsent_lowat;
@@ -125,13 +150,16 @@ pub(crate) fn start(
     };
     tokio::spawn(driver::run(
         shared.clone(),
-        socket,
+        KernelStream(socket),
         wire,
         config.write_batch,
     ));
-    Ok(Connection {
-        handle: Arc::new(Handle(shared)),
-    })
+    Ok((
+        Connection {
+            handle: Arc::new(Handle(shared)),
+        },
+        numbers,
+    ))
 }
 
 #[cfg(any(target_os = "linux", target_os = "android", target_vendor = "apple"))]

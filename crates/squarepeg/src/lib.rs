@@ -136,16 +136,19 @@ mod config;
 mod connection;
 mod driver;
 mod endpoint;
+mod fast_open;
 mod kernel;
 mod stream;
+pub mod transaction;
 mod unsent;
 #[cfg(feature = "utcp")]
 mod utcp;
 
-pub use config::ConnectionConfig;
+pub use config::{ConnectionConfig, FAST_OPEN_QUEUE};
 pub use connection::{Connection, ConnectionStats, TlsInfo};
 pub use endpoint::{ConnectError, Endpoint};
 pub use stream::Stream;
+pub use transaction::{Preference, TransactionError, Transactor, TransportProperties};
 
 // Every type the public signatures use.
 pub use bytes::Bytes;
