@@ -46,6 +46,11 @@ pub(crate) trait Wire: Send + 'static {
 
     /// Under the lock: hands what was read to the core.
     fn end_read(&mut self, core: &mut Core, now: Instant);
+
+    /// The batch about to be written is the last before the end of the sending direction
+    /// (`last`), or the end was sent: a transport that can may hold a short last write back
+    /// so that it leaves in one segment with the FIN (a transaction's final flight).
+    fn last_write(&mut self, _io: &Self::Io, _last: bool) {}
 }
 
 /// What ended one wait of the driver.
@@ -68,6 +73,8 @@ pub(crate) async fn run<W: Wire>(shared: Arc<Shared>, io: W::Io, wire: W, write_
         out_pos: 0,
         read_open: true,
         fin: Fin::NotYet,
+        answer_first: false,
+        corked: false,
     };
     driver.drive().await;
     let sh = &driver.shared;
@@ -102,13 +109,20 @@ struct Driver<W: Wire> {
     out_pos: usize,
     read_open: bool,
     fin: Fin,
+    /// A read during the handshake delivered to the application: let it answer before the
+    /// next batch is taken, so that the answer leaves with the handshake's flight (a server's
+    /// 0.5-RTT answer to early data; a client's close behind its Finished) instead of in a
+    /// segment of its own.
+    answer_first: bool,
+    /// [`Wire::last_write`] was told the batch being written is the last.
+    corked: bool,
 }
 
 impl<W: Wire> Driver<W> {
     async fn drive(&mut self) {
         let mut woken_by_application = false;
         loop {
-            if woken_by_application {
+            if woken_by_application || std::mem::take(&mut self.answer_first) {
                 // The application's call woke this task from the application's worker, and
                 // tokio runs a task woken so next on the same worker (in a slot no other
                 // worker takes from). In a transfer every hop between the application and
@@ -122,6 +136,13 @@ impl<W: Wire> Driver<W> {
             let now = Instant::now();
             if self.out_pos == self.out.len() && self.fin == Fin::NotYet {
                 self.refill(now);
+                if self.out_pos < self.out.len() && self.shared.lock().conn.poll_shutdown() {
+                    // The core's last output: the FIN follows it (`poll_shutdown` says so
+                    // once).
+                    self.fin = Fin::Due;
+                    self.corked = true;
+                    self.wire.last_write(&self.io, true);
+                }
             }
             let (timeout, wants_read, drained) = {
                 let mut st = self.shared.lock();
@@ -197,7 +218,12 @@ impl<W: Wire> Driver<W> {
             woken_by_application = matches!(wake, Wake::Notified);
             match wake {
                 Wake::Wrote(n) => self.out_pos += n,
-                Wake::ShutDown => self.fin = Fin::Done,
+                Wake::ShutDown => {
+                    self.fin = Fin::Done;
+                    if std::mem::take(&mut self.corked) {
+                        self.wire.last_write(&self.io, false);
+                    }
+                }
                 Wake::Read(n) => self.received(n),
                 Wake::Failed(e) => self.failed(&e),
                 Wake::Notified => {}
@@ -236,7 +262,9 @@ impl<W: Wire> Driver<W> {
         }
         let now = Instant::now();
         let mut st = self.shared.lock();
+        let handshaking = !st.conn.is_established();
         self.wire.end_read(&mut st.conn, now);
+        self.answer_first = handshaking && st.conn.session().has_events();
         self.shared.note_established(&mut st);
         if n == 0 {
             self.read_open = false;

@@ -131,3 +131,26 @@ fn set_int_option(
         Err(io::Error::last_os_error())
     }
 }
+
+/// `TCP_CORK` on or off: while on, the kernel sends only full segments.
+#[cfg(target_os = "linux")]
+pub(crate) fn set_cork(socket: &TcpStream, on: bool) -> io::Result<()> {
+    set_int_option(socket, libc::TCP_CORK, i32::from(on))
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn set_cork(_socket: &TcpStream, _on: bool) -> io::Result<()> {
+    Ok(())
+}
+
+/// `TCP_QUICKACK`: off puts the connection in delayed-ACK ("ping-pong") mode, where an ACK
+/// waits (up to the delayed-ACK timeout) to ride on data the application sends.
+#[cfg(target_os = "linux")]
+pub(crate) fn set_quickack(socket: &TcpStream, on: bool) -> io::Result<()> {
+    set_int_option(socket, libc::TCP_QUICKACK, i32::from(on))
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn set_quickack(_socket: &TcpStream, _on: bool) -> io::Result<()> {
+    Ok(())
+}

@@ -79,6 +79,12 @@ impl Wire for KernelWire {
         }
     }
 
+    fn last_write(&mut self, io: &KernelStream, last: bool) {
+        // TCP_CORK holds the short last write until the FIN, which the kernel then sets on
+        // it and sends at once (shutdown pushes corked data); uncorked after the shutdown.
+        let _ = crate::fast_open::set_cork(&io.0, last);
+    }
+
     fn end_read(&mut self, core: &mut Core, now: Instant) {
         if let Some(r) = self.receiver.take() {
             core.return_receiver(now, r);
@@ -113,6 +119,11 @@ pub(crate) fn start_with(
     socket.set_nodelay(true)?;
     if let Some(lowat) = config.notsent_lowat {
         set_notsent_lowat(&socket, lowat)?;
+    }
+    if config.fast_open {
+        // Transactions: ACKs wait to ride on the answer or the close (delayed-ACK
+        // "ping-pong" mode) rather than go in segments of their own.
+        let _ = crate::fast_open::set_quickack(&socket, false);
     }
     let local = socket.local_addr()?;
     let mut core = Core::new(role, config.core_config(), Substrate::byte_stream())?;

@@ -267,8 +267,10 @@ impl Transactor {
                 .expect("idle connections")
                 .insert(server, conn);
         } else {
-            // The answer is in: the application need not wait for the close.
-            tokio::spawn(async move { conn.close().await });
+            // The answer is in: the close starts now (dropping the last handle closes
+            // gracefully), so that it leaves with the client's last handshake flight, and
+            // finishes in the background.
+            drop(conn);
         }
         Ok(answer.payload)
     }

@@ -119,12 +119,13 @@ async fn serve(endpoint: Endpoint, server: Server) {
                 {
                     break;
                 }
-                if let Some(tls) = conn.stats().tls {
-                    half_rtt
-                        .lock()
-                        .unwrap()
-                        .push((tls.half_rtt_sealed, tls.early_data_received));
-                }
+            }
+            // The client closed: what the record layer did, for the capture checks.
+            if let Some(tls) = conn.stats().tls {
+                half_rtt
+                    .lock()
+                    .unwrap()
+                    .push((tls.half_rtt_sealed, tls.early_data_received));
             }
         });
     }

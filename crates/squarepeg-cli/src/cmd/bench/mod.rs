@@ -6,6 +6,7 @@ use clap::{Args, Subcommand};
 
 mod framing;
 mod messages;
+mod rpc;
 mod smoltcp;
 mod tcp;
 mod tls;
@@ -31,6 +32,10 @@ enum BenchVerb {
     /// all: squarepeg over kernel TCP against tokio-rustls, quinn (QUIC over UDP) and raw
     /// kernel TCP.
     Tls(tls::TlsBenchArgs),
+    /// One request and its answer on the real lab (root): round trips and segments for TCP,
+    /// TCP + TLS 1.3, squarepeg at first contact and returning (TCP Fast Open + TLS 1.3 early
+    /// data), quinn at first contact and with 0-RTT, and a replay attempt.
+    Rpc(rpc::RpcArgs),
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -39,5 +44,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchVerb::Messages(args) => messages::run(args),
         BenchVerb::Tcp(args) => tcp::run(args),
         BenchVerb::Tls(args) => tls::run(args),
+        BenchVerb::Rpc(args) => rpc::run(args),
     }
 }
