@@ -107,7 +107,8 @@ pub use config::{
 };
 pub use conn::{CloseReason, Connection, ConnectionStats, Negotiated, State};
 pub use endpoint::{
-    ConnectionHandle, Endpoint, EndpointStats, Event, ListenerHandle, MIN_TRANSMIT_BUFFER,
+    ConnectionHandle, Endpoint, EndpointStats, Event, FastOpenEntry, FastOpenStats,
+    ListenerHandle, MIN_TRANSMIT_BUFFER,
 };
 pub use error::{DropReason, Error};
 pub use rtt::RttEstimator;
@@ -117,3 +118,4 @@ pub use send_queue::{
 };
 pub use trace::{TraceEvent, TraceRecord};
 pub use utcp::{ReceivedSegment, UnorderedStats};
+pub use wire::FastOpenCookie;
