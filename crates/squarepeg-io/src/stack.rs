@@ -569,10 +569,7 @@ impl Stack {
     /// Adds TCP Fast Open cookies saved earlier (see
     /// [`squarepeg_tcp::Endpoint::import_fast_open_cache`]).
     pub fn import_fast_open_cache(&self, entries: impl IntoIterator<Item = FastOpenEntry>) {
-        self.shared
-            .lock()
-            .endpoint
-            .import_fast_open_cache(entries);
+        self.shared.lock().endpoint.import_fast_open_cache(entries);
     }
 
     /// Listens on `addr` (an unspecified address listens on every stack address of its

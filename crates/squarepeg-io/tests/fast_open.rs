@@ -59,7 +59,12 @@ fn setsockopt_int(s: &Socket, level: i32, name: i32, value: i32) {
             std::mem::size_of::<i32>() as libc::socklen_t,
         )
     };
-    assert_eq!(r, 0, "setsockopt {name}: {}", std::io::Error::last_os_error());
+    assert_eq!(
+        r,
+        0,
+        "setsockopt {name}: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 fn kernel_socket(ns: &NetNs) -> Socket {
@@ -159,7 +164,11 @@ fn stack_client_puts_data_on_the_syn_to_a_kernel_server() {
     let stack_ip = lab.stack_addr(false);
     drop(listener);
     lab.finish();
-    assert_eq!(syns_with_data(&capture, stack_ip), 1, "data on the second SYN");
+    assert_eq!(
+        syns_with_data(&capture, stack_ip),
+        1,
+        "data on the second SYN"
+    );
 }
 
 #[test]
@@ -226,7 +235,10 @@ fn kernel_client_puts_data_on_the_syn_to_the_stack_server() {
     eprintln!("stack server: {fo:?}");
     assert_eq!(fo.cookie_requests_received, 1);
     assert_eq!(fo.cookies_sent, 1);
-    assert_eq!(fo.syn_data_accepted, 1, "the kernel's second SYN carried data");
+    assert_eq!(
+        fo.syn_data_accepted, 1,
+        "the kernel's second SYN carried data"
+    );
     let active = tcp_ext(&lab.ns, "TCPFastOpenActive") - active_before;
     eprintln!("kernel TcpExtTCPFastOpenActive +{active}");
     assert_eq!(active, 1);

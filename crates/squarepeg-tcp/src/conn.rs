@@ -779,7 +779,11 @@ impl Connection {
     /// Passive open for a SYN with a valid Fast Open cookie (RFC 7413 §4.3): its data is
     /// accepted at once, the SYN-ACK acknowledges it, and the application may read it
     /// before the handshake completes.
-    pub(crate) fn new_passive_fast_open(n: NewConnection, syn: &PeerSyn, data: &[u8]) -> Connection {
+    pub(crate) fn new_passive_fast_open(
+        n: NewConnection,
+        syn: &PeerSyn,
+        data: &[u8],
+    ) -> Connection {
         let now = n.now;
         let mut c = Connection::new_passive(n, syn);
         c.fo_passive = true;
@@ -818,10 +822,9 @@ impl Connection {
             });
         }
         match seg.options.fast_open {
-            Some(c) if !c.is_request() => {
-                self.fo_notes
-                    .push(FastOpenNote::CookieLearned(c, seg.options.mss))
-            }
+            Some(c) if !c.is_request() => self
+                .fo_notes
+                .push(FastOpenNote::CookieLearned(c, seg.options.mss)),
             _ if fo.cookie.is_some() && fo.syn_data > 0 && !all_acked && !fo.syn_data_timed_out => {
                 self.fo_notes.push(FastOpenNote::ForgetCookie)
             }
@@ -3224,7 +3227,10 @@ impl Connection {
                 queue.copy_out(0, out)
             }
         })?;
-        if !syn_ack && self.rto_count == 0 && let Some(fo) = self.fo_client.as_mut() {
+        if !syn_ack
+            && self.rto_count == 0
+            && let Some(fo) = self.fo_client.as_mut()
+        {
             fo.syn_data = syn_data as u64;
             self.fo_notes.push(if fo.cookie.is_some() {
                 FastOpenNote::SynData(syn_data)

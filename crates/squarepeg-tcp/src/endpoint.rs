@@ -140,20 +140,20 @@ impl std::str::FromStr for FastOpenEntry {
     fn from_str(s: &str) -> Result<Self, Error> {
         let bad = Error::InvalidAddress("not a Fast Open cache entry: <ip> <cookie hex> [<mss>]");
         let mut words = s.split_whitespace();
-        let server: IpAddr = words.next().and_then(|w| w.parse().ok()).ok_or(bad.clone())?;
-        let hex = words.next().ok_or(bad.clone())?;
+        let server: IpAddr = words.next().and_then(|w| w.parse().ok()).ok_or(bad)?;
+        let hex = words.next().ok_or(bad)?;
         if hex.len() % 2 != 0 || !hex.is_ascii() {
             return Err(bad);
         }
         let bytes = (0..hex.len() / 2)
             .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16))
             .collect::<Result<Vec<u8>, _>>()
-            .map_err(|_| bad.clone())?;
+            .map_err(|_| bad)?;
         let cookie = FastOpenCookie::new(&bytes)
             .filter(|c| !c.is_request())
-            .ok_or(bad.clone())?;
+            .ok_or(bad)?;
         let mss = match words.next() {
-            Some(w) => Some(w.parse().map_err(|_| bad.clone())?),
+            Some(w) => Some(w.parse().map_err(|_| bad)?),
             None => None,
         };
         if words.next().is_some() {
@@ -200,11 +200,15 @@ impl FastOpenCache {
         if capacity == 0 {
             return;
         }
-        if !self.entries.contains_key(&ip) && self.entries.len() >= capacity {
-            if let Some(oldest) = self.entries.iter().min_by_key(|(_, e)| e.used).map(|(k, _)| *k)
-            {
-                self.entries.remove(&oldest);
-            }
+        if !self.entries.contains_key(&ip)
+            && self.entries.len() >= capacity
+            && let Some(oldest) = self
+                .entries
+                .iter()
+                .min_by_key(|(_, e)| e.used)
+                .map(|(k, _)| *k)
+        {
+            self.entries.remove(&oldest);
         }
         self.tick += 1;
         let e = self.entries.entry(ip).or_default();
@@ -435,7 +439,10 @@ impl Endpoint {
                 self.stats.fast_open.blackholed_connects += 1;
                 Connection::new_active(params)
             } else {
-                Connection::new_active_fast_open(params, ClientFastOpen::new(entry.cookie, entry.mss))
+                Connection::new_active_fast_open(
+                    params,
+                    ClientFastOpen::new(entry.cookie, entry.mss),
+                )
             }
         } else {
             Connection::new_active(params)

@@ -68,7 +68,11 @@ impl Secret {
     /// that a cookie from one of our addresses is no good at another), 8 bytes of
     /// SHA-256(key ‖ label ‖ addresses). Ports are left out: the cookie belongs to the host
     /// (§4.1.2), whatever port it connects from.
-    pub fn fast_open_cookie(&self, client: &std::net::IpAddr, server: &std::net::IpAddr) -> [u8; 8] {
+    pub fn fast_open_cookie(
+        &self,
+        client: &std::net::IpAddr,
+        server: &std::net::IpAddr,
+    ) -> [u8; 8] {
         let mut h = Sha256::new();
         h.update(self.key);
         h.update(b"tfo");

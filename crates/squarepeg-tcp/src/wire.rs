@@ -748,7 +748,10 @@ mod tests {
         let o = TcpOptions::parse(&[254, 8, 0xf9, 0x89, 9, 9, 9, 9]).unwrap();
         assert_eq!(o.fast_open.unwrap().as_bytes(), &[9, 9, 9, 9]);
         // Another experiment's magic, and cookie lengths out of range, are ignored.
-        assert_eq!(TcpOptions::parse(&[254, 4, 0x12, 0x34]).unwrap().fast_open, None);
+        assert_eq!(
+            TcpOptions::parse(&[254, 4, 0x12, 0x34]).unwrap().fast_open,
+            None
+        );
         assert_eq!(TcpOptions::parse(&[34, 4, 1, 2]).unwrap().fast_open, None);
         let long = [[34u8, 20].as_slice(), &[0; 18]].concat();
         assert_eq!(TcpOptions::parse(&long).unwrap().fast_open, None);

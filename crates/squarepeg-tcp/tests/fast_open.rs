@@ -344,7 +344,10 @@ fn returning_client_puts_data_on_the_syn_and_the_server_reads_it_before_the_hand
     );
     assert_eq!(w.server_read(accepted), vec![b"GET /x".to_vec()]);
     let cs = w.client.stats().fast_open.clone();
-    assert_eq!((cs.syn_data_sent, cs.syn_data_bytes, cs.syn_data_acked), (1, 6, 1));
+    assert_eq!(
+        (cs.syn_data_sent, cs.syn_data_bytes, cs.syn_data_acked),
+        (1, 6, 1)
+    );
     assert_eq!(cs.syn_data_not_acked, 0);
     let ss = w.server.stats().fast_open.clone();
     assert_eq!((ss.cookies_accepted, ss.syn_data_accepted), (1, 1));
@@ -380,13 +383,23 @@ fn forged_cookie_is_refused_and_the_data_is_sent_again_once() {
     w.deliver(c, 0, b"forged");
     let syns = w.client_syns(0);
     assert_eq!(syns.len(), 1);
-    assert_eq!(syns[0].payload, b"forged", "data on the SYN with the cached cookie");
+    assert_eq!(
+        syns[0].payload, b"forged",
+        "data on the SYN with the cached cookie"
+    );
     let synack = &w.syn_acks(0)[0];
-    assert_eq!(synack.ack_no, syns[0].seq.wrapping_add(1), "only the ISN acked");
+    assert_eq!(
+        synack.ack_no,
+        syns[0].seq.wrapping_add(1),
+        "only the ISN acked"
+    );
     let fresh = synack.fast_open.expect("a valid cookie for next time");
     assert_eq!(w.server_read(0), vec![b"forged".to_vec()]);
     let ss = w.server.stats().fast_open.clone();
-    assert_eq!((ss.cookies_refused, ss.cookies_sent, ss.syn_data_accepted), (1, 1, 0));
+    assert_eq!(
+        (ss.cookies_refused, ss.cookies_sent, ss.syn_data_accepted),
+        (1, 1, 0)
+    );
     let cs = w.client.stats().fast_open.clone();
     assert_eq!((cs.syn_data_not_acked, cs.cookies_received), (1, 1));
     assert_eq!(w.client.fast_open_cache()[0].cookie, fresh);
@@ -402,9 +415,10 @@ fn forged_cookie_is_refused_and_the_data_is_sent_again_once() {
 
 /// The default option stripper keeps only MSS, window scale, SACK and timestamps.
 fn stripper(directions: DirectionFilter) -> Box<dyn Middlebox> {
-    let mut config = StripOptionsConfig::default();
-    config.directions = directions;
-    Box::new(OptionStripper::new(config))
+    Box::new(OptionStripper::new(StripOptionsConfig {
+        directions,
+        ..Default::default()
+    }))
 }
 
 #[test]
@@ -462,9 +476,10 @@ fn option_stripped_towards_the_client_never_yields_a_cookie() {
 #[test]
 fn dropped_syn_data_is_sent_again_without_data_and_the_server_is_blackholed() {
     let mut w = first_contact(tfo_config());
-    w.boxes.push(Box::new(SynDataDropper::new(DropSynDataConfig {
-        directions: DirectionFilter::LeftToRight,
-    })));
+    w.boxes
+        .push(Box::new(SynDataDropper::new(DropSynDataConfig {
+            directions: DirectionFilter::LeftToRight,
+        })));
     let mark = w.sent.len();
     let accepted = w.accepted.len();
     let c = w.connect(40001, tfo_config(), b"dropped");
@@ -472,12 +487,19 @@ fn dropped_syn_data_is_sent_again_without_data_and_the_server_is_blackholed() {
     let syns = w.client_syns(mark);
     assert_eq!(syns.len(), 2, "{syns:?}");
     assert_eq!(syns[0].payload, b"dropped");
-    assert!(syns[1].payload.is_empty(), "the retransmitted SYN carries no data");
+    assert!(
+        syns[1].payload.is_empty(),
+        "the retransmitted SYN carries no data"
+    );
     assert_eq!(syns[1].fast_open, None, "nor the option");
     assert_eq!(w.server_read(accepted), vec![b"dropped".to_vec()]);
     let cs = w.client.stats().fast_open.clone();
     assert_eq!(
-        (cs.syn_data_timeouts, cs.syn_data_not_acked, cs.blackholes_detected),
+        (
+            cs.syn_data_timeouts,
+            cs.syn_data_not_acked,
+            cs.blackholes_detected
+        ),
         (1, 1, 1)
     );
     let server_ip = w.server_addr().ip();
@@ -497,7 +519,10 @@ fn dropped_syn_data_is_sent_again_without_data_and_the_server_is_blackholed() {
     assert_eq!(w.client.stats().fast_open.blackholed_connects, 1);
     assert_eq!(w.server_read(accepted + 1), vec![b"plain".to_vec()]);
     // An hour later (EndpointConfig::fast_open_blackhole) Fast Open is tried again.
-    assert!(!w.client.fast_open_blackholed(server_ip, w.now + Duration::from_secs(3601)));
+    assert!(
+        !w.client
+            .fast_open_blackholed(server_ip, w.now + Duration::from_secs(3601))
+    );
 }
 
 #[test]
@@ -513,7 +538,14 @@ fn pending_fast_open_connections_are_bounded() {
     assert_eq!(syn.payload, b"over the limit");
     assert_eq!(w.syn_acks(mark)[0].ack_no, syn.seq.wrapping_add(1));
     let ss = w.server.stats().fast_open.clone();
-    assert_eq!((ss.cookies_accepted, ss.pending_overflows, ss.syn_data_accepted), (1, 1, 0));
+    assert_eq!(
+        (
+            ss.cookies_accepted,
+            ss.pending_overflows,
+            ss.syn_data_accepted
+        ),
+        (1, 1, 0)
+    );
     assert_eq!(w.server_read(accepted), vec![b"over the limit".to_vec()]);
     // The cookie was valid, and came back in the SYN-ACK: the client keeps it.
     assert!(w.syn_acks(mark)[0].fast_open.is_some());
@@ -550,7 +582,11 @@ fn replayed_syn_data_reaches_the_application_again_once_the_connection_is_gone()
     // The client closes first; the server's side ends in LAST-ACK and is forgotten.
     w.close(c);
     w.run(Duration::from_secs(1), |_| false);
-    assert_eq!(w.server.connection_count(), 0, "the server forgot the connection");
+    assert_eq!(
+        w.server.connection_count(),
+        0,
+        "the server forgot the connection"
+    );
     // (2) Replayed now: a new connection, the data delivered to the application again.
     let mark_sent = w.sent.len();
     w.inject_to_server(&captured);
@@ -571,7 +607,10 @@ fn replayed_syn_data_reaches_the_application_again_once_the_connection_is_gone()
         .filter(|s| s.to_server)
         .map(|s| (s.rst, s.ack))
         .collect();
-    assert!(!client_answers.is_empty(), "the client answered the stray SYN-ACK");
+    assert!(
+        !client_answers.is_empty(),
+        "the client answered the stray SYN-ACK"
+    );
 }
 
 #[test]
@@ -585,7 +624,10 @@ fn fast_open_off_changes_nothing_on_the_wire() {
     let mark = w.sent.len();
     let c2 = w.connect(40001, tfo_config(), b"req");
     w.deliver(c2, 1, b"req");
-    assert_eq!(w.client_syns(mark)[0].fast_open, Some(FastOpenCookie::REQUEST));
+    assert_eq!(
+        w.client_syns(mark)[0].fast_open,
+        Some(FastOpenCookie::REQUEST)
+    );
     assert_eq!(w.syn_acks(mark)[0].fast_open, None);
     assert_eq!(w.server.stats().fast_open, Default::default());
     assert!(w.client.fast_open_cache().is_empty());
@@ -647,7 +689,9 @@ fn transactions_from_one_port(n: usize, client_cfg: ConnectionConfig) -> Vec<Dur
         });
         assert!(ok, "the server's side closed");
         let entered = w.now;
-        let ok = w.run(Duration::from_secs(120), |w| w.client.connection_count() == 0);
+        let ok = w.run(Duration::from_secs(120), |w| {
+            w.client.connection_count() == 0
+        });
         assert!(ok, "TIME-WAIT ended");
         waits.push(w.now - entered);
     }

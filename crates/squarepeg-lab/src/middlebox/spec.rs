@@ -24,8 +24,9 @@
 use thiserror::Error;
 
 use super::{
-    DirectionFilter, DropSynDataConfig, ForgeConfig, MiddleboxConfig, ResegmentConfig, RetransmitCacheConfig,
-    SeqRewriteConfig, StripMode, StripOptionsConfig, WindowMode, WindowRewriteConfig,
+    DirectionFilter, DropSynDataConfig, ForgeConfig, MiddleboxConfig, ResegmentConfig,
+    RetransmitCacheConfig, SeqRewriteConfig, StripMode, StripOptionsConfig, WindowMode,
+    WindowRewriteConfig,
 };
 use crate::units::{ValueError, parse_duration, parse_percent, parse_size};
 
@@ -429,8 +430,10 @@ mod tests {
 
     #[test]
     fn fast_open_boxes() {
-        let boxes = parse_middleboxes("drop-syn-data=dir:up,strip=keep:mss+ws+sack-perm+sack+ts/dir:down,syn-data")
-            .expect("parse");
+        let boxes = parse_middleboxes(
+            "drop-syn-data=dir:up,strip=keep:mss+ws+sack-perm+sack+ts/dir:down,syn-data",
+        )
+        .expect("parse");
         assert_eq!(
             boxes[0],
             MiddleboxConfig::DropSynData(DropSynDataConfig {
