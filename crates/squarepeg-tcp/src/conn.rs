@@ -3210,7 +3210,14 @@ impl Connection {
                     let room = mss
                         .saturating_sub(opts.len())
                         .min(buf.len().saturating_sub(headers));
-                    syn_data = self.queue.segment_len(0, room, false);
+                    syn_data = self
+                        .queue
+                        .segment_len(0, room, self.cfg.consistent_segmentation);
+                    // A message goes whole or waits for the handshake, as in any segment
+                    // (Hollywood §4.2 consistent segmentation).
+                    if self.queue.message_at(0).is_some_and(|m| m > syn_data) {
+                        syn_data = 0;
+                    }
                 }
             } else if fo.syn_data > 0 && !fo.syn_data_timed_out {
                 self.fo_notes.push(FastOpenNote::SynDataTimeout);
