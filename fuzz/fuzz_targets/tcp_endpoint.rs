@@ -78,6 +78,10 @@ struct Setup {
     drop_without_timestamps: bool,
     backlog: u8,
     cookies: u8,
+    /// TCP Fast Open on the listener (the peer's raw options may carry kind 34).
+    fast_open: bool,
+    /// Short TIME-WAIT (max(2 × RTO, 100 ms) with timestamps).
+    short_time_wait: bool,
 }
 
 #[derive(Arbitrary, Debug, Clone)]
@@ -676,6 +680,9 @@ fuzz_target!(|input: Input| {
     cc.drop_segments_without_timestamps = s.drop_without_timestamps;
     cc.time_wait = Duration::from_secs(2);
     cc.fin_wait2_timeout = Duration::from_secs(3);
+    cc.fast_open = s.fast_open;
+    cc.fast_open_max_pending = 2;
+    cc.short_time_wait = s.short_time_wait.then(|| Duration::from_millis(100));
     let mut ep = Endpoint::new(ec, start);
     let backlog = 1 + usize::from(s.backlog) % 8;
     let listener = ep

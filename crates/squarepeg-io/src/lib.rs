@@ -110,6 +110,6 @@ pub use stream::{TcpListener, TcpStream};
 
 /// The TCP core's types a user of this crate needs.
 pub use squarepeg_tcp::{
-    CloseReason, ConnectionConfig, ConnectionStats, EndpointConfig, EndpointStats, Negotiated,
-    State as TcpState,
+    CloseReason, ConnectionConfig, ConnectionStats, EndpointConfig, EndpointStats, FastOpenCookie,
+    FastOpenEntry, FastOpenStats, Negotiated, State as TcpState,
 };

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use squarepeg_tcp::{
     CloseReason, ConnectionConfig, ConnectionHandle, DropReason, Endpoint, EndpointConfig,
-    EndpointStats, Event, ListenerHandle,
+    EndpointStats, Event, FastOpenEntry, ListenerHandle,
 };
 use tokio::io::Interest;
 use tokio::sync::Notify;
@@ -511,6 +511,65 @@ impl Stack {
         self.shared.wake_driver.notify_one();
         stream.wait_established().await?;
         Ok(stream)
+    }
+
+    /// Opens a TCP Fast Open connection (RFC 7413) whose SYN carries `first_bytes` when the
+    /// stack holds a cookie for the server, else a cookie request (the bytes then follow the
+    /// handshake): `config.fast_open` is switched on and the bytes are queued before the SYN
+    /// is built. Returns once the connection is established, like
+    /// [`connect_with`](Stack::connect_with). `first_bytes` larger than the send buffer is
+    /// an `InvalidInput` error. Cookies are kept per server in the stack
+    /// ([`fast_open_cache`](Stack::fast_open_cache)).
+    pub async fn connect_fast_open(
+        &self,
+        remote: SocketAddr,
+        mut config: ConnectionConfig,
+        first_bytes: &[u8],
+    ) -> io::Result<TcpStream> {
+        if first_bytes.len() > config.send_buffer {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "first bytes larger than the send buffer",
+            ));
+        }
+        let local_ip = self.local_for(&remote)?;
+        config.mtu = self.mtu;
+        config.fast_open = true;
+        let stream = {
+            let mut st = self.shared.lock();
+            st.check_running()?;
+            let handle = st
+                .endpoint
+                .connect(Instant::now(), SocketAddr::new(local_ip, 0), remote, config)
+                .map_err(tcp_to_io)?;
+            st.conns.insert(handle, ConnSlot::default());
+            // Under the same lock as the connect: the driver builds the SYN after this.
+            if !first_bytes.is_empty() {
+                let n = st.endpoint.write(handle, first_bytes).map_err(tcp_to_io)?;
+                debug_assert_eq!(n, first_bytes.len());
+            }
+            let local = st
+                .endpoint
+                .connection(handle)
+                .map(|c| c.local_addr())
+                .unwrap_or(SocketAddr::new(local_ip, 0));
+            TcpStream::new(self.shared.clone(), handle, local, remote)
+        };
+        self.shared.wake_driver.notify_one();
+        stream.wait_established().await?;
+        Ok(stream)
+    }
+
+    /// The stack's TCP Fast Open cookies, for keeping across runs (see
+    /// [`squarepeg_tcp::Endpoint::fast_open_cache`]).
+    pub fn fast_open_cache(&self) -> Vec<FastOpenEntry> {
+        self.shared.lock().endpoint.fast_open_cache()
+    }
+
+    /// Adds TCP Fast Open cookies saved earlier (see
+    /// [`squarepeg_tcp::Endpoint::import_fast_open_cache`]).
+    pub fn import_fast_open_cache(&self, entries: impl IntoIterator<Item = FastOpenEntry>) {
+        self.shared.lock().endpoint.import_fast_open_cache(entries);
     }
 
     /// Listens on `addr` (an unspecified address listens on every stack address of its

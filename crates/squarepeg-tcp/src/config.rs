@@ -101,6 +101,16 @@ pub struct ConnectionConfig {
     /// TIME-WAIT duration (2×MSL; RFC 9293 §3.4.2 suggests MSL = 2 min, Linux uses 60 s in
     /// total). Zero skips TIME-WAIT.
     pub time_wait: Duration,
+    /// Short TIME-WAIT (NGTCP §3.3.3): `Some(floor)` makes TIME-WAIT last
+    /// `max(2 × RTO, floor)` (at most `time_wait`) when both ends used timestamps. TIME-WAIT
+    /// does two jobs (RFC 9293 §3.6.1): keep old duplicates of this incarnation out of the
+    /// next one, which PAWS and RFC 6191's timestamp check do once timestamps are on (the
+    /// next incarnation's SYN must carry a newer timestamp; its segments are stamped later
+    /// than any old duplicate); and be there to re-acknowledge the peer's FIN if our last ACK
+    /// is lost, which needs one retransmission timeout of the peer's plus a round trip — 2 ×
+    /// our RTO covers it with a back-off to spare. The floor guards against an RTO measured on
+    /// a path that later slows down. `None` (the default): `time_wait` always.
+    pub short_time_wait: Option<Duration>,
     /// How long a connection closed by the application waits in FIN-WAIT-2 for the peer's FIN
     /// (Linux `tcp_fin_timeout`).
     pub fin_wait2_timeout: Duration,
@@ -138,6 +148,18 @@ pub struct ConnectionConfig {
     /// length by this function (see [`crate::SendQueue`]). `None`: retransmissions always
     /// repeat the original bytes.
     pub padder: Option<Padder>,
+    /// TCP Fast Open (RFC 7413). On a connection opened with
+    /// [`Endpoint::connect`](crate::Endpoint::connect): the SYN carries the data written
+    /// before the first `poll_transmit` when the endpoint holds a cookie for the server, else
+    /// a cookie request (see the crate documentation). On a listener: SYNs with a valid
+    /// cookie have their data accepted at once, and cookie requests are answered. Off by
+    /// default: data on a SYN can be replayed (RFC 7413 §6), so an application must opt in.
+    pub fast_open: bool,
+    /// On a listener with `fast_open`: most connections whose SYN data was accepted that have
+    /// not completed the handshake yet (RFC 7413 §5.1 `max_qlen`); beyond it a SYN with a
+    /// valid cookie gets an ordinary handshake (its data is acknowledged only after it is
+    /// sent again).
+    pub fast_open_max_pending: usize,
 }
 
 impl Default for ConnectionConfig {
@@ -165,6 +187,7 @@ impl Default for ConnectionConfig {
             user_timeout: None,
             keepalive: None,
             time_wait: Duration::from_secs(60),
+            short_time_wait: None,
             fin_wait2_timeout: Duration::from_secs(60),
             congestion: CongestionAlgorithm::Cubic,
             initial_window: 10,
@@ -176,6 +199,8 @@ impl Default for ConnectionConfig {
             unordered_receive: false,
             message_writes: false,
             padder: None,
+            fast_open: false,
+            fast_open_max_pending: 16,
         }
     }
 }
@@ -216,6 +241,13 @@ pub struct EndpointConfig {
     /// [`NotLocal`](crate::DropReason::NotLocal) without a reply. Empty: every destination is
     /// ours (a TUN device routed only to us).
     pub local_addresses: Vec<std::net::IpAddr>,
+    /// Most servers whose TCP Fast Open state (cookie, MSS, blackhole mark) the client keeps;
+    /// the least recently used is forgotten first.
+    pub fast_open_cache_size: usize,
+    /// How long Fast Open stays off towards a server after a SYN with data went unanswered
+    /// while the same SYN without data got through (RFC 7413 §4.1.3, Linux's TFO blackhole
+    /// detection, whose first period is an hour).
+    pub fast_open_blackhole: Duration,
 }
 
 impl Default for EndpointConfig {
@@ -229,6 +261,8 @@ impl Default for EndpointConfig {
             ttl: 64,
             max_pending_replies: 256,
             local_addresses: Vec::new(),
+            fast_open_cache_size: 1024,
+            fast_open_blackhole: Duration::from_secs(3600),
         }
     }
 }

@@ -18,7 +18,9 @@ use crate::scoreboard::{Delivered, Scoreboard, Transmission};
 use crate::send_queue::{MessageReport, Padder, SendQueue, SendQueueStats, WriteTag};
 use crate::trace::{TraceEvent, TraceLog, TraceRecord};
 use crate::utcp::{ReceivedSegment, Unordered, UnorderedStats, record};
-use crate::wire::{self, MAX_SACK_BLOCKS, OutHeader, OutOptions, Segment, TcpFlags};
+use crate::wire::{
+    self, FastOpenCookie, MAX_SACK_BLOCKS, OutHeader, OutOptions, Segment, TcpFlags,
+};
 
 /// Connection states (RFC 9293 §3.3.2). LISTEN belongs to listeners, not connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -172,6 +174,56 @@ pub(crate) enum ConnEvent {
     Writable,
     PeerFin,
     Closed(CloseReason),
+}
+
+/// What a connection learned about TCP Fast Open (RFC 7413) that the endpoint keeps (its
+/// per-server cache) or counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FastOpenNote {
+    /// A SYN went out with a cookie request.
+    CookieRequested,
+    /// A SYN went out with a cookie and this many bytes of data.
+    SynData(usize),
+    /// The server sent a cookie (and its MSS) in its SYN-ACK.
+    CookieLearned(FastOpenCookie, Option<u16>),
+    /// The server's MSS, from a SYN-ACK without a cookie.
+    ServerMss(Option<u16>),
+    /// The SYN-ACK acknowledged all the data on the SYN.
+    SynDataAcked,
+    /// The SYN-ACK acknowledged the SYN but not (all) its data: it is sent again.
+    SynDataNotAcked,
+    /// We sent a cookie and the SYN-ACK neither took the data nor carried the option: the
+    /// cookie is no good (RFC 7413 §4.1.3), forget it.
+    ForgetCookie,
+    /// The SYN with data timed out, the SYN without data got through: Fast Open is off to
+    /// this server for a while (RFC 7413 §4.1.3).
+    Blackhole,
+    /// A SYN with data timed out (retransmitted without it).
+    SynDataTimeout,
+}
+
+/// Fast Open on an active open (RFC 7413 §4.2).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ClientFastOpen {
+    /// The cached cookie; `None` sends a cookie request.
+    pub cookie: Option<FastOpenCookie>,
+    /// The server's MSS remembered with the cookie, which bounds the data on the SYN.
+    pub mss: Option<u16>,
+    /// Data bytes the SYN carried (0 until it is sent).
+    syn_data: u64,
+    /// The SYN with data timed out and was sent again without it.
+    syn_data_timed_out: bool,
+}
+
+impl ClientFastOpen {
+    pub(crate) fn new(cookie: Option<FastOpenCookie>, mss: Option<u16>) -> Self {
+        ClientFastOpen {
+            cookie,
+            mss,
+            syn_data: 0,
+            syn_data_timed_out: false,
+        }
+    }
 }
 
 /// A connection timer. Each has one deadline in [`Timers`]; `handle_timeout` dispatches
@@ -555,6 +607,17 @@ pub struct Connection {
     /// no time, such as state changes inside `write`).
     clock: Instant,
     trace: Option<Box<TraceLog>>,
+
+    // TCP Fast Open (RFC 7413).
+    /// Active open with Fast Open: what goes in the SYN, until the SYN-ACK.
+    fo_client: Option<ClientFastOpen>,
+    /// Passive open whose SYN data was accepted (its application may read before the
+    /// handshake completes).
+    fo_passive: bool,
+    /// Cookie our SYN-ACK carries (answer to a cookie request or an invalid cookie).
+    fo_reply_cookie: Option<FastOpenCookie>,
+    /// Notes for the endpoint's Fast Open cache and counters.
+    fo_notes: Vec<FastOpenNote>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -679,6 +742,10 @@ impl Connection {
             counters: Counters::default(),
             clock: n.now,
             trace: (cfg.trace_capacity > 0).then(|| Box::new(TraceLog::new(cfg.trace_capacity))),
+            fo_client: None,
+            fo_passive: false,
+            fo_reply_cookie: None,
+            fo_notes: Vec::new(),
             cfg,
         }
     }
@@ -699,6 +766,90 @@ impl Connection {
         c.init_unordered();
         c.accept_peer_syn(now, syn);
         c
+    }
+
+    /// Active open with TCP Fast Open (RFC 7413 §4.2): the first SYN carries `fo`'s cookie
+    /// and the data queued by then, or a cookie request.
+    pub(crate) fn new_active_fast_open(n: NewConnection, fo: ClientFastOpen) -> Connection {
+        let mut c = Connection::new_active(n);
+        c.fo_client = Some(fo);
+        c
+    }
+
+    /// Passive open for a SYN with a valid Fast Open cookie (RFC 7413 §4.3): its data is
+    /// accepted at once, the SYN-ACK acknowledges it, and the application may read it
+    /// before the handshake completes.
+    pub(crate) fn new_passive_fast_open(
+        n: NewConnection,
+        syn: &PeerSyn,
+        data: &[u8],
+    ) -> Connection {
+        let now = n.now;
+        let mut c = Connection::new_passive(n, syn);
+        c.fo_passive = true;
+        // The data is accepted into the window our SYN-ACK offers.
+        c.rcv_adv = c.rcv_nxt + c.syn_window() as u64;
+        // A FIN on the SYN is left for the peer to send again after the handshake: taking it
+        // here would move SYN-RECEIVED to CLOSE-WAIT before our SYN is acknowledged.
+        c.process_text(now, 1, data, false);
+        c
+    }
+
+    /// Sets the cookie the SYN-ACK carries (RFC 7413 §4.1.2).
+    pub(crate) fn set_fast_open_reply(&mut self, cookie: FastOpenCookie) {
+        self.fo_reply_cookie = Some(cookie);
+    }
+
+    pub(crate) fn take_fast_open_notes(&mut self) -> std::vec::Drain<'_, FastOpenNote> {
+        self.fo_notes.drain(..)
+    }
+
+    /// The SYN-ACK of a Fast Open active open (RFC 7413 §4.2): what it acknowledged of the
+    /// SYN's data, the cookie it carried. Returns the position acknowledged. Data it did not
+    /// acknowledge becomes unsent again (SND.NXT moves back to SEG.ACK) and goes out as
+    /// ordinary data once ESTABLISHED: the server dropped it (§4.3), so it arrives once.
+    fn fast_open_syn_ack(&mut self, seg: &Segment<'_>, ack: u64) -> u64 {
+        let Some(fo) = self.fo_client.take() else {
+            return 1;
+        };
+        let data_acked = ack.saturating_sub(1).min(fo.syn_data);
+        let all_acked = fo.syn_data > 0 && data_acked == fo.syn_data;
+        if fo.syn_data > 0 {
+            self.fo_notes.push(if all_acked {
+                FastOpenNote::SynDataAcked
+            } else {
+                FastOpenNote::SynDataNotAcked
+            });
+        }
+        match seg.options.fast_open {
+            Some(c) if !c.is_request() => self
+                .fo_notes
+                .push(FastOpenNote::CookieLearned(c, seg.options.mss)),
+            _ if fo.cookie.is_some() && fo.syn_data > 0 && !all_acked && !fo.syn_data_timed_out => {
+                self.fo_notes.push(FastOpenNote::ForgetCookie)
+            }
+            _ => self.fo_notes.push(FastOpenNote::ServerMss(seg.options.mss)),
+        }
+        if fo.syn_data_timed_out && !all_acked {
+            self.fo_notes.push(FastOpenNote::Blackhole);
+        }
+        let acked = 1 + data_acked;
+        if data_acked > 0 {
+            self.queue.ack(data_acked);
+        }
+        self.snd_nxt = acked;
+        acked
+    }
+
+    /// TIME-WAIT's length: `time_wait`, or with [`ConnectionConfig::short_time_wait`] and
+    /// timestamps on both ends, max(2 × RTO, floor) (see there for why that is enough).
+    fn time_wait_duration(&self) -> Duration {
+        match self.cfg.short_time_wait {
+            Some(floor) if self.ts_ok => (self.rtt.current_rto() * 2)
+                .max(floor)
+                .min(self.cfg.time_wait),
+            _ => self.cfg.time_wait,
+        }
     }
 
     /// A connection re-created from a valid SYN cookie (RFC 4987 §3.6): ESTABLISHED at once.
@@ -978,6 +1129,11 @@ impl Connection {
             self.state = to;
             self.trace(TraceEvent::State { from, to });
         }
+    }
+
+    /// The latest time the connection was called with.
+    pub(crate) fn clock(&self) -> Instant {
+        self.clock
     }
 
     pub(crate) fn is_passive(&self) -> bool {
@@ -1364,7 +1520,7 @@ impl Connection {
             self.events.push(ConnEvent::Closed(CloseReason::Normal));
         }
         self.timers
-            .set(Timer::TimeWait, later(now, self.cfg.time_wait));
+            .set(Timer::TimeWait, later(now, self.time_wait_duration()));
     }
 
     fn established(&mut self, now: Instant) {
@@ -1702,8 +1858,10 @@ impl Connection {
         // The window in our SYN applies from RCV.NXT on.
         self.rcv_adv = self.rcv_nxt + self.syn_window() as u64;
         if ack_ok {
-            // Our SYN is acknowledged: ESTABLISHED (RFC 9293 §3.10.7.3).
-            self.snd_una = 1;
+            // Our SYN is acknowledged: ESTABLISHED (RFC 9293 §3.10.7.3), with what it
+            // acknowledged of Fast Open data on the SYN.
+            let ack = unwrap(self.iss, self.snd_una, seg.ack) as u64;
+            self.snd_una = self.fast_open_syn_ack(seg, ack);
             self.sb.ack(1, &mut Delivered::default());
             // The SYN's round trip: timed exactly if it was sent once, else from the echoed
             // timestamp, which names the transmission (RFC 7323 §4.2) but only to the
@@ -1731,7 +1889,7 @@ impl Connection {
             }
             self.timers.cancel(Timer::Retransmission);
             self.snd_wl1 = 0;
-            self.snd_wl2 = 1;
+            self.snd_wl2 = self.snd_una;
             self.established(now);
             self.ack_now = true;
             // Data in the SYN-ACK (rare) continues at "sixth, check the URG bit".
@@ -1741,7 +1899,12 @@ impl Connection {
             Ok(())
         } else {
             // Simultaneous open (RFC 9293 §3.10.7.3, figure 8): SYN-RECEIVED, send SYN,ACK
-            // with our original ISS.
+            // with our original ISS. Data on our SYN was not acknowledged: it goes again after
+            // the handshake.
+            if self.fo_client.take().is_some_and(|fo| fo.syn_data > 0) {
+                self.fo_notes.push(FastOpenNote::SynDataNotAcked);
+            }
+            self.snd_nxt = 1;
             self.set_state(State::SynReceived);
             self.syn_pending = true;
             self.timers.cancel(Timer::Retransmission);
@@ -1890,7 +2053,7 @@ impl Connection {
             // restart the 2 MSL timeout (RFC 9293 §3.10.7.4, eighth check, TIME-WAIT).
             self.ack_now = true;
             self.timers
-                .set(Timer::TimeWait, later(now, self.cfg.time_wait));
+                .set(Timer::TimeWait, later(now, self.time_wait_duration()));
             return Ok(());
         }
         if !acceptable {
@@ -1953,7 +2116,8 @@ impl Connection {
                 match self.state {
                     State::SynReceived if self.passive => {
                         // RFC 9293: return to LISTEN; the endpoint forgets the half-open TCB.
-                        self.enter_closed(CloseReason::Reset, false);
+                        // A Fast Open connection may already be in the application's hands.
+                        self.enter_closed(CloseReason::Reset, self.fo_passive);
                     }
                     State::SynReceived => self.enter_closed(CloseReason::Refused, true),
                     State::Closing | State::LastAck | State::TimeWait => {
@@ -2055,7 +2219,7 @@ impl Connection {
                     // Retransmitted FIN: acknowledge it and restart the 2MSL timeout.
                     self.ack_now = true;
                     self.timers
-                        .set(Timer::TimeWait, later(now, self.cfg.time_wait));
+                        .set(Timer::TimeWait, later(now, self.time_wait_duration()));
                 }
                 _ => {
                     // CLOSE-WAIT, CLOSING, LAST-ACK: the peer already sent FIN; ignore text,
@@ -3026,9 +3190,64 @@ impl Connection {
         } else {
             TcpFlags::SYN
         };
+        if syn_ack {
+            opts.fast_open = self.fo_reply_cookie;
+        }
+        // Fast Open (RFC 7413 §4.2): the first SYN carries the cookie and the data queued so
+        // far, up to the server's remembered MSS (else the default MSS) less the options; or
+        // a cookie request. A retransmitted SYN carries neither (§4.1.3, as Linux does): the
+        // data may be what a middlebox drops.
+        let mut syn_data = 0usize;
+        if !syn_ack && let Some(fo) = self.fo_client {
+            if self.rto_count == 0 {
+                opts.fast_open = Some(fo.cookie.unwrap_or(FastOpenCookie::REQUEST));
+                if fo.cookie.is_some() {
+                    let mss = fo
+                        .mss
+                        .unwrap_or_else(|| default_mss(&self.remote))
+                        .min(self.local_mss_limit()) as usize;
+                    let headers = wire::ip_header_len(&self.local) + wire::TCP_HEADER + opts.len();
+                    let room = mss
+                        .saturating_sub(opts.len())
+                        .min(buf.len().saturating_sub(headers));
+                    syn_data = self
+                        .queue
+                        .segment_len(0, room, self.cfg.consistent_segmentation);
+                    // A message goes whole or waits for the handshake, as in any segment
+                    // (Hollywood §4.2 consistent segmentation).
+                    if self.queue.message_at(0).is_some_and(|m| m > syn_data) {
+                        syn_data = 0;
+                    }
+                }
+            } else if fo.syn_data > 0 && !fo.syn_data_timed_out {
+                self.fo_notes.push(FastOpenNote::SynDataTimeout);
+                if let Some(f) = self.fo_client.as_mut() {
+                    f.syn_data_timed_out = true;
+                }
+            }
+        }
         let window = self.syn_window();
         let hdr = self.header(0, flags, window);
-        let n = wire::write_packet(buf, &hdr, &opts, 0, |_| {})?;
+        let queue = &mut self.queue;
+        let n = wire::write_packet(buf, &hdr, &opts, syn_data, |out| {
+            if !out.is_empty() {
+                queue.copy_out(0, out)
+            }
+        })?;
+        if !syn_ack
+            && self.rto_count == 0
+            && let Some(fo) = self.fo_client.as_mut()
+        {
+            fo.syn_data = syn_data as u64;
+            self.fo_notes.push(if fo.cookie.is_some() {
+                FastOpenNote::SynData(syn_data)
+            } else {
+                FastOpenNote::CookieRequested
+            });
+            self.counters.bytes_sent += syn_data as u64;
+            // SND.NXT covers the data; it moves back to what the SYN-ACK acknowledges.
+            self.snd_nxt = 1 + syn_data as u64;
+        }
         self.syn_pending = false;
         if self.snd_nxt == 0 {
             self.snd_nxt = 1;

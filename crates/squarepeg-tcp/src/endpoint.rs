@@ -3,19 +3,20 @@
 //! and events.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
 
 use crate::config::{ConnectionConfig, EndpointConfig, SynCookies};
 use crate::conn::{
-    CloseReason, ConnEvent, Connection, ConnectionStats, NewConnection, PeerSyn, Shared, State,
+    ClientFastOpen, CloseReason, ConnEvent, Connection, ConnectionStats, FastOpenNote,
+    NewConnection, PeerSyn, Shared, State,
 };
 use crate::error::{DropReason, Error};
 use crate::secret::Secret;
 use crate::send_queue::{MessageReport, Padder, SendQueue, WriteTag};
 use crate::syncookie;
 use crate::utcp::ReceivedSegment;
-use crate::wire::{self, OutHeader, OutOptions, Segment, TcpFlags, is_non_unicast};
+use crate::wire::{self, FastOpenCookie, OutHeader, OutOptions, Segment, TcpFlags, is_non_unicast};
 
 /// Handle of a connection. Stays valid until the application closes or aborts it (and, for a
 /// connection that closed by itself, until then too, so that its stats and errors can be read).
@@ -61,6 +62,159 @@ pub struct EndpointStats {
     pub connections_opened: u64,
     pub connections_closed: u64,
     pub replies_dropped: u64,
+    /// TCP Fast Open (RFC 7413), both as client and as server.
+    pub fast_open: FastOpenStats,
+}
+
+/// TCP Fast Open counters (RFC 7413) of an endpoint.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FastOpenStats {
+    // Client.
+    /// SYNs sent with a cookie request (no cookie cached).
+    pub cookie_requests_sent: u64,
+    /// Cookies received in SYN-ACKs (and cached).
+    pub cookies_received: u64,
+    /// SYNs sent with a cookie (with or without data).
+    pub syns_with_cookie: u64,
+    /// SYNs sent with a cookie and data, and the data bytes they carried.
+    pub syn_data_sent: u64,
+    pub syn_data_bytes: u64,
+    /// SYN-ACKs that acknowledged all the SYN's data.
+    pub syn_data_acked: u64,
+    /// SYN-ACKs that acknowledged only the SYN (data sent again after the handshake).
+    pub syn_data_not_acked: u64,
+    /// SYNs with data that timed out (retransmitted without data).
+    pub syn_data_timeouts: u64,
+    /// Cached cookies dropped because the server ignored them (RFC 7413 §4.1.3).
+    pub cookies_forgotten: u64,
+    /// Servers marked as Fast Open blackholes (SYN with data lost, SYN without it answered).
+    pub blackholes_detected: u64,
+    /// Fast Open connects sent as ordinary ones because the server is marked a blackhole.
+    pub blackholed_connects: u64,
+    // Server.
+    /// Cookie requests received (empty option).
+    pub cookie_requests_received: u64,
+    /// Cookies sent in SYN-ACKs (answers to requests and to invalid cookies).
+    pub cookies_sent: u64,
+    /// SYNs with a valid cookie (with or without data).
+    pub cookies_accepted: u64,
+    /// SYNs with a valid cookie whose data was accepted before the handshake.
+    pub syn_data_accepted: u64,
+    /// SYNs with an invalid cookie (data dropped).
+    pub cookies_refused: u64,
+    /// SYNs with a valid cookie and data handled as ordinary SYNs because the listener had
+    /// `fast_open_max_pending` Fast Open connections in the handshake (RFC 7413 §5.1).
+    pub pending_overflows: u64,
+}
+
+/// A server's entry in the client's Fast Open cache, for export and import (so that a tool
+/// can keep cookies across runs). Text form (`Display` / `FromStr`): `<ip> <cookie hex>
+/// [<mss>]`, e.g. `192.0.2.1 0123456789abcdef 1460`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FastOpenEntry {
+    /// The server's address.
+    pub server: IpAddr,
+    /// Its cookie (never a request).
+    pub cookie: FastOpenCookie,
+    /// The MSS its SYN-ACK announced, which bounds the data on a SYN.
+    pub mss: Option<u16>,
+}
+
+impl std::fmt::Display for FastOpenEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ", self.server)?;
+        for b in self.cookie.as_bytes() {
+            write!(f, "{b:02x}")?;
+        }
+        if let Some(m) = self.mss {
+            write!(f, " {m}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::str::FromStr for FastOpenEntry {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let bad = Error::InvalidAddress("not a Fast Open cache entry: <ip> <cookie hex> [<mss>]");
+        let mut words = s.split_whitespace();
+        let server: IpAddr = words.next().and_then(|w| w.parse().ok()).ok_or(bad)?;
+        let hex = words.next().ok_or(bad)?;
+        if hex.len() % 2 != 0 || !hex.is_ascii() {
+            return Err(bad);
+        }
+        let bytes = (0..hex.len() / 2)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16))
+            .collect::<Result<Vec<u8>, _>>()
+            .map_err(|_| bad)?;
+        let cookie = FastOpenCookie::new(&bytes)
+            .filter(|c| !c.is_request())
+            .ok_or(bad)?;
+        let mss = match words.next() {
+            Some(w) => Some(w.parse().map_err(|_| bad)?),
+            None => None,
+        };
+        if words.next().is_some() {
+            return Err(bad);
+        }
+        Ok(FastOpenEntry {
+            server,
+            cookie,
+            mss,
+        })
+    }
+}
+
+/// What the client remembers per server (RFC 7413 §4.1.3): the cookie and MSS, and until
+/// when Fast Open is off to it (blackhole).
+#[derive(Clone, Copy, Debug, Default)]
+struct FastOpenCacheEntry {
+    cookie: Option<FastOpenCookie>,
+    mss: Option<u16>,
+    blackholed_until: Option<Instant>,
+    /// Use counter, for least-recently-used eviction.
+    used: u64,
+}
+
+/// The client's Fast Open cache, bounded by `EndpointConfig::fast_open_cache_size` (least
+/// recently used out first: the scan is linear, but only on inserting into a full cache).
+#[derive(Debug, Default)]
+struct FastOpenCache {
+    entries: HashMap<IpAddr, FastOpenCacheEntry>,
+    tick: u64,
+}
+
+impl FastOpenCache {
+    fn get(&mut self, ip: &IpAddr) -> Option<FastOpenCacheEntry> {
+        self.tick += 1;
+        let tick = self.tick;
+        self.entries.get_mut(ip).map(|e| {
+            e.used = tick;
+            *e
+        })
+    }
+
+    fn update(&mut self, ip: IpAddr, capacity: usize, f: impl FnOnce(&mut FastOpenCacheEntry)) {
+        if capacity == 0 {
+            return;
+        }
+        if !self.entries.contains_key(&ip)
+            && self.entries.len() >= capacity
+            && let Some(oldest) = self
+                .entries
+                .iter()
+                .min_by_key(|(_, e)| e.used)
+                .map(|(k, _)| *k)
+        {
+            self.entries.remove(&oldest);
+        }
+        self.tick += 1;
+        let e = self.entries.entry(ip).or_default();
+        e.used = self.tick;
+        f(e);
+    }
 }
 
 impl EndpointStats {
@@ -81,6 +235,8 @@ struct Listener {
     config: ConnectionConfig,
     accept_queue: VecDeque<ConnectionHandle>,
     half_open: usize,
+    /// Fast Open connections (SYN data accepted) still in the handshake (RFC 7413 §5.1).
+    fo_pending: usize,
 }
 
 #[derive(Debug)]
@@ -96,6 +252,10 @@ struct Slot {
     in_ready: bool,
     timer: Option<Instant>,
     in_table: bool,
+    /// A Fast Open passive open counted in its listener's `fo_pending`.
+    fo_pending: bool,
+    /// A Fast Open passive open put in the accept queue at the SYN (not at ESTABLISHED).
+    early_queued: bool,
 }
 
 type Tuple = (SocketAddr, SocketAddr);
@@ -124,6 +284,7 @@ pub struct Endpoint {
     replies: VecDeque<Vec<u8>>,
     stats: EndpointStats,
     ephemeral_next: u16,
+    fo_cache: FastOpenCache,
 }
 
 const EPHEMERAL: std::ops::RangeInclusive<u16> = 32768..=60999;
@@ -156,6 +317,7 @@ impl Endpoint {
             replies: VecDeque::new(),
             stats: EndpointStats::default(),
             ephemeral_next: 0,
+            fo_cache: FastOpenCache::default(),
         }
     }
 
@@ -269,9 +431,72 @@ impl Endpoint {
         if self.table.contains_key(&(local, remote)) {
             return Err(Error::AddressInUse);
         }
-        let conn = Connection::new_active(self.new_conn_params(now, local, remote, config));
+        let fast_open = config.fast_open;
+        let params = self.new_conn_params(now, local, remote, config);
+        let conn = if fast_open {
+            let entry = self.fo_cache.get(&remote.ip()).unwrap_or_default();
+            if entry.blackholed_until.is_some_and(|t| t > now) {
+                self.stats.fast_open.blackholed_connects += 1;
+                Connection::new_active(params)
+            } else {
+                Connection::new_active_fast_open(
+                    params,
+                    ClientFastOpen::new(entry.cookie, entry.mss),
+                )
+            }
+        } else {
+            Connection::new_active(params)
+        };
         let handle = self.insert(conn, true, None, false);
         Ok(handle)
+    }
+
+    /// The Fast Open cache's cookies (RFC 7413 §4.1.3), least recently used first, for a tool
+    /// to keep across runs ([`FastOpenEntry`] has a text form). Blackhole marks are not
+    /// exported: they are about the path of the moment.
+    pub fn fast_open_cache(&self) -> Vec<FastOpenEntry> {
+        let mut v: Vec<_> = self
+            .fo_cache
+            .entries
+            .iter()
+            .filter_map(|(ip, e)| {
+                Some((
+                    e.used,
+                    FastOpenEntry {
+                        server: *ip,
+                        cookie: e.cookie?,
+                        mss: e.mss,
+                    },
+                ))
+            })
+            .collect();
+        v.sort_by_key(|(used, _)| *used);
+        v.into_iter().map(|(_, e)| e).collect()
+    }
+
+    /// Adds cookies to the Fast Open cache (in order, so the last is the most recently
+    /// used), replacing what it held for those servers; bounded like the cache.
+    pub fn import_fast_open_cache(&mut self, entries: impl IntoIterator<Item = FastOpenEntry>) {
+        let cap = self.config.fast_open_cache_size;
+        for entry in entries {
+            if entry.cookie.is_request() {
+                continue;
+            }
+            self.fo_cache.update(entry.server, cap, |e| {
+                e.cookie = Some(entry.cookie);
+                e.mss = entry.mss;
+            });
+        }
+    }
+
+    /// Whether Fast Open to `server` is off at `now` because a SYN with data to it was lost
+    /// while the same SYN without data got through (RFC 7413 §4.1.3).
+    pub fn fast_open_blackholed(&self, server: IpAddr, now: Instant) -> bool {
+        self.fo_cache
+            .entries
+            .get(&server)
+            .and_then(|e| e.blackholed_until)
+            .is_some_and(|t| t > now)
     }
 
     fn pick_ephemeral(
@@ -314,6 +539,7 @@ impl Endpoint {
             config,
             accept_queue: VecDeque::new(),
             half_open: 0,
+            fo_pending: 0,
         };
         let idx = match self.listeners.iter().position(|l| l.is_none()) {
             Some(i) => {
@@ -348,6 +574,9 @@ impl Endpoint {
                     slot.in_ready = true;
                     self.ready.push_back(idx as u32);
                 }
+            } else if slot.listener == Some(listener) {
+                // A Fast Open connection accepted before its handshake completed.
+                slot.listener = None;
             }
         }
         Ok(())
@@ -364,7 +593,11 @@ impl Endpoint {
                 continue;
             }
             slot.owned = true;
-            slot.listener = None;
+            // A Fast Open connection still in the handshake stays counted with its listener
+            // until it completes (`after_op`).
+            if !slot.half_open {
+                slot.listener = None;
+            }
             // Report what happened before the application could see the connection.
             if let Some(c) = slot.conn.as_ref() {
                 if c.readable() > 0 {
@@ -422,6 +655,8 @@ impl Endpoint {
                     in_ready: false,
                     timer: None,
                     in_table: false,
+                    fo_pending: false,
+                    early_queued: false,
                 });
                 (self.slots.len() - 1) as u32
             }
@@ -434,6 +669,8 @@ impl Endpoint {
         slot.in_ready = false;
         slot.timer = None;
         slot.in_table = true;
+        slot.fo_pending = false;
+        slot.early_queued = false;
         let handle = ConnectionHandle {
             index,
             generation: slot.generation,
@@ -739,6 +976,9 @@ impl Endpoint {
         let mut established_passive = false;
         let visible = slot.owned;
         let passive = conn.is_passive();
+        let remote_ip = conn.remote_addr().ip();
+        let clock = conn.clock();
+        let notes: Vec<FastOpenNote> = conn.take_fast_open_notes().collect();
         for ev in conn.take_events() {
             match ev {
                 ConnEvent::Established if !passive => {
@@ -775,8 +1015,24 @@ impl Endpoint {
                 && let Some(Some(listener)) = self.listeners.get_mut(l.0 as usize)
             {
                 listener.half_open = listener.half_open.saturating_sub(1);
+                if slot.fo_pending {
+                    listener.fo_pending = listener.fo_pending.saturating_sub(1);
+                }
+            }
+            slot.fo_pending = false;
+            if slot.early_queued && slot.owned {
+                // Accepted during the handshake: the listener is done with it.
+                slot.listener = None;
             }
         }
+        if established_passive && slot.early_queued {
+            // Already in the accept queue (or accepted) since its SYN.
+            established_passive = false;
+        }
+        if !notes.is_empty() {
+            self.fast_open_notes(remote_ip, clock, &notes);
+        }
+        let slot = &mut self.slots[idx as usize];
         if established_passive {
             let listener = slot.listener;
             let queued = listener
@@ -1044,12 +1300,120 @@ impl Endpoint {
             timestamps: seg.options.timestamps,
             window: seg.window,
         };
+        let fast_open = if config.fast_open {
+            seg.options.fast_open
+        } else {
+            None
+        };
+        let max_pending = config.fast_open_max_pending;
         let params = self.new_conn_params(now, seg.dst, seg.src, config);
-        // Data on the SYN is not accepted before the handshake completes (no TFO): the SYN-ACK
-        // acknowledges only the SYN, so the peer retransmits it.
-        let conn = Connection::new_passive(params, &syn);
+        // Data on a SYN is accepted before the handshake completes only with a valid Fast
+        // Open cookie (RFC 7413 §4.3); otherwise the SYN-ACK acknowledges only the SYN, so the
+        // peer sends the data again.
+        let mut reply_cookie = None;
+        let mut take_data = false;
+        if let Some(cookie) = fast_open {
+            let valid = self.fast_open_cookie(seg);
+            let stats = &mut self.stats.fast_open;
+            if cookie.is_request() {
+                stats.cookie_requests_received += 1;
+                reply_cookie = Some(valid);
+            } else if cookie == valid {
+                stats.cookies_accepted += 1;
+                let pending = self.listener_mut(lh).map_or(0, |l| l.fo_pending);
+                if !seg.payload.is_empty() {
+                    if pending < max_pending {
+                        take_data = true;
+                    } else {
+                        // Over the limit: an ordinary handshake, and the cookie sent back so
+                        // that the client does not take the unacknowledged data for a
+                        // refused cookie (and forget it).
+                        self.stats.fast_open.pending_overflows += 1;
+                        reply_cookie = Some(valid);
+                    }
+                }
+            } else {
+                // RFC 7413 §4.1.2: an invalid cookie gets the data dropped and, as Linux
+                // does, a valid cookie for next time.
+                stats.cookies_refused += 1;
+                reply_cookie = Some(valid);
+            }
+        }
+        if take_data {
+            let conn = Connection::new_passive_fast_open(params, &syn, seg.payload);
+            let handle = self.insert(conn, false, Some(lh), true);
+            let slot = &mut self.slots[handle.index as usize];
+            slot.fo_pending = true;
+            slot.early_queued = true;
+            if let Some(l) = self.listener_mut(lh) {
+                l.fo_pending += 1;
+                l.accept_queue.push_back(handle);
+            }
+            self.stats.fast_open.syn_data_accepted += 1;
+            self.events.push_back(Event::Incoming(lh));
+            return Ok(());
+        }
+        let mut conn = Connection::new_passive(params, &syn);
+        if let Some(c) = reply_cookie {
+            conn.set_fast_open_reply(c);
+            self.stats.fast_open.cookies_sent += 1;
+        }
         self.insert(conn, false, Some(lh), true);
         Ok(())
+    }
+
+    /// The Fast Open cookie for the client of `seg` (RFC 7413 §4.1.2): a MAC of its address
+    /// under the endpoint's secret. No rotation: a new secret (a new endpoint) invalidates
+    /// every cookie, and clients fall back to a cookie request.
+    fn fast_open_cookie(&self, seg: &Segment<'_>) -> FastOpenCookie {
+        let mac = self.secret.fast_open_cookie(&seg.src.ip(), &seg.dst.ip());
+        FastOpenCookie::new(&mac).unwrap_or(FastOpenCookie::REQUEST)
+    }
+
+    /// Takes what a connection learned about Fast Open into the cache and the counters.
+    fn fast_open_notes(&mut self, server: IpAddr, now: Instant, notes: &[FastOpenNote]) {
+        let cap = self.config.fast_open_cache_size;
+        let blackhole = self.config.fast_open_blackhole;
+        for note in notes {
+            let stats = &mut self.stats.fast_open;
+            match *note {
+                FastOpenNote::CookieRequested => stats.cookie_requests_sent += 1,
+                FastOpenNote::SynData(n) => {
+                    stats.syns_with_cookie += 1;
+                    if n > 0 {
+                        stats.syn_data_sent += 1;
+                        stats.syn_data_bytes += n as u64;
+                    }
+                }
+                FastOpenNote::CookieLearned(cookie, mss) => {
+                    stats.cookies_received += 1;
+                    self.fo_cache.update(server, cap, |e| {
+                        e.cookie = Some(cookie);
+                        e.mss = mss.or(e.mss);
+                    });
+                }
+                FastOpenNote::ServerMss(mss) => {
+                    if mss.is_some() && self.fo_cache.entries.contains_key(&server) {
+                        self.fo_cache.update(server, cap, |e| e.mss = mss);
+                    }
+                }
+                FastOpenNote::SynDataAcked => stats.syn_data_acked += 1,
+                FastOpenNote::SynDataNotAcked => stats.syn_data_not_acked += 1,
+                FastOpenNote::ForgetCookie => {
+                    stats.cookies_forgotten += 1;
+                    if let Some(e) = self.fo_cache.entries.get_mut(&server) {
+                        e.cookie = None;
+                    }
+                }
+                FastOpenNote::SynDataTimeout => stats.syn_data_timeouts += 1,
+                FastOpenNote::Blackhole => {
+                    stats.blackholes_detected += 1;
+                    self.fo_cache.update(server, cap, |e| {
+                        e.blackholed_until = now.checked_add(blackhole);
+                    });
+                }
+            }
+        }
     }
 
     fn cookie_config_window(config: &ConnectionConfig, local_mss: u16) -> u16 {

@@ -11,7 +11,7 @@
 //! is off, RFC 8985 (RACK-TLP loss detection and tail loss probes, with SACK), RFC 3042
 //! (limited transmit), RFC 5681 / RFC 9438 (NewReno and CUBIC congestion control), RFC 3465
 //! (byte counting), RFC 6928 (IW10), RFC 6528 (ISNs), RFC 5961 (challenge ACKs), RFC 4987
-//! (SYN cookies), RFC 6191 (TIME-WAIT reuse), RFC 896 (Nagle, off by default), RFC 7661
+//! (SYN cookies), RFC 6191 (TIME-WAIT reuse), RFC 7413 (TCP Fast Open), RFC 896 (Nagle, off by default), RFC 7661
 //! (pipeACK and the non-validated phase of an application-limited flow: its loss response
 //! stops at the initial window), RFC 3522 / RFC 3708 / RFC 4015 (a spurious retransmission
 //! timeout, found by the timestamp echo or by D-SACKs, is undone).
@@ -39,8 +39,61 @@
 //! ([`Endpoint::poll_report`]); both also as record streams over `read`/`write`
 //! ([`utcp::record`]). Stream offsets, SRTT and RTTVAR are exposed on [`Connection`].
 //!
+//! # TCP Fast Open (RFC 7413)
+//!
+//! Off unless [`ConnectionConfig::fast_open`] is set, on the listener (server) or on the
+//! connection passed to [`Endpoint::connect`] (client).
+//!
+//! **Client.** `connect` builds no packet; the SYN is built by the first
+//! [`Endpoint::poll_transmit`], so data written between the two (`write`, `write_message`:
+//! writes are accepted in SYN-SENT) rides in the SYN when the endpoint holds a cookie for the
+//! server's IP address, up to the MSS remembered with the cookie (else the default MSS, §4.2)
+//! less the options. Without a cookie the SYN carries a cookie request and the data follows the
+//! handshake. The SYN-ACK decides: data it acknowledges is done; data it does not acknowledge
+//! is sent again at once after the handshake (the server dropped it, so it arrives once); a
+//! cookie in it is cached; a SYN-ACK that neither took the data nor carried the option makes
+//! the client forget its cookie (§4.1.3). A SYN with data that times out is retransmitted
+//! without data and without the option; if the SYN-ACK then comes (the path drops SYNs with
+//! data, §7.1), the server is marked a Fast Open blackhole for
+//! [`EndpointConfig::fast_open_blackhole`] (an hour by default, as Linux's first period), and
+//! Fast Open connects to it are ordinary ones until then. The cache holds
+//! [`EndpointConfig::fast_open_cache_size`] servers (least recently used out first);
+//! [`Endpoint::fast_open_cache`] / [`Endpoint::import_fast_open_cache`] export and import its
+//! cookies ([`FastOpenEntry`], with a one-line text form) so a tool can keep them across runs.
+//!
+//! **Server.** The cookie is 8 bytes of a keyed SHA-256 over the client's and our IP
+//! addresses under the endpoint's secret (§4.1.2); there is no rotation — a new secret (a new
+//! endpoint) invalidates all cookies and clients fall back to a cookie request. A SYN with a
+//! valid cookie and data opens a connection that goes to the accept queue at once, with its
+//! data readable before the handshake completes, and the SYN-ACK acknowledges the data. A SYN
+//! with an invalid cookie, or a cookie request, gets a fresh cookie in the SYN-ACK, which
+//! acknowledges only the SYN (the data is dropped and sent again by the client). At most
+//! [`ConnectionConfig::fast_open_max_pending`] Fast Open connections per listener may be in
+//! the handshake (§5.1 `max_qlen`); beyond that a valid SYN gets an ordinary handshake (and
+//! its cookie back). SYN-cookie answers (RFC 4987) are stateless and take no Fast Open data.
+//! The server sends no data of its own before the handshake completes.
+//!
+//! **Replays.** Fast Open does not stop duplicate SYN data (§6): a SYN replayed while its
+//! connection exists is a duplicate of that connection (SYN-ACK again, or a challenge ACK),
+//! but once the server has forgotten the connection a replayed SYN with a valid cookie opens a
+//! new one and its data reaches the application again. At-most-once must come from above
+//! (TLS 1.3 single-use tickets). [`EndpointStats::fast_open`] counts all of this
+//! ([`FastOpenStats`]).
+//!
+//! # Short TIME-WAIT
+//!
+//! With [`ConnectionConfig::short_time_wait`] (`Some(floor)`) and timestamps negotiated,
+//! TIME-WAIT lasts max(2 × RTO, floor) instead of [`ConnectionConfig::time_wait`] (NGTCP
+//! §3.3.3): timestamps and RFC 6191 keep old duplicates out of the next incarnation, and 2 ×
+//! RTO is long enough to answer the peer's retransmitted FIN. A SYN that reaches a TIME-WAIT
+//! connection with a newer timestamp opens a new one at once (RFC 6191), whichever the
+//! duration. The kernel substrate cannot do this: Linux's TIME-WAIT is a fixed 60 s
+//! (`TCP_TIMEWAIT_LEN`); a client reuses a 4-tuple in TIME-WAIT only with
+//! `net.ipv4.tcp_tw_reuse` (timestamps, and at least a second since the last one), and a
+//! server takes a new SYN into a TIME-WAIT 4-tuple with the same timestamp rule as here.
+//!
 //! Not implemented (yet): PRR, HyStart++, F-RTO, undo of spurious fast retransmits, ECN,
-//! TCP Fast Open, urgent data (URG is ignored and data delivered inline, RFC 6093), path MTU
+//! urgent data (URG is ignored and data delivered inline, RFC 6093), path MTU
 //! discovery / ICMP, receive buffer auto-tuning, pacing and segmentation offloads.
 //!
 //! ```
@@ -107,7 +160,8 @@ pub use config::{
 };
 pub use conn::{CloseReason, Connection, ConnectionStats, Negotiated, State};
 pub use endpoint::{
-    ConnectionHandle, Endpoint, EndpointStats, Event, ListenerHandle, MIN_TRANSMIT_BUFFER,
+    ConnectionHandle, Endpoint, EndpointStats, Event, FastOpenEntry, FastOpenStats, ListenerHandle,
+    MIN_TRANSMIT_BUFFER,
 };
 pub use error::{DropReason, Error};
 pub use rtt::RttEstimator;
@@ -117,3 +171,4 @@ pub use send_queue::{
 };
 pub use trace::{TraceEvent, TraceRecord};
 pub use utcp::{ReceivedSegment, UnorderedStats};
+pub use wire::FastOpenCookie;

@@ -64,6 +64,30 @@ impl Secret {
         self.hash(b"ipid", local, remote, &[])
     }
 
+    /// TCP Fast Open cookie (RFC 7413 §4.1.2): a MAC of the client's IP address (and ours, so
+    /// that a cookie from one of our addresses is no good at another), 8 bytes of
+    /// SHA-256(key ‖ label ‖ addresses). Ports are left out: the cookie belongs to the host
+    /// (§4.1.2), whatever port it connects from.
+    pub fn fast_open_cookie(
+        &self,
+        client: &std::net::IpAddr,
+        server: &std::net::IpAddr,
+    ) -> [u8; 8] {
+        let mut h = Sha256::new();
+        h.update(self.key);
+        h.update(b"tfo");
+        for ip in [client, server] {
+            match ip {
+                std::net::IpAddr::V4(a) => h.update(a.octets()),
+                std::net::IpAddr::V6(a) => h.update(a.octets()),
+            }
+        }
+        let d = h.finalize();
+        let mut out = [0u8; 8];
+        out.copy_from_slice(&d[..8]);
+        out
+    }
+
     /// MAC for SYN cookies.
     pub fn cookie_mac(
         &self,

@@ -89,6 +89,75 @@ pub(crate) mod kind {
     pub const SACK_PERMITTED: u8 = 4;
     pub const SACK: u8 = 5;
     pub const TIMESTAMPS: u8 = 8;
+    /// TCP Fast Open cookie (RFC 7413 §4.1.1).
+    pub const FAST_OPEN: u8 = 34;
+    /// Shared experimental option (RFC 6994); with the magic 0xF989 the pre-RFC form of the
+    /// Fast Open cookie option that older Linux clients send.
+    pub const EXPERIMENTAL: u8 = 254;
+}
+
+/// Magic of the experimental Fast Open option (RFC 7413 §4.1.1 mentions the form; Linux sent
+/// it before kind 34 was assigned).
+const FAST_OPEN_EXP_MAGIC: [u8; 2] = [0xf9, 0x89];
+
+/// A TCP Fast Open cookie (RFC 7413 §4.1.1): 4 to 16 bytes, an even number. The empty cookie
+/// is a cookie request (§4.1.2: an option with no cookie).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct FastOpenCookie {
+    len: u8,
+    bytes: [u8; FastOpenCookie::MAX_LEN],
+}
+
+impl FastOpenCookie {
+    /// Longest cookie (RFC 7413 §4.1.1).
+    pub const MAX_LEN: usize = 16;
+    /// Shortest non-empty cookie (RFC 7413 §4.1.1).
+    pub const MIN_LEN: usize = 4;
+
+    /// The empty cookie: a cookie request.
+    pub const REQUEST: FastOpenCookie = FastOpenCookie {
+        len: 0,
+        bytes: [0; FastOpenCookie::MAX_LEN],
+    };
+
+    /// A cookie from its bytes: `None` unless empty or 4 to 16 bytes (RFC 7413 §4.1.1; an odd
+    /// length is accepted, as Linux does, though the RFC's cookies are even).
+    pub fn new(bytes: &[u8]) -> Option<FastOpenCookie> {
+        if !(bytes.is_empty() || (Self::MIN_LEN..=Self::MAX_LEN).contains(&bytes.len())) {
+            return None;
+        }
+        let mut c = FastOpenCookie {
+            len: bytes.len() as u8,
+            bytes: [0; Self::MAX_LEN],
+        };
+        c.bytes[..bytes.len()].copy_from_slice(bytes);
+        Some(c)
+    }
+
+    /// The cookie's bytes (empty for a request).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+
+    /// An empty option: a cookie request.
+    pub fn is_request(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes the option takes on the wire, with the NOPs that align it to 32 bits.
+    fn wire_len(&self) -> usize {
+        (2 + self.len as usize).div_ceil(4) * 4
+    }
+}
+
+impl std::fmt::Debug for FastOpenCookie {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FastOpenCookie(")?;
+        for b in self.as_bytes() {
+            write!(f, "{b:02x}")?;
+        }
+        f.write_str(")")
+    }
 }
 
 /// Largest SACK block count an option can carry (RFC 2018 §3: 40 bytes of option space).
@@ -110,6 +179,10 @@ pub struct TcpOptions {
     pub sack_blocks: [(u32, u32); MAX_SACK_BLOCKS],
     /// How many entries of `sack_blocks` are valid.
     pub sack_block_count: u8,
+    /// TCP Fast Open option (RFC 7413 §4.1.1), kind 34 or the experimental 254/0xF989; the
+    /// empty cookie is a cookie request. A malformed one (length outside 0 or 4..=16) is
+    /// ignored.
+    pub fast_open: Option<FastOpenCookie>,
 }
 
 impl TcpOptions {
@@ -151,6 +224,16 @@ impl TcpOptions {
                         u32::from_be_bytes([body[0], body[1], body[2], body[3]]),
                         u32::from_be_bytes([body[4], body[5], body[6], body[7]]),
                     ))
+                }
+                (kind::FAST_OPEN, _) => {
+                    if let Some(c) = FastOpenCookie::new(body) {
+                        options.fast_open = Some(c);
+                    }
+                }
+                (kind::EXPERIMENTAL, n) if n >= 2 && body[..2] == FAST_OPEN_EXP_MAGIC => {
+                    if let Some(c) = FastOpenCookie::new(&body[2..]) {
+                        options.fast_open = Some(c);
+                    }
                 }
                 (kind::SACK, n) if n > 0 && n % 8 == 0 => {
                     for (i, block) in body.chunks_exact(8).take(MAX_SACK_BLOCKS).enumerate() {
@@ -398,6 +481,9 @@ pub(crate) struct OutOptions {
     pub window_scale: Option<u8>,
     pub sack_blocks: [(u32, u32); MAX_SACK_BLOCKS],
     pub sack_block_count: u8,
+    /// Fast Open option (RFC 7413 §4.1.1), laid out as Linux does: NOPs first so that the
+    /// option ends on a 32-bit boundary.
+    pub fast_open: Option<FastOpenCookie>,
 }
 
 impl OutOptions {
@@ -417,6 +503,9 @@ impl OutOptions {
         }
         if self.sack_block_count > 0 {
             n += 4 + 8 * self.sack_block_count as usize;
+        }
+        if let Some(c) = &self.fast_open {
+            n += c.wire_len();
         }
         n
     }
@@ -454,6 +543,14 @@ impl OutOptions {
                 out[i + 4..i + 8].copy_from_slice(&r.to_be_bytes());
                 i += 8;
             }
+        }
+        if let Some(c) = &self.fast_open {
+            let pad = c.wire_len() - 2 - c.len as usize;
+            out[i..i + pad].fill(kind::NOP);
+            i += pad;
+            out[i..i + 2].copy_from_slice(&[kind::FAST_OPEN, 2 + c.len]);
+            out[i + 2..i + 2 + c.len as usize].copy_from_slice(c.as_bytes());
+            i += 2 + c.len as usize;
         }
         i
     }
@@ -625,6 +722,40 @@ mod tests {
             );
             assert!(parse_packet(&buf[..n], false).is_ok());
         }
+    }
+
+    #[test]
+    fn fast_open_option_roundtrip_and_forms() {
+        let cookie = FastOpenCookie::new(&[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+        for fo in [FastOpenCookie::REQUEST, cookie] {
+            let opts = OutOptions {
+                mss: Some(1460),
+                sack_permitted: true,
+                timestamps: Some((1, 2)),
+                window_scale: Some(7),
+                fast_open: Some(fo),
+                ..Default::default()
+            };
+            let mut bytes = [0u8; 40];
+            let n = opts.write(&mut bytes);
+            assert_eq!(n, opts.len());
+            assert_eq!(n % 4, 0);
+            let parsed = TcpOptions::parse(&bytes[..n]).unwrap();
+            assert_eq!(parsed.fast_open, Some(fo));
+            assert_eq!(parsed.mss, Some(1460));
+        }
+        // The experimental form (kind 254, magic 0xF989).
+        let o = TcpOptions::parse(&[254, 8, 0xf9, 0x89, 9, 9, 9, 9]).unwrap();
+        assert_eq!(o.fast_open.unwrap().as_bytes(), &[9, 9, 9, 9]);
+        // Another experiment's magic, and cookie lengths out of range, are ignored.
+        assert_eq!(
+            TcpOptions::parse(&[254, 4, 0x12, 0x34]).unwrap().fast_open,
+            None
+        );
+        assert_eq!(TcpOptions::parse(&[34, 4, 1, 2]).unwrap().fast_open, None);
+        let long = [[34u8, 20].as_slice(), &[0; 18]].concat();
+        assert_eq!(TcpOptions::parse(&long).unwrap().fast_open, None);
+        assert!(FastOpenCookie::new(&[0; 17]).is_none());
     }
 
     #[test]

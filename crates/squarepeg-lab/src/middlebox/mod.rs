@@ -11,6 +11,7 @@
 //! | [`OptionStripper`] | removes TCP options that are not on an allow-list |
 //! | [`SeqRewriter`] | shifts one direction's sequence numbers by a per-flow random offset (ISN randomisation) |
 //! | [`WindowRewriter`] | clamps or overwrites the advertised window |
+//! | [`SynDataDropper`] | drops SYNs that carry data (firewalls against TCP Fast Open, RFC 7413 §7.1) |
 //! | [`Forger`] | an attacker, not a TCPExposure behaviour: injects fake TLS record headers, flips bits in retransmissions, splices earlier records in (uTLS must deliver none of it) |
 //!
 //! Every transform keeps packets valid (lengths, IP and TCP checksums) and passes anything it
@@ -28,6 +29,7 @@ mod resegment;
 mod retransmit_cache;
 mod seq_rewrite;
 mod spec;
+mod syn_data;
 mod window;
 
 use std::time::Instant;
@@ -41,6 +43,7 @@ pub use resegment::{ResegmentConfig, ResegmentStats, Resegmenter};
 pub use retransmit_cache::{RetransmitCache, RetransmitCacheConfig, RetransmitCacheStats};
 pub use seq_rewrite::{SeqRewriteConfig, SeqRewriteStats, SeqRewriter};
 pub use spec::{MiddleboxSpecError, parse_middleboxes};
+pub use syn_data::{DropSynDataConfig, SynDataDropper, SynDataDropperStats};
 pub use window::{WindowMode, WindowRewriteConfig, WindowRewriteStats, WindowRewriter};
 
 use crate::Direction;
@@ -122,6 +125,8 @@ pub enum MiddleboxConfig {
     WindowRewrite(WindowRewriteConfig),
     /// A [`Forger`].
     Forge(ForgeConfig),
+    /// A [`SynDataDropper`].
+    DropSynData(DropSynDataConfig),
 }
 
 impl MiddleboxConfig {
@@ -134,6 +139,7 @@ impl MiddleboxConfig {
             MiddleboxConfig::SeqRewrite(c) => Box::new(SeqRewriter::new(c.clone())),
             MiddleboxConfig::WindowRewrite(c) => Box::new(WindowRewriter::new(*c)),
             MiddleboxConfig::Forge(c) => Box::new(Forger::new(c.clone())),
+            MiddleboxConfig::DropSynData(c) => Box::new(SynDataDropper::new(*c)),
         }
     }
 }

@@ -12,7 +12,8 @@
 //! |---|---|
 //! | `resegment` (`reseg`) | `split:<%>`, `pieces:<n>`, `coalesce:on\|off`, `hold:<duration>`, `max:<size>` (largest coalesced packet), `seed:<n>` |
 //! | `retx-cache` (`retransmit-cache`) | `bytes:<size>` (per flow), `flows:<n>` |
-//! | `strip-options` (`strip`) | `keep:<kind>+<kind>…` (numbers or `mss`, `ws`, `sack-perm`, `sack`, `ts`; `keep:none` strips all), `mode:nop\|shrink` |
+//! | `strip-options` (`strip`) | `keep:<kind>+<kind>…` (numbers or `mss`, `ws`, `sack-perm`, `sack`, `ts`, `tfo` (34), `tfo-exp` (254); `keep:none` strips all; the default keeps mss, ws, sack-perm, sack and ts, so strips TCP Fast Open), `mode:nop\|shrink` |
+//! | `drop-syn-data` (`syn-data`) | none but `dir` (drops SYNs carrying data, RFC 7413 §7.1) |
 //! | `seq-offset` (`seq-rewrite`) | `seed:<n>`, `sack:on\|off` |
 //! | `window` | `cap:<n>` or `fixed:<n>` (raw 16-bit field; required) |
 //! | `forge` | `inject:<%>` (fake record header per data segment), `flip:<%>` (bit flip per retransmission), `splice:<%>` (earlier record in place of a segment), `span:<size>`, `seed:<n>` |
@@ -23,12 +24,14 @@
 use thiserror::Error;
 
 use super::{
-    DirectionFilter, ForgeConfig, MiddleboxConfig, ResegmentConfig, RetransmitCacheConfig,
-    SeqRewriteConfig, StripMode, StripOptionsConfig, WindowMode, WindowRewriteConfig,
+    DirectionFilter, DropSynDataConfig, ForgeConfig, MiddleboxConfig, ResegmentConfig,
+    RetransmitCacheConfig, SeqRewriteConfig, StripMode, StripOptionsConfig, WindowMode,
+    WindowRewriteConfig,
 };
 use crate::units::{ValueError, parse_duration, parse_percent, parse_size};
 
-const BOXES: &str = "resegment, retx-cache, strip-options, seq-offset, window, forge";
+const BOXES: &str =
+    "resegment, retx-cache, strip-options, seq-offset, window, forge, drop-syn-data";
 
 /// Why a middlebox list could not be parsed.
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -100,6 +103,7 @@ fn parse_one(item: &str, whole: &str) -> Result<MiddleboxConfig, MiddleboxSpecEr
         "seq-offset" | "seq-rewrite" | "seq_offset" => seq_offset(&params),
         "window" => window(&params),
         "forge" => forge(&params),
+        "drop-syn-data" | "syn-data" | "drop_syn_data" => drop_syn_data(&params),
         other => Err(MiddleboxSpecError::UnknownBox(other.to_owned())),
     }
 }
@@ -226,6 +230,9 @@ fn option_kind(name: &str) -> Option<u8> {
         "sack-perm" | "sackok" | "sack-permitted" => Some(4),
         "sack" => Some(5),
         "ts" | "timestamps" => Some(8),
+        // TCP Fast Open (RFC 7413 §4.1.1) and its experimental form (RFC 6994, magic 0xF989).
+        "tfo" | "fast-open" | "fastopen" => Some(34),
+        "tfo-exp" | "exp" => Some(254),
         number => number.parse().ok(),
     }
 }
@@ -264,6 +271,21 @@ fn strip_options(params: &[(&str, &str)]) -> Result<MiddleboxConfig, MiddleboxSp
         }
     }
     Ok(MiddleboxConfig::StripOptions(config))
+}
+
+fn drop_syn_data(params: &[(&str, &str)]) -> Result<MiddleboxConfig, MiddleboxSpecError> {
+    let p = Params {
+        middlebox: "drop-syn-data",
+        takes: "dir",
+    };
+    let mut config = DropSynDataConfig::default();
+    for &(key, value) in params {
+        match key {
+            "dir" => config.directions = p.direction(key, value)?,
+            _ => return Err(p.unknown(key)),
+        }
+    }
+    Ok(MiddleboxConfig::DropSynData(config))
 }
 
 fn seq_offset(params: &[(&str, &str)]) -> Result<MiddleboxConfig, MiddleboxSpecError> {
@@ -404,6 +426,41 @@ mod tests {
             })
         );
         assert_eq!(forge[0].build().name(), "forge");
+    }
+
+    #[test]
+    fn fast_open_boxes() {
+        let boxes = parse_middleboxes(
+            "drop-syn-data=dir:up,strip=keep:mss+ws+sack-perm+sack+ts/dir:down,syn-data",
+        )
+        .expect("parse");
+        assert_eq!(
+            boxes[0],
+            MiddleboxConfig::DropSynData(DropSynDataConfig {
+                directions: DirectionFilter::LeftToRight
+            })
+        );
+        assert_eq!(boxes[0].build().name(), "drop-syn-data");
+        // Keeping the well-known options strips the Fast Open option (kind 34).
+        let MiddleboxConfig::StripOptions(strip) = &boxes[1] else {
+            panic!("not a stripper: {:?}", boxes[1]);
+        };
+        assert!(!strip.allowed.contains(&34));
+        assert_eq!(strip.directions, DirectionFilter::RightToLeft);
+        assert_eq!(
+            boxes[2],
+            MiddleboxConfig::DropSynData(DropSynDataConfig::default())
+        );
+        // ... and it can be kept by name.
+        let keep = parse_middleboxes("strip=keep:mss+tfo+tfo-exp").expect("parse");
+        assert!(
+            matches!(&keep[0], MiddleboxConfig::StripOptions(c) if c.allowed == vec![2, 34, 254])
+        );
+        let err = parse_middleboxes("drop-syn-data=rate:5%").expect_err("no such parameter");
+        assert!(err.to_string().contains("takes: dir"));
+        let json = r#"{"kind": "drop_syn_data", "directions": "left_to_right"}"#;
+        let config: MiddleboxConfig = serde_json::from_str(json).expect("json");
+        assert_eq!(config, boxes[0]);
     }
 
     #[test]
