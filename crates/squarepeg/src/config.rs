@@ -71,7 +71,13 @@ pub struct ConnectionConfig {
     /// it does not (first contact, a refused cookie, a path that drops SYNs with data). A
     /// server listens with a Fast Open queue of [`FAST_OPEN_QUEUE`] pending connections;
     /// the host must allow it (`net.ipv4.tcp_fastopen` with bit 2 set, e.g. 3; Linux's
-    /// default, 1, allows clients only). Off by default. No effect over the userspace TCP.
+    /// default, 1, allows clients only). Off by default.
+    ///
+    /// Over the userspace TCP ([`crate::Connection::connect_utcp`]) the stack's own Fast
+    /// Open (RFC 7413) carries the connection's first write (the ClientHello, or PARAMS in
+    /// cleartext) on the SYN once the stack holds a cookie from the server. TLS early data
+    /// is not offered over the userspace TCP yet, so there a returning client's answer takes
+    /// two round trips.
     pub fast_open: bool,
 }
 

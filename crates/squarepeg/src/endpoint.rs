@@ -220,11 +220,15 @@ impl Connection {
         config: ConnectionConfig,
     ) -> Result<Connection, ConnectError> {
         config.check(Role::Client)?;
-        let (stream, window) =
-            crate::utcp::connect(stack, addr, config.inconsistent_retransmissions)
-                .await
-                .map_err(connect_error)?;
-        let conn = crate::utcp::start(stream, Role::Client, config, window)?;
+        let conn = if config.fast_open {
+            crate::utcp::connect_fast_open(stack, addr, config).await?
+        } else {
+            let (stream, window) =
+                crate::utcp::connect(stack, addr, config.inconsistent_retransmissions)
+                    .await
+                    .map_err(connect_error)?;
+            crate::utcp::start(stream, Role::Client, config, window)?
+        };
         established(&conn).await?;
         Ok(conn)
     }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use squarepeg_connection::{
-    Connection as Core, Role, Substrate, TransportError, tcp_config as core_tcp_config,
+    Connection as Core, Role, Substrate, TaggedWrite, TransportError, tcp_config as core_tcp_config,
 };
 use squarepeg_io::{Stack, TcpStream};
 use squarepeg_tcp::utcp::MIN_READ_BUFFER;
@@ -58,14 +58,7 @@ impl Wire for UtcpWire {
             // A deadline travels as a lifetime counted from the write: encoded just before
             // it, and counted by the TCP from its next clock update (at most one stack turn
             // later), so a message may live that much longer, never shorter.
-            let meta = record::MessageMeta {
-                priority: w.tag.priority,
-                squash_key: w.tag.squash_key,
-                lifetime: w.tag.deadline.map(|d| d.saturating_duration_since(now)),
-                depends_on: w.tag.depends_on,
-                message_id: w.tag.message_id,
-            };
-            record::encode_message(&meta, w.frame, out);
+            encode_write(&w, now, out);
             core.write_done();
         }
         true
@@ -103,6 +96,19 @@ impl Wire for UtcpWire {
     }
 }
 
+/// Appends `w` as the uTCP MESSAGE record that carries a tagged write (the stream's writes
+/// are records in the uTCP mode).
+fn encode_write(w: &TaggedWrite<'_>, now: Instant, out: &mut Vec<u8>) {
+    let meta = record::MessageMeta {
+        priority: w.tag.priority,
+        squash_key: w.tag.squash_key,
+        lifetime: w.tag.deadline.map(|d| d.saturating_duration_since(now)),
+        depends_on: w.tag.depends_on,
+        message_id: w.tag.message_id,
+    };
+    record::encode_message(&meta, w.frame, out);
+}
+
 /// Builds the core for a connection of `stack` and spawns its driver.
 pub(crate) fn start(
     stream: TcpStream,
@@ -110,7 +116,16 @@ pub(crate) fn start(
     config: ConnectionConfig,
     window: usize,
 ) -> Result<Connection, ConnectError> {
-    let mut core = Core::new(role, config.core_config(), Substrate::utcp(window))?;
+    let core = Core::new(role, config.core_config(), Substrate::utcp(window))?;
+    start_core(stream, core, config)
+}
+
+/// Spawns the driver of `core` on `stream`.
+fn start_core(
+    stream: TcpStream,
+    mut core: Core,
+    config: ConnectionConfig,
+) -> Result<Connection, ConnectError> {
     // With inconsistent retransmissions on, the core's own padder (TLS: padding records).
     if let Some(padder) = core.padder() {
         stream.replace_padder(padder).map_err(ConnectError::Io)?;
@@ -168,4 +183,33 @@ pub(crate) async fn connect(
     let tcp = tcp_config(stack, inconsistent);
     let window = tcp.recv_buffer;
     Ok((stack.connect_with(addr, tcp).await?, window))
+}
+
+/// Opens a connection to `addr` from `stack` with TCP Fast Open (RFC 7413, the userspace
+/// TCP's own): the core's first write (the ClientHello over TLS, PARAMS in cleartext; a
+/// write nothing overtakes either way) is taken before the connection exists and goes on
+/// the SYN when the stack holds a cookie from the server, with a cookie request otherwise
+/// (`Stack::connect_fast_open`). Returns once the TCP connection is established.
+pub(crate) async fn connect_fast_open(
+    stack: &Stack,
+    addr: SocketAddr,
+    config: ConnectionConfig,
+) -> Result<Connection, ConnectError> {
+    let tcp = tcp_config(stack, config.inconsistent_retransmissions);
+    let window = tcp.recv_buffer;
+    let mut core = Core::new(Role::Client, config.core_config(), Substrate::utcp(window))?;
+    let now = Instant::now();
+    let mut first = Vec::new();
+    if let Some(w) = core.poll_write(now) {
+        encode_write(&w, now, &mut first);
+        core.write_done();
+    }
+    let stream = stack
+        .connect_fast_open(addr, tcp, &first)
+        .await
+        .map_err(|e| match TransportError::from_io(&e) {
+            TransportError::Io(_) => ConnectError::Io(e),
+            t => ConnectError::Transport(t),
+        })?;
+    start_core(stream, core, config)
 }

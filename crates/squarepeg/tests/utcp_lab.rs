@@ -764,3 +764,100 @@ fn tls_over_utcp_both_ends_through_lossy_lab() {
     assert_clean_close("client", &ra.close);
     assert_clean_close("server", &rb.close);
 }
+
+/// TCP Fast Open over the userspace TCP through the tokio API: a `connect_utcp` client with
+/// `fast_open` to a kernel squarepeg server with a Fast Open queue, over TLS. The first
+/// connection learns a cookie (its SYN carries a cookie request and no data); the second's
+/// SYN carries the ClientHello, as a uTCP message record written before the SYN, and the
+/// kernel takes it; messages flow both ways on both connections.
+#[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
+fn utcp_fast_open_client_puts_its_client_hello_on_the_syn() {
+    if !squarepeg_lab::stack::can_run() {
+        return;
+    }
+    let dir = ScratchDir::new("utcp-tfo");
+    let lab = Lab::start(lab_config("tfo", 5, "delay=5ms", "delay=5ms").with_capture_dir(&dir.0))
+        .expect("start lab");
+    let status = lab
+        .server()
+        .command("sysctl")
+        .args(["-qw", "net.ipv4.tcp_fastopen=3"])
+        .status()
+        .expect("sysctl");
+    assert!(status.success());
+    let stack = LabStack::attach(&lab, Role::Client, StackConfig::new([]), Some(1500))
+        .expect("attach stack");
+    let server_addr = SocketAddr::new(lab.addresses().server(false), PORT);
+    let (mut client_config, mut server_config) = tls_configs();
+    client_config.fast_open = true;
+    server_config.fast_open = true;
+    let (bound_tx, bound_rx) = mpsc::channel();
+    let server_ns = lab.server().try_clone().expect("namespace");
+    let server = std::thread::spawn(move || {
+        server_ns
+            .run(move || {
+                runtime().block_on(no_hang(async move {
+                    let ep = Endpoint::bind(server_addr, server_config)
+                        .await
+                        .expect("bind");
+                    bound_tx.send(()).expect("signal");
+                    for _ in 0..2 {
+                        let conn = ep.accept().await.expect("accept");
+                        let m = conn.recv_message().await.expect("request");
+                        conn.send_message(m.payload, MessageProps::default())
+                            .await
+                            .expect("answer");
+                        let _ = conn.closed().await;
+                    }
+                }))
+            })
+            .expect("server namespace")
+    });
+    bound_rx.recv().expect("bound");
+    runtime().block_on(no_hang(async {
+        for i in 0..2u8 {
+            let conn = Connection::connect_utcp(stack.stack(), server_addr, client_config.clone())
+                .await
+                .expect("connect");
+            conn.send_message(vec![i; 64], MessageProps::default())
+                .await
+                .expect("send");
+            let echo = conn.recv_message().await.expect("echo");
+            assert_eq!(&echo.payload[..], &[i; 64][..]);
+            conn.close().await;
+        }
+    }));
+    server.join().expect("server");
+    lab.flush_captures().expect("flush");
+    let bytes = std::fs::read(capture_path(&dir.0, CaptureSide::Server)).expect("capture");
+    let file = squarepeg_lab::pcap::read_pcap(&bytes).expect("pcap");
+    let syn_payloads: Vec<usize> = file
+        .records
+        .iter()
+        .filter_map(|r| {
+            let p = &r.data;
+            let ip = squarepeg_lab::packet::parse_ip(p).ok()?;
+            let t = ip.header_len;
+            let flags = p[t + 13];
+            let to_server =
+                ip.dst == server_addr.ip() && u16::from_be_bytes([p[t + 2], p[t + 3]]) == PORT;
+            (ip.protocol == 6 && to_server && flags & 0x12 == 0x02).then(|| {
+                let header = usize::from(p[t + 12] >> 4) * 4;
+                ip.total_len - t - header
+            })
+        })
+        .collect();
+    assert_eq!(syn_payloads.len(), 2, "{syn_payloads:?}");
+    assert_eq!(
+        syn_payloads[0], 0,
+        "first contact: a cookie request, no data"
+    );
+    assert!(
+        syn_payloads[1] > 100,
+        "the ClientHello was not on the SYN: {syn_payloads:?}"
+    );
+    let fo = stack.stack().fast_open_cache();
+    assert_eq!(fo.len(), 1, "one cookie, for the server: {fo:?}");
+    lab.teardown().expect("teardown");
+}
