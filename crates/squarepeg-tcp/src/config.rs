@@ -138,6 +138,14 @@ pub struct ConnectionConfig {
     /// length by this function (see [`crate::SendQueue`]). `None`: retransmissions always
     /// repeat the original bytes.
     pub padder: Option<Padder>,
+    /// Careful Resume (RFC 9959, [`crate::resume`]): a connection to a host the endpoint's
+    /// path cache knows starts in Reconnaissance and, once the path is confirmed, jumps to
+    /// half the window the earlier connection used, paced, validated before it is trusted.
+    /// Off by default: it changes how fast the sender ramps up toward a host, so it is the
+    /// application's choice (a transfer tool, a returning client), and behaviour without
+    /// it stays that of RFC 5681 / RFC 9438 slow start. The endpoint records path state
+    /// either way.
+    pub careful_resume: bool,
 }
 
 impl Default for ConnectionConfig {
@@ -176,6 +184,7 @@ impl Default for ConnectionConfig {
             unordered_receive: false,
             message_writes: false,
             padder: None,
+            careful_resume: false,
         }
     }
 }
@@ -216,6 +225,9 @@ pub struct EndpointConfig {
     /// [`NotLocal`](crate::DropReason::NotLocal) without a reply. Empty: every destination is
     /// ours (a TUN device routed only to us).
     pub local_addresses: Vec<std::net::IpAddr>,
+    /// The per-host path state kept for RFC 9040 temporal sharing and Careful Resume
+    /// ([`crate::resume::PathCache`]): bounded in entries, entries expire.
+    pub path_cache: crate::resume::PathCacheConfig,
 }
 
 impl Default for EndpointConfig {
@@ -229,6 +241,7 @@ impl Default for EndpointConfig {
             ttl: 64,
             max_pending_replies: 256,
             local_addresses: Vec::new(),
+            path_cache: crate::resume::PathCacheConfig::default(),
         }
     }
 }

@@ -93,6 +93,7 @@ mod cwv;
 mod endpoint;
 mod error;
 mod recv_buf;
+pub mod resume;
 mod rtt;
 mod scoreboard;
 mod secret;
@@ -110,6 +111,7 @@ pub use endpoint::{
     ConnectionHandle, Endpoint, EndpointStats, Event, ListenerHandle, MIN_TRANSMIT_BUFFER,
 };
 pub use error::{DropReason, Error};
+pub use resume::{PathCache, PathCacheConfig, PathRecord, ResumePhase, ResumeStats, SavedPath};
 pub use rtt::RttEstimator;
 pub use send_queue::{
     CommittedWrite, MAX_DEPENDENCY_DEPTH, MessageReport, Pad, Padder, SendQueue, SendQueueStats,
