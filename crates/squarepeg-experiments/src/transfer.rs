@@ -742,6 +742,8 @@ impl crate::voip::plot::Chart for SequenceChart<'_> {
                 .map_err(plot_err)?;
             k += 1.0;
         }
+        // Returning transfers as rings over the cold ones' dots, so that identical runs (the
+        // kernel's) show both.
         for (i, t) in self.run.transfers.iter().enumerate() {
             for (j, (points, end)) in [(&t.sender, "sender"), (&t.receiver, "receiver")]
                 .into_iter()
@@ -749,13 +751,21 @@ impl crate::voip::plot::Chart for SequenceChart<'_> {
             {
                 let colour = PALETTE[(2 * i + j) % PALETTE.len()];
                 let label = format!("{} at the {end}", t.phase);
+                let style = if i == 0 {
+                    colour.filled()
+                } else {
+                    colour.stroke_width(1)
+                };
+                let radius = if i == 0 { 2 } else { 4 };
                 chart
-                    .draw_series(points.iter().map(|&(ts, e)| {
-                        Circle::new((ms(ts), e as f64 / 1000.0), 2, colour.filled())
-                    }))
+                    .draw_series(
+                        points.iter().map(|&(ts, e)| {
+                            Circle::new((ms(ts), e as f64 / 1000.0), radius, style)
+                        }),
+                    )
                     .map_err(plot_err)?
                     .label(label)
-                    .legend(move |(x, y)| Circle::new((x + 10, y), 3, colour.filled()));
+                    .legend(move |(x, y)| Circle::new((x + 10, y), radius, style));
             }
         }
         draw_legend(&mut chart, SeriesLabelPosition::LowerRight)?;

@@ -3291,9 +3291,8 @@ impl Connection {
     /// Starts Careful Resume from `saved` (the endpoint's cached state for this host): the
     /// connection begins in Reconnaissance with the ordinary initial window (RFC 9959).
     pub(crate) fn start_resume(&mut self, saved: PathRecord) {
-        let iw = self.effective_mss() as u64 * u64::from(self.cfg.initial_window.max(1));
         // Stream byte 0 is sequence number 1 (the SYN takes 0).
-        self.resume = Some(Box::new(CarefulResume::new(saved, iw, 1)));
+        self.resume = Some(Box::new(CarefulResume::new(saved, 1)));
     }
 
     /// The path state this connection observed, for the endpoint's cache (RFC 9040 §4): its
@@ -3336,10 +3335,19 @@ impl Connection {
             .saturating_sub(self.snd_nxt.saturating_sub(1));
         let wants_more = unsent > self.cwnd_allowance() && self.recovery.is_none();
         let min_rtt = self.rtt.min_rtt();
+        let iw = self.effective_mss() as u64 * u64::from(self.cfg.initial_window.max(1));
         let Some(r) = self.resume.as_mut() else {
             return;
         };
-        let action = r.on_ack(self.snd_una, acked, cwnd, min_rtt, wants_more, self.snd_nxt);
+        let action = r.on_ack(
+            iw,
+            self.snd_una,
+            acked,
+            cwnd,
+            min_rtt,
+            wants_more,
+            self.snd_nxt,
+        );
         self.apply_resume(action);
     }
 

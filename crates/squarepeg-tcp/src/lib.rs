@@ -14,7 +14,9 @@
 //! (SYN cookies), RFC 6191 (TIME-WAIT reuse), RFC 896 (Nagle, off by default), RFC 7661
 //! (pipeACK and the non-validated phase of an application-limited flow: its loss response
 //! stops at the initial window), RFC 3522 / RFC 3708 / RFC 4015 (a spurious retransmission
-//! timeout, found by the timestamp echo or by D-SACKs, is undone).
+//! timeout, found by the timestamp echo or by D-SACKs, is undone), RFC 9040 (temporal sharing:
+//! the endpoint keeps RTT and window per remote host, [`resume::PathCache`]) with RFC 9959
+//! (Careful Resume from that state, paced; [`ConnectionConfig::careful_resume`], off by default).
 //!
 //! Loss recovery keeps one record per transmitted segment (its send time and transmission
 //! order): the RFC 6675 scoreboard and `pipe` decide what to send; with SACK, RACK (RFC 8985
@@ -41,7 +43,8 @@
 //!
 //! Not implemented (yet): PRR, HyStart++, F-RTO, undo of spurious fast retransmits, ECN,
 //! TCP Fast Open, urgent data (URG is ignored and data delivered inline, RFC 6093), path MTU
-//! discovery / ICMP, receive buffer auto-tuning, pacing and segmentation offloads.
+//! discovery / ICMP, receive buffer auto-tuning, pacing (other than Careful Resume's jump) and
+//! segmentation offloads.
 //!
 //! ```
 //! use std::time::Instant;

@@ -277,8 +277,9 @@ pub(crate) enum Action {
 #[derive(Clone, Debug)]
 pub(crate) struct CarefulResume {
     saved: PathRecord,
-    /// Bytes of the initial data whose acknowledgment ends Reconnaissance (the initial window).
-    recon_until: u64,
+    /// Sequence number of the first data byte: Reconnaissance ends once the initial window's
+    /// worth of data after it is acknowledged.
+    data_start: u64,
     pipe_size: u64,
     jump_cwnd: u64,
     /// Sequence number of the first byte sent in the Unvalidated phase.
@@ -301,12 +302,12 @@ pub(crate) fn rtt_confirms(saved: Duration, current: Duration) -> bool {
 }
 
 impl CarefulResume {
-    /// Starts Reconnaissance from saved state; `iw` is the initial window in bytes and
-    /// `data_start` the sequence number of the first data byte.
-    pub(crate) fn new(saved: PathRecord, iw: u64, data_start: u64) -> Self {
+    /// Starts Reconnaissance from saved state; `data_start` is the sequence number of the
+    /// first data byte.
+    pub(crate) fn new(saved: PathRecord, data_start: u64) -> Self {
         CarefulResume {
             saved,
-            recon_until: data_start + iw,
+            data_start,
             pipe_size: 0,
             jump_cwnd: 0,
             first_unvalidated: None,
@@ -334,18 +335,20 @@ impl CarefulResume {
         }
     }
 
-    fn to_normal(&mut self, ssthresh: Option<u64>) -> Action {
+    fn enter_normal(&mut self, ssthresh: Option<u64>) -> Action {
         self.stats.phase = ResumePhase::Normal;
         self.next_send = None;
         Action::Normal(ssthresh)
     }
 
-    /// An ACK that newly acknowledged `acked` bytes, cumulative ACK now `una`. `cwnd` is the
-    /// controller's window, `min_rtt` the current minimum RTT, `wants_more`: the sender has
-    /// more data than its window lets out (RFC 9959: a data-limited sender stays in
-    /// Reconnaissance).
+    /// An ACK that newly acknowledged `acked` bytes, cumulative ACK now `una`. `iw` is the
+    /// initial window in bytes (with the MSS negotiated by now), `cwnd` the controller's
+    /// window, `min_rtt` the current minimum RTT, `wants_more`: the sender has more data than
+    /// its window lets out (RFC 9959: a data-limited sender stays in Reconnaissance).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn on_ack(
         &mut self,
+        iw: u64,
         una: u64,
         acked: u64,
         cwnd: u64,
@@ -362,12 +365,12 @@ impl CarefulResume {
                 if !rtt_confirms(self.saved.rtt, rtt) {
                     // A path change: the saved state says nothing about this path.
                     self.stats.not_confirmed += 1;
-                    return self.to_normal(None);
+                    return self.enter_normal(None);
                 }
                 // "When a sender confirms the path and it receives an acknowledgement for the
                 // initial data without reported congestion, it MAY then enter the Unvalidated
                 // Phase ... when a sender has more data than permitted by the current CWND."
-                if una < self.recon_until || !wants_more {
+                if una < self.data_start + iw || !wants_more {
                     return Action::None;
                 }
                 // jump_cwnd is at most half the saved window (RFC 9959 Unvalidated phase).
@@ -375,7 +378,7 @@ impl CarefulResume {
                 if jump <= cwnd {
                     // Slow start already got there: nothing to gain.
                     self.stats.not_confirmed += 1;
-                    return self.to_normal(None);
+                    return self.enter_normal(None);
                 }
                 self.stats.phase = ResumePhase::Unvalidated;
                 self.stats.unvalidated += 1;
@@ -398,7 +401,7 @@ impl CarefulResume {
                         self.stats.validating += 1;
                         self.next_send = None;
                         if una >= self.last_unvalidated {
-                            return self.to_normal(None);
+                            return self.enter_normal(None);
                         }
                         Action::CwndToFlight
                     }
@@ -408,7 +411,7 @@ impl CarefulResume {
             ResumePhase::Validating => {
                 self.pipe_size = self.pipe_size.saturating_add(acked);
                 if una >= self.last_unvalidated {
-                    return self.to_normal(None);
+                    return self.enter_normal(None);
                 }
                 Action::None
             }
@@ -416,7 +419,7 @@ impl CarefulResume {
                 // PipeSize keeps counting; it sets ssthresh on exit, never cwnd.
                 self.pipe_size = self.pipe_size.saturating_add(acked);
                 if una >= self.last_unvalidated {
-                    return self.to_normal(Some(self.pipe_size.max(self.retreat_cwnd)));
+                    return self.enter_normal(Some(self.pipe_size.max(self.retreat_cwnd)));
                 }
                 Action::Retreat(self.retreat_cwnd)
             }
@@ -431,7 +434,7 @@ impl CarefulResume {
             // "If the sender detects congestion ... MUST enter the Normal Phase."
             ResumePhase::Reconnaissance => {
                 self.stats.not_confirmed += 1;
-                self.to_normal(None)
+                self.enter_normal(None)
             }
             ResumePhase::Unvalidated | ResumePhase::Validating => {
                 // Safe Retreat: "the CWND MUST be reduced to no more than the (PipeSize/2)".
@@ -454,16 +457,16 @@ impl CarefulResume {
             ResumePhase::Normal => Action::None,
             ResumePhase::Reconnaissance => {
                 self.stats.not_confirmed += 1;
-                self.to_normal(None)
+                self.enter_normal(None)
             }
             ResumePhase::Unvalidated | ResumePhase::Validating => {
                 self.stats.safe_retreats += 1;
                 let p = self.pipe_size;
-                self.to_normal(Some(p))
+                self.enter_normal(Some(p))
             }
             ResumePhase::SafeRetreat => {
                 let p = self.pipe_size.max(self.retreat_cwnd);
-                self.to_normal(Some(p))
+                self.enter_normal(Some(p))
             }
         }
     }
@@ -570,15 +573,15 @@ mod tests {
     #[test]
     fn phases_jump_validate_and_end() {
         let t0 = Instant::now();
-        let mut r = CarefulResume::new(rec(t0, 1_000_000), 14_480, 1);
+        let mut r = CarefulResume::new(rec(t0, 1_000_000), 1);
         // IW not yet acknowledged.
         assert_eq!(
-            r.on_ack(5000, 5000, 20_000, Some(100 * MS), true, 14_481),
+            r.on_ack(14_480, 5000, 5000, 20_000, Some(100 * MS), true, 14_481),
             Action::None
         );
         // IW acknowledged, path confirmed, more to send: jump to half the saved window.
         assert_eq!(
-            r.on_ack(14_481, 9481, 30_000, Some(100 * MS), true, 30_000),
+            r.on_ack(14_480, 14_481, 9481, 30_000, Some(100 * MS), true, 30_000),
             Action::Jump(500_000)
         );
         assert_eq!(r.phase(), ResumePhase::Unvalidated);
@@ -592,14 +595,17 @@ mod tests {
             r.pacing_wait(t0),
             Some(t0 + Duration::from_micros(14_000) - PACING_SLACK)
         );
-        assert_eq!(r.on_ack(30_000, 1000, 0, None, true, 0), Action::None);
         assert_eq!(
-            r.on_ack(31_000, 1000, 0, None, true, 0),
+            r.on_ack(14_480, 30_000, 1000, 0, None, true, 0),
+            Action::None
+        );
+        assert_eq!(
+            r.on_ack(14_480, 31_000, 1000, 0, None, true, 0),
             Action::CwndToFlight
         );
         assert_eq!(r.phase(), ResumePhase::Validating);
         assert_eq!(
-            r.on_ack(100_000, 69_000, 0, None, true, 0),
+            r.on_ack(14_480, 100_000, 69_000, 0, None, true, 0),
             Action::Normal(None)
         );
         assert_eq!(r.stats().validating, 1);
@@ -608,13 +614,13 @@ mod tests {
     #[test]
     fn changed_rtt_or_loss_in_reconnaissance_means_no_jump() {
         let t0 = Instant::now();
-        let mut r = CarefulResume::new(rec(t0, 1_000_000), 14_480, 1);
+        let mut r = CarefulResume::new(rec(t0, 1_000_000), 1);
         assert_eq!(
-            r.on_ack(20_000, 20_000, 30_000, Some(20 * MS), true, 30_000),
+            r.on_ack(14_480, 20_000, 20_000, 30_000, Some(20 * MS), true, 30_000),
             Action::Normal(None)
         );
         assert_eq!(r.stats().not_confirmed, 1);
-        let mut r = CarefulResume::new(rec(t0, 1_000_000), 14_480, 1);
+        let mut r = CarefulResume::new(rec(t0, 1_000_000), 1);
         assert_eq!(r.on_congestion(2896), Action::Normal(None));
         assert_eq!(r.stats().unvalidated, 0);
     }
@@ -622,19 +628,19 @@ mod tests {
     #[test]
     fn loss_after_the_jump_retreats_to_half_the_pipe() {
         let t0 = Instant::now();
-        let mut r = CarefulResume::new(rec(t0, 1_000_000), 14_480, 1);
-        r.on_ack(14_481, 14_480, 30_000, Some(100 * MS), true, 30_000);
+        let mut r = CarefulResume::new(rec(t0, 1_000_000), 1);
+        r.on_ack(14_480, 14_481, 14_480, 30_000, Some(100 * MS), true, 30_000);
         r.on_send(t0, 30_000, 200_000, Some(100 * MS));
-        r.on_ack(40_000, 10_000, 0, None, true, 0);
+        r.on_ack(14_480, 40_000, 10_000, 0, None, true, 0);
         // PipeSize = 30 000 + 10 000.
         assert_eq!(r.on_congestion(2896), Action::Retreat(20_000));
         assert_eq!(r.window_cap(), Some(20_000));
         assert_eq!(
-            r.on_ack(100_000, 60_000, 0, None, true, 0),
+            r.on_ack(14_480, 100_000, 60_000, 0, None, true, 0),
             Action::Retreat(20_000)
         );
         assert_eq!(
-            r.on_ack(200_000, 100_000, 0, None, true, 0),
+            r.on_ack(14_480, 200_000, 100_000, 0, None, true, 0),
             Action::Normal(Some(200_000))
         );
         assert_eq!(r.stats().safe_retreats, 1);
