@@ -2122,9 +2122,14 @@ impl Connection {
         let mss = self.effective_mss() as u64;
         let newly_acked_before = ack.saturating_sub(self.snd_una);
         let mut sampled = false;
+        // Bytes this ACK shows delivered for the first time (a range SACKed earlier and now
+        // cumulatively acknowledged counts once): what the path carried, for the path cache
+        // and Careful Resume's PipeSize.
+        let mut newly_delivered = new_sack;
         if ack > self.snd_una {
             let acked_total = ack - self.snd_una;
             let res = self.sb.ack(ack, &mut delivered);
+            newly_delivered += res.newly_acked;
             // Stream bytes acknowledged (the FIN is not a stream byte).
             let data_upto = match self.fin_seq {
                 Some(f) if ack > f => f - 1,
@@ -2302,9 +2307,8 @@ impl Connection {
         // RFC 7661 §4.2: what the flow gets acknowledged, cumulatively or by SACK.
         self.pipe_ack
             .on_ack(now, newly_acked_before + new_sack, self.rtt.srtt());
-        self.observer
-            .on_ack(now, newly_acked_before + new_sack, self.rtt.srtt());
-        self.resume_on_ack(newly_acked_before + new_sack);
+        self.observer.on_ack(now, newly_delivered, self.rtt.srtt());
+        self.resume_on_ack(newly_delivered);
         let tsecr = seg.options.timestamps.map(|(_, ecr)| ecr);
         self.detect_spurious_rto(now, advancing, tsecr, dsack);
         // The window reopened with our probe byte unacknowledged: the receiver dropped it, so
