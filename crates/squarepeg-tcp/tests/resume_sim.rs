@@ -1,8 +1,8 @@
 //! Careful Resume from cached path state (RFC 9040 temporal sharing, RFC 9959) in the
 //! simulator, in virtual time: McTiny appendix A's transfer (1 MiB, 100 Mbit/s, RTT 117 ms)
 //! a second time from the same server endpoint, which kept what the first connection
-//! measured; the same when the path's RTT or its rate changed in between; and the cache's
-//! bounds at the endpoint.
+//! measured; the same when the path's RTT or its rate changed in between, or the state is
+//! older than its lifetime; and the cache's export and import at the endpoint.
 
 mod simnet;
 
@@ -52,6 +52,18 @@ fn two_transfers(
     first_path: LinkConfig,
     second_path: Option<LinkConfig>,
 ) -> (Run, Run, World) {
+    two_transfers_at(seed, size, resume, first_path, second_path, SECOND_AT)
+}
+
+/// [`two_transfers`] with the returning client connecting at `second_at`.
+fn two_transfers_at(
+    seed: u64,
+    size: u64,
+    resume: bool,
+    first_path: LinkConfig,
+    second_path: Option<LinkConfig>,
+    second_at: Duration,
+) -> (Run, Run, World) {
     let start = Instant::now();
     let (ca, sa): (SocketAddr, SocketAddr) = (
         CLIENT.parse().expect("address"),
@@ -63,7 +75,7 @@ fn two_transfers(
     let mut server_cfg = ConnectionConfig::default();
     server_cfg.careful_resume = resume;
     server.listen(sa.port(), server_cfg);
-    for (i, (port, after)) in [(ca.port(), Duration::ZERO), (ca2.port(), SECOND_AT)]
+    for (i, (port, after)) in [(ca.port(), Duration::ZERO), (ca2.port(), second_at)]
         .into_iter()
         .enumerate()
     {
@@ -87,12 +99,12 @@ fn two_transfers(
         server,
     );
     let limits = Limits {
-        deadline: Duration::from_secs(120),
-        watchdog: Duration::from_secs(60),
+        deadline: second_at + Duration::from_secs(120),
+        watchdog: second_at + Duration::from_secs(60),
     };
     if let Some(path) = second_path {
         w.sim
-            .run_until(start + SECOND_AT - Duration::from_millis(500))
+            .run_until(start + second_at - Duration::from_millis(500))
             .expect("run");
         for dir in [Direction::LeftToRight, Direction::RightToLeft] {
             w.sim
@@ -108,7 +120,7 @@ fn two_transfers(
     w.server_mut().snapshot_stats();
     let run = |i: usize, w: &World| {
         let c = &w.client().conns[i];
-        let begun = w.start + if i == 0 { Duration::ZERO } else { SECOND_AT };
+        let begun = w.start + if i == 0 { Duration::ZERO } else { second_at };
         Run {
             done: c.eof_at.expect("EOF") - begun,
             server: w.server().conns[i].stats.clone().expect("server stats"),
@@ -264,4 +276,23 @@ fn the_endpoint_cache_exports_imports_and_expires() {
             .get(s.remote, now + lifetime + Duration::from_secs(1))
             .is_none()
     );
+}
+
+#[test]
+fn state_older_than_the_lifetime_is_not_used() {
+    // The default lifetime is five minutes (RFC 7661's non-validated period, which RFC 9959
+    // points at); a client returning after six starts cold.
+    let lifetime = squarepeg_tcp::PathCacheConfig::default().lifetime;
+    let path = link(RTT / 2, RATE, 1_500_000);
+    let (cold, late, w) =
+        two_transfers_at(6, MIB, true, path, None, lifetime + Duration::from_secs(60));
+    assert_eq!(
+        late.server.resume.reconnaissance, 0,
+        "{:?}",
+        late.server.resume
+    );
+    assert!((late.rtts(RTT) - cold.rtts(RTT)).abs() < 0.2);
+    assert_eq!(w.server().ep.stats().path_states_used, 0);
+    // The expired entry was replaced by the late connection's own.
+    assert_eq!(w.server().ep.path_cache().len(), 1);
 }
