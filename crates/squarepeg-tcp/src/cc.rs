@@ -56,6 +56,12 @@ pub trait CongestionControl: Debug + Send {
     fn keep_at_least(&mut self, floor: u64) {
         let _ = floor;
     }
+    /// Sets cwnd and ssthresh outright: Careful Resume's jump, its reset to the flight size
+    /// and its Safe Retreat (RFC 9959, see `crate::resume`). The controller starts a new
+    /// epoch from there. The default ignores it (no resume with such a controller).
+    fn set_window(&mut self, cwnd: u64, ssthresh: u64) {
+        let _ = (cwnd, ssthresh);
+    }
 }
 
 /// Builds the configured controller.
@@ -167,6 +173,11 @@ impl CongestionControl for NewReno {
     fn keep_at_least(&mut self, floor: u64) {
         self.cwnd = self.cwnd.max(floor);
         self.ssthresh = self.ssthresh.max(floor);
+    }
+    fn set_window(&mut self, cwnd: u64, ssthresh: u64) {
+        self.cwnd = cwnd.max(self.mss);
+        self.ssthresh = ssthresh;
+        self.bytes_acked = 0;
     }
 }
 
@@ -320,6 +331,16 @@ impl CongestionControl for Cubic {
     fn keep_at_least(&mut self, floor: u64) {
         self.cwnd = self.cwnd.max(floor);
         self.ssthresh = self.ssthresh.max(floor);
+    }
+    fn set_window(&mut self, cwnd: u64, ssthresh: u64) {
+        self.cwnd = cwnd.max(self.mss);
+        self.ssthresh = ssthresh;
+        // A W_max from before a retreat describes a window the path did not carry: growth
+        // starts afresh from here (RFC 9438 §4.2, a new epoch).
+        if self.w_max > self.segments() {
+            self.w_max = self.segments();
+        }
+        self.epoch_start = None;
     }
 }
 

@@ -160,6 +160,14 @@ pub struct ConnectionConfig {
     /// valid cookie gets an ordinary handshake (its data is acknowledged only after it is
     /// sent again).
     pub fast_open_max_pending: usize,
+    /// Careful Resume (RFC 9959, [`crate::resume`]): a connection to a host the endpoint's
+    /// path cache knows starts in Reconnaissance and, once the path is confirmed, jumps to
+    /// half the window the earlier connection used, paced, validated before it is trusted.
+    /// Off by default: it changes how fast the sender ramps up toward a host, so it is the
+    /// application's choice (a transfer tool, a returning client), and behaviour without
+    /// it stays that of RFC 5681 / RFC 9438 slow start. The endpoint records path state
+    /// either way.
+    pub careful_resume: bool,
 }
 
 impl Default for ConnectionConfig {
@@ -201,6 +209,7 @@ impl Default for ConnectionConfig {
             padder: None,
             fast_open: false,
             fast_open_max_pending: 16,
+            careful_resume: false,
         }
     }
 }
@@ -248,6 +257,9 @@ pub struct EndpointConfig {
     /// while the same SYN without data got through (RFC 7413 §4.1.3, Linux's TFO blackhole
     /// detection, whose first period is an hour).
     pub fast_open_blackhole: Duration,
+    /// The per-host path state kept for RFC 9040 temporal sharing and Careful Resume
+    /// ([`crate::resume::PathCache`]): bounded in entries, entries expire.
+    pub path_cache: crate::resume::PathCacheConfig,
 }
 
 impl Default for EndpointConfig {
@@ -263,6 +275,7 @@ impl Default for EndpointConfig {
             local_addresses: Vec::new(),
             fast_open_cache_size: 1024,
             fast_open_blackhole: Duration::from_secs(3600),
+            path_cache: crate::resume::PathCacheConfig::default(),
         }
     }
 }

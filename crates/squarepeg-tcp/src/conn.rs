@@ -13,6 +13,7 @@ use crate::config::ConnectionConfig;
 use crate::cwv::PipeAck;
 use crate::error::{DropReason, Error};
 use crate::recv_buf::RecvBuffer;
+use crate::resume::{Action as ResumeAction, CarefulResume, Observer, PathRecord, ResumeStats};
 use crate::rtt::RttEstimator;
 use crate::scoreboard::{Delivered, Scoreboard, Transmission};
 use crate::send_queue::{MessageReport, Padder, SendQueue, SendQueueStats, WriteTag};
@@ -140,6 +141,10 @@ pub struct ConnectionStats {
     pub app_limited_floors: u64,
     /// The unordered receive path (zero unless it is on).
     pub unordered: UnorderedStats,
+    /// Careful Resume from cached path state (RFC 9959; all zero unless
+    /// [`ConnectionConfig::careful_resume`](crate::ConnectionConfig::careful_resume) is on and
+    /// the endpoint knew the host).
+    pub resume: ResumeStats,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -248,12 +253,15 @@ pub(crate) enum Timer {
     Persist,
     /// Keep-alive (RFC 9293 §3.8.4).
     Keepalive,
+    /// When the next paced segment may leave (Careful Resume's Unvalidated phase, RFC 9959);
+    /// its expiry only makes the connection send again.
+    Pacing,
 }
 
 impl Timer {
     /// Every timer, in dispatch order: the ones that end the connection first, the loss
     /// probe before the retransmission timeout it may replace.
-    pub(crate) const ALL: [Timer; 8] = [
+    pub(crate) const ALL: [Timer; 9] = [
         Timer::TimeWait,
         Timer::FinWait2,
         Timer::DelayedAck,
@@ -262,6 +270,7 @@ impl Timer {
         Timer::Retransmission,
         Timer::Persist,
         Timer::Keepalive,
+        Timer::Pacing,
     ];
 }
 
@@ -564,6 +573,10 @@ pub struct Connection {
     cc: Box<dyn CongestionControl>,
     /// Largest flight since the last ACK (decides whether cwnd limited the sender).
     max_flight_recent: u64,
+    /// Careful Resume from cached path state (RFC 9959), while a saved state is in use.
+    resume: Option<Box<CarefulResume>>,
+    /// What the path carried per round trip, for the endpoint's path cache (RFC 9040).
+    observer: Observer,
 
     /// Every timer of the connection, in one table ([`Timers`]).
     timers: Timers,
@@ -714,6 +727,8 @@ impl Connection {
             rtt,
             cc,
             max_flight_recent: 0,
+            resume: None,
+            observer: Observer::default(),
             timers: Timers::default(),
             rto_armed_at: n.now,
             persist_backoff: 0,
@@ -1049,6 +1064,7 @@ impl Connection {
                 .as_ref()
                 .map(|u| u.stats())
                 .unwrap_or_default(),
+            resume: self.resume_stats(),
         }
     }
 
@@ -1611,6 +1627,7 @@ impl Connection {
                 }
                 Timer::Persist => self.zwp_pending = true,
                 Timer::Keepalive => self.on_keepalive(now),
+                Timer::Pacing => {}
             }
         }
     }
@@ -1669,6 +1686,10 @@ impl Connection {
                         overflow: false,
                     });
                     self.cc.on_rto(now, self.flight());
+                    if let Some(r) = self.resume.as_mut() {
+                        let action = r.on_rto();
+                        self.apply_resume(action);
+                    }
                 }
                 self.rto_count += 1;
                 self.counters.rto_timeouts += 1;
@@ -2265,9 +2286,14 @@ impl Connection {
         let mss = self.effective_mss() as u64;
         let newly_acked_before = ack.saturating_sub(self.snd_una);
         let mut sampled = false;
+        // Bytes this ACK shows delivered for the first time (a range SACKed earlier and now
+        // cumulatively acknowledged counts once): what the path carried, for the path cache
+        // and Careful Resume's PipeSize.
+        let mut newly_delivered = new_sack;
         if ack > self.snd_una {
             let acked_total = ack - self.snd_una;
             let res = self.sb.ack(ack, &mut delivered);
+            newly_delivered += res.newly_acked;
             // Stream bytes acknowledged (the FIN is not a stream byte).
             let data_upto = match self.fin_seq {
                 Some(f) if ack > f => f - 1,
@@ -2445,6 +2471,8 @@ impl Connection {
         // RFC 7661 §4.2: what the flow gets acknowledged, cumulatively or by SACK.
         self.pipe_ack
             .on_ack(now, newly_acked_before + new_sack, self.rtt.srtt());
+        self.observer.on_ack(now, newly_delivered, self.rtt.srtt());
+        self.resume_on_ack(newly_delivered);
         let tsecr = seg.options.timestamps.map(|(_, ecr)| ecr);
         self.detect_spurious_rto(now, advancing, tsecr, dsack);
         // The window reopened with our probe byte unacknowledged: the receiver dropped it, so
@@ -2609,6 +2637,11 @@ impl Connection {
         let cwnd = self.cc.cwnd();
         let non_validated = self.pipe_ack.non_validated(now, self.rtt.srtt(), cwnd);
         self.cc.on_congestion_event(now, flight);
+        let floor = 2 * self.effective_mss() as u64;
+        if let Some(r) = self.resume.as_mut() {
+            let action = r.on_congestion(floor);
+            self.apply_resume(action);
+        }
         if non_validated {
             let iw = self.effective_mss() as u64 * u64::from(self.cfg.initial_window.max(1));
             let floor = iw.min(cwnd);
@@ -3469,6 +3502,120 @@ impl Connection {
         Some(n)
     }
 
+    pub(crate) fn careful_resume_enabled(&self) -> bool {
+        self.cfg.careful_resume
+    }
+
+    /// The latest time the connection was called with.
+    pub(crate) fn clock_now(&self) -> Instant {
+        self.clock
+    }
+
+    /// Starts Careful Resume from `saved` (the endpoint's cached state for this host): the
+    /// connection begins in Reconnaissance with the ordinary initial window (RFC 9959).
+    pub(crate) fn start_resume(&mut self, saved: PathRecord) {
+        // Stream byte 0 is sequence number 1 (the SYN takes 0).
+        self.resume = Some(Box::new(CarefulResume::new(saved, 1)));
+    }
+
+    /// The path state this connection observed, for the endpoint's cache (RFC 9040 §4): its
+    /// minimum RTT and the most bytes acknowledged within one round trip. `None` when that is
+    /// under four initial windows (RFC 9959 Observe phase: too small to be worth resuming)
+    /// or nothing was measured. After a Safe Retreat the state that proved wrong is gone (the
+    /// endpoint took it out of the cache); what this connection measured replaces it, since
+    /// bytes acknowledged within a round trip were carried by the path as it is now.
+    pub(crate) fn path_observation(&self, now: Instant) -> Option<PathRecord> {
+        let rtt = self.rtt.min_rtt()?;
+        let iw = self.effective_mss() as u64 * u64::from(self.cfg.initial_window.max(1));
+        let cwnd = self.observer.best();
+        if cwnd < 4 * iw {
+            return None;
+        }
+        Some(PathRecord {
+            rtt,
+            cwnd,
+            saved_at: now,
+        })
+    }
+
+    fn resume_stats(&self) -> ResumeStats {
+        self.resume.as_ref().map(|r| r.stats()).unwrap_or_default()
+    }
+
+    /// Careful Resume's view of an ACK that acknowledged `acked` new bytes.
+    fn resume_on_ack(&mut self, acked: u64) {
+        if self
+            .resume
+            .as_ref()
+            .is_none_or(|r| r.phase() == crate::resume::ResumePhase::Normal)
+        {
+            return;
+        }
+        let cwnd = self.cc.cwnd();
+        let unsent = self
+            .queue
+            .end()
+            .saturating_sub(self.snd_nxt.saturating_sub(1));
+        let wants_more = unsent > self.cwnd_allowance() && self.recovery.is_none();
+        let min_rtt = self.rtt.min_rtt();
+        let iw = self.effective_mss() as u64 * u64::from(self.cfg.initial_window.max(1));
+        let Some(r) = self.resume.as_mut() else {
+            return;
+        };
+        let action = r.on_ack(
+            iw,
+            self.snd_una,
+            acked,
+            cwnd,
+            min_rtt,
+            wants_more,
+            self.snd_nxt,
+        );
+        self.apply_resume(action);
+    }
+
+    /// Carries out what Careful Resume decided, on the controller's window.
+    fn apply_resume(&mut self, action: ResumeAction) {
+        let ssthresh = self.cc.ssthresh();
+        match action {
+            ResumeAction::None => {}
+            ResumeAction::Jump(jump) => self.cc.set_window(jump, ssthresh),
+            ResumeAction::CwndToFlight => {
+                // RFC 9959 Validating: "On entry ..., the CWND is set to the flight size."
+                let floor = 2 * self.effective_mss() as u64;
+                self.cc.set_window(self.flight().max(floor), ssthresh);
+            }
+            ResumeAction::Retreat(cap) => {
+                if self.cc.cwnd() > cap || ssthresh > cap {
+                    let cwnd = self.cc.cwnd().min(cap);
+                    self.cc.set_window(cwnd, ssthresh.min(cap));
+                }
+            }
+            ResumeAction::Normal(Some(pipe)) => {
+                let floor = 2 * self.effective_mss() as u64;
+                self.cc
+                    .set_window(self.cc.cwnd(), ssthresh.min(pipe.max(floor)));
+            }
+            ResumeAction::Normal(None) => {}
+        }
+        // The jump holds cwnd at jump_cwnd and Safe Retreat holds it down: the controller's
+        // own growth on this ACK does not count (RFC 9959 Unvalidated, Safe Retreat).
+        if let Some(cap) = self.resume.as_ref().and_then(|r| r.window_cap())
+            && self.cc.cwnd() > cap
+        {
+            let ssthresh = self.cc.ssthresh();
+            self.cc.set_window(cap, ssthresh);
+        }
+        if self
+            .resume
+            .as_ref()
+            .and_then(|r| r.pacing_wait(self.clock))
+            .is_none()
+        {
+            self.timers.cancel(Timer::Pacing);
+        }
+    }
+
     fn can_send_data_state(&self) -> bool {
         matches!(
             self.state,
@@ -3504,6 +3651,12 @@ impl Connection {
             && now.saturating_duration_since(last) > self.rtt.current_rto()
         {
             self.cc.on_idle_restart(now);
+        }
+        // Careful Resume's jump is paced (RFC 9959: "Transmission using an unvalidated CWND
+        // MUST use pacing"); the pacing timer sends the next segment.
+        if let Some(at) = self.resume.as_ref().and_then(|r| r.pacing_wait(now)) {
+            self.timers.set(Timer::Pacing, at);
+            return None;
         }
         let wnd_room = self.send_right_edge().saturating_sub(self.snd_nxt);
         let cwnd_room = self.cwnd_allowance();
@@ -3564,6 +3717,9 @@ impl Connection {
             self.unacked_since = Some(now);
         }
         self.snd_nxt = end;
+        if let Some(r) = self.resume.as_mut() {
+            r.on_send(now, start, end, self.rtt.srtt());
+        }
         if fin {
             self.fin_seq = Some(end - 1);
         }

@@ -12,6 +12,7 @@ use crate::conn::{
     NewConnection, PeerSyn, Shared, State,
 };
 use crate::error::{DropReason, Error};
+use crate::resume::{PathCache, SavedPath};
 use crate::secret::Secret;
 use crate::send_queue::{MessageReport, Padder, SendQueue, WriteTag};
 use crate::syncookie;
@@ -64,6 +65,9 @@ pub struct EndpointStats {
     pub replies_dropped: u64,
     /// TCP Fast Open (RFC 7413), both as client and as server.
     pub fast_open: FastOpenStats,
+    /// Path states saved into the path cache, and taken by new connections (Careful Resume).
+    pub path_states_saved: u64,
+    pub path_states_used: u64,
 }
 
 /// TCP Fast Open counters (RFC 7413) of an endpoint.
@@ -256,6 +260,8 @@ struct Slot {
     fo_pending: bool,
     /// A Fast Open passive open put in the accept queue at the SYN (not at ESTABLISHED).
     early_queued: bool,
+    /// The connection's path state went into the path cache (once, at its end).
+    path_saved: bool,
 }
 
 type Tuple = (SocketAddr, SocketAddr);
@@ -285,6 +291,8 @@ pub struct Endpoint {
     stats: EndpointStats,
     ephemeral_next: u16,
     fo_cache: FastOpenCache,
+    /// Path state per remote host (RFC 9040 temporal sharing, RFC 9959 Careful Resume).
+    path_cache: PathCache,
 }
 
 const EPHEMERAL: std::ops::RangeInclusive<u16> = 32768..=60999;
@@ -296,6 +304,7 @@ pub const MIN_TRANSMIT_BUFFER: usize = 40 + 60;
 impl Endpoint {
     /// Creates an endpoint; `now` becomes the epoch of its clocks (ISN timer, timestamps).
     pub fn new(config: EndpointConfig, now: Instant) -> Endpoint {
+        let path_cache = PathCache::new(config.path_cache);
         Endpoint {
             secret: Secret::new(config.secret),
             shared: Shared {
@@ -318,11 +327,50 @@ impl Endpoint {
             stats: EndpointStats::default(),
             ephemeral_next: 0,
             fo_cache: FastOpenCache::default(),
+            path_cache,
         }
     }
 
     pub fn stats(&self) -> &EndpointStats {
         &self.stats
+    }
+
+    /// The path state kept per remote host (RFC 9040 §4 temporal sharing): saved when a
+    /// connection ends, taken by the next connection to the same host that has
+    /// [`ConnectionConfig::careful_resume`] on.
+    pub fn path_cache(&self) -> &PathCache {
+        &self.path_cache
+    }
+
+    pub fn path_cache_mut(&mut self) -> &mut PathCache {
+        &mut self.path_cache
+    }
+
+    /// The unexpired path state, with ages, for a tool to keep across processes.
+    pub fn export_path_state(&self, now: Instant) -> Vec<SavedPath> {
+        self.path_cache.export(now)
+    }
+
+    /// Loads path state exported earlier ([`Endpoint::export_path_state`]).
+    pub fn import_path_state(&mut self, now: Instant, saved: &[SavedPath]) {
+        self.path_cache.import(now, saved);
+    }
+
+    /// Saves what connection `h` has observed of its path now, without waiting for its end
+    /// (a long-lived connection's periodic update). Returns whether anything was saved.
+    pub fn save_path_state(&mut self, now: Instant, h: ConnectionHandle) -> bool {
+        let Some(c) = self.connection(h) else {
+            return false;
+        };
+        let remote = c.remote_addr().ip();
+        match c.path_observation(now) {
+            Some(record) => {
+                self.path_cache.insert(remote, record);
+                self.stats.path_states_saved += 1;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Number of connections held (any state, including TIME-WAIT and half-open).
@@ -657,10 +705,23 @@ impl Endpoint {
                     in_table: false,
                     fo_pending: false,
                     early_queued: false,
+                    path_saved: false,
                 });
                 (self.slots.len() - 1) as u32
             }
         };
+        self.slots[index as usize].path_saved = false;
+        let mut conn = conn;
+        // RFC 9040 temporal sharing / RFC 9959: a connection to a host we know starts from its
+        // saved state. The entry is taken, so no two connections jump on the same state.
+        if conn.careful_resume_enabled()
+            && let Some(saved) = self
+                .path_cache
+                .take(conn.remote_addr().ip(), conn.clock_now())
+        {
+            self.stats.path_states_used += 1;
+            conn.start_resume(saved);
+        }
         let slot = &mut self.slots[index as usize];
         slot.conn = Some(Box::new(conn));
         slot.owned = owned;
@@ -994,6 +1055,15 @@ impl Endpoint {
         }
         let state = conn.state();
         let closed = state == State::Closed;
+        // The connection's end (TIME-WAIT, or CLOSED from LAST-ACK, a reset or a timeout):
+        // what it observed of the path goes into the cache (RFC 9040 §4).
+        if (closed || state == State::TimeWait) && !slot.path_saved {
+            slot.path_saved = true;
+            if let Some(record) = conn.path_observation(conn.clock_now()) {
+                self.path_cache.insert(conn.remote_addr().ip(), record);
+                self.stats.path_states_saved += 1;
+            }
+        }
         let rst_pending = conn.has_pending_rst();
         let timeout = if closed { None } else { conn.next_timeout() };
         let remove_tuple = closed && slot.in_table;

@@ -14,7 +14,9 @@
 //! (SYN cookies), RFC 6191 (TIME-WAIT reuse), RFC 7413 (TCP Fast Open), RFC 896 (Nagle, off by default), RFC 7661
 //! (pipeACK and the non-validated phase of an application-limited flow: its loss response
 //! stops at the initial window), RFC 3522 / RFC 3708 / RFC 4015 (a spurious retransmission
-//! timeout, found by the timestamp echo or by D-SACKs, is undone).
+//! timeout, found by the timestamp echo or by D-SACKs, is undone), RFC 9040 (temporal sharing:
+//! the endpoint keeps RTT and window per remote host, [`resume::PathCache`]) with RFC 9959
+//! (Careful Resume from that state, paced; [`ConnectionConfig::careful_resume`], off by default).
 //!
 //! Loss recovery keeps one record per transmitted segment (its send time and transmission
 //! order): the RFC 6675 scoreboard and `pipe` decide what to send; with SACK, RACK (RFC 8985
@@ -94,7 +96,8 @@
 //!
 //! Not implemented (yet): PRR, HyStart++, F-RTO, undo of spurious fast retransmits, ECN,
 //! urgent data (URG is ignored and data delivered inline, RFC 6093), path MTU
-//! discovery / ICMP, receive buffer auto-tuning, pacing and segmentation offloads.
+//! discovery / ICMP, receive buffer auto-tuning, pacing (other than Careful Resume's jump) and
+//! segmentation offloads.
 //!
 //! ```
 //! use std::time::Instant;
@@ -146,6 +149,7 @@ mod cwv;
 mod endpoint;
 mod error;
 mod recv_buf;
+pub mod resume;
 mod rtt;
 mod scoreboard;
 mod secret;
@@ -164,6 +168,7 @@ pub use endpoint::{
     MIN_TRANSMIT_BUFFER,
 };
 pub use error::{DropReason, Error};
+pub use resume::{PathCache, PathCacheConfig, PathRecord, ResumePhase, ResumeStats, SavedPath};
 pub use rtt::RttEstimator;
 pub use send_queue::{
     CommittedWrite, MAX_DEPENDENCY_DEPTH, MessageReport, Pad, Padder, SendQueue, SendQueueStats,

@@ -71,6 +71,10 @@ enum Verb {
     /// Run the tunnel experiment (Minion §8.4): voice and an iperf3 download with competing
     /// uploads through the direct path, OpenVPN over TCP and `peg tunnel`, on labs of its own.
     Tunnel(super::tunnel_lab::TunnelLabArgs),
+    /// Run the short-transfer experiment (McTiny appendix A; issue 13): a 1 MB answer after a
+    /// 1-byte request, cold and for a returning client, kernel TCP and the userspace TCP with
+    /// Careful Resume, on labs of its own.
+    Transfer(super::transfer_lab::TransferLabArgs),
     /// Run a lab in the foreground (what `up` starts in the background).
     #[command(hide = true)]
     Daemon(NameArg),
@@ -199,6 +203,7 @@ pub fn run(args: LabArgs) -> Result<()> {
         Verb::Voip(args) => super::voip::run(args),
         Verb::Priority(args) => super::priority::run(args),
         Verb::Tunnel(args) => super::tunnel_lab::run(args),
+        Verb::Transfer(args) => super::transfer_lab::run(args),
         Verb::Daemon(name) => cmd_daemon(&name.name),
     }
 }

@@ -11,6 +11,7 @@ pub mod stack;
 pub mod substrate;
 pub mod tcp;
 pub mod tls;
+pub mod transfer_lab;
 pub mod tunnel;
 pub mod tunnel_lab;
 pub mod voip;

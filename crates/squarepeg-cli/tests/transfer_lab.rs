@@ -1,0 +1,114 @@
+//! `peg lab transfer` end to end on the real lab: a short transfer (256 kB over 100 Mbit/s at
+//! RTT 20 ms) with kernel CUBIC and the userspace TCP with Careful Resume, cold and
+//! returning. Checks that the JSON is well formed, every byte arrived, the captures gave
+//! both ends' sequence series and the returning userspace-TCP connection started from the
+//! state the first one left (Reconnaissance entered). No timing is compared (the figures are
+//! in docs/results.md). Needs root; every lab is removed by the experiment. Bad input is
+//! refused before anything is built (no root needed).
+
+mod common;
+
+use common::{TempDir, can_run, peg};
+use serde_json::Value;
+
+const SIZE: u64 = 256 * 1024;
+
+#[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
+fn lab_transfer_reports_cold_and_returning_transfers() {
+    if !can_run() {
+        return;
+    }
+    let dir = TempDir::new("lab-transfer");
+    let out = dir.0.to_str().expect("utf-8 path");
+    let output = peg(&[
+        "lab",
+        "transfer",
+        "--size",
+        "256kb",
+        "--rate",
+        "100mbit",
+        "--rtt",
+        "20ms",
+        "--substrate",
+        "kernel-cubic,utcp",
+        "--out",
+        out,
+        "--json",
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary: Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
+    assert_eq!(summary["schema"], "squarepeg.transfer/1");
+    assert_eq!(summary["path"]["size_bytes"], SIZE);
+    let runs = summary["runs"].as_array().expect("runs");
+    let names: Vec<&str> = runs
+        .iter()
+        .filter_map(|r| r["substrate"].as_str())
+        .collect();
+    assert_eq!(names, ["kernel-cubic", "utcp"]);
+    for r in runs {
+        assert_eq!(r["warnings"].as_array().map(Vec::len), Some(0), "{r}");
+        let transfers = r["transfers"].as_array().expect("transfers");
+        let phases: Vec<&str> = transfers
+            .iter()
+            .filter_map(|t| t["phase"].as_str())
+            .collect();
+        assert_eq!(phases, ["cold", "returning"]);
+        for t in transfers {
+            assert_eq!(t["bytes"], SIZE, "{t}");
+            let established = t["established_ms"].as_f64().expect("established");
+            let request = t["request_ms"].as_f64().expect("request");
+            let last = t["last_byte_ms"].as_f64().expect("last byte");
+            assert!(0.0 < established && established <= request && request <= last);
+            // Both ends' series from the captures, ending at the last byte.
+            for end in ["sender", "receiver"] {
+                let series = t[end].as_array().expect("series");
+                assert!(!series.is_empty(), "{end}: {t}");
+                let top = series
+                    .iter()
+                    .filter_map(|p| p[1].as_u64())
+                    .max()
+                    .expect("sequence numbers");
+                assert_eq!(top, SIZE, "{end}");
+            }
+        }
+    }
+    let utcp = &runs[1]["transfers"];
+    assert_eq!(utcp[0]["server"]["resume"]["reconnaissance"], 0, "cold");
+    assert_eq!(
+        utcp[1]["server"]["resume"]["reconnaissance"], 1,
+        "returning"
+    );
+    assert!(
+        runs[0]["transfers"][0]["server"].is_null(),
+        "kernel: no stats"
+    );
+    let on_disk: Value =
+        serde_json::from_slice(&std::fs::read(dir.0.join("transfer.json")).expect("transfer.json"))
+            .expect("JSON");
+    assert_eq!(on_disk, summary);
+    for name in ["transfer-kernel-cubic.svg", "transfer-utcp.png"] {
+        assert!(dir.0.join(name).exists(), "{name}");
+    }
+}
+
+#[test]
+fn bad_input_is_refused_clearly() {
+    for (args, expect) in [
+        (vec!["--substrate", "quic"], "unknown transport `quic`"),
+        (vec!["--size", "0b"], "between 1 byte and 1 GiB"),
+        (vec!["--rtt", "5s"], "between 1 ms and 2 s"),
+        (vec!["--rate", "fast"], "rate"),
+    ] {
+        let mut all = vec!["lab", "transfer", "--no-plots", "--out", "/nonexistent/x"];
+        all.extend(args);
+        let output = peg(&all);
+        assert!(!output.status.success());
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert!(err.contains(expect), "{expect}: {err}");
+    }
+}
