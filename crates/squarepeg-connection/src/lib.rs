@@ -204,11 +204,11 @@ impl Connection {
                 let mut tls = match setup {
                     // A client that may offer early data makes its ClientHello at the first
                     // poll, with what the application queued by then (see
-                    // `Connection::poll_transmit`). Over tagged writes: not yet.
+                    // `Connection::poll_transmit` and `Connection::poll_write`).
                     TlsSetup::Client {
                         config,
                         server_name,
-                    } if config.enable_early_data && substrate.send == Send::ByteStream => {
+                    } if config.enable_early_data => {
                         Tls::client_deferred(config.clone(), server_name)?
                     }
                     _ => setup.start()?,
@@ -744,6 +744,29 @@ impl Connection {
     /// sealed into records of its own, tagged as in cleartext once records are numbered
     /// (before that, in order: positional records may not be reordered or dropped); after
     /// the session's last frame, close_notify behind everything.
+    /// The record layer's own write (handshake flights, KeyUpdates, close_notify, alerts),
+    /// if one is pending: nothing overtakes it (the last ones go at the tail).
+    fn poll_tls_write_control(&self) -> Option<TaggedWrite<'_>> {
+        let RecordLayer::Tls(t) = &self.record else {
+            return None;
+        };
+        if !t.control_pending {
+            return None;
+        }
+        let priority = if t.close_notify_requested || t.failed {
+            i32::MIN
+        } else {
+            i32::MAX
+        };
+        Some(TaggedWrite {
+            frame: &t.control,
+            tag: WriteTag {
+                priority,
+                ..Default::default()
+            },
+        })
+    }
+
     fn poll_tls_write(&mut self, now: Instant) -> Option<TaggedWrite<'_>> {
         let (RecordLayer::Tls(t), SendPath::Tagged(sender)) = (&mut self.record, &mut self.send)
         else {
@@ -755,7 +778,59 @@ impl Connection {
         }
         if !t.control_pending && !sender.has_pending() {
             t.control.clear();
+            let mut failure = None;
+            if t.tls.is_hello_pending() {
+                // Early data (0-RTT) as over a byte stream (`poll_transmit`): the ClientHello
+                // and the early records are one write that nothing overtakes.
+                let mut early = Vec::new();
+                self.session
+                    .poll_transmit_early(now, &mut early, EARLY_DATA_GATHER);
+                match t.tls.start_client(&early) {
+                    Ok(sent) => t.early = Some((early, sent)),
+                    Err(e) => failure = Some(e),
+                }
+            }
+            if t.tls.is_handshaking() && t.tls.may_seal_half_rtt() && !t.failed && failure.is_none()
+            {
+                // Server: an answer to early data rides behind the handshake flight (0.5-RTT),
+                // in the same write.
+                t.tls.poll_output(&mut t.control);
+                t.staging.clear();
+                self.session
+                    .poll_transmit_batch(now, &mut t.staging, EARLY_DATA_GATHER);
+                if !t.staging.is_empty() {
+                    match t.tls.seal_half_rtt(&t.staging, &mut t.control) {
+                        Ok(true) => {}
+                        // Not possible now: the frames wait for the handshake's end, sealed
+                        // first then (positional records, in order).
+                        Ok(false) => t.early = Some((std::mem::take(&mut t.staging), 0)),
+                        Err(e) => failure = Some(e),
+                    }
+                }
+            }
             t.tls.poll_output(&mut t.control);
+            if !t.tls.is_handshaking()
+                && !t.failed
+                && failure.is_none()
+                && let Some((early, sent)) = t.early.take()
+            {
+                // What the server did not take of the early data goes first.
+                let taken = match t.tls.early_data() {
+                    EarlyData::Accepted(n) => n.min(sent),
+                    _ => 0,
+                };
+                if taken < early.len()
+                    && let Err(e) = t.tls.seal(&early[taken..], &mut t.control)
+                {
+                    failure = Some(e);
+                }
+            }
+            if let Some(e) = failure {
+                t.tls.poll_output(&mut t.control);
+                t.control_pending = !t.control.is_empty();
+                self.tls_failed(now, &e);
+                return self.poll_tls_write_control();
+            }
             if t.control.is_empty()
                 && !t.close_notify_requested
                 && !t.tls.is_handshaking()
@@ -770,21 +845,7 @@ impl Connection {
             t.control_pending = !t.control.is_empty();
         }
         if t.control_pending {
-            let priority = if t.close_notify_requested || t.failed {
-                i32::MIN
-            } else {
-                i32::MAX
-            };
-            let RecordLayer::Tls(t) = &self.record else {
-                return None;
-            };
-            return Some(TaggedWrite {
-                frame: &t.control,
-                tag: WriteTag {
-                    priority,
-                    ..Default::default()
-                },
-            });
+            return self.poll_tls_write_control();
         }
         if t.tls.is_handshaking() || t.failed || t.close_notify_requested {
             return None;

@@ -73,11 +73,12 @@ pub struct ConnectionConfig {
     /// the host must allow it (`net.ipv4.tcp_fastopen` with bit 2 set, e.g. 3; Linux's
     /// default, 1, allows clients only). Off by default.
     ///
-    /// Over the userspace TCP ([`crate::Connection::connect_utcp`]) the stack's own Fast
-    /// Open (RFC 7413) carries the connection's first write (the ClientHello, or PARAMS in
-    /// cleartext) on the SYN once the stack holds a cookie from the server. TLS early data
-    /// is not offered over the userspace TCP yet, so there a returning client's answer takes
-    /// two round trips.
+    /// Over the userspace TCP ([`crate::Connection::connect_utcp`],
+    /// [`crate::Connection::connect_utcp_with_messages`]) the stack's own Fast Open (RFC
+    /// 7413) carries the connection's first write (the ClientHello with any early data, or
+    /// PARAMS in cleartext) on the SYN once the stack holds a cookie from the server; a
+    /// stack's listeners answer Fast Open when its connection configuration enables it
+    /// (`squarepeg_io::StackConfig::connection`).
     pub fast_open: bool,
 }
 

@@ -209,6 +209,25 @@ impl Connection {
         kernel::start_with(socket, remote, Role::Client, config, first)
     }
 
+    /// [`Connection::connect_with_messages`] over the userspace TCP of `stack`: with
+    /// [`ConnectionConfig::fast_open`], the ClientHello and the early data ride on the
+    /// stack's Fast Open SYN once it holds a cookie from the server. Returns once the TCP
+    /// connection is established, without waiting for the TLS handshake.
+    #[cfg(feature = "utcp")]
+    pub async fn connect_utcp_with_messages(
+        stack: &squarepeg_io::Stack,
+        addr: SocketAddr,
+        config: ConnectionConfig,
+        first: Vec<(Bytes, MessageProps)>,
+    ) -> Result<(Connection, Vec<MessageNumber>), ConnectError> {
+        config.check(Role::Client)?;
+        if config.fast_open {
+            crate::utcp::connect_fast_open(stack, addr, config, first).await
+        } else {
+            crate::utcp::connect_with_messages(stack, addr, config, first).await
+        }
+    }
+
     /// Opens a connection to `addr` over the userspace TCP of `stack` (with the stack's
     /// default TCP configuration and the uTCP options on; see the crate docs, "Over the
     /// userspace TCP"). The peer may be any squarepeg endpoint, over kernel or userspace TCP.
@@ -221,7 +240,9 @@ impl Connection {
     ) -> Result<Connection, ConnectError> {
         config.check(Role::Client)?;
         let conn = if config.fast_open {
-            crate::utcp::connect_fast_open(stack, addr, config).await?
+            crate::utcp::connect_fast_open(stack, addr, config, Vec::new())
+                .await?
+                .0
         } else {
             let (stream, window) =
                 crate::utcp::connect(stack, addr, config.inconsistent_retransmissions)

@@ -20,6 +20,22 @@ use crate::connection::{Connection, Handle, Shared};
 use crate::driver::{self, Wire};
 use crate::endpoint::ConnectError;
 use crate::fast_open::KernelStream;
+
+/// Queues `messages` in `core`'s session; returns their numbers.
+pub(crate) fn queue(
+    core: &mut Core,
+    now: Instant,
+    messages: Vec<(Bytes, MessageProps)>,
+) -> Result<Vec<MessageNumber>, ConnectError> {
+    messages
+        .into_iter()
+        .map(|(payload, props)| {
+            core.session_mut()
+                .send_message(now, payload, props)
+                .map_err(ConnectError::Message)
+        })
+        .collect()
+}
 use crate::unsent::AdaptiveLowat;
 
 struct KernelWire {
@@ -127,15 +143,7 @@ pub(crate) fn start_with(
     }
     let local = socket.local_addr()?;
     let mut core = Core::new(role, config.core_config(), Substrate::byte_stream())?;
-    let now = Instant::now();
-    let mut numbers = Vec::with_capacity(first.len());
-    for (payload, props) in first {
-        let number = core
-            .session_mut()
-            .send_message(now, payload, props)
-            .map_err(ConnectError::Message)?;
-        numbers.push(number);
-    }
+    let numbers = queue(&mut core, Instant::now(), first)?;
     let tls = core.protection() == Protection::Tls;
     let shared = Arc::new(Shared::new(core, config.status_queue, local, remote));
     shared.lock().notsent_lowat = config.notsent_lowat;

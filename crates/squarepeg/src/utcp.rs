@@ -9,10 +9,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use squarepeg_connection::{
     Connection as Core, Role, Substrate, TaggedWrite, TransportError, tcp_config as core_tcp_config,
 };
 use squarepeg_io::{Stack, TcpStream};
+use squarepeg_session::{MessageNumber, MessageProps};
 use squarepeg_tcp::utcp::MIN_READ_BUFFER;
 use squarepeg_tcp::utcp::record;
 
@@ -194,11 +196,15 @@ pub(crate) async fn connect_fast_open(
     stack: &Stack,
     addr: SocketAddr,
     config: ConnectionConfig,
-) -> Result<Connection, ConnectError> {
+    messages: Vec<(Bytes, MessageProps)>,
+) -> Result<(Connection, Vec<MessageNumber>), ConnectError> {
     let tcp = tcp_config(stack, config.inconsistent_retransmissions);
     let window = tcp.recv_buffer;
     let mut core = Core::new(Role::Client, config.core_config(), Substrate::utcp(window))?;
     let now = Instant::now();
+    // Queued first, so that those marked safely replayable go as TLS early data in the
+    // first write (see `Connection::connect_with_messages`).
+    let numbers = crate::kernel::queue(&mut core, now, messages)?;
     let mut first = Vec::new();
     if let Some(w) = core.poll_write(now) {
         encode_write(&w, now, &mut first);
@@ -211,5 +217,24 @@ pub(crate) async fn connect_fast_open(
             TransportError::Io(_) => ConnectError::Io(e),
             t => ConnectError::Transport(t),
         })?;
-    start_core(stream, core, config)
+    Ok((start_core(stream, core, config)?, numbers))
+}
+
+/// Opens a connection to `addr` from `stack` (no Fast Open) with `messages` queued before
+/// its driver starts.
+pub(crate) async fn connect_with_messages(
+    stack: &Stack,
+    addr: SocketAddr,
+    config: ConnectionConfig,
+    messages: Vec<(Bytes, MessageProps)>,
+) -> Result<(Connection, Vec<MessageNumber>), ConnectError> {
+    let (stream, window) = connect(stack, addr, config.inconsistent_retransmissions)
+        .await
+        .map_err(|e| match TransportError::from_io(&e) {
+            TransportError::Io(_) => ConnectError::Io(e),
+            t => ConnectError::Transport(t),
+        })?;
+    let mut core = Core::new(Role::Client, config.core_config(), Substrate::utcp(window))?;
+    let numbers = crate::kernel::queue(&mut core, Instant::now(), messages)?;
+    Ok((start_core(stream, core, config)?, numbers))
 }

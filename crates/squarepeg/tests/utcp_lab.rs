@@ -765,14 +765,17 @@ fn tls_over_utcp_both_ends_through_lossy_lab() {
     assert_clean_close("server", &rb.close);
 }
 
-/// TCP Fast Open over the userspace TCP through the tokio API: a `connect_utcp` client with
-/// `fast_open` to a kernel squarepeg server with a Fast Open queue, over TLS. The first
-/// connection learns a cookie (its SYN carries a cookie request and no data); the second's
-/// SYN carries the ClientHello, as a uTCP message record written before the SYN, and the
-/// kernel takes it; messages flow both ways on both connections.
+/// TCP Fast Open and TLS 1.3 early data over the userspace TCP through the tokio API: a
+/// `connect_utcp_with_messages` client with `fast_open` and a client configuration offering
+/// early data, to a kernel squarepeg server with a Fast Open queue that accepts early data.
+/// The first connection learns a cookie and a ticket (its SYN carries a cookie request and no
+/// data); the second's SYN carries the ClientHello and the request as early data, in one uTCP
+/// message record written before the SYN, and the server takes the request as early data;
+/// both requests are answered once.
 #[test]
 #[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
-fn utcp_fast_open_client_puts_its_client_hello_on_the_syn() {
+fn utcp_fast_open_client_sends_its_request_as_early_data_on_the_syn() {
+    use squarepeg::tls::config::{self, Trust};
     if !squarepeg_lab::stack::can_run() {
         return;
     }
@@ -789,9 +792,21 @@ fn utcp_fast_open_client_puts_its_client_hello_on_the_syn() {
     let stack = LabStack::attach(&lab, Role::Client, StackConfig::new([]), Some(1500))
         .expect("attach stack");
     let server_addr = SocketAddr::new(lab.addresses().server(false), PORT);
-    let (mut client_config, mut server_config) = tls_configs();
-    client_config.fast_open = true;
+    let cert = config::self_signed(&["peg.test".into()]).expect("certificate");
+    let server_tls = config::server_accepting_early_data(
+        &config::server_config(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes()).expect("server"),
+        16 * 1024,
+    )
+    .expect("early data");
+    let mut server_config = ConnectionConfig::default().with_tls_server(server_tls);
     server_config.fast_open = true;
+    let mut client_config = ConnectionConfig::default().with_tls_client(
+        config::client_offering_early_data(
+            &config::client_config(Trust::PinnedSha256(cert.fingerprint)).expect("client"),
+        ),
+        "peg.test",
+    );
+    client_config.fast_open = true;
     let (bound_tx, bound_rx) = mpsc::channel();
     let server_ns = lab.server().try_clone().expect("namespace");
     let server = std::thread::spawn(move || {
@@ -802,14 +817,20 @@ fn utcp_fast_open_client_puts_its_client_hello_on_the_syn() {
                         .await
                         .expect("bind");
                     bound_tx.send(()).expect("signal");
+                    let mut early = Vec::new();
                     for _ in 0..2 {
                         let conn = ep.accept().await.expect("accept");
                         let m = conn.recv_message().await.expect("request");
                         conn.send_message(m.payload, MessageProps::default())
                             .await
                             .expect("answer");
-                        let _ = conn.closed().await;
+                        assert!(matches!(
+                            conn.recv_message().await,
+                            Err(ConnectionError::ApplicationClosed { .. })
+                        ));
+                        early.push(conn.stats().tls.expect("TLS").early_data_received);
                     }
+                    early
                 }))
             })
             .expect("server namespace")
@@ -817,18 +838,30 @@ fn utcp_fast_open_client_puts_its_client_hello_on_the_syn() {
     bound_rx.recv().expect("bound");
     runtime().block_on(no_hang(async {
         for i in 0..2u8 {
-            let conn = Connection::connect_utcp(stack.stack(), server_addr, client_config.clone())
-                .await
-                .expect("connect");
-            conn.send_message(vec![i; 64], MessageProps::default())
-                .await
-                .expect("send");
+            let request = MessageProps {
+                safely_replayable: true,
+                ..MessageProps::default()
+            };
+            let (conn, _) = Connection::connect_utcp_with_messages(
+                stack.stack(),
+                server_addr,
+                client_config.clone(),
+                vec![(vec![i; 64].into(), request)],
+            )
+            .await
+            .expect("connect");
             let echo = conn.recv_message().await.expect("echo");
             assert_eq!(&echo.payload[..], &[i; 64][..]);
             conn.close().await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }));
-    server.join().expect("server");
+    let early = server.join().expect("server");
+    assert_eq!(early[0], 0, "first contact: no early data");
+    assert!(
+        early[1] > 64,
+        "the returning request did not come as early data: {early:?}"
+    );
     lab.flush_captures().expect("flush");
     let bytes = std::fs::read(capture_path(&dir.0, CaptureSide::Server)).expect("capture");
     let file = squarepeg_lab::pcap::read_pcap(&bytes).expect("pcap");
@@ -854,10 +887,93 @@ fn utcp_fast_open_client_puts_its_client_hello_on_the_syn() {
         "first contact: a cookie request, no data"
     );
     assert!(
-        syn_payloads[1] > 100,
-        "the ClientHello was not on the SYN: {syn_payloads:?}"
+        syn_payloads[1] as u64 > 100 + early[1],
+        "the ClientHello and the early data were not on the SYN: {syn_payloads:?}"
     );
     let fo = stack.stack().fast_open_cache();
     assert_eq!(fo.len(), 1, "one cookie, for the server: {fo:?}");
+    lab.teardown().expect("teardown");
+}
+
+/// Both ends on the userspace TCP with Fast Open, over TLS with early data: the returning
+/// client's request reaches the server's application as early data taken from the SYN, and
+/// the answer (sealed as 0.5-RTT data behind the server's handshake flight) arrives; each
+/// request is answered once.
+#[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
+fn utcp_to_utcp_early_data_on_fast_open() {
+    use squarepeg::tls::config::{self, Trust};
+    if !squarepeg_lab::stack::can_run() {
+        return;
+    }
+    let lab = Lab::start(lab_config("tfo2", 6, "delay=5ms", "delay=5ms")).expect("start lab");
+    let stack_config = || {
+        let mut c = StackConfig::new([]);
+        c.connection.fast_open = true;
+        c
+    };
+    let client = LabStack::attach(&lab, Role::Client, stack_config(), Some(1500))
+        .expect("attach client stack");
+    let server = LabStack::attach(&lab, Role::Server, stack_config(), Some(1500))
+        .expect("attach server stack");
+    let addr = SocketAddr::new(server.address(false), PORT);
+    let cert = config::self_signed(&["peg.test".into()]).expect("certificate");
+    let server_tls = config::server_accepting_early_data(
+        &config::server_config(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes()).expect("server"),
+        16 * 1024,
+    )
+    .expect("early data");
+    let server_config = ConnectionConfig::default().with_tls_server(server_tls);
+    let mut client_config = ConnectionConfig::default().with_tls_client(
+        config::client_offering_early_data(
+            &config::client_config(Trust::PinnedSha256(cert.fingerprint)).expect("client"),
+        ),
+        "peg.test",
+    );
+    client_config.fast_open = true;
+    let early = runtime().block_on(no_hang(async {
+        let ep = Endpoint::listen_utcp(server.stack(), addr, server_config).expect("listen");
+        let serve = async {
+            let mut early = Vec::new();
+            for _ in 0..2 {
+                let conn = ep.accept().await.expect("accept");
+                let m = conn.recv_message().await.expect("request");
+                conn.send_message(m.payload, MessageProps::default())
+                    .await
+                    .expect("answer");
+                let _ = conn.recv_message().await;
+                early.push(conn.stats().tls.expect("TLS").early_data_received);
+            }
+            early
+        };
+        let talk = async {
+            for i in 0..2u8 {
+                let request = MessageProps {
+                    safely_replayable: true,
+                    ..MessageProps::default()
+                };
+                let (conn, _) = Connection::connect_utcp_with_messages(
+                    client.stack(),
+                    addr,
+                    client_config.clone(),
+                    vec![(vec![i; 64].into(), request)],
+                )
+                .await
+                .expect("connect");
+                let echo = conn.recv_message().await.expect("echo");
+                assert_eq!(&echo.payload[..], &[i; 64][..]);
+                conn.close().await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::join!(serve, talk).0
+    }));
+    assert_eq!(early[0], 0, "first contact: no early data");
+    assert!(
+        early[1] > 64,
+        "no early data on the returning connection: {early:?}"
+    );
+    let fo = client.stack().fast_open_cache();
+    assert_eq!(fo.len(), 1, "{fo:?}");
     lab.teardown().expect("teardown");
 }
