@@ -107,7 +107,7 @@ pub use squarepeg_tls::{EarlyData, Tls, TlsError, TlsStats};
 /// How much of the session's output a client gathers to offer as early data: more than a
 /// ticket usually allows (squarepeg servers allow 16 KiB); what does not fit is sealed first
 /// after the handshake.
-const EARLY_DATA_GATHER: usize = 16 * 1024;
+pub(crate) const EARLY_DATA_GATHER: usize = 16 * 1024;
 
 /// Counters of the uTCP interface (segments in, tagged writes out).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -479,16 +479,10 @@ impl Connection {
             // of this side's plaintext stream either way: what the server does not take
             // (beyond the ticket's limit, or all of it if it rejects early data) is sealed
             // first after the handshake (RFC 8446 §4.2.10).
-            let mut early = Vec::new();
-            self.session
-                .poll_transmit_early(now, &mut early, EARLY_DATA_GATHER);
-            match t.tls.start_client(&early) {
-                Ok(sent) => t.early = Some((early, sent)),
-                Err(e) => {
-                    t.tls.poll_output(out);
-                    self.tls_failed(now, &e);
-                    return 0;
-                }
+            if let Err(e) = t.start_client_with_early_data(now, &mut self.session) {
+                t.tls.poll_output(out);
+                self.tls_failed(now, &e);
+                return 0;
             }
         }
         // Handshake flights, KeyUpdates, alerts first: they go on the wire in order.
@@ -517,13 +511,9 @@ impl Connection {
         if t.tls.is_handshaking() || t.failed || t.close_notify_out {
             return 0;
         }
-        if let Some((early, sent)) = t.early.take() {
+        if let Some(rest) = t.early_not_taken() {
             // What the server did not take of the early data goes first.
-            let taken = match t.tls.early_data() {
-                EarlyData::Accepted(n) => n.min(sent),
-                _ => 0,
-            };
-            t.staging.splice(0..0, early[taken..].iter().copied());
+            t.staging.splice(0..0, rest);
         }
         // Frames for whole records, the records' overhead aside (about 22 bytes per 16 KiB
         // record). A stream chunk's frame is a little longer than a record's plaintext, so
@@ -782,13 +772,7 @@ impl Connection {
             if t.tls.is_hello_pending() {
                 // Early data (0-RTT) as over a byte stream (`poll_transmit`): the ClientHello
                 // and the early records are one write that nothing overtakes.
-                let mut early = Vec::new();
-                self.session
-                    .poll_transmit_early(now, &mut early, EARLY_DATA_GATHER);
-                match t.tls.start_client(&early) {
-                    Ok(sent) => t.early = Some((early, sent)),
-                    Err(e) => failure = Some(e),
-                }
+                failure = t.start_client_with_early_data(now, &mut self.session).err();
             }
             if t.tls.is_handshaking() && t.tls.may_seal_half_rtt() && !t.failed && failure.is_none()
             {
@@ -812,16 +796,10 @@ impl Connection {
             if !t.tls.is_handshaking()
                 && !t.failed
                 && failure.is_none()
-                && let Some((early, sent)) = t.early.take()
+                && let Some(rest) = t.early_not_taken()
             {
                 // What the server did not take of the early data goes first.
-                let taken = match t.tls.early_data() {
-                    EarlyData::Accepted(n) => n.min(sent),
-                    _ => 0,
-                };
-                if taken < early.len()
-                    && let Err(e) = t.tls.seal(&early[taken..], &mut t.control)
-                {
+                if let Err(e) = t.tls.seal(&rest, &mut t.control) {
                     failure = Some(e);
                 }
             }

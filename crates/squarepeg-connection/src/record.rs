@@ -25,9 +25,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use squarepeg_session::{TlsFailure, TransportError};
+use squarepeg_session::{Session, TlsFailure, TransportError};
 use squarepeg_tls::padding::MIN_PADDING_LEN;
-use squarepeg_tls::{PaddingSealer, Tls, TlsError};
+use squarepeg_tls::{EarlyData, PaddingSealer, Tls, TlsError};
 
 /// How a connection's bytes are protected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -131,6 +131,37 @@ impl TlsLayer {
     /// was handed out.
     pub(crate) fn may_end(&self) -> bool {
         self.close_notify_out || self.alert_out
+    }
+
+    /// Client, ClientHello not made yet: makes it, with the session's early frames (PARAMS
+    /// and the messages marked safely replayable) offered as early data (0-RTT). They are
+    /// the first bytes of this side's plaintext stream either way: what the server does not
+    /// take (beyond the ticket's limit, or all of it if it rejects early data) is sealed
+    /// first after the handshake (RFC 8446 §4.2.10, [`Self::early_not_taken`]).
+    pub(crate) fn start_client_with_early_data(
+        &mut self,
+        now: Instant,
+        session: &mut Session,
+    ) -> Result<(), TlsError> {
+        let mut early = Vec::new();
+        session.poll_transmit_early(now, &mut early, crate::EARLY_DATA_GATHER);
+        let sent = self.tls.start_client(&early)?;
+        self.early = Some((early, sent));
+        Ok(())
+    }
+
+    /// After the handshake, once: the bytes offered as early data that the server did not
+    /// take, to be sealed before anything else (`None` if there are none).
+    pub(crate) fn early_not_taken(&mut self) -> Option<Vec<u8>> {
+        if self.tls.is_handshaking() {
+            return None;
+        }
+        let (mut early, sent) = self.early.take()?;
+        let taken = match self.tls.early_data() {
+            EarlyData::Accepted(n) => n.min(sent),
+            _ => 0,
+        };
+        (taken < early.len()).then(|| early.split_off(taken))
     }
 
     pub(crate) fn new(tls: Tls) -> Self {

@@ -489,28 +489,9 @@ impl Stack {
     pub async fn connect_with(
         &self,
         remote: SocketAddr,
-        mut config: ConnectionConfig,
+        config: ConnectionConfig,
     ) -> io::Result<TcpStream> {
-        let local_ip = self.local_for(&remote)?;
-        config.mtu = self.mtu;
-        let stream = {
-            let mut st = self.shared.lock();
-            st.check_running()?;
-            let handle = st
-                .endpoint
-                .connect(Instant::now(), SocketAddr::new(local_ip, 0), remote, config)
-                .map_err(tcp_to_io)?;
-            st.conns.insert(handle, ConnSlot::default());
-            let local = st
-                .endpoint
-                .connection(handle)
-                .map(|c| c.local_addr())
-                .unwrap_or(SocketAddr::new(local_ip, 0));
-            TcpStream::new(self.shared.clone(), handle, local, remote)
-        };
-        self.shared.wake_driver.notify_one();
-        stream.wait_established().await?;
-        Ok(stream)
+        self.open(remote, config, &[]).await
     }
 
     /// Opens a TCP Fast Open connection (RFC 7413) whose SYN carries `first_bytes` when the
@@ -532,9 +513,20 @@ impl Stack {
                 "first bytes larger than the send buffer",
             ));
         }
+        config.fast_open = true;
+        self.open(remote, config, first_bytes).await
+    }
+
+    /// Opens a connection and queues `first_bytes` before its SYN is built (they go on it
+    /// with Fast Open and a cookie); returns once it is established.
+    async fn open(
+        &self,
+        remote: SocketAddr,
+        mut config: ConnectionConfig,
+        first_bytes: &[u8],
+    ) -> io::Result<TcpStream> {
         let local_ip = self.local_for(&remote)?;
         config.mtu = self.mtu;
-        config.fast_open = true;
         let stream = {
             let mut st = self.shared.lock();
             st.check_running()?;

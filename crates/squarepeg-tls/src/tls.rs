@@ -447,25 +447,14 @@ impl ProcessTlsRecords<ClientConnectionData> for UnbufferedConnectionCommon<Clie
             return;
         };
         // rustls takes as much as the ticket's max_early_data_size allows and seals it as
-        // ordinary records (header, content, inner type, tag), one per call here.
-        for chunk in data.chunks(MAX_PLAINTEXT_LEN) {
-            let start = out.len();
-            out.resize(start + HEADER_LEN + chunk.len() + 1 + TAG_LEN + 64, 0);
-            match writer.encrypt(chunk, &mut out[start..]) {
-                Ok(n) => {
-                    out.truncate(start + n);
-                    let taken = n.saturating_sub(HEADER_LEN + 1 + TAG_LEN);
-                    early.sent += taken;
-                    if taken < chunk.len() {
-                        break;
-                    }
-                }
-                Err(_) => {
-                    out.truncate(start);
-                    break;
-                }
-            }
-        }
+        // ordinary records (header, content, inner type, tag), one per call here; a refusal
+        // (nothing more allowed) only ends the early data.
+        let _ = seal_with_rustls(&data, out, |chunk, room| {
+            let n = writer.encrypt(chunk, room).map_err(|e| format!("{e:?}"))?;
+            let taken = n.saturating_sub(HEADER_LEN + 1 + TAG_LEN);
+            early.sent += taken;
+            Ok((n, taken == chunk.len()))
+        });
     }
 
     fn read_early_data(
@@ -508,6 +497,33 @@ impl ProcessTlsRecords<ServerConnectionData> for UnbufferedConnectionCommon<Serv
         }
         Ok(discard)
     }
+}
+
+/// Has rustls seal `data` as application-data records appended to `out`, one record of at
+/// most [`MAX_PLAINTEXT_LEN`] bytes per `encrypt` call, with room for its overhead.
+/// `encrypt(chunk, room)` returns the bytes it wrote and whether to go on.
+fn seal_with_rustls(
+    data: &[u8],
+    out: &mut Vec<u8>,
+    mut encrypt: impl FnMut(&[u8], &mut [u8]) -> Result<(usize, bool), String>,
+) -> Result<(), String> {
+    for chunk in data.chunks(MAX_PLAINTEXT_LEN) {
+        let start = out.len();
+        out.resize(start + HEADER_LEN + chunk.len() + 1 + TAG_LEN + 64, 0);
+        match encrypt(chunk, &mut out[start..]) {
+            Ok((n, go_on)) => {
+                out.truncate(start + n);
+                if !go_on {
+                    break;
+                }
+            }
+            Err(e) => {
+                out.truncate(start);
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Client: notes rustls's EndOfEarlyData among the records just encoded (see
@@ -1524,22 +1540,16 @@ impl Tls {
         let UnbufferedStatus { discard, state } = conn.process(exposed);
         let result = match state {
             Ok(ConnectionState::WriteTraffic(mut writer)) => {
-                let mut sealed = Ok(true);
-                for chunk in plaintext.chunks(MAX_PLAINTEXT_LEN) {
-                    let start = out.len();
-                    out.resize(start + HEADER_LEN + chunk.len() + 1 + TAG_LEN + 64, 0);
-                    match writer.encrypt(chunk, &mut out[start..]) {
-                        Ok(n) => out.truncate(start + n),
-                        Err(e) => {
-                            out.truncate(start);
-                            sealed = Err(TlsError::Handshake(rustls::Error::General(format!(
-                                "sealing 0.5-RTT data: {e}"
-                            ))));
-                            break;
-                        }
-                    }
-                }
-                sealed
+                seal_with_rustls(plaintext, out, |chunk, room| {
+                    let n = writer.encrypt(chunk, room).map_err(|e| e.to_string())?;
+                    Ok((n, true))
+                })
+                .map(|()| true)
+                .map_err(|e| {
+                    TlsError::Handshake(rustls::Error::General(format!(
+                        "sealing 0.5-RTT data: {e}"
+                    )))
+                })
             }
             Ok(ConnectionState::EncodeTlsData(mut encoder)) => {
                 encode(&mut encoder, &mut self.control);

@@ -44,7 +44,7 @@ pub enum ConnectError {
 }
 
 /// A failed connect: a transport outcome the application can act on, or a local error.
-fn connect_error(e: io::Error) -> ConnectError {
+pub(crate) fn connect_error(e: io::Error) -> ConnectError {
     match TransportError::from_io(&e) {
         TransportError::Io(_) => ConnectError::Io(e),
         t => ConnectError::Transport(t),

@@ -213,10 +213,7 @@ pub(crate) async fn connect_fast_open(
     let stream = stack
         .connect_fast_open(addr, tcp, &first)
         .await
-        .map_err(|e| match TransportError::from_io(&e) {
-            TransportError::Io(_) => ConnectError::Io(e),
-            t => ConnectError::Transport(t),
-        })?;
+        .map_err(crate::endpoint::connect_error)?;
     Ok((start_core(stream, core, config)?, numbers))
 }
 
@@ -230,10 +227,7 @@ pub(crate) async fn connect_with_messages(
 ) -> Result<(Connection, Vec<MessageNumber>), ConnectError> {
     let (stream, window) = connect(stack, addr, config.inconsistent_retransmissions)
         .await
-        .map_err(|e| match TransportError::from_io(&e) {
-            TransportError::Io(_) => ConnectError::Io(e),
-            t => ConnectError::Transport(t),
-        })?;
+        .map_err(crate::endpoint::connect_error)?;
     let mut core = Core::new(Role::Client, config.core_config(), Substrate::utcp(window))?;
     let numbers = crate::kernel::queue(&mut core, Instant::now(), messages)?;
     Ok((start_core(stream, core, config)?, numbers))

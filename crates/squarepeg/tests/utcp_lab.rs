@@ -765,6 +765,29 @@ fn tls_over_utcp_both_ends_through_lossy_lab() {
     assert_clean_close("server", &rb.close);
 }
 
+/// A client configuration offering TLS early data with Fast Open, and a server configuration
+/// accepting early data with Fast Open (over kernel TCP: a Fast Open queue; a userspace-TCP
+/// listener follows its stack's configuration).
+fn early_data_configs() -> (ConnectionConfig, ConnectionConfig) {
+    use squarepeg::tls::config::{self, Trust};
+    let cert = config::self_signed(&["peg.test".into()]).expect("certificate");
+    let server_tls = config::server_accepting_early_data(
+        &config::server_config(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes()).expect("server"),
+        16 * 1024,
+    )
+    .expect("early data");
+    let mut server = ConnectionConfig::default().with_tls_server(server_tls);
+    server.fast_open = true;
+    let mut client = ConnectionConfig::default().with_tls_client(
+        config::client_offering_early_data(
+            &config::client_config(Trust::PinnedSha256(cert.fingerprint)).expect("client"),
+        ),
+        "peg.test",
+    );
+    client.fast_open = true;
+    (client, server)
+}
+
 /// TCP Fast Open and TLS 1.3 early data over the userspace TCP through the tokio API: a
 /// `connect_utcp_with_messages` client with `fast_open` and a client configuration offering
 /// early data, to a kernel squarepeg server with a Fast Open queue that accepts early data.
@@ -775,7 +798,6 @@ fn tls_over_utcp_both_ends_through_lossy_lab() {
 #[test]
 #[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn utcp_fast_open_client_sends_its_request_as_early_data_on_the_syn() {
-    use squarepeg::tls::config::{self, Trust};
     if !squarepeg_lab::stack::can_run() {
         return;
     }
@@ -792,21 +814,7 @@ fn utcp_fast_open_client_sends_its_request_as_early_data_on_the_syn() {
     let stack = LabStack::attach(&lab, Role::Client, StackConfig::new([]), Some(1500))
         .expect("attach stack");
     let server_addr = SocketAddr::new(lab.addresses().server(false), PORT);
-    let cert = config::self_signed(&["peg.test".into()]).expect("certificate");
-    let server_tls = config::server_accepting_early_data(
-        &config::server_config(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes()).expect("server"),
-        16 * 1024,
-    )
-    .expect("early data");
-    let mut server_config = ConnectionConfig::default().with_tls_server(server_tls);
-    server_config.fast_open = true;
-    let mut client_config = ConnectionConfig::default().with_tls_client(
-        config::client_offering_early_data(
-            &config::client_config(Trust::PinnedSha256(cert.fingerprint)).expect("client"),
-        ),
-        "peg.test",
-    );
-    client_config.fast_open = true;
+    let (client_config, server_config) = early_data_configs();
     let (bound_tx, bound_rx) = mpsc::channel();
     let server_ns = lab.server().try_clone().expect("namespace");
     let server = std::thread::spawn(move || {
@@ -902,7 +910,6 @@ fn utcp_fast_open_client_sends_its_request_as_early_data_on_the_syn() {
 #[test]
 #[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn utcp_to_utcp_early_data_on_fast_open() {
-    use squarepeg::tls::config::{self, Trust};
     if !squarepeg_lab::stack::can_run() {
         return;
     }
@@ -917,20 +924,7 @@ fn utcp_to_utcp_early_data_on_fast_open() {
     let server = LabStack::attach(&lab, Role::Server, stack_config(), Some(1500))
         .expect("attach server stack");
     let addr = SocketAddr::new(server.address(false), PORT);
-    let cert = config::self_signed(&["peg.test".into()]).expect("certificate");
-    let server_tls = config::server_accepting_early_data(
-        &config::server_config(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes()).expect("server"),
-        16 * 1024,
-    )
-    .expect("early data");
-    let server_config = ConnectionConfig::default().with_tls_server(server_tls);
-    let mut client_config = ConnectionConfig::default().with_tls_client(
-        config::client_offering_early_data(
-            &config::client_config(Trust::PinnedSha256(cert.fingerprint)).expect("client"),
-        ),
-        "peg.test",
-    );
-    client_config.fast_open = true;
+    let (client_config, server_config) = early_data_configs();
     let early = runtime().block_on(no_hang(async {
         let ep = Endpoint::listen_utcp(server.stack(), addr, server_config).expect("listen");
         let serve = async {
