@@ -729,11 +729,6 @@ impl Connection {
         }
     }
 
-    /// Tagged writes under TLS: the record layer's own records (handshake flights, the
-    /// switch to numbered records, KeyUpdates) as writes nothing overtakes; then each frame
-    /// sealed into records of its own, tagged as in cleartext once records are numbered
-    /// (before that, in order: positional records may not be reordered or dropped); after
-    /// the session's last frame, close_notify behind everything.
     /// The record layer's own write (handshake flights, KeyUpdates, close_notify, alerts),
     /// if one is pending: nothing overtakes it (the last ones go at the tail).
     fn poll_tls_write_control(&self) -> Option<TaggedWrite<'_>> {
@@ -757,6 +752,11 @@ impl Connection {
         })
     }
 
+    /// Tagged writes under TLS: the record layer's own records (handshake flights, the
+    /// switch to numbered records, KeyUpdates) as writes nothing overtakes; then each frame
+    /// sealed into records of its own, tagged as in cleartext once records are numbered
+    /// (before that, in order: positional records may not be reordered or dropped); after
+    /// the session's last frame, close_notify behind everything.
     fn poll_tls_write(&mut self, now: Instant) -> Option<TaggedWrite<'_>> {
         let (RecordLayer::Tls(t), SendPath::Tagged(sender)) = (&mut self.record, &mut self.send)
         else {

@@ -20,6 +20,7 @@ use crate::connection::{Connection, Handle, Shared};
 use crate::driver::{self, Wire};
 use crate::endpoint::ConnectError;
 use crate::fast_open::KernelStream;
+use crate::unsent::AdaptiveLowat;
 
 /// Queues `messages` in `core`'s session; returns their numbers.
 pub(crate) fn queue(
@@ -36,7 +37,6 @@ pub(crate) fn queue(
         })
         .collect()
 }
-use crate::unsent::AdaptiveLowat;
 
 struct KernelWire {
     /// The core's receiver while a read is under way.
