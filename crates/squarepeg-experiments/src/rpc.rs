@@ -43,6 +43,10 @@ pub enum Contender {
     PegFirst,
     /// squarepeg returning: TCP Fast Open and TLS 1.3 early data.
     PegReturn,
+    /// squarepeg returning over its userspace TCP (`squarepeg-io` on TUN at the client; the
+    /// server is the same kernel-TCP one): the stack's Fast Open SYN carries the ClientHello
+    /// and the early data.
+    PegUtcpReturn,
     /// quinn (QUIC) at first contact.
     QuinnFirst,
     /// quinn returning, the request as 0-RTT data.
@@ -51,11 +55,12 @@ pub enum Contender {
 
 impl Contender {
     /// All, in table order.
-    pub const ALL: [Contender; 6] = [
+    pub const ALL: [Contender; 7] = [
         Contender::Tcp,
         Contender::TcpTls,
         Contender::PegFirst,
         Contender::PegReturn,
+        Contender::PegUtcpReturn,
         Contender::QuinnFirst,
         Contender::Quinn0Rtt,
     ];
@@ -67,6 +72,7 @@ impl Contender {
             Contender::TcpTls => "tcp+tls",
             Contender::PegFirst => "peg-first",
             Contender::PegReturn => "peg-return",
+            Contender::PegUtcpReturn => "peg-utcp-return",
             Contender::QuinnFirst => "quinn-first",
             Contender::Quinn0Rtt => "quinn-0rtt",
         }
@@ -87,7 +93,7 @@ impl Contender {
         match self {
             Contender::Tcp => 6301,
             Contender::TcpTls => 6302,
-            Contender::PegFirst | Contender::PegReturn => 6303,
+            Contender::PegFirst | Contender::PegReturn | Contender::PegUtcpReturn => 6303,
             Contender::QuinnFirst | Contender::Quinn0Rtt => 6304,
         }
     }
@@ -218,12 +224,12 @@ impl RpcReport {
     /// The table `peg bench rpc` prints.
     pub fn table(&self) -> String {
         let mut s = format!(
-            "{:<12} {:>11} {:>6} {:>9} {:>6}\n",
+            "{:<16} {:>11} {:>6} {:>9} {:>6}\n",
             "contender", "answer (ms)", "RTTs", "segments", "up"
         );
         for r in self.summary() {
             s.push_str(&format!(
-                "{:<12} {:>11.1} {:>6.2} {:>9} {:>6}\n",
+                "{:<16} {:>11.1} {:>6.2} {:>9} {:>6}\n",
                 r.contender.name(),
                 r.latency_ms,
                 r.rtts,
@@ -423,13 +429,16 @@ async fn serve(
 }
 
 /// The client's side of one transaction; returns when the answer is in.
-struct Clients {
+struct Clients<'a> {
     tls: Arc<Tls>,
     server_ip: IpAddr,
     request: Vec<u8>,
     answer_bytes: usize,
     /// The returning squarepeg client (tickets in its configuration).
     peg: Transactor,
+    /// The userspace TCP's stack at the client (Fast Open on) and the configuration of the
+    /// returning squarepeg client over it (tickets in its TLS configuration).
+    utcp: Option<(&'a squarepeg::Stack, ConnectionConfig)>,
     /// The returning quinn client (tickets in its endpoint's configuration).
     quinn: quinn::Endpoint,
 }
@@ -459,7 +468,7 @@ fn failed(what: &str) -> impl FnOnce(String) -> VoipError + '_ {
     move |e| VoipError::Config(format!("{what}: {e}"))
 }
 
-impl Clients {
+impl Clients<'_> {
     /// Runs one transaction; returns when the answer was in (closes may follow).
     async fn transact(&self, c: Contender) -> Result<Instant, VoipError> {
         let server = SocketAddr::new(self.server_ip, c.port());
@@ -519,6 +528,29 @@ impl Clients {
                     .map_err(|e| failed("squarepeg returning")(e.to_string()))?;
                 check_len(got.len(), self.answer_bytes)?;
                 Ok(Instant::now())
+            }
+            Contender::PegUtcpReturn => {
+                let (stack, config) = self.utcp.as_ref().ok_or_else(|| {
+                    VoipError::Config("no userspace TCP stack at the client".into())
+                })?;
+                let props = TransportProperties::transaction().message_props();
+                let (conn, _) = squarepeg::Connection::connect_utcp_with_messages(
+                    stack,
+                    server,
+                    config.clone(),
+                    vec![(self.request.clone().into(), props)],
+                )
+                .await
+                .map_err(|e| failed("squarepeg over the userspace TCP")(e.to_string()))?;
+                let got = conn
+                    .recv_message()
+                    .await
+                    .map_err(|e| failed("squarepeg over the userspace TCP")(e.to_string()))?;
+                let answered = Instant::now();
+                check_len(got.payload.len(), self.answer_bytes)?;
+                // Dropping the last handle closes gracefully, in the background.
+                drop(conn);
+                Ok(answered)
             }
             Contender::QuinnFirst => {
                 let fresh = quinn_client(&self.tls)?;
@@ -708,6 +740,23 @@ pub fn run_lab(config: &RpcConfig, progress: &dyn Fn(&str)) -> Result<RpcReport,
     }
     // Long enough for each run's close (FINs, QUIC's close) to be over before the next.
     let settle = config.rtt * 4 + Duration::from_millis(200);
+    // The userspace TCP at the client, for its contender only.
+    let stack = if config.contenders.contains(&Contender::PegUtcpReturn) {
+        let mut stack_config = squarepeg_io::StackConfig::new([]);
+        stack_config.connection.fast_open = true;
+        Some(
+            squarepeg_lab::stack::LabStack::attach(
+                &lab,
+                squarepeg_lab::net::Role::Client,
+                stack_config,
+                Some(1500),
+            )
+            .map_err(|e| VoipError::Transport(format!("userspace TCP at the client: {e}")))?,
+        )
+    } else {
+        None
+    };
+    let stack_ref = stack.as_ref();
     let client_ns = lab.client().try_clone()?;
     let client_ns_name = lab.client().name().to_owned();
     let cfg = config.clone();
@@ -715,19 +764,26 @@ pub fn run_lab(config: &RpcConfig, progress: &dyn Fn(&str)) -> Result<RpcReport,
     let windows = client_ns.run(
         move || -> Result<Vec<(Contender, u32, Duration, f64)>, VoipError> {
             runtime()?.block_on(async move {
+                let peg = peg_transactor(&client_tls)?;
+                let utcp = stack_ref.map(|s| {
+                    let mut config = peg.config().clone();
+                    config.fast_open = true;
+                    (s.stack(), config)
+                });
                 let clients = Clients {
                     tls: client_tls.clone(),
                     server_ip,
                     request: vec![0x5A; cfg.request_bytes],
                     answer_bytes: cfg.answer_bytes,
-                    peg: peg_transactor(&client_tls)?,
+                    peg,
+                    utcp,
                     quinn: quinn_client(&client_tls)?,
                 };
                 let mut windows = Vec::new();
                 for &c in &cfg.contenders {
                     // Warm-ups (not measured): the returning clients' tickets and cookie.
                     match c {
-                        Contender::PegReturn | Contender::Quinn0Rtt => {
+                        Contender::PegReturn | Contender::PegUtcpReturn | Contender::Quinn0Rtt => {
                             clients.transact(c).await?;
                         }
                         _ => {}
@@ -825,6 +881,7 @@ pub fn run_lab(config: &RpcConfig, progress: &dyn Fn(&str)) -> Result<RpcReport,
         })??;
         replay.requests_executed = peg_requests.load(Ordering::SeqCst) - executed_before;
     }
+    drop(stack);
     let _ = stop_tx.send(());
     match server.join() {
         Ok(r) => r?,
@@ -957,6 +1014,7 @@ mod tests {
             assert_eq!(Contender::by_name(c.name()).unwrap(), c);
         }
         assert!(Contender::by_name("http3").is_err());
+        assert_eq!(Contender::ALL.len(), 7);
     }
 
     #[test]

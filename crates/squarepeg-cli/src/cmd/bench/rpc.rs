@@ -25,12 +25,13 @@ pub struct RpcArgs {
     /// Bytes of the answer.
     #[arg(long, default_value_t = 100)]
     answer_bytes: usize,
-    /// Contenders, comma-separated: tcp, tcp+tls, peg-first, peg-return, quinn-first,
+    /// Contenders, comma-separated: tcp, tcp+tls, peg-first, peg-return, peg-utcp-return
+    /// (squarepeg's userspace TCP at the client; needs /dev/net/tun), quinn-first,
     /// quinn-0rtt.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "tcp,tcp+tls,peg-first,peg-return,quinn-first,quinn-0rtt"
+        default_value = "tcp,tcp+tls,peg-first,peg-return,peg-utcp-return,quinn-first,quinn-0rtt"
     )]
     contenders: Vec<String>,
     /// Directory for rpc.json, the timeline plot and the lab's captures.
