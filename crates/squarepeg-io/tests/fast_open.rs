@@ -247,3 +247,140 @@ fn kernel_client_puts_data_on_the_syn_to_the_stack_server() {
     lab.finish();
     assert_eq!(syns_with_data(&capture, kernel_ip), 1);
 }
+
+/// The stack server's answer to a kernel client's SYN data leaves in SYN-RECEIVED (RFC 7413
+/// §4.2.2), before the kernel's ACK of the SYN-ACK reaches the stack, and the kernel client
+/// takes it. A 40 ms delay from the kernel to the stack makes "before" plain in the capture
+/// (inbound packets are captured before the delay, outbound ones as they leave).
+#[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
+fn kernel_client_gets_the_stack_servers_answer_sent_before_the_handshake_completes() {
+    if !can_run() {
+        return;
+    }
+    const INBOUND_DELAY: Duration = Duration::from_millis(40);
+    let scratch = ScratchDir::new("tfo");
+    let capture = scratch.0.join("tfo-synrecv.pcap");
+    let inbound = squarepeg_lab::model::LinkConfig::new().with_delay(INBOUND_DELAY);
+    let outbound = squarepeg_lab::model::LinkConfig::new();
+    let lab = Lab::start(
+        "tfoa",
+        LabOptions {
+            capture: Some((capture.clone(), 256)),
+            impairment: Some(
+                squarepeg_lab::stack::impairment(inbound, outbound, 7).expect("link config"),
+            ),
+            ..Default::default()
+        },
+    );
+    enable_kernel_fast_open(&lab.ns);
+    let mut config = ConnectionConfig::default();
+    config.fast_open = true;
+    let stack_ip = lab.stack_addr(false);
+    let listener = lab
+        .stack
+        .listen_with(&[SocketAddr::new(stack_ip, PORT)], config)
+        .expect("listen");
+    let to = SocketAddr::new(stack_ip, PORT);
+    let rt = runtime();
+    const REQUEST: &[u8] = b"GET /early";
+    const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\n\r\nearly answer";
+    let mut kernel_ports = Vec::new();
+    // The first connection gets the kernel a cookie; the second carries the request on its
+    // SYN and gets the answer early.
+    for i in 0..2 {
+        std::thread::scope(|s| {
+            let kernel = s.spawn(|| {
+                let sock = kernel_socket(&lab.ns);
+                setsockopt_int(&sock, libc::IPPROTO_TCP, libc::TCP_FASTOPEN_CONNECT, 1);
+                sock.connect(&to.into()).expect("kernel connect");
+                let mut stream: std::net::TcpStream = sock.into();
+                let port = stream.local_addr().unwrap().port();
+                stream.write_all(REQUEST).unwrap();
+                let mut answer = vec![0u8; ANSWER.len()];
+                stream.read_exact(&mut answer).expect("kernel read");
+                stream.shutdown(std::net::Shutdown::Write).unwrap();
+                let mut rest = Vec::new();
+                stream.read_to_end(&mut rest).expect("kernel read to end");
+                (port, answer, rest)
+            });
+            rt.block_on(async {
+                tokio::time::timeout(Duration::from_secs(30), async {
+                    let (mut conn, _) = listener.accept().await.expect("accept");
+                    let mut got = vec![0u8; REQUEST.len()];
+                    conn.read_exact(&mut got).await.unwrap();
+                    assert_eq!(got, REQUEST);
+                    conn.write_all(ANSWER).await.unwrap();
+                    let mut rest = Vec::new();
+                    conn.read_to_end(&mut rest).await.unwrap();
+                    assert!(rest.is_empty());
+                    conn.shutdown().await.unwrap();
+                })
+                .await
+                .expect("in time")
+            });
+            let (port, answer, rest) = kernel.join().unwrap();
+            assert_eq!(answer, ANSWER, "connection {i}");
+            assert!(rest.is_empty());
+            kernel_ports.push(port);
+        });
+    }
+    let fo = lab.stack.stats().endpoint.fast_open;
+    eprintln!("stack server: {fo:?}");
+    assert_eq!(
+        fo.syn_data_accepted, 1,
+        "the kernel's second SYN carried data"
+    );
+    let kernel_ip = lab.kernel_addr(false);
+    drop(listener);
+    lab.finish();
+    // The second connection in the capture: the stack's answer left before the kernel's ACK
+    // of the SYN-ACK had come through the delay.
+    let bytes = std::fs::read(&capture).expect("read capture");
+    let file = squarepeg_lab::pcap::read_pcap(&bytes).expect("a pcap file");
+    let port = kernel_ports[1];
+    let segs: Vec<_> = file
+        .records
+        .iter()
+        .filter_map(|r| {
+            let s = squarepeg_tcp::wire::parse_packet(&r.data, false).ok()?;
+            let from_kernel = s.src.ip() == kernel_ip && s.src.port() == port;
+            let to_kernel = s.dst.ip() == kernel_ip && s.dst.port() == port;
+            (from_kernel || to_kernel).then(|| {
+                (
+                    r.timestamp,
+                    from_kernel,
+                    s.flags.syn(),
+                    s.flags.ack(),
+                    s.seq,
+                    s.payload.to_vec(),
+                )
+            })
+        })
+        .collect();
+    let syn = segs.iter().find(|s| s.1 && s.2).expect("the kernel's SYN");
+    assert_eq!(syn.5, REQUEST, "the request on the SYN");
+    let synack = segs.iter().find(|s| !s.1 && s.2).expect("the SYN-ACK");
+    let answer = segs
+        .iter()
+        .find(|s| !s.1 && s.5 == ANSWER)
+        .expect("the answer");
+    assert_eq!(
+        answer.4,
+        synack.4.wrapping_add(1),
+        "the answer follows the SYN-ACK"
+    );
+    let final_ack = segs
+        .iter()
+        .find(|s| s.1 && !s.2 && s.3)
+        .expect("the kernel's ACK of the SYN-ACK");
+    eprintln!(
+        "answer left {:?} after the SYN-ACK; the kernel's ACK reached the stack {:?} after it",
+        answer.0.saturating_sub(synack.0),
+        (final_ack.0 + INBOUND_DELAY).saturating_sub(synack.0)
+    );
+    assert!(
+        answer.0 < final_ack.0 + INBOUND_DELAY,
+        "the answer left in SYN-RECEIVED"
+    );
+}

@@ -627,6 +627,10 @@ pub struct Connection {
     /// Passive open whose SYN data was accepted (its application may read before the
     /// handshake completes).
     fo_passive: bool,
+    /// A Fast Open passive open may send data in SYN-RECEIVED (RFC 7413 §4.2.2): set with
+    /// `fo_passive`, cleared when the SYN-ACK has to go again (its data then waits for the
+    /// handshake), so once cleared with `fo_passive` set, the SYN-ACK went more than once.
+    fo_early_send: bool,
     /// Cookie our SYN-ACK carries (answer to a cookie request or an invalid cookie).
     fo_reply_cookie: Option<FastOpenCookie>,
     /// Notes for the endpoint's Fast Open cache and counters.
@@ -759,6 +763,7 @@ impl Connection {
             trace: (cfg.trace_capacity > 0).then(|| Box::new(TraceLog::new(cfg.trace_capacity))),
             fo_client: None,
             fo_passive: false,
+            fo_early_send: false,
             fo_reply_cookie: None,
             fo_notes: Vec::new(),
             cfg,
@@ -793,7 +798,8 @@ impl Connection {
 
     /// Passive open for a SYN with a valid Fast Open cookie (RFC 7413 §4.3): its data is
     /// accepted at once, the SYN-ACK acknowledges it, and the application may read it
-    /// before the handshake completes.
+    /// before the handshake completes, and answer before then too (§4.2.2,
+    /// `fo_early_send_allowed`).
     pub(crate) fn new_passive_fast_open(
         n: NewConnection,
         syn: &PeerSyn,
@@ -802,6 +808,7 @@ impl Connection {
         let now = n.now;
         let mut c = Connection::new_passive(n, syn);
         c.fo_passive = true;
+        c.fo_early_send = true;
         // The data is accepted into the window our SYN-ACK offers.
         c.rcv_adv = c.rcv_nxt + c.syn_window() as u64;
         // A FIN on the SYN is left for the peer to send again after the handshake: taking it
@@ -1644,6 +1651,9 @@ impl Connection {
                     self.enter_closed(CloseReason::TimedOut, true);
                     return;
                 }
+                if self.state == State::SynReceived {
+                    self.fo_synack_again(now, self.rto_count == 0);
+                }
                 self.rto_count += 1;
                 self.counters.rto_timeouts += 1;
                 self.rtt.back_off();
@@ -1997,6 +2007,7 @@ impl Connection {
             && seg.seq == self.irs
         {
             self.syn_pending = true;
+            self.fo_synack_again(now, false);
             return Ok(());
         }
         // Simultaneous open (RFC 9293 §3.10.7.3 figure 8): the peer's SYN-ACK arrives in
@@ -2176,10 +2187,20 @@ impl Connection {
             self.ts_recent_age = now;
         }
         let ack = unwrap(self.iss, self.snd_una, seg.ack);
-        if self.state == State::SynReceived {
+        let completes_handshake = self.state == State::SynReceived;
+        if completes_handshake {
             if ack > self.snd_una as i64 && ack <= self.snd_nxt as i64 {
                 self.snd_una = 1;
-                self.sb.ack(1, &mut Delivered::default());
+                // Data sent in SYN-RECEIVED (RFC 7413 §4.2.2) that this ACK covers too is
+                // acknowledged below (`process_ack`). If the SYN-ACK went more than once, the
+                // ACK may answer a retransmission sent after that data: Karn's rule (RFC 6298
+                // §3) allows no sample from it, so the scoreboard forgets it here unsampled.
+                let upto = if self.fo_passive && !self.fo_early_send {
+                    ack as u64
+                } else {
+                    1
+                };
+                self.sb.ack(upto, &mut Delivered::default());
                 if self.rto_count == 0
                     && let Some(sent) = self.syn_sent_at
                 {
@@ -2190,6 +2211,10 @@ impl Connection {
                 self.max_snd_wnd = self.max_snd_wnd.max(self.snd_wnd);
                 self.snd_wl1 = seq as u64;
                 self.snd_wl2 = ack as u64;
+                self.fo_early_send = false;
+                if self.snd_nxt > ack as u64 {
+                    self.unacked_since = Some(now);
+                }
                 self.established(now);
             } else {
                 // <SEQ=SEG.ACK><CTL=RST>
@@ -2208,7 +2233,7 @@ impl Connection {
             return Err(DropReason::BadAck);
         }
         let ack = ack.max(0) as u64;
-        self.process_ack(now, seg, seq.max(0) as u64, ack);
+        self.process_ack(now, seg, seq.max(0) as u64, ack, completes_handshake);
         if self.state == State::Closed {
             return Ok(());
         }
@@ -2256,8 +2281,16 @@ impl Connection {
 
     /// Processes the ACK field and window of a segment (RFC 9293 §3.10.7.4 fifth check) with
     /// SACK (RFC 2018, RFC 2883), RTT (RFC 6298, RFC 7323 §4), and loss recovery (RFC 6675,
-    /// RFC 6582).
-    fn process_ack(&mut self, now: Instant, seg: &Segment<'_>, seq: u64, ack: u64) {
+    /// RFC 6582). `handshake`: the ACK completed the handshake (it acknowledged our SYN, so
+    /// it is no duplicate even when data sent in SYN-RECEIVED is outstanding, RFC 5681 §2).
+    fn process_ack(
+        &mut self,
+        now: Instant,
+        seg: &Segment<'_>,
+        seq: u64,
+        ack: u64,
+        handshake: bool,
+    ) {
         let flight_before = self.flight();
         let advancing = ack > self.snd_una;
         let window = (seg.window as u64) << self.snd_wscale;
@@ -2432,6 +2465,7 @@ impl Connection {
                 }
             }
         } else if ack == self.snd_una
+            && !handshake
             && flight_before > 0
             && seg.payload.is_empty()
             && !seg.flags.syn()
@@ -3186,6 +3220,11 @@ impl Connection {
                 return self.send_ack(now, buf, self.snd_nxt.saturating_sub(1));
             }
         }
+        if self.fo_early_send_allowed()
+            && let Some(n) = self.send_new_data(now, buf)
+        {
+            return Some(n);
+        }
         if self.ack_now && self.state != State::SynSent {
             return self.send_ack(now, buf, self.snd_nxt);
         }
@@ -3627,8 +3666,45 @@ impl Connection {
         ) && self.fin_seq.is_none()
     }
 
+    /// Whether data may go out in SYN-RECEIVED (RFC 7413 §4.2.2): only in a Fast Open
+    /// passive open whose SYN data was accepted (the cookie validated the client's address),
+    /// after the first SYN-ACK and only while it has not had to go again.
+    fn fo_early_send_allowed(&self) -> bool {
+        self.fo_early_send
+            && self.state == State::SynReceived
+            && self.passive
+            && !self.syn_pending
+            && self.snd_nxt >= 1
+            && self.rto_count == 0
+            && self.close_reason.is_none()
+    }
+
+    /// The SYN-ACK of a Fast Open passive open goes again (its timer expired, `timeout`, or
+    /// the client sent its SYN again): the client dropped or will drop data sent behind the
+    /// lost SYN-ACK (RFC 9293 §3.10.7.3: SYN-SENT takes no text without a SYN), so that data
+    /// is marked lost and, like further answers, waits for the handshake; the retransmitted
+    /// SYN-ACK carries none. A timeout also takes the congestion response of an RTO with
+    /// data outstanding (RFC 5681 §3.1, RFC 6298 §5, as Linux's `tcp_enter_loss`).
+    fn fo_synack_again(&mut self, now: Instant, timeout: bool) {
+        if !self.fo_passive || self.snd_una > 0 {
+            return;
+        }
+        self.fo_early_send = false;
+        if self.snd_nxt <= 1 {
+            return;
+        }
+        if timeout {
+            self.cc.on_rto(now, self.flight());
+            self.rto_recovery = true;
+            self.recover = self.snd_nxt;
+        }
+        self.sb.mark_all_lost();
+    }
+
     fn send_new_data(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
-        if !self.can_send_data_state() {
+        // Data before the handshake completes: Fast Open's answer (RFC 7413 §4.2.2).
+        let early = self.fo_early_send_allowed();
+        if !early && !self.can_send_data_state() {
             return None;
         }
         let data_next = self.snd_nxt - 1;
@@ -3659,7 +3735,13 @@ impl Connection {
             return None;
         }
         let wnd_room = self.send_right_edge().saturating_sub(self.snd_nxt);
-        let cwnd_room = self.cwnd_allowance();
+        let mut cwnd_room = self.cwnd_allowance();
+        if early {
+            // The SYN-ACK takes a whole segment of the initial window (RFC 7413 §4.2.2: data
+            // "up to the congestion window"; Linux counts it as one packet), not just the
+            // sequence number it already occupies in the flight.
+            cwnd_room = cwnd_room.saturating_sub(self.effective_mss() as u64 - 1);
+        }
         let room = wnd_room.min(cwnd_room).min(limit as u64) as usize;
         let mut len = self
             .queue

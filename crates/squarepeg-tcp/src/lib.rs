@@ -73,7 +73,17 @@
 //! [`ConnectionConfig::fast_open_max_pending`] Fast Open connections per listener may be in
 //! the handshake (§5.1 `max_qlen`); beyond that a valid SYN gets an ordinary handshake (and
 //! its cookie back). SYN-cookie answers (RFC 4987) are stateless and take no Fast Open data.
-//! The server sends no data of its own before the handshake completes.
+//! In such a connection (SYN data accepted, so the cookie vouched for the client's address)
+//! the server may answer before the handshake completes (§4.2.2): data written in
+//! SYN-RECEIVED goes out after the SYN-ACK, from ISS + 1, up to the initial window counting
+//! the SYN-ACK as one segment, so the answer reaches the client right behind the SYN-ACK,
+//! one round trip after its SYN. The SYN-ACK's retransmission timer covers that data; if the
+//! SYN-ACK has to go again (a timeout, or the client's SYN again), it goes alone, the data
+//! sent behind it counts as lost (a client in SYN-SENT drops it) and goes again, with
+//! anything written since, once the handshake completes. The client's ACK of the SYN-ACK may
+//! acknowledge data too; after a repeated SYN-ACK it gives no RTT sample (Karn). A RST in
+//! SYN-RECEIVED ends it all. Other passive opens (a cookie request, an invalid cookie, an
+//! ordinary SYN, a SYN cookie) send no data before ESTABLISHED.
 //!
 //! **Replays.** Fast Open does not stop duplicate SYN data (§6): a SYN replayed while its
 //! connection exists is a duplicate of that connection (SYN-ACK again, or a challenge ACK),

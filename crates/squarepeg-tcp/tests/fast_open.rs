@@ -34,6 +34,8 @@ struct Seen {
     ack_no: u32,
     payload: Vec<u8>,
     fast_open: Option<FastOpenCookie>,
+    /// When it was sent (virtual time).
+    at: Option<Instant>,
 }
 
 /// What the server's application did on one connection.
@@ -42,7 +44,12 @@ struct ServerConn {
     data: Vec<u8>,
     /// State of the connection when the application first read data.
     state_at_first_read: Option<State>,
+    /// Whether the application wrote `World::answer` (after the first read).
+    answered: bool,
 }
+
+/// Decides which packets (as sent) the path drops.
+type Loss = Box<dyn FnMut(&Seen) -> bool>;
 
 struct World {
     client: Endpoint,
@@ -59,6 +66,10 @@ struct World {
     server_conns: HashMap<ConnectionHandle, ServerConn>,
     /// Server connections in accept order.
     accepted: Vec<ConnectionHandle>,
+    /// What the server application writes once it has read a connection's first data.
+    answer: Option<Vec<u8>>,
+    /// Loss on the path: packets (as sent) for which this returns true are dropped.
+    loss: Option<Loss>,
 }
 
 fn seen(to_server: bool, p: &[u8]) -> Seen {
@@ -72,6 +83,7 @@ fn seen(to_server: bool, p: &[u8]) -> Seen {
         ack_no: s.ack,
         payload: s.payload.to_vec(),
         fast_open: s.options.fast_open,
+        at: None,
     }
 }
 
@@ -104,6 +116,8 @@ impl World {
             at_server: Vec::new(),
             server_conns: HashMap::new(),
             accepted: Vec::new(),
+            answer: None,
+            loss: None,
         }
     }
 
@@ -125,7 +139,13 @@ impl World {
     }
 
     fn send_through(&mut self, to_server: bool, packet: Vec<u8>) {
-        self.sent.push(seen(to_server, &packet));
+        let mut s = seen(to_server, &packet);
+        s.at = Some(self.now);
+        let lost = self.loss.as_mut().is_some_and(|f| f(&s));
+        self.sent.push(s);
+        if lost {
+            return;
+        }
         let dir = if to_server {
             Direction::LeftToRight
         } else {
@@ -173,6 +193,12 @@ impl World {
                             e.state_at_first_read = state;
                         }
                         e.data.extend_from_slice(&buf[..n]);
+                        if let Some(a) = &self.answer
+                            && !e.answered
+                        {
+                            e.answered = true;
+                            assert_eq!(self.server.write(c, a).unwrap(), a.len());
+                        }
                     }
                     Ok(_) => {
                         // End of stream: close our side and release the handle.
@@ -752,4 +778,235 @@ fn server_time_wait_reopened_by_a_newer_timestamp() {
         assert_eq!(w.server.connection_count(), 1);
     }
     assert_eq!(w.accepted.len(), 3);
+}
+
+// ------------------------------------------------ the server's answer in SYN-RECEIVED
+
+/// A request from `port` to a server application that answers with `w.answer` once it has
+/// read the request. Returns the client handle, what the client read, when it had read the
+/// whole answer, and the index into `sent` where the exchange began.
+fn exchange(
+    w: &mut World,
+    port: u16,
+    cfg: ConnectionConfig,
+    request: &[u8],
+) -> (ConnectionHandle, Vec<u8>, Duration, usize) {
+    let answer = w.answer.clone().expect("an answering server");
+    let mark = w.sent.len();
+    let start = w.now;
+    let c = w.connect(port, cfg, request);
+    let mut got = Vec::new();
+    let mut done_at = None;
+    let ok = w.run(Duration::from_secs(30), |w| {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = w.client.read(c, &mut buf) {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        if got.len() >= answer.len() && done_at.is_none() {
+            done_at = Some(w.now - start);
+        }
+        done_at.is_some()
+    });
+    assert!(
+        ok,
+        "answer not delivered: {} of {} bytes",
+        got.len(),
+        answer.len()
+    );
+    // Let stray retransmissions arrive (a duplicate would show in `got`).
+    w.run(Duration::from_secs(5), |_| false);
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = w.client.read(c, &mut buf) {
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    (c, got, done_at.unwrap(), mark)
+}
+
+/// The client's final ACK of the handshake (its first packet after the SYN-ACK it took),
+/// since `from`.
+fn handshake_ack(w: &World, from: usize) -> Seen {
+    w.sent[from..]
+        .iter()
+        .find(|s| s.to_server && !s.syn && s.ack)
+        .cloned()
+        .expect("the handshake completed")
+}
+
+/// The server's data segments since `from`.
+fn server_data(w: &World, from: usize) -> Vec<Seen> {
+    w.sent[from..]
+        .iter()
+        .filter(|s| !s.to_server && !s.syn && !s.payload.is_empty())
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn fast_open_server_answer_leaves_before_the_handshake_ends_and_arrives_one_rtt_after_the_syn() {
+    let mut w = first_contact(tfo_config());
+    w.answer = Some(b"HTTP/1.1 200 OK\r\n\r\nhello".to_vec());
+    let accepted = w.accepted.len();
+    let (c, got, t, mark) = exchange(&mut w, 40001, tfo_config(), b"GET /x");
+    assert_eq!(got, w.answer.clone().unwrap(), "read exactly once");
+    assert_eq!(w.server_read(accepted), vec![b"GET /x".to_vec()]);
+    // One round trip after the SYN (2 × DELAY), not two: the answer is not held until the
+    // client's ACK of the SYN-ACK arrives.
+    assert_eq!(t, 2 * DELAY);
+    // On the wire: SYN, SYN-ACK, the answer (from ISS + 1), then the client's final ACK;
+    // the answer left before that ACK reached the server.
+    let order: Vec<(bool, bool, usize)> = w.sent[mark..mark + 4]
+        .iter()
+        .map(|s| (s.to_server, s.syn, s.payload.len()))
+        .collect();
+    assert_eq!(
+        order,
+        vec![
+            (true, true, 6),
+            (false, true, 0),
+            (false, false, 24),
+            (true, false, 0)
+        ]
+    );
+    let synack = &w.syn_acks(mark)[0];
+    let data = server_data(&w, mark);
+    assert_eq!(data.len(), 1);
+    assert_eq!(data[0].seq, synack.seq.wrapping_add(1));
+    assert_eq!(data[0].ack_no, synack.ack_no);
+    let ack = handshake_ack(&w, mark);
+    assert!(data[0].at.unwrap() < ack.at.unwrap() + DELAY);
+    assert_eq!(ack.ack_no, synack.seq.wrapping_add(1));
+    assert!(
+        w.sent[mark..]
+            .iter()
+            .any(|s| s.to_server && s.ack_no == synack.seq.wrapping_add(25)),
+        "the client acknowledged the answer"
+    );
+    let h = w.accepted[accepted];
+    assert_eq!(w.server.stats_of(h).unwrap().packets_retransmitted, 0);
+    assert_eq!(w.client.stats_of(c).unwrap().packets_retransmitted, 0);
+    assert_eq!(w.server.stats_of(h).unwrap().min_rtt, Some(2 * DELAY));
+    w.server.check_invariants();
+    w.client.check_invariants();
+}
+
+#[test]
+fn fast_open_initial_window_of_answer_goes_before_the_handshake_ends() {
+    let mut w = first_contact(tfo_config());
+    let answer: Vec<u8> = (0..40_000u32).map(|i| (i % 251) as u8).collect();
+    w.answer = Some(answer.clone());
+    let accepted = w.accepted.len();
+    let (_, got, _, mark) = exchange(&mut w, 40001, tfo_config(), b"GET /big");
+    assert_eq!(got, answer);
+    assert_eq!(w.server_read(accepted), vec![b"GET /big".to_vec()]);
+    let ack = handshake_ack(&w, mark);
+    let arrived = ack.at.unwrap() + DELAY;
+    let early: Vec<Seen> = server_data(&w, mark)
+        .into_iter()
+        .filter(|s| s.at.unwrap() < arrived)
+        .collect();
+    // IW10 counting the SYN-ACK: nine segments before the handshake's final ACK.
+    assert_eq!(early.len(), 9);
+    let h = w.accepted[accepted];
+    // (A tail loss probe may repeat the last segment while the client delays its ACK.)
+    assert_eq!(w.server.stats_of(h).unwrap().rto_timeouts, 0);
+    w.server.check_invariants();
+}
+
+#[test]
+fn fast_open_lost_syn_ack_recovers_and_delivers_everything_exactly_once() {
+    let mut w = first_contact(tfo_config());
+    let answer: Vec<u8> = (0..4000u32).map(|i| (i % 253) as u8).collect();
+    w.answer = Some(answer.clone());
+    let accepted = w.accepted.len();
+    let mut dropped = false;
+    w.loss = Some(Box::new(move |s| {
+        let hit = !dropped && !s.to_server && s.syn;
+        dropped |= hit;
+        hit
+    }));
+    let (c, got, _, mark) = exchange(&mut w, 40001, tfo_config(), b"GET /x");
+    assert_eq!(got, answer, "the answer exactly once");
+    assert_eq!(w.server_read(accepted), vec![b"GET /x".to_vec()]);
+    let synacks = w.syn_acks(mark);
+    assert_eq!(synacks.len(), 2, "the SYN-ACK went again");
+    assert!(synacks.iter().all(|s| s.payload.is_empty()));
+    // The answer went once behind the lost SYN-ACK (the client, in SYN-SENT, dropped it),
+    // and again only after the handshake completed.
+    let ack = handshake_ack(&w, mark);
+    let arrived = ack.at.unwrap() + DELAY;
+    let data = server_data(&w, mark);
+    let before: Vec<&Seen> = data.iter().filter(|s| s.at.unwrap() < arrived).collect();
+    assert!(
+        before
+            .iter()
+            .all(|s| s.at.unwrap() < synacks[1].at.unwrap())
+    );
+    assert_eq!(
+        before.iter().map(|s| s.payload.len()).sum::<usize>(),
+        answer.len()
+    );
+    let h = w.accepted[accepted];
+    // No RTT sample from the ambiguous exchange inflated the estimate (Karn).
+    let srtt = w.server.connection(h).unwrap().srtt().unwrap();
+    assert!(srtt < Duration::from_millis(100), "{srtt:?}");
+    assert_eq!(w.client.connection(c).unwrap().state(), State::Established);
+    w.server.check_invariants();
+    w.client.check_invariants();
+}
+
+#[test]
+fn fast_open_answer_lost_in_syn_received_is_delivered_once() {
+    let mut w = first_contact(tfo_config());
+    let answer: Vec<u8> = (0..5000u32).map(|i| (i % 241) as u8).collect();
+    w.answer = Some(answer.clone());
+    let accepted = w.accepted.len();
+    let mut dropped = false;
+    w.loss = Some(Box::new(move |s| {
+        let hit = !dropped && !s.to_server && !s.syn && !s.payload.is_empty();
+        dropped |= hit;
+        hit
+    }));
+    let (_, got, _, mark) = exchange(&mut w, 40001, tfo_config(), b"GET /x");
+    assert_eq!(got, answer, "the answer exactly once");
+    assert_eq!(w.server_read(accepted), vec![b"GET /x".to_vec()]);
+    assert_eq!(w.syn_acks(mark).len(), 1);
+    let h = w.accepted[accepted];
+    let st = w.server.stats_of(h).unwrap();
+    assert!(st.packets_retransmitted >= 1);
+    assert_eq!(st.rto_timeouts, 0, "repaired by SACK/RACK, not a timeout");
+    w.server.check_invariants();
+    w.client.check_invariants();
+}
+
+#[test]
+fn servers_without_fast_open_data_send_nothing_before_established() {
+    let answer = b"answer".to_vec();
+    // A cookie request (first contact), an ordinary SYN to a Fast Open server, and a Fast Open
+    // client to a server without Fast Open.
+    let cases: [(ConnectionConfig, ConnectionConfig); 3] = [
+        (tfo_config(), tfo_config()),
+        (tfo_config(), ConnectionConfig::default()),
+        (ConnectionConfig::default(), tfo_config()),
+    ];
+    for (i, (server_cfg, client_cfg)) in cases.into_iter().enumerate() {
+        let mut w = World::new(server_cfg);
+        w.answer = Some(answer.clone());
+        let (_, got, t, mark) = exchange(&mut w, 40000, client_cfg, b"request");
+        assert_eq!(got, answer, "case {i}");
+        let arrived = handshake_ack(&w, mark).at.unwrap() + DELAY;
+        let data = server_data(&w, mark);
+        assert!(
+            data.iter().all(|s| s.at.unwrap() >= arrived),
+            "case {i}: server data before ESTABLISHED"
+        );
+        // The request follows the handshake, the answer follows the request: two round trips.
+        assert_eq!(t, 4 * DELAY, "case {i}");
+        assert_eq!(w.server.stats().fast_open.syn_data_accepted, 0);
+    }
 }
