@@ -112,3 +112,55 @@ fn bad_input_is_refused_clearly() {
         assert!(err.contains(expect), "{expect}: {err}");
     }
 }
+
+/// `--fast-open`: the userspace TCP's returning transfer carries the request on its SYN (no
+/// separate request write: `request_ms` is 0), every byte arrives, and Careful Resume still
+/// jumps (the server's SYN-RECEIVED flight is its initial data). No timing is compared.
+#[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
+fn lab_transfer_with_fast_open() {
+    if !can_run() {
+        return;
+    }
+    let dir = TempDir::new("lab-transfer-tfo");
+    let out = dir.0.to_str().expect("utf-8 path");
+    let output = peg(&[
+        "lab",
+        "transfer",
+        "--size",
+        "256kb",
+        "--rtt",
+        "20ms",
+        "--substrate",
+        "utcp",
+        "--fast-open",
+        "--out",
+        out,
+        "--json",
+        "--no-plots",
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary: Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
+    assert_eq!(summary["fast_open"], true);
+    let transfers = summary["runs"][0]["transfers"]
+        .as_array()
+        .expect("transfers");
+    assert_eq!(transfers.len(), 2);
+    for t in transfers {
+        assert_eq!(t["bytes"], SIZE, "{t}");
+        assert_eq!(
+            t["request_ms"], 0.0,
+            "the request goes with the connect: {t}"
+        );
+    }
+    let resume = &transfers[1]["server"]["resume"];
+    assert_eq!(resume["reconnaissance"], 1, "{resume}");
+    assert_eq!(
+        resume["unvalidated"], 1,
+        "the returning transfer jumped: {resume}"
+    );
+}

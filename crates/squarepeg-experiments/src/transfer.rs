@@ -61,6 +61,11 @@ pub struct TransferConfig {
     pub runs: u32,
     /// Seed of the emulator.
     pub seed: u64,
+    /// TCP Fast Open (RFC 7413) on every contender: the client's 1-byte request rides on the
+    /// SYN once the client holds the server's cookie (the returning transfer), and the
+    /// server's answer starts in SYN-RECEIVED, right behind the SYN-ACK (Linux, and the
+    /// userspace TCP).
+    pub fast_open: bool,
 }
 
 impl Default for TransferConfig {
@@ -73,6 +78,7 @@ impl Default for TransferConfig {
             queue: None,
             runs: 1,
             seed: 1,
+            fast_open: false,
         }
     }
 }
@@ -283,6 +289,30 @@ pub fn run_lab(
 
 type Outcome = (Vec<Transfer>, (IpAddr, IpAddr));
 
+/// Sets an integer TCP-level socket option.
+fn set_tcp_int(
+    s: &socket2::Socket,
+    option: libc::c_int,
+    value: libc::c_int,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid descriptor, and a pointer to an int of the size passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            option,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// The kernel contenders: a plain socket server in the server namespace, a plain client in
 /// the client namespace.
 fn kernel_transfers(
@@ -301,8 +331,13 @@ fn kernel_transfers(
     for ns in [lab.client(), lab.server()] {
         ns.run(|| std::fs::write("/proc/sys/net/ipv4/tcp_no_metrics_save", "0"))?
             .map_err(VoipError::io("setting tcp_no_metrics_save"))?;
+        if config.fast_open {
+            ns.run(|| std::fs::write("/proc/sys/net/ipv4/tcp_fastopen", "3"))?
+                .map_err(VoipError::io("setting tcp_fastopen"))?;
+        }
         ns.ip(&["tcp_metrics", "flush", "all"])?;
     }
+    let fast_open = config.fast_open;
     let listener = lab
         .server()
         .run(|| -> std::io::Result<std::net::TcpListener> {
@@ -312,6 +347,9 @@ fn kernel_transfers(
             s.set_tcp_congestion(congestion.as_bytes())?;
             s.bind(&server_addr.into())?;
             s.listen(16)?;
+            if fast_open {
+                set_tcp_int(&s, libc::TCP_FASTOPEN, 16)?;
+            }
             Ok(s.into())
         })?;
     let listener = listener.map_err(VoipError::io(format!(
@@ -345,6 +383,11 @@ fn kernel_transfers(
             s.set_tcp_congestion(congestion.as_bytes())?;
             s.set_tcp_nodelay(true)?;
             s.set_read_timeout(Some(TRANSFER_LIMIT))?;
+            if fast_open {
+                // connect() returns at once; the request's write sends the SYN (with the
+                // request when a cookie is cached).
+                set_tcp_int(&s, libc::TCP_FASTOPEN_CONNECT, 1)?;
+            }
             Ok(s)
         })?;
         let socket = socket.map_err(VoipError::io("client socket"))?;
@@ -413,8 +456,10 @@ fn utcp_transfers(
     };
     let mut server_tcp = ConnectionConfig::default();
     server_tcp.careful_resume = resume;
+    server_tcp.fast_open = config.fast_open;
     let server = attach(Role::Server, server_tcp)?;
     let client = attach(Role::Client, ConnectionConfig::default())?;
+    let fast_open = config.fast_open;
     let (server_v4, _) = stack_addresses(lab, Role::Server)
         .ok_or_else(|| VoipError::Transport("no stack address on the server end".into()))?;
     let (client_v4, _) = stack_addresses(lab, Role::Client)
@@ -457,16 +502,32 @@ fn utcp_transfers(
         for phase in ["cold", "returning"] {
             progress(&format!("{phase} transfer"));
             let t0 = Instant::now();
-            let mut s = tokio::time::timeout(TRANSFER_LIMIT, client.stack().connect(server_addr))
+            let connecting = async {
+                if fast_open {
+                    // The request goes with the connect (on the SYN once a cookie is
+                    // cached).
+                    client
+                        .stack()
+                        .connect_fast_open(server_addr, client.stack().connection_config(), b"?")
+                        .await
+                } else {
+                    client.stack().connect(server_addr).await
+                }
+            };
+            let mut s = tokio::time::timeout(TRANSFER_LIMIT, connecting)
                 .await
                 .map_err(|_| VoipError::Transport(format!("connecting to {server_addr}: timeout")))?
                 .map_err(VoipError::io(format!("connecting to {server_addr}")))?;
             let established = t0.elapsed();
             let client_port = s.local_addr().port();
-            s.write_all(b"?")
-                .await
-                .map_err(VoipError::io("writing the request"))?;
-            let request = t0.elapsed();
+            let request = if fast_open {
+                Duration::ZERO
+            } else {
+                s.write_all(b"?")
+                    .await
+                    .map_err(VoipError::io("writing the request"))?;
+                t0.elapsed()
+            };
             let mut buf = vec![0u8; 1 << 16];
             let mut bytes = 0u64;
             let mut last_byte = request;
@@ -623,6 +684,7 @@ pub fn transfer_json(config: &TransferConfig, runs: &[TransferRun]) -> Value {
             "rtt_ms": ms(rtt),
             "queue_bytes": config.queue_bytes(),
         },
+        "fast_open": config.fast_open,
         "runs": runs.iter().map(|r| json!({
             "substrate": r.substrate.name(),
             "seed": r.seed,

@@ -277,9 +277,12 @@ pub(crate) enum Action {
 #[derive(Clone, Debug)]
 pub(crate) struct CarefulResume {
     saved: PathRecord,
-    /// Sequence number of the first data byte: Reconnaissance ends once the initial window's
-    /// worth of data after it is acknowledged.
+    /// Sequence number of the first data byte: Reconnaissance ends once the initial data
+    /// after it is acknowledged.
     data_start: u64,
+    /// The end of the initial data: the initial window's worth, or what had gone out when
+    /// the first ACK came if that was less (set then).
+    initial_end: Option<u64>,
     pipe_size: u64,
     jump_cwnd: u64,
     /// Sequence number of the first byte sent in the Unvalidated phase.
@@ -308,6 +311,7 @@ impl CarefulResume {
         CarefulResume {
             saved,
             data_start,
+            initial_end: None,
             pipe_size: 0,
             jump_cwnd: 0,
             first_unvalidated: None,
@@ -370,7 +374,15 @@ impl CarefulResume {
                 // "When a sender confirms the path and it receives an acknowledgement for the
                 // initial data without reported congestion, it MAY then enter the Unvalidated
                 // Phase ... when a sender has more data than permitted by the current CWND."
-                if una < self.data_start + iw || !wants_more {
+                // The initial data is the initial window's worth, or what had gone out when
+                // the first ACK came if that was less (a Fast Open server's first flight
+                // shares its initial window with the SYN-ACK, RFC 7413 §4.2.2; ACKs of it make
+                // room for more, which is no longer initial data): acknowledged whole, it
+                // confirms the path as a full window would.
+                let end = *self
+                    .initial_end
+                    .get_or_insert(snd_nxt.min(self.data_start + iw));
+                if una < end || una <= self.data_start || !wants_more {
                     return Action::None;
                 }
                 // jump_cwnd is at most half the saved window (RFC 9959 Unvalidated phase).
@@ -568,6 +580,33 @@ mod tests {
         let mut none = PathCache::new(PathCacheConfig::new(0, Duration::from_secs(1)));
         none.insert(IpAddr::from([1, 1, 1, 1]), rec(t0, 1));
         assert!(none.is_empty());
+    }
+
+    #[test]
+    fn initial_data_smaller_than_the_window_confirms_the_path() {
+        // A Fast Open server's first flight: 9 segments of 1448 (the SYN-ACK took the
+        // window's tenth), out before the first ACK; ACKs of it let slow start send more,
+        // which is not initial data.
+        let t0 = Instant::now();
+        let mut r = CarefulResume::new(rec(t0, 1_000_000), 1);
+        let flight_end = 1 + 9 * 1448;
+        assert_eq!(
+            r.on_ack(14_480, 2897, 2896, 16_000, Some(100 * MS), true, flight_end),
+            Action::None
+        );
+        // More went out meanwhile; the flight's last ACK confirms the path.
+        assert_eq!(
+            r.on_ack(
+                14_480,
+                flight_end,
+                2896,
+                26_000,
+                Some(100 * MS),
+                true,
+                flight_end + 8000
+            ),
+            Action::Jump(500_000)
+        );
     }
 
     #[test]

@@ -56,6 +56,10 @@ pub struct TransferLabArgs {
     /// Where transfer.json, the captures and the plots go.
     #[arg(long, value_name = "DIR", default_value = "transfer-out")]
     out: PathBuf,
+    /// TCP Fast Open on every contender: the returning client's request rides on the SYN
+    /// and the server answers in SYN-RECEIVED.
+    #[arg(long)]
+    fast_open: bool,
     /// Print the JSON on standard output instead of the table.
     #[arg(long)]
     json: bool,
@@ -89,6 +93,7 @@ pub fn run(args: TransferLabArgs) -> Result<()> {
         queue: args.queue,
         runs: args.runs,
         seed: args.seed,
+        fast_open: args.fast_open,
     };
     config.validate()?;
     if !squarepeg_lab::net::is_root() {
