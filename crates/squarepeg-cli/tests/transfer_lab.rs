@@ -13,6 +13,22 @@ use serde_json::Value;
 
 const SIZE: u64 = 256 * 1024;
 
+/// Runs `peg lab transfer` of [`SIZE`] bytes at RTT 20 ms with `args` into `dir`; returns
+/// the JSON it printed.
+fn transfer(dir: &TempDir, args: &[&str]) -> Value {
+    let out = dir.0.to_str().expect("utf-8 path");
+    let mut all = vec!["lab", "transfer", "--size", "256kb", "--rtt", "20ms"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--out", out, "--json"]);
+    let output = peg(&all);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("JSON on stdout")
+}
+
 #[test]
 #[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn lab_transfer_reports_cold_and_returning_transfers() {
@@ -20,28 +36,10 @@ fn lab_transfer_reports_cold_and_returning_transfers() {
         return;
     }
     let dir = TempDir::new("lab-transfer");
-    let out = dir.0.to_str().expect("utf-8 path");
-    let output = peg(&[
-        "lab",
-        "transfer",
-        "--size",
-        "256kb",
-        "--rate",
-        "100mbit",
-        "--rtt",
-        "20ms",
-        "--substrate",
-        "kernel-cubic,utcp",
-        "--out",
-        out,
-        "--json",
-    ]);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    let summary = transfer(
+        &dir,
+        &["--rate", "100mbit", "--substrate", "kernel-cubic,utcp"],
     );
-    let summary: Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
     assert_eq!(summary["schema"], "squarepeg.transfer/1");
     assert_eq!(summary["path"]["size_bytes"], SIZE);
     let runs = summary["runs"].as_array().expect("runs");
@@ -123,28 +121,7 @@ fn lab_transfer_with_fast_open() {
         return;
     }
     let dir = TempDir::new("lab-transfer-tfo");
-    let out = dir.0.to_str().expect("utf-8 path");
-    let output = peg(&[
-        "lab",
-        "transfer",
-        "--size",
-        "256kb",
-        "--rtt",
-        "20ms",
-        "--substrate",
-        "utcp",
-        "--fast-open",
-        "--out",
-        out,
-        "--json",
-        "--no-plots",
-    ]);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let summary: Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
+    let summary = transfer(&dir, &["--substrate", "utcp", "--fast-open", "--no-plots"]);
     assert_eq!(summary["fast_open"], true);
     let transfers = summary["runs"][0]["transfers"]
         .as_array()
