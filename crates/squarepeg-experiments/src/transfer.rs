@@ -211,6 +211,28 @@ pub struct Transfer {
 }
 
 impl Transfer {
+    /// A transfer as the client measured it; the server's statistics and the series from the
+    /// captures are filled in later.
+    fn measured(
+        phase: &'static str,
+        bytes: u64,
+        (established, request, last_byte): (Duration, Duration, Duration),
+        client_port: u16,
+    ) -> Transfer {
+        Transfer {
+            phase,
+            bytes,
+            established,
+            request,
+            last_byte,
+            server_stats: None,
+            client_port,
+            sender: Vec::new(),
+            receiver: Vec::new(),
+            wire_last_byte: None,
+        }
+    }
+
     /// `d` in RTTs of `rtt`.
     pub fn rtts(d: Duration, rtt: Duration) -> f64 {
         d.as_secs_f64() / rtt.as_secs_f64()
@@ -420,18 +442,12 @@ fn kernel_transfers(
             last_byte = t0.elapsed();
         }
         drop(stream);
-        transfers.push(Transfer {
+        transfers.push(Transfer::measured(
             phase,
             bytes,
-            established,
-            request,
-            last_byte,
-            server_stats: None,
+            (established, request, last_byte),
             client_port,
-            sender: Vec::new(),
-            receiver: Vec::new(),
-            wire_last_byte: None,
-        });
+        ));
         std::thread::sleep(BETWEEN);
     }
     server
@@ -550,18 +566,12 @@ fn utcp_transfers(
                 .await
                 .map_err(VoipError::io("closing the client"))?;
             drop(s);
-            transfers.push(Transfer {
+            transfers.push(Transfer::measured(
                 phase,
                 bytes,
-                established,
-                request,
-                last_byte,
-                server_stats: None,
+                (established, request, last_byte),
                 client_port,
-                sender: Vec::new(),
-                receiver: Vec::new(),
-                wire_last_byte: None,
-            });
+            ));
             tokio::time::sleep(BETWEEN).await;
         }
         let stats = tokio::time::timeout(TRANSFER_LIMIT, server_task)

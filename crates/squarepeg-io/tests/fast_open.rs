@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use common::*;
 use socket2::{Domain, Protocol, Socket, Type};
-use squarepeg_io::ConnectionConfig;
+use squarepeg_io::{ConnectionConfig, Impairment};
 use squarepeg_lab::net::NetNs;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -67,6 +67,21 @@ fn setsockopt_int(s: &Socket, level: i32, name: i32, value: i32) {
     );
 }
 
+/// A lab whose packets are captured (256-byte snapshots) to `capture`, with Fast Open on
+/// for the kernel of its namespace; `impairment` on the stack's path if given.
+fn fast_open_lab(name: &str, capture: &Path, impairment: Option<Impairment>) -> Lab {
+    let lab = Lab::start(
+        name,
+        LabOptions {
+            capture: Some((capture.to_path_buf(), 256)),
+            impairment,
+            ..Default::default()
+        },
+    );
+    enable_kernel_fast_open(&lab.ns);
+    lab
+}
+
 fn kernel_socket(ns: &NetNs) -> Socket {
     let s = ns
         .run(|| Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)))
@@ -95,14 +110,7 @@ fn stack_client_puts_data_on_the_syn_to_a_kernel_server() {
     }
     let scratch = ScratchDir::new("tfo");
     let capture = scratch.0.join("tfo.pcap");
-    let lab = Lab::start(
-        "tfo",
-        LabOptions {
-            capture: Some((capture.clone(), 256)),
-            ..Default::default()
-        },
-    );
-    enable_kernel_fast_open(&lab.ns);
+    let lab = fast_open_lab("tfo", &capture, None);
     let kernel_ip = lab.kernel_addr(false);
     let listener = kernel_socket(&lab.ns);
     listener.set_reuse_address(true).unwrap();
@@ -179,14 +187,7 @@ fn kernel_client_puts_data_on_the_syn_to_the_stack_server() {
     }
     let scratch = ScratchDir::new("tfo");
     let capture = scratch.0.join("tfo.pcap");
-    let lab = Lab::start(
-        "tfok",
-        LabOptions {
-            capture: Some((capture.clone(), 256)),
-            ..Default::default()
-        },
-    );
-    enable_kernel_fast_open(&lab.ns);
+    let lab = fast_open_lab("tfok", &capture, None);
     let mut config = ConnectionConfig::default();
     config.fast_open = true;
     let stack_ip = lab.stack_addr(false);
@@ -263,17 +264,11 @@ fn kernel_client_gets_the_stack_servers_answer_sent_before_the_handshake_complet
     let capture = scratch.0.join("tfo-synrecv.pcap");
     let inbound = squarepeg_lab::model::LinkConfig::new().with_delay(INBOUND_DELAY);
     let outbound = squarepeg_lab::model::LinkConfig::new();
-    let lab = Lab::start(
+    let lab = fast_open_lab(
         "tfoa",
-        LabOptions {
-            capture: Some((capture.clone(), 256)),
-            impairment: Some(
-                squarepeg_lab::stack::impairment(inbound, outbound, 7).expect("link config"),
-            ),
-            ..Default::default()
-        },
+        &capture,
+        Some(squarepeg_lab::stack::impairment(inbound, outbound, 7).expect("link config")),
     );
-    enable_kernel_fast_open(&lab.ns);
     let mut config = ConnectionConfig::default();
     config.fast_open = true;
     let stack_ip = lab.stack_addr(false);

@@ -27,7 +27,7 @@ use squarepeg::tls::config::{self, Trust};
 use squarepeg::{ConnectionConfig, Endpoint, MessageProps, Transactor, TransportProperties};
 use squarepeg_lab::middlebox::parse_middleboxes;
 use squarepeg_lab::net::{CaptureSide, Lab, LabConfig, capture_path};
-use squarepeg_lab::packet::{parse_ip, tcp_flags};
+use squarepeg_lab::packet::tcp_flags;
 use squarepeg_lab::pcap::read_pcap;
 
 const PORT: u16 = 6200;
@@ -61,26 +61,14 @@ fn segments(path: &PathBuf) -> Vec<Segment> {
     let file = read_pcap(&std::fs::read(path).expect("capture")).expect("pcap");
     file.records
         .iter()
-        .filter_map(|r| {
-            let p = &r.data;
-            let ip = parse_ip(p).ok()?;
-            if ip.protocol != 6 || ip.fragment {
-                return None;
-            }
-            let t = ip.header_len;
-            let word = |at: usize| {
-                u32::from_be_bytes([p[t + at], p[t + at + 1], p[t + at + 2], p[t + at + 3]])
-            };
-            let port = |at: usize| u16::from_be_bytes([p[t + at], p[t + at + 1]]);
-            let header = usize::from(p[t + 12] >> 4) * 4;
-            Some(Segment {
-                src: SocketAddr::new(ip.src, port(0)),
-                dst: SocketAddr::new(ip.dst, port(2)),
-                seq: word(4),
-                ack: word(8),
-                flags: p[t + 13],
-                payload: p[t + header..ip.total_len].to_vec(),
-            })
+        .filter_map(|r| squarepeg_tcp::wire::parse_packet(&r.data, false).ok())
+        .map(|s| Segment {
+            src: s.src,
+            dst: s.dst,
+            seq: s.seq,
+            ack: s.ack,
+            flags: s.flags.0,
+            payload: s.payload.to_vec(),
         })
         .collect()
 }

@@ -788,6 +788,33 @@ fn early_data_configs() -> (ConnectionConfig, ConnectionConfig) {
     (client, server)
 }
 
+/// Two connections from `stack` to an echo server at `addr`, each opened with one replayable
+/// 64-byte request (early data once a ticket is held); checks each echo and closes.
+async fn two_replayable_requests(
+    stack: &squarepeg_io::Stack,
+    addr: SocketAddr,
+    config: &ConnectionConfig,
+) {
+    for i in 0..2u8 {
+        let request = MessageProps {
+            safely_replayable: true,
+            ..MessageProps::default()
+        };
+        let (conn, _) = Connection::connect_utcp_with_messages(
+            stack,
+            addr,
+            config.clone(),
+            vec![(vec![i; 64].into(), request)],
+        )
+        .await
+        .expect("connect");
+        let echo = conn.recv_message().await.expect("echo");
+        assert_eq!(&echo.payload[..], &[i; 64][..]);
+        conn.close().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// TCP Fast Open and TLS 1.3 early data over the userspace TCP through the tokio API: a
 /// `connect_utcp_with_messages` client with `fast_open` and a client configuration offering
 /// early data, to a kernel squarepeg server with a Fast Open queue that accepts early data.
@@ -844,26 +871,11 @@ fn utcp_fast_open_client_sends_its_request_as_early_data_on_the_syn() {
             .expect("server namespace")
     });
     bound_rx.recv().expect("bound");
-    runtime().block_on(no_hang(async {
-        for i in 0..2u8 {
-            let request = MessageProps {
-                safely_replayable: true,
-                ..MessageProps::default()
-            };
-            let (conn, _) = Connection::connect_utcp_with_messages(
-                stack.stack(),
-                server_addr,
-                client_config.clone(),
-                vec![(vec![i; 64].into(), request)],
-            )
-            .await
-            .expect("connect");
-            let echo = conn.recv_message().await.expect("echo");
-            assert_eq!(&echo.payload[..], &[i; 64][..]);
-            conn.close().await;
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }));
+    runtime().block_on(no_hang(two_replayable_requests(
+        stack.stack(),
+        server_addr,
+        &client_config,
+    )));
     let early = server.join().expect("server");
     assert_eq!(early[0], 0, "first contact: no early data");
     assert!(
@@ -876,18 +888,9 @@ fn utcp_fast_open_client_sends_its_request_as_early_data_on_the_syn() {
     let syn_payloads: Vec<usize> = file
         .records
         .iter()
-        .filter_map(|r| {
-            let p = &r.data;
-            let ip = squarepeg_lab::packet::parse_ip(p).ok()?;
-            let t = ip.header_len;
-            let flags = p[t + 13];
-            let to_server =
-                ip.dst == server_addr.ip() && u16::from_be_bytes([p[t + 2], p[t + 3]]) == PORT;
-            (ip.protocol == 6 && to_server && flags & 0x12 == 0x02).then(|| {
-                let header = usize::from(p[t + 12] >> 4) * 4;
-                ip.total_len - t - header
-            })
-        })
+        .filter_map(|r| squarepeg_tcp::wire::parse_packet(&r.data, false).ok())
+        .filter(|s| s.dst == server_addr && s.flags.syn() && !s.flags.ack())
+        .map(|s| s.payload.len())
         .collect();
     assert_eq!(syn_payloads.len(), 2, "{syn_payloads:?}");
     assert_eq!(
@@ -940,26 +943,7 @@ fn utcp_to_utcp_early_data_on_fast_open() {
             }
             early
         };
-        let talk = async {
-            for i in 0..2u8 {
-                let request = MessageProps {
-                    safely_replayable: true,
-                    ..MessageProps::default()
-                };
-                let (conn, _) = Connection::connect_utcp_with_messages(
-                    client.stack(),
-                    addr,
-                    client_config.clone(),
-                    vec![(vec![i; 64].into(), request)],
-                )
-                .await
-                .expect("connect");
-                let echo = conn.recv_message().await.expect("echo");
-                assert_eq!(&echo.payload[..], &[i; 64][..]);
-                conn.close().await;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        };
+        let talk = two_replayable_requests(client.stack(), addr, &client_config);
         tokio::join!(serve, talk).0
     }));
     assert_eq!(early[0], 0, "first contact: no early data");
