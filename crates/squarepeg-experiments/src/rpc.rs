@@ -25,7 +25,7 @@ use squarepeg::tls::config::{self, SelfSigned, Trust};
 use squarepeg::tls::rustls;
 use squarepeg::{ConnectionConfig, Endpoint, MessageProps, Transactor, TransportProperties};
 use squarepeg_lab::net::{CaptureSide, Lab, LabConfig, NetNs, capture_path};
-use squarepeg_lab::packet::{parse_ip, tcp_flags};
+use squarepeg_lab::packet::parse_ip;
 use squarepeg_lab::pcap::read_pcap;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -638,31 +638,31 @@ fn read_capture(path: &Path, server_ip: IpAddr) -> Result<Vec<Captured>, VoipErr
             continue;
         }
         match ip.protocol {
-            6 if ip.total_len >= t + 20 => {
-                let header = usize::from(p[t + 12] >> 4) * 4;
-                let flags_byte = p[t + 13];
-                let payload = p.get(t + header..ip.total_len).unwrap_or_default();
+            6 => {
+                let Ok(seg) = squarepeg_tcp::wire::parse_packet(p, false) else {
+                    continue;
+                };
                 let mut flags = String::new();
-                for (bit, letter) in [
-                    (tcp_flags::SYN, 'S'),
-                    (tcp_flags::FIN, 'F'),
-                    (tcp_flags::RST, 'R'),
-                    (tcp_flags::PSH, 'P'),
-                    (tcp_flags::ACK, 'A'),
+                for (on, letter) in [
+                    (seg.flags.syn(), 'S'),
+                    (seg.flags.fin(), 'F'),
+                    (seg.flags.rst(), 'R'),
+                    (seg.flags.psh(), 'P'),
+                    (seg.flags.ack(), 'A'),
                 ] {
-                    if flags_byte & bit != 0 {
+                    if on {
                         flags.push(letter);
                     }
                 }
-                let syn = flags_byte & tcp_flags::SYN != 0 && flags_byte & tcp_flags::ACK == 0;
+                let syn = seg.flags.syn() && !seg.flags.ack();
                 out.push(Captured {
                     t: r.timestamp,
                     up,
-                    len: payload.len(),
+                    len: seg.payload.len(),
                     flags,
-                    server_port: if up { port(2) } else { port(0) },
+                    server_port: if up { seg.dst.port() } else { seg.src.port() },
                     udp: false,
-                    syn_data: (up && syn && !payload.is_empty()).then(|| payload.to_vec()),
+                    syn_data: (up && syn && !seg.payload.is_empty()).then(|| seg.payload.to_vec()),
                 });
             }
             17 if ip.total_len >= t + 8 => out.push(Captured {
@@ -678,6 +678,16 @@ fn read_capture(path: &Path, server_ip: IpAddr) -> Result<Vec<Captured>, VoipErr
         }
     }
     Ok(out)
+}
+
+/// One measured run: its time on the capture's clock (from before its first packet to after
+/// its close) and its latency as the client measured it.
+struct RunWindow {
+    contender: Contender,
+    run: u32,
+    start: Duration,
+    end: Duration,
+    latency_ms: f64,
 }
 
 /// Runs the experiment on a fresh lab. `progress` gets a line per step.
@@ -761,49 +771,55 @@ pub fn run_lab(config: &RpcConfig, progress: &dyn Fn(&str)) -> Result<RpcReport,
     let client_ns_name = lab.client().name().to_owned();
     let cfg = config.clone();
     let client_tls = tls.clone();
-    let windows = client_ns.run(
-        move || -> Result<Vec<(Contender, u32, Duration, f64)>, VoipError> {
-            runtime()?.block_on(async move {
-                let peg = peg_transactor(&client_tls)?;
-                let utcp = stack_ref.map(|s| {
-                    let mut config = peg.config().clone();
-                    config.fast_open = true;
-                    (s.stack(), config)
-                });
-                let clients = Clients {
-                    tls: client_tls.clone(),
-                    server_ip,
-                    request: vec![0x5A; cfg.request_bytes],
-                    answer_bytes: cfg.answer_bytes,
-                    peg,
-                    utcp,
-                    quinn: quinn_client(&client_tls)?,
-                };
-                let mut windows = Vec::new();
-                for &c in &cfg.contenders {
-                    // Warm-ups (not measured): the returning clients' tickets and cookie.
-                    match c {
-                        Contender::PegReturn | Contender::PegUtcpReturn | Contender::Quinn0Rtt => {
-                            clients.transact(c).await?;
-                        }
-                        _ => {}
+    let windows = client_ns.run(move || -> Result<Vec<RunWindow>, VoipError> {
+        runtime()?.block_on(async move {
+            let peg = peg_transactor(&client_tls)?;
+            let utcp = stack_ref.map(|s| {
+                let mut config = peg.config().clone();
+                config.fast_open = true;
+                (s.stack(), config)
+            });
+            let clients = Clients {
+                tls: client_tls.clone(),
+                server_ip,
+                request: vec![0x5A; cfg.request_bytes],
+                answer_bytes: cfg.answer_bytes,
+                peg,
+                utcp,
+                quinn: quinn_client(&client_tls)?,
+            };
+            let mut windows = Vec::new();
+            for &c in &cfg.contenders {
+                // Warm-ups (not measured): the returning clients' tickets and cookie.
+                match c {
+                    Contender::PegReturn | Contender::PegUtcpReturn | Contender::Quinn0Rtt => {
+                        clients.transact(c).await?;
                     }
-                    tokio::time::sleep(settle).await;
-                    for run in 0..cfg.runs {
-                        if matches!(c, Contender::Tcp | Contender::TcpTls | Contender::PegFirst) {
-                            forget_server(&client_ns_name)?;
-                        }
-                        let wall = wall_now();
-                        let start = Instant::now();
-                        let latency = clients.transact(c).await?.duration_since(start);
-                        windows.push((c, run, wall, latency.as_secs_f64() * 1e3));
-                        tokio::time::sleep(settle).await;
-                    }
+                    _ => {}
                 }
-                Ok(windows)
-            })
-        },
-    )??;
+                tokio::time::sleep(settle).await;
+                for run in 0..cfg.runs {
+                    if matches!(c, Contender::Tcp | Contender::TcpTls | Contender::PegFirst) {
+                        forget_server(&client_ns_name)?;
+                    }
+                    let wall = wall_now();
+                    let start = Instant::now();
+                    let latency = clients.transact(c).await?.duration_since(start);
+                    tokio::time::sleep(settle).await;
+                    // The window ends before anything else starts (the next contender's
+                    // warm-up may use the same port).
+                    windows.push(RunWindow {
+                        contender: c,
+                        run,
+                        start: wall,
+                        end: wall_now(),
+                        latency_ms: latency.as_secs_f64() * 1e3,
+                    });
+                }
+            }
+            Ok(windows)
+        })
+    })??;
     let executed_before = peg_requests.load(Ordering::SeqCst);
     lab.flush_captures()?;
     let captured = read_capture(
@@ -812,10 +828,8 @@ pub fn run_lab(config: &RpcConfig, progress: &dyn Fn(&str)) -> Result<RpcReport,
     )?;
 
     let mut runs = Vec::new();
-    for (i, &(c, run, wall, latency_ms)) in windows.iter().enumerate() {
-        let end = windows
-            .get(i + 1)
-            .map_or(Duration::MAX, |&(_, _, next, _)| next);
+    for w in &windows {
+        let (c, run, wall, end, latency_ms) = (w.contender, w.run, w.start, w.end, w.latency_ms);
         let packets: Vec<&Captured> = captured
             .iter()
             .filter(|p| p.t >= wall && p.t < end && p.server_port == c.port() && p.udp == c.udp())
