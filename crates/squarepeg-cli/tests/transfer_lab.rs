@@ -99,6 +99,10 @@ fn bad_input_is_refused_clearly() {
     for (args, expect) in [
         (vec!["--substrate", "quic"], "unknown transport `quic`"),
         (vec!["--size", "0b"], "between 1 byte and 1 GiB"),
+        (
+            vec!["--warm-up", "2000mb"],
+            "warm-up 2097152000 bytes: between 1 byte and 1 GiB",
+        ),
         (vec!["--rtt", "5s"], "between 1 ms and 2 s"),
         (vec!["--rate", "fast"], "rate"),
     ] {
@@ -111,33 +115,62 @@ fn bad_input_is_refused_clearly() {
     }
 }
 
-/// `--fast-open`: the userspace TCP's returning transfer carries the request on its SYN (no
-/// separate request write: `request_ms` is 0), every byte arrives, and Careful Resume still
-/// jumps (the server's SYN-RECEIVED flight is its initial data). No timing is compared.
+/// `--fast-open --warm-up 2mb`: the userspace TCP's returning transfer carries the request
+/// on its SYN (no separate request write: `request_ms` is 0), every byte arrives, Careful
+/// Resume still jumps (the server's SYN-RECEIVED flight is its initial data), and it starts
+/// from what the 2 MB warm-up between the two measured, more than the cold transfer left.
+/// No timing is compared.
 #[test]
 #[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
-fn lab_transfer_with_fast_open() {
+fn lab_transfer_with_fast_open_and_a_warm_up() {
     if !can_run() {
         return;
     }
     let dir = TempDir::new("lab-transfer-tfo");
-    let summary = transfer(&dir, &["--substrate", "utcp", "--fast-open", "--no-plots"]);
+    let summary = transfer(
+        &dir,
+        &[
+            "--substrate",
+            "utcp",
+            "--fast-open",
+            "--warm-up",
+            "2mb",
+            "--no-plots",
+        ],
+    );
     assert_eq!(summary["fast_open"], true);
+    assert_eq!(summary["warm_up_bytes"], 2 << 20);
     let transfers = summary["runs"][0]["transfers"]
         .as_array()
         .expect("transfers");
-    assert_eq!(transfers.len(), 2);
+    let phases: Vec<&str> = transfers
+        .iter()
+        .map(|t| t["phase"].as_str().expect("phase"))
+        .collect();
+    assert_eq!(phases, ["cold", "warm-up", "returning"]);
     for t in transfers {
-        assert_eq!(t["bytes"], SIZE, "{t}");
+        let size = if t["phase"] == "warm-up" {
+            2 << 20
+        } else {
+            SIZE
+        };
+        assert_eq!(t["bytes"], size, "{t}");
         assert_eq!(
             t["request_ms"], 0.0,
             "the request goes with the connect: {t}"
         );
     }
-    let resume = &transfers[1]["server"]["resume"];
+    let saved = |i: usize| transfers[i]["server"]["resume"]["saved_cwnd"].as_u64();
+    let resume = &transfers[2]["server"]["resume"];
     assert_eq!(resume["reconnaissance"], 1, "{resume}");
     assert_eq!(
         resume["unvalidated"], 1,
         "the returning transfer jumped: {resume}"
+    );
+    assert!(
+        saved(2) > saved(1),
+        "the warm-up left more than the cold transfer: {:?} then {:?}",
+        saved(1),
+        saved(2)
     );
 }

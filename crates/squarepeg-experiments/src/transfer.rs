@@ -43,6 +43,12 @@ use crate::voip::plot::{FONT, PALETTE, draw_legend, ensure_font, plot_err, write
 pub const PORT: u16 = 8013;
 /// The pause between the cold connection's end and the returning one.
 const BETWEEN: Duration = Duration::from_secs(1);
+/// The phases of a run (see [`TransferConfig::plan`]).
+pub const COLD: &str = "cold";
+/// See [`COLD`].
+pub const WARM_UP: &str = "warm-up";
+/// See [`COLD`].
+pub const RETURNING: &str = "returning";
 /// The most any one transfer may take before the run is given up.
 const TRANSFER_LIMIT: Duration = Duration::from_secs(60);
 
@@ -66,6 +72,11 @@ pub struct TransferConfig {
     /// server's answer starts in SYN-RECEIVED, right behind the SYN-ACK (Linux, and the
     /// userspace TCP).
     pub fast_open: bool,
+    /// A transfer of this many bytes between the cold and the returning ones (`None`: none).
+    /// The returning connection starts from what the connection before it measured: after a
+    /// 1 MB cold transfer that is at most the last slow-start round (about half a BDP at
+    /// McTiny's numbers), after a long one the path's whole capacity.
+    pub warm_up: Option<u64>,
 }
 
 impl Default for TransferConfig {
@@ -79,6 +90,7 @@ impl Default for TransferConfig {
             runs: 1,
             seed: 1,
             fast_open: false,
+            warm_up: None,
         }
     }
 }
@@ -86,11 +98,15 @@ impl Default for TransferConfig {
 impl TransferConfig {
     /// Checks the numbers.
     pub fn validate(&self) -> Result<(), VoipError> {
-        if self.size == 0 || self.size > 1 << 30 {
-            return Err(VoipError::Config(format!(
-                "size {} bytes: between 1 byte and 1 GiB",
-                self.size
-            )));
+        for (what, size) in [("size", Some(self.size)), ("warm-up", self.warm_up)] {
+            match size {
+                Some(n) if n == 0 || n > 1 << 30 => {
+                    return Err(VoipError::Config(format!(
+                        "{what} {n} bytes: between 1 byte and 1 GiB"
+                    )));
+                }
+                _ => {}
+            }
         }
         if self.rate < 100_000 {
             return Err(VoipError::Config("rate below 100 kbit/s".into()));
@@ -105,6 +121,14 @@ impl TransferConfig {
             return Err(VoipError::Config("runs: 1 to 20".into()));
         }
         Ok(())
+    }
+
+    /// The transfers of one run, in order: the phase's name and the bytes the server sends.
+    pub fn plan(&self) -> Vec<(&'static str, u64)> {
+        let mut plan = vec![(COLD, self.size)];
+        plan.extend(self.warm_up.map(|n| (WARM_UP, n)));
+        plan.push((RETURNING, self.size));
+        plan
     }
 
     /// The bottleneck queue in bytes (one BDP unless set), at least 64 kB.
@@ -186,7 +210,7 @@ impl Substrate {
 /// One transfer as the client saw it, and on the wire.
 #[derive(Debug, Clone)]
 pub struct Transfer {
-    /// "cold" or "returning".
+    /// [`COLD`], [`WARM_UP`] or [`RETURNING`].
     pub phase: &'static str,
     /// Bytes received.
     pub bytes: u64,
@@ -259,7 +283,7 @@ pub struct TransferRun {
     pub substrate: Substrate,
     /// The emulator's seed.
     pub seed: u64,
-    /// Cold, then returning.
+    /// Cold, the warm-up if any, returning.
     pub transfers: Vec<Transfer>,
     /// What went wrong without failing the run.
     pub warnings: Vec<String>,
@@ -377,10 +401,11 @@ fn kernel_transfers(
     let listener = listener.map_err(VoipError::io(format!(
         "listening on {server_addr} with {congestion}"
     )))?;
-    let size = config.size;
+    let plan = config.plan();
+    let sizes: Vec<u64> = plan.iter().map(|&(_, n)| n).collect();
     let server = std::thread::spawn(move || -> std::io::Result<()> {
         let payload = vec![0x5au8; 1 << 16];
-        for _ in 0..2 {
+        for size in sizes {
             let (mut s, _) = listener.accept()?;
             s.set_nodelay(true)?;
             let mut request = [0u8; 1];
@@ -398,7 +423,7 @@ fn kernel_transfers(
         Ok(())
     });
     let mut transfers = Vec::new();
-    for phase in ["cold", "returning"] {
+    for &(phase, _) in &plan {
         progress(&format!("{phase} transfer"));
         let socket = lab.client().run(|| -> std::io::Result<Socket> {
             let s = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
@@ -486,7 +511,8 @@ fn utcp_transfers(
         .enable_all()
         .build()
         .map_err(VoipError::io("building a runtime"))?;
-    let size = config.size;
+    let plan = config.plan();
+    let sizes: Vec<u64> = plan.iter().map(|&(_, n)| n).collect();
     let transfers = runtime.block_on(async {
         let listener = server
             .stack()
@@ -495,7 +521,7 @@ fn utcp_transfers(
         let serve = async move {
             let mut stats = Vec::new();
             let payload = vec![0x5au8; 1 << 16];
-            for _ in 0..2 {
+            for size in sizes {
                 let (mut s, _) = listener.accept().await?;
                 let mut request = [0u8; 1];
                 s.read_exact(&mut request).await?;
@@ -515,7 +541,7 @@ fn utcp_transfers(
         };
         let server_task = tokio::spawn(serve);
         let mut transfers = Vec::new();
-        for phase in ["cold", "returning"] {
+        for &(phase, _) in &plan {
             progress(&format!("{phase} transfer"));
             let t0 = Instant::now();
             let connecting = async {
@@ -694,6 +720,7 @@ pub fn transfer_json(config: &TransferConfig, runs: &[TransferRun]) -> Value {
             "rtt_ms": ms(rtt),
             "queue_bytes": config.queue_bytes(),
         },
+        "warm_up_bytes": config.warm_up,
         "fast_open": config.fast_open,
         "runs": runs.iter().map(|r| json!({
             "substrate": r.substrate.name(),
@@ -775,12 +802,19 @@ struct SequenceChart<'a> {
     run: &'a TransferRun,
 }
 
+impl SequenceChart<'_> {
+    /// The cold and returning transfers (a warm-up's megabytes would squash them).
+    fn plotted(&self) -> impl Iterator<Item = &Transfer> {
+        self.run.transfers.iter().filter(|t| t.phase != WARM_UP)
+    }
+}
+
 impl crate::voip::plot::Chart for SequenceChart<'_> {
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), VoipError> {
         root.fill(&WHITE).map_err(plot_err)?;
         let mut x_end: f64 = 100.0;
         let mut y_end: f64 = 1.0;
-        for t in &self.run.transfers {
+        for t in self.plotted() {
             for &(ts, end) in t.sender.iter().chain(&t.receiver) {
                 x_end = x_end.max(ms(ts));
                 y_end = y_end.max(end as f64 / 1000.0);
@@ -816,7 +850,7 @@ impl crate::voip::plot::Chart for SequenceChart<'_> {
         }
         // Returning transfers as rings over the cold ones' dots, so that identical runs (the
         // kernel's) show both.
-        for (i, t) in self.run.transfers.iter().enumerate() {
+        for (i, t) in self.plotted().enumerate() {
             for (j, (points, end)) in [(&t.sender, "sender"), (&t.receiver, "receiver")]
                 .into_iter()
                 .enumerate()
@@ -865,6 +899,7 @@ pub fn plot(
         let totals: Vec<String> = run
             .transfers
             .iter()
+            .filter(|t| t.phase != WARM_UP)
             .map(|t| {
                 format!(
                     "{} {:.0} ms = {:.1} RTT",

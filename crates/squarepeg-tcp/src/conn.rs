@@ -523,6 +523,9 @@ pub struct Connection {
     last_seg_len: usize,
     /// RCV.NXT when we last sent an ACK (for "every second full-sized segment").
     rcv_acked: u64,
+    /// In-order data segments still to be acknowledged at once (quick-ACK mode at the start
+    /// of the connection; [`ConnectionConfig::quick_acks`]).
+    quick_acks_left: u32,
 
     // Options.
     snd_wscale: u8,
@@ -700,6 +703,7 @@ impl Connection {
             ack_mss: 536.min(offered_mss as usize),
             last_seg_len: 0,
             rcv_acked: 0,
+            quick_acks_left: cfg.quick_acks,
             snd_wscale: 0,
             rcv_wscale,
             wscale_ok: false,
@@ -2956,13 +2960,18 @@ impl Connection {
             self.sack_recent.retain(|&(_, e)| e > next);
         }
         // ACK policy (RFC 5681 §4.2, RFC 9293 §3.8.6.3): out-of-order data and data that fills
-        // a gap are acknowledged at once; otherwise every second full-sized segment, or when
-        // the delayed-ACK timer fires.
+        // a gap are acknowledged at once, and so are the first `quick_acks` in-order segments
+        // of the connection (Linux's quick-ACK mode); otherwise every second full-sized
+        // segment, or when the delayed-ACK timer fires.
         if outcome.out_of_order || outcome.filled_gap || (had_ooo && outcome.delivered > 0) {
             self.ack_now = true;
         } else if outcome.delivered > 0 {
             match self.cfg.delayed_ack {
                 None => self.ack_now = true,
+                Some(_) if self.quick_acks_left > 0 => {
+                    self.quick_acks_left -= 1;
+                    self.ack_now = true;
+                }
                 Some(delay) => {
                     // Every second segment: full-sized ones (RFC 5681 §4.2), or, when the peer
                     // sends a run of smaller segments (messages without Nagle), those, so

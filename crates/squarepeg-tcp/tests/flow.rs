@@ -124,9 +124,16 @@ fn zero_window_persist_probes_back_off() {
     assert_eq!(rest.iter().map(|p| p.payload.len()).sum::<usize>(), 3000);
 }
 
+/// The steady-state ACK policy, after the quick ACKs of a connection's start.
+fn delayed_acks_from_the_start() -> ConnectionConfig {
+    let mut cfg = ConnectionConfig::default();
+    cfg.quick_acks = 0;
+    cfg
+}
+
 #[test]
 fn delayed_ack_every_second_segment_and_timer() {
-    let (mut h, c, iss) = open(ConnectionConfig::default(), 1000, None, 65535);
+    let (mut h, c, iss) = open(delayed_acks_from_the_start(), 1000, None, 65535);
     let mss = 1460u32; // our advertised MSS; the peer sends full segments of it
     h.inject(&h.pkt(ACK, IRS + 1, iss + 1).data(&[1u8; 1460]))
         .unwrap();
@@ -352,7 +359,7 @@ fn a_run_of_small_segments_is_acknowledged_every_second_segment() {
     // got one ACK per 40 ms delayed-ACK timeout, because only full-sized segments counted.
     // After two segments of the same size the receiver takes it as the peer's segment size
     // (as Linux's tcp_measure_rcv_mss does).
-    let (mut h, _c, iss) = open(ConnectionConfig::default(), 1000, None, 65535);
+    let (mut h, _c, iss) = open(delayed_acks_from_the_start(), 1000, None, 65535);
     let mut seq = IRS + 1;
     let mut send = |h: &mut Harness, len: usize| {
         h.inject(&h.pkt(ACK, seq, iss + 1).data(&vec![3u8; len]))
@@ -369,6 +376,31 @@ fn a_run_of_small_segments_is_acknowledged_every_second_segment() {
     assert_eq!(send(&mut h, 100)[0].ack, IRS + 1 + 400);
     assert!(send(&mut h, 100).is_empty());
     assert_eq!(send(&mut h, 100)[0].ack, IRS + 1 + 600);
+}
+
+#[test]
+fn the_first_segments_of_a_connection_are_acknowledged_at_once() {
+    // Linux's quick-ACK mode: the peer's slow start grows on every segment, and an odd first
+    // flight is not acknowledged a delayed-ACK timeout late.
+    let mut cfg = ConnectionConfig::default();
+    cfg.quick_acks = 3;
+    let (mut h, c, iss) = open(cfg, 1000, None, 65535);
+    let mut seq = IRS + 1;
+    for i in 1..=3u32 {
+        h.inject(&h.pkt(ACK, seq, iss + 1).data(&[1u8; 1000]))
+            .unwrap();
+        seq += 1000;
+        assert_eq!(h.out1().ack, IRS + 1 + i * 1000, "quick ACK {i}");
+    }
+    // Then every second segment, or the timer.
+    h.inject(&h.pkt(ACK, seq, iss + 1).data(&[1u8; 1000]))
+        .unwrap();
+    h.none();
+    seq += 1000;
+    h.inject(&h.pkt(ACK, seq, iss + 1).data(&[1u8; 1000]))
+        .unwrap();
+    assert_eq!(h.out1().ack, IRS + 1 + 5000);
+    assert_eq!(h.read_all(c).len(), 5000);
 }
 
 /// A window that cannot be expressed in units of the window scale is rounded up so that its

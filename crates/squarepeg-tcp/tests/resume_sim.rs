@@ -52,13 +52,14 @@ fn two_transfers(
     first_path: LinkConfig,
     second_path: Option<LinkConfig>,
 ) -> (Run, Run, World) {
-    two_transfers_at(seed, size, resume, first_path, second_path, SECOND_AT)
+    two_transfers_at(seed, [size; 2], resume, first_path, second_path, SECOND_AT)
 }
 
-/// [`two_transfers`] with the returning client connecting at `second_at`.
+/// [`two_transfers`] of `sizes` (first, returning) with the returning client connecting at
+/// `second_at`.
 fn two_transfers_at(
     seed: u64,
-    size: u64,
+    sizes: [u64; 2],
     resume: bool,
     first_path: LinkConfig,
     second_path: Option<LinkConfig>,
@@ -80,6 +81,7 @@ fn two_transfers_at(
         .enumerate()
     {
         let seed = 10 + 2 * i as u64;
+        let size = sizes[i];
         let mut answer = Plan::new(size, seed + 1, 1, seed);
         answer.respond_after_eof = true;
         server.expect_client(sa.port(), SocketAddr::new(ca.ip(), port), answer);
@@ -185,6 +187,26 @@ fn a_returning_client_gets_the_megabyte_in_far_fewer_round_trips() {
 }
 
 #[test]
+fn after_a_long_transfer_the_megabyte_goes_in_one_paced_round() {
+    // A first connection long enough to fill the path (8 MiB: slow start overshoots into the
+    // one-BDP queue and settles) leaves saved_cwnd ≥ 2 MB, so the returning 1 MiB fits into
+    // the jump (saved_cwnd / 2): handshake (1), request (0.5), the initial window's round
+    // (1), the jump paced at about the path's rate (0.7), half an RTT — under 4 RTT, where
+    // after a 1 MiB first connection it takes about 5.3. (With Fast Open, one RTT less: the
+    // lab's `peg lab transfer --fast-open --warm-up 8mb`.)
+    let path = link(RTT / 2, RATE, 1_500_000);
+    let (_, warm, _) = two_transfers_at(7, [8 * MIB, MIB], true, path, None, SECOND_AT);
+    let rtts = warm.rtts(RTT);
+    let r = warm.server.resume;
+    eprintln!("returning {:?} = {rtts:.2} RTT, resume {r:?}", warm.done);
+    assert!(r.saved_cwnd >= 2_000_000, "saved {}", r.saved_cwnd);
+    assert!(r.jump_cwnd >= MIB, "jump {}", r.jump_cwnd);
+    assert_eq!((r.unvalidated, r.safe_retreats), (1, 0), "{r:?}");
+    assert!(rtts < 4.0, "returning {rtts:.2} RTT");
+    assert_eq!(warm.server.packets_retransmitted, 0);
+}
+
+#[test]
 fn a_path_whose_rtt_changed_does_not_jump() {
     // RTT 117 ms, then 20 ms: less than half the saved RTT, a different path.
     let first = link(RTT / 2, RATE, 1_500_000);
@@ -284,8 +306,14 @@ fn state_older_than_the_lifetime_is_not_used() {
     // points at); a client returning after six starts cold.
     let lifetime = squarepeg_tcp::PathCacheConfig::default().lifetime;
     let path = link(RTT / 2, RATE, 1_500_000);
-    let (cold, late, w) =
-        two_transfers_at(6, MIB, true, path, None, lifetime + Duration::from_secs(60));
+    let (cold, late, w) = two_transfers_at(
+        6,
+        [MIB; 2],
+        true,
+        path,
+        None,
+        lifetime + Duration::from_secs(60),
+    );
     assert_eq!(
         late.server.resume.reconnaissance, 0,
         "{:?}",

@@ -7,6 +7,7 @@
 //! sudo peg lab transfer                                   # 1 MB, 100 Mbit/s, 117 ms
 //! sudo peg lab transfer --substrate utcp,utcp-plain --runs 3 --out results/transfer
 //! sudo peg lab transfer --size 256kb --rate 20mbit --rtt 50ms --json
+//! sudo peg lab transfer --substrate utcp --fast-open --warm-up 8mb  # cached state at its best
 //! ```
 //!
 //! Prints a table (per contender, run and transfer: connect() to last byte in ms and RTTs,
@@ -60,6 +61,10 @@ pub struct TransferLabArgs {
     /// and the server answers in SYN-RECEIVED.
     #[arg(long)]
     fast_open: bool,
+    /// A transfer of this many bytes between the cold and the returning ones (e.g. 8mb),
+    /// so that the returning client starts from a path state that saw the whole capacity.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    warm_up: Option<u64>,
     /// Print the JSON on standard output instead of the table.
     #[arg(long)]
     json: bool,
@@ -94,6 +99,7 @@ pub fn run(args: TransferLabArgs) -> Result<()> {
         runs: args.runs,
         seed: args.seed,
         fast_open: args.fast_open,
+        warm_up: args.warm_up,
     };
     config.validate()?;
     if !squarepeg_lab::net::is_root() {
