@@ -80,11 +80,13 @@ pub struct ConnectionConfig {
     /// Delayed-ACK timeout (RFC 9293 §3.8.6.3, RFC 5681 §4.2: < 500 ms; Linux uses 40 ms).
     /// `None` acknowledges every segment at once.
     pub delayed_ack: Option<Duration>,
-    /// Data segments acknowledged at once at the start of a connection, before delayed ACKs
-    /// begin (Linux's quick-ACK mode, `TCP_MAX_QUICKACKS` = 16): the peer's slow start then
-    /// grows on every segment, and an odd-sized first flight (a Fast Open server's
-    /// SYN-RECEIVED data, RFC 7413 §4.2.2) is not acknowledged a delayed-ACK timeout late,
-    /// which would hold back a Careful Resume jump (RFC 9959) by as much. 0: none.
+    /// Full-sized data segments acknowledged at once at the start of a connection, before
+    /// delayed ACKs begin (Linux's quick-ACK mode, `TCP_MAX_QUICKACKS` = 16): the peer's slow
+    /// start then grows on every segment, and an odd-sized first flight (a Fast Open
+    /// server's SYN-RECEIVED data, RFC 7413 §4.2.2) is not acknowledged a delayed-ACK timeout
+    /// late, which would hold back a Careful Resume jump (RFC 9959) by as much. Smaller
+    /// segments (requests, answers) keep the delayed ACK, which can ride on the reply or the
+    /// FIN. 0: none.
     pub quick_acks: u32,
     /// Initial RTO (RFC 6298 §2.1).
     pub initial_rto: Duration,

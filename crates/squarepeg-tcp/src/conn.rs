@@ -2960,15 +2960,17 @@ impl Connection {
             self.sack_recent.retain(|&(_, e)| e > next);
         }
         // ACK policy (RFC 5681 §4.2, RFC 9293 §3.8.6.3): out-of-order data and data that fills
-        // a gap are acknowledged at once, and so are the first `quick_acks` in-order segments
-        // of the connection (Linux's quick-ACK mode); otherwise every second full-sized
+        // a gap are acknowledged at once, and so are the first `quick_acks` full-sized in-order
+        // segments of the connection (Linux's quick-ACK mode); otherwise every second full-sized
         // segment, or when the delayed-ACK timer fires.
         if outcome.out_of_order || outcome.filled_gap || (had_ooo && outcome.delivered > 0) {
             self.ack_now = true;
         } else if outcome.delivered > 0 {
             match self.cfg.delayed_ack {
                 None => self.ack_now = true,
-                Some(_) if self.quick_acks_left > 0 => {
+                // Only full-sized segments: a small one is a request or an answer, whose ACK
+                // may ride on the reply or the FIN that follows (Linux's "pingpong" mode).
+                Some(_) if self.quick_acks_left > 0 && self.last_seg_len >= self.rcv_mss => {
                     self.quick_acks_left -= 1;
                     self.ack_now = true;
                 }

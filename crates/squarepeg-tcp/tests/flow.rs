@@ -403,6 +403,17 @@ fn the_first_segments_of_a_connection_are_acknowledged_at_once() {
     assert_eq!(h.read_all(c).len(), 5000);
 }
 
+#[test]
+fn a_small_first_segment_keeps_the_delayed_ack() {
+    // An answer smaller than a segment: its ACK may ride on the reply or the FIN.
+    let (mut h, _c, iss) = open(ConnectionConfig::default(), 1000, None, 65535);
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 1).data(&[1u8; 100]))
+        .unwrap();
+    h.none();
+    assert_eq!(h.fire_next_timer(), Duration::from_millis(40));
+    assert_eq!(h.out1().ack, IRS + 1 + 100);
+}
+
 /// A window that cannot be expressed in units of the window scale is rounded up so that its
 /// right edge never moves left; that rounding must not let a peer push the buffer past its
 /// limit one unit at a time (it sends all but a sliver of each window, the sliver is rounded
