@@ -67,3 +67,32 @@ where
         .map_err(|_| anyhow::anyhow!("connecting to {to}: no answer in {limit:?} ({hint})"))?
         .with_context(|| format!("connecting to {to}"))
 }
+
+/// The end of every lab experiment: writes `value` as `<out>/<file>` and, unless `no_plots`,
+/// the plots `plots` draws; then prints the JSON (`json`) or `table` on standard output and
+/// what was written on standard error.
+pub(crate) fn write_experiment(
+    out: &std::path::Path,
+    file: &str,
+    value: &serde_json::Value,
+    (json, no_plots): (bool, bool),
+    plots: impl FnOnce() -> anyhow::Result<Vec<std::path::PathBuf>>,
+    table: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let path = out.join(file);
+    std::fs::write(&path, serde_json::to_string_pretty(value)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))?;
+    let mut files = vec![path];
+    if !no_plots {
+        files.extend(plots().context("plotting")?);
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(value)?);
+    } else {
+        print!("{}", table());
+        eprintln!("wrote {} files under {}", files.len(), out.display());
+    }
+    Ok(())
+}

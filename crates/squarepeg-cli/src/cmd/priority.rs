@@ -22,7 +22,7 @@ use squarepeg_experiments::priority::{
     PriorityConfig, Transport, Variant, plot_cdf, priority_json, priority_table, run_all, run_lab,
 };
 
-use crate::cmd::parse_duration_arg;
+use crate::cmd::{parse_duration_arg, write_experiment};
 
 /// `peg lab priority`: the Minion §8.3 priority experiment.
 #[derive(Debug, Args)]
@@ -106,32 +106,26 @@ pub fn run(args: PriorityArgs) -> Result<()> {
             .collect()
     }
     .context("running the priority experiment")?;
-    let value = priority_json(&config, args.seed, &runs);
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("creating {}", args.out.display()))?;
-    let path = args.out.join("priority.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&value)? + "\n")
-        .with_context(|| format!("writing {}", path.display()))?;
-    let mut files = vec![path];
-    if !args.no_plots {
-        files.extend(plot_cdf(&args.out, &runs).context("plotting")?);
-    }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&value)?);
-    } else {
-        print!("{}", priority_table(&runs));
-        for r in &runs {
-            let Some(o) = r.overtaking() else { continue };
-            println!(
-                "{}: in {} of {} pairs (high message, low message sent before it and not yet \
-                 transmitted when it entered the TCP's queue) the high message was delivered \
-                 first",
-                r.variant.name(),
-                o.delivered_first,
-                o.pairs,
-            );
-        }
-        eprintln!("wrote {} files under {}", files.len(), args.out.display());
-    }
-    Ok(())
+    write_experiment(
+        &args.out,
+        "priority.json",
+        &priority_json(&config, args.seed, &runs),
+        (args.json, args.no_plots),
+        || Ok(plot_cdf(&args.out, &runs)?),
+        || {
+            let mut table = priority_table(&runs);
+            for r in &runs {
+                let Some(o) = r.overtaking() else { continue };
+                table += &format!(
+                    "{}: in {} of {} pairs (high message, low message sent before it and not \
+                     yet transmitted when it entered the TCP's queue) the high message was \
+                     delivered first\n",
+                    r.variant.name(),
+                    o.delivered_first,
+                    o.pairs,
+                );
+            }
+            table
+        },
+    )
 }

@@ -27,7 +27,7 @@ use squarepeg_experiments::transfer::{
     Substrate, TransferConfig, plot, run_lab, transfer_json, transfer_table,
 };
 
-use crate::cmd::parse_duration_arg;
+use crate::cmd::{parse_duration_arg, write_experiment};
 
 /// `peg lab transfer`: the short-transfer experiment.
 #[derive(Debug, Args)]
@@ -162,19 +162,12 @@ pub fn run(args: TransferLabArgs) -> Result<()> {
         }
         runs.push(run);
     }
-    let value = transfer_json(&config, &runs);
-    let path = args.out.join("transfer.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&value)? + "\n")
-        .with_context(|| format!("writing {}", path.display()))?;
-    let mut files = vec![path];
-    if !args.no_plots {
-        files.extend(plot(&args.out, &config, &runs).context("plotting")?);
-    }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&value)?);
-    } else {
-        print!("{}", transfer_table(&config, &runs));
-        eprintln!("wrote {} files under {}", files.len(), args.out.display());
-    }
-    Ok(())
+    write_experiment(
+        &args.out,
+        "transfer.json",
+        &transfer_json(&config, &runs),
+        (args.json, args.no_plots),
+        || Ok(plot(&args.out, &config, &runs)?),
+        || transfer_table(&config, &runs),
+    )
 }

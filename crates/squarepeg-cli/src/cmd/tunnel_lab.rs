@@ -26,7 +26,7 @@ use squarepeg_experiments::tunnel::{
 };
 use squarepeg_experiments::voip::{self, lab::Progress};
 
-use crate::cmd::parse_duration_arg;
+use crate::cmd::{parse_duration_arg, write_experiment};
 
 /// `peg lab tunnel`: the Minion §8.4 tunnel experiment.
 #[derive(Debug, Args)]
@@ -175,23 +175,14 @@ pub fn run(args: TunnelLabArgs) -> Result<()> {
         }
         runs.push(run);
     }
-    let value = tunnel_json(&config, args.seed, &runs);
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("creating {}", args.out.display()))?;
-    let path = args.out.join("tunnel.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&value)? + "\n")
-        .with_context(|| format!("writing {}", path.display()))?;
-    let mut files = vec![path];
-    if !args.no_plots {
-        files.extend(plot(&args.out, &config, &runs).context("plotting")?);
-    }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&value)?);
-    } else {
-        print!("{}", tunnel_table(&runs));
-        eprintln!("wrote {} files under {}", files.len(), args.out.display());
-    }
-    Ok(())
+    write_experiment(
+        &args.out,
+        "tunnel.json",
+        &tunnel_json(&config, args.seed, &runs),
+        (args.json, args.no_plots),
+        || Ok(plot(&args.out, &config, &runs)?),
+        || tunnel_table(&runs),
+    )
 }
 
 #[cfg(test)]
