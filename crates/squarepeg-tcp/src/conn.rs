@@ -24,6 +24,8 @@ use crate::wire::{
 };
 
 /// Connection states (RFC 9293 §3.3.2). LISTEN belongs to listeners, not connections.
+/// CLOSED carries why the connection closed; TIME-WAIT's is always [`CloseReason::Normal`]
+/// (its deadline is [`Timer::TimeWait`] in the connection's timer table).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum State {
     SynSent,
@@ -35,18 +37,33 @@ pub enum State {
     Closing,
     LastAck,
     TimeWait,
-    Closed,
+    Closed(CloseReason),
 }
 
 impl State {
     /// Synchronized states (RFC 9293 §3.5.2 group 3).
     pub fn is_synchronized(self) -> bool {
-        !matches!(self, State::SynSent | State::SynReceived | State::Closed)
+        !matches!(self, State::SynSent | State::SynReceived | State::Closed(_))
+    }
+
+    /// Whether the connection has closed (CLOSED, any reason).
+    pub fn is_closed(self) -> bool {
+        matches!(self, State::Closed(_))
+    }
+
+    /// Why the connection closed: the reason in CLOSED, [`CloseReason::Normal`] in TIME-WAIT
+    /// (both FINs done), `None` before.
+    pub fn close_reason(self) -> Option<CloseReason> {
+        match self {
+            State::Closed(r) => Some(r),
+            State::TimeWait => Some(CloseReason::Normal),
+            _ => None,
+        }
     }
 }
 
 /// Why a connection closed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CloseReason {
     /// Both directions finished with FINs.
     Normal,
@@ -610,7 +627,6 @@ pub struct Connection {
 
     // Application side.
     user_closed: bool,
-    close_reason: Option<CloseReason>,
     readable_armed: bool,
     writable_armed: bool,
     events: Vec<ConnEvent>,
@@ -753,7 +769,6 @@ impl Connection {
             challenge_window_start: None,
             challenge_count: 0,
             user_closed: false,
-            close_reason: None,
             readable_armed: true,
             writable_armed: false,
             events: Vec::new(),
@@ -965,7 +980,7 @@ impl Connection {
     }
     /// Why the connection closed, once it has.
     pub fn close_reason(&self) -> Option<CloseReason> {
-        self.close_reason
+        self.state.close_reason()
     }
     /// Stream offset (ISN-relative, 0 = first data byte) of the next byte `read` returns.
     pub fn read_offset(&self) -> u64 {
@@ -1216,7 +1231,7 @@ impl Connection {
         if self.peer_fin_processed {
             return Ok(());
         }
-        if let Some(reason) = self.close_reason {
+        if let Some(reason) = self.close_reason() {
             return match reason {
                 CloseReason::Normal => Ok(()),
                 r => Err(r.error()),
@@ -1447,7 +1462,7 @@ impl Connection {
     }
 
     fn check_writable(&self) -> Result<(), Error> {
-        if let Some(r) = self.close_reason {
+        if let Some(r) = self.close_reason() {
             return Err(r.error());
         }
         if self.fin_queued {
@@ -1459,7 +1474,7 @@ impl Connection {
     /// Half-close: FIN after the queued data (RFC 9293 §3.10.4).
     pub(crate) fn shutdown(&mut self, now: Instant) -> Result<(), Error> {
         self.clock = self.clock.max(now);
-        if let Some(r) = self.close_reason {
+        if let Some(r) = self.close_reason() {
             return Err(r.error());
         }
         if self.fin_queued {
@@ -1483,7 +1498,7 @@ impl Connection {
     pub(crate) fn close(&mut self, now: Instant) {
         self.clock = self.clock.max(now);
         self.user_closed = true;
-        if self.close_reason.is_some() {
+        if self.close_reason().is_some() {
             return;
         }
         if self.has_unread() || self.state == State::SynSent {
@@ -1501,7 +1516,7 @@ impl Connection {
     /// (RFC 9293 §3.10.5).
     pub(crate) fn abort(&mut self, now: Instant) {
         self.clock = self.clock.max(now);
-        if self.close_reason.is_some() {
+        if self.close_reason().is_some() {
             return;
         }
         // RFC 9293 §3.10.5: in SYN-SENT no RST is sent; otherwise send one.
@@ -1513,13 +1528,17 @@ impl Connection {
 
     fn enter_closed(&mut self, reason: CloseReason, notify: bool) {
         tracing::debug!(local = %self.local, remote = %self.remote, from = ?self.state, ?reason, "closed");
-        if self.close_reason.is_none() {
-            self.close_reason = Some(reason);
-            if notify {
-                self.events.push(ConnEvent::Closed(reason));
+        // A connection closes once: a later reason (TIME-WAIT's end) keeps the first.
+        let reason = match self.close_reason() {
+            Some(first) => first,
+            None => {
+                if notify {
+                    self.events.push(ConnEvent::Closed(reason));
+                }
+                reason
             }
-        }
-        self.set_state(State::Closed);
+        };
+        self.set_state(State::Closed(reason));
         self.timers = Timers::default();
         self.tlp.pending = false;
         self.ack_now = false;
@@ -1530,6 +1549,7 @@ impl Connection {
 
     fn enter_time_wait(&mut self, now: Instant) {
         tracing::debug!(local = %self.local, remote = %self.remote, from = ?self.state, "TIME-WAIT");
+        let first_close = self.close_reason().is_none();
         self.set_state(State::TimeWait);
         // Only the delayed ACK survives into TIME-WAIT; its own timer is set below.
         for t in Timer::ALL {
@@ -1538,8 +1558,7 @@ impl Connection {
             }
         }
         self.tlp.pending = false;
-        if self.close_reason.is_none() {
-            self.close_reason = Some(CloseReason::Normal);
+        if first_close {
             self.events.push(ConnEvent::Closed(CloseReason::Normal));
         }
         self.timers
@@ -1581,7 +1600,7 @@ impl Connection {
     // ---------------------------------------------------------------- timers
 
     pub(crate) fn next_timeout(&self) -> Option<Instant> {
-        let expiry = if self.close_reason.is_none() {
+        let expiry = if self.close_reason().is_none() {
             self.queue.next_expiry()
         } else {
             None
@@ -1591,7 +1610,7 @@ impl Connection {
 
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
         self.clock = self.clock.max(now);
-        if self.close_reason.is_none() {
+        if self.close_reason().is_none() {
             // Hollywood §4.2: messages whose deadline passed before they were sent are dropped.
             self.queue.expire(now);
         }
@@ -1659,7 +1678,7 @@ impl Connection {
                 self.rtt.back_off();
                 self.syn_pending = true;
             }
-            State::Closed | State::TimeWait => {}
+            State::Closed(_) | State::TimeWait => {}
             _ => {
                 if self.flight() == 0 {
                     return;
@@ -1994,7 +2013,7 @@ impl Connection {
         self.clock = self.clock.max(now);
         self.queue.resolve(now);
         match self.state {
-            State::Closed => return Err(DropReason::InvalidForState),
+            State::Closed(_) => return Err(DropReason::InvalidForState),
             State::SynSent => return self.on_segment_syn_sent(now, seg),
             _ => {}
         }
@@ -2153,7 +2172,7 @@ impl Connection {
                     }
                     State::SynReceived => self.enter_closed(CloseReason::Refused, true),
                     State::Closing | State::LastAck | State::TimeWait => {
-                        self.enter_closed(CloseReason::Normal, self.close_reason.is_none())
+                        self.enter_closed(CloseReason::Normal, self.close_reason().is_none())
                     }
                     _ => self.enter_closed(CloseReason::Reset, true),
                 }
@@ -2234,7 +2253,7 @@ impl Connection {
         }
         let ack = ack.max(0) as u64;
         self.process_ack(now, seg, seq.max(0) as u64, ack, completes_handshake);
-        if self.state == State::Closed {
+        if self.state.is_closed() {
             return Ok(());
         }
         // Sixth/seventh: URG is ignored (RFC 6093 recommends against its use; data is inline).
@@ -3158,7 +3177,7 @@ impl Connection {
     /// Writes the next segment this connection wants to send into `buf`.
     pub(crate) fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
         self.clock = self.clock.max(now);
-        if self.close_reason.is_none() {
+        if self.close_reason().is_none() {
             self.queue.expire(now);
         }
         if self.rst_pending {
@@ -3184,7 +3203,7 @@ impl Connection {
             return Some(n);
         }
         match self.state {
-            State::Closed => return None,
+            State::Closed(_) => return None,
             State::SynSent | State::SynReceived if self.syn_pending => {
                 return self.send_syn(now, buf);
             }
@@ -3676,7 +3695,7 @@ impl Connection {
             && !self.syn_pending
             && self.snd_nxt >= 1
             && self.rto_count == 0
-            && self.close_reason.is_none()
+            && self.close_reason().is_none()
     }
 
     /// The SYN-ACK of a Fast Open passive open goes again (its timer expired, `timeout`, or

@@ -1054,7 +1054,7 @@ impl Endpoint {
             }
         }
         let state = conn.state();
-        let closed = state == State::Closed;
+        let closed = state.is_closed();
         // The connection's end (TIME-WAIT, or CLOSED from LAST-ACK, a reset or a timeout):
         // what it observed of the path goes into the cache (RFC 9040 §4).
         if (closed || state == State::TimeWait) && !slot.path_saved {
@@ -1135,10 +1135,7 @@ impl Endpoint {
         }
         // Free the slot once the connection is closed, its last packet sent, and nobody holds
         // the handle. A passive connection not yet accepted is dropped from its accept queue.
-        let closed_now = slot
-            .conn
-            .as_ref()
-            .is_some_and(|c| c.state() == State::Closed);
+        let closed_now = slot.conn.as_ref().is_some_and(|c| c.state().is_closed());
         if closed_now && !rst_pending && !slot.owned {
             let has_rst = slot.conn.as_ref().is_some_and(|c| c.has_pending_rst());
             if !has_rst {
