@@ -15,6 +15,7 @@ use crate::error::{DropReason, Error};
 use crate::resume::{PathCache, SavedPath};
 use crate::secret::Secret;
 use crate::send_queue::{MessageReport, Padder, SendQueue, WriteTag};
+use crate::seq::RcvSeq;
 use crate::syncookie;
 use crate::utcp::ReceivedSegment;
 use crate::wire::{self, FastOpenCookie, OutHeader, OutOptions, Segment, TcpFlags, is_non_unicast};
@@ -1360,7 +1361,7 @@ impl Endpoint {
             return Err(DropReason::TooManyConnections);
         }
         let syn = PeerSyn {
-            irs: seg.seq,
+            irs: RcvSeq::new(seg.seq),
             mss: seg.options.mss,
             window_scale: seg.options.window_scale,
             sack_permitted: seg.options.sack_permitted,
@@ -1568,7 +1569,7 @@ impl Endpoint {
             _ => (None, false, None),
         };
         let syn = PeerSyn {
-            irs: client_isn,
+            irs: RcvSeq::new(client_isn),
             mss: Some(mss),
             window_scale: wscale,
             sack_permitted: sack,
