@@ -822,7 +822,7 @@ impl Connection {
         c.rcv_adv = c.rcv_nxt + c.syn_window() as u64;
         // A FIN on the SYN is left for the peer to send again after the handshake: taking it
         // here would move SYN-RECEIVED to CLOSE-WAIT before our SYN is acknowledged.
-        c.process_text(now, RcvPos::new(1), data, false);
+        c.process_text(now, RcvPos::AFTER_SYN, data, false);
         c
     }
 
@@ -841,7 +841,7 @@ impl Connection {
     /// ordinary data once ESTABLISHED: the server dropped it (§4.3), so it arrives once.
     fn fast_open_syn_ack(&mut self, seg: &Segment<'_>, ack: SndPos) -> SndPos {
         let Some(fo) = self.fo_client.take() else {
-            return SndPos::new(1);
+            return SndPos::AFTER_SYN;
         };
         let data_acked = ack.get().saturating_sub(1).min(fo.syn_data);
         let all_acked = fo.syn_data > 0 && data_acked == fo.syn_data;
@@ -896,8 +896,8 @@ impl Connection {
         c.syn_pending = false;
         // Our SYN-ACK was sent statelessly with an unscaled window of this size.
         c.rcv_adv = c.rcv_nxt + c.syn_window() as u64;
-        c.snd_nxt = SndPos::new(1);
-        c.snd_una = SndPos::new(1);
+        c.snd_nxt = SndPos::AFTER_SYN;
+        c.snd_una = SndPos::AFTER_SYN;
         c.last_ack_sent = c.rcv_nxt;
         c.rcv_acked = c.rcv_nxt;
         if our_tsval.is_none() {
@@ -910,8 +910,8 @@ impl Connection {
 
     fn accept_peer_syn(&mut self, now: Instant, syn: &PeerSyn) {
         self.irs = syn.irs;
-        self.rcv_nxt = RcvPos::new(1);
-        self.rcv_acked = RcvPos::new(1);
+        self.rcv_nxt = RcvPos::AFTER_SYN;
+        self.rcv_acked = RcvPos::AFTER_SYN;
         // RFC 7323 §2.2: the window in a SYN is never scaled.
         self.snd_wnd = syn.window as u64;
         self.max_snd_wnd = self.snd_wnd;
@@ -1101,7 +1101,7 @@ impl Connection {
         if self.state.is_synchronized() {
             // Stream offset o is sequence position o + 1 (the SYN takes position 0).
             assert!(
-                RcvPos::of_offset(self.recv.next()) <= self.rcv_nxt.max(RcvPos::new(1)),
+                RcvPos::of_offset(self.recv.next()) <= self.rcv_nxt.max(RcvPos::AFTER_SYN),
                 "in-order point {} beyond RCV.NXT {:?}",
                 self.recv.next(),
                 self.rcv_nxt
@@ -1923,7 +1923,7 @@ impl Connection {
             // acknowledged of Fast Open data on the SYN.
             let ack = self.seg_ack(seg);
             self.snd_una = self.fast_open_syn_ack(seg, ack);
-            self.sb.ack(SndPos::new(1), &mut Delivered::default());
+            self.sb.ack(SndPos::AFTER_SYN, &mut Delivered::default());
             // The SYN's round trip: timed exactly if it was sent once, else from the echoed
             // timestamp, which names the transmission (RFC 7323 §4.2) but only to the
             // millisecond.
@@ -1955,7 +1955,7 @@ impl Connection {
             self.ack_now = true;
             // Data in the SYN-ACK (rare) continues at "sixth, check the URG bit".
             if !seg.payload.is_empty() || flags.fin() {
-                self.process_text(now, RcvPos::new(1), seg.payload, flags.fin());
+                self.process_text(now, RcvPos::AFTER_SYN, seg.payload, flags.fin());
             }
             Ok(())
         } else {
@@ -1965,7 +1965,7 @@ impl Connection {
             if self.fo_client.take().is_some_and(|fo| fo.syn_data > 0) {
                 self.fo_notes.push(FastOpenNote::SynDataNotAcked);
             }
-            self.snd_nxt = SndPos::new(1);
+            self.snd_nxt = SndPos::AFTER_SYN;
             self.set_state(State::SynReceived);
             self.syn_pending = true;
             self.timers.cancel(Timer::Retransmission);
@@ -2010,8 +2010,8 @@ impl Connection {
     pub(crate) fn set_window_from_ack(&mut self, seg: &Segment<'_>) {
         self.snd_wnd = (seg.window as u64) << self.snd_wscale;
         self.max_snd_wnd = self.snd_wnd;
-        self.snd_wl1 = RcvPos::new(1);
-        self.snd_wl2 = SndPos::new(1);
+        self.snd_wl1 = RcvPos::AFTER_SYN;
+        self.snd_wl2 = SndPos::AFTER_SYN;
     }
 
     /// Processes an incoming segment for this connection.
@@ -2051,13 +2051,13 @@ impl Connection {
             && RcvSeq::new(seg.seq) == self.irs
             && self.seg_ack(seg) == self.snd_nxt
         {
-            self.snd_una = SndPos::new(1);
-            self.sb.ack(SndPos::new(1), &mut Delivered::default());
+            self.snd_una = SndPos::AFTER_SYN;
+            self.sb.ack(SndPos::AFTER_SYN, &mut Delivered::default());
             self.timers.cancel(Timer::Retransmission);
             self.snd_wnd = (seg.window as u64) << self.snd_wscale;
             self.max_snd_wnd = self.max_snd_wnd.max(self.snd_wnd);
             self.snd_wl1 = Pos::ZERO;
-            self.snd_wl2 = SndPos::new(1);
+            self.snd_wl2 = SndPos::AFTER_SYN;
             self.established(now);
             self.ack_now = true;
             return Ok(());
@@ -2145,8 +2145,7 @@ impl Connection {
                     // §4), not rate-limited since data segments do not form ACK loops.
                     let data_end = end - u64::from(flags.fin());
                     let data_start = data_end - seg.payload.len() as u64;
-                    let first_data = RcvPos::new(1);
-                    self.dsack = Some((data_start.max(first_data), data_end));
+                    self.dsack = Some((data_start.max(RcvPos::AFTER_SYN), data_end));
                     self.ack_now = true;
                     // uTCP hands retransmissions over too: they may carry replacements
                     // (Hollywood §4.2; see crate::utcp).
@@ -2157,9 +2156,9 @@ impl Connection {
                             State::Established | State::FinWait1 | State::FinWait2
                         )
                     {
-                        let skip = first_data.saturating_sub(data_start) as usize;
+                        let skip = RcvPos::AFTER_SYN.saturating_sub(data_start) as usize;
                         if let Some(bytes) = seg.payload.get(skip..) {
-                            let offset = data_start.max(first_data).offset();
+                            let offset = data_start.max(RcvPos::AFTER_SYN).offset();
                             self.deliver_unordered(offset, bytes, &[]);
                         }
                     }
@@ -2221,7 +2220,7 @@ impl Connection {
         let completes_handshake = self.state == State::SynReceived;
         if completes_handshake {
             if ack > self.snd_una && ack <= self.snd_nxt {
-                self.snd_una = SndPos::new(1);
+                self.snd_una = SndPos::AFTER_SYN;
                 // Data sent in SYN-RECEIVED (RFC 7413 §4.2.2) that this ACK covers too is
                 // acknowledged below (`process_ack`). If the SYN-ACK went more than once, the
                 // ACK may answer a retransmission sent after that data: Karn's rule (RFC 6298
@@ -2229,7 +2228,7 @@ impl Connection {
                 let upto = if self.fo_passive && !self.fo_early_send {
                     ack
                 } else {
-                    SndPos::new(1)
+                    SndPos::AFTER_SYN
                 };
                 self.sb.ack(upto, &mut Delivered::default());
                 if self.rto_count == 0
@@ -2900,7 +2899,7 @@ impl Connection {
         if start == Pos::ZERO {
             // Text claiming the SYN's sequence number: that octet is not data.
             data = data.get(1..).unwrap_or(&[]);
-            start = RcvPos::new(1);
+            start = RcvPos::AFTER_SYN;
         }
         // Trim to the advertised window's right edge; a FIN beyond it is dropped with the data.
         // Nothing is accepted beyond a FIN already seen.
@@ -3349,7 +3348,7 @@ impl Connection {
         }
         self.syn_pending = false;
         if self.snd_nxt == Pos::ZERO {
-            self.snd_nxt = SndPos::new(1);
+            self.snd_nxt = SndPos::AFTER_SYN;
         }
         if self.rto_count == 0 {
             self.syn_sent_at = Some(now);
@@ -3701,7 +3700,7 @@ impl Connection {
             && self.state == State::SynReceived
             && self.passive
             && !self.syn_pending
-            && self.snd_nxt >= SndPos::new(1)
+            && self.snd_nxt >= SndPos::AFTER_SYN
             && self.rto_count == 0
             && self.close_reason().is_none()
     }
@@ -3717,7 +3716,7 @@ impl Connection {
             return;
         }
         self.fo_early_send = false;
-        if self.snd_nxt <= SndPos::new(1) {
+        if self.snd_nxt <= SndPos::AFTER_SYN {
             return;
         }
         if timeout {

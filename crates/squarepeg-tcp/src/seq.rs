@@ -121,6 +121,8 @@ pub(crate) struct Pos<S: Space>(i64, PhantomData<S>);
 impl<S: Space> Pos<S> {
     /// The ISN's own position (the SYN).
     pub(crate) const ZERO: Self = Pos(0, PhantomData);
+    /// Just after the SYN: where the data starts (stream offset 0).
+    pub(crate) const AFTER_SYN: Self = Pos(1, PhantomData);
 
     pub(crate) const fn new(v: u64) -> Self {
         Pos(v as i64, PhantomData)
@@ -315,7 +317,7 @@ mod tests {
         let iss = s(u32::MAX - 1);
         let p = SndPos::ZERO + 3u64;
         assert_eq!(p.wire(iss), s(1));
-        assert_eq!(SndPos::of_offset(0), SndPos::new(1));
+        assert_eq!(SndPos::of_offset(0), SndPos::AFTER_SYN);
         assert_eq!(SndPos::new(10).offset(), 9);
         assert_eq!(SndPos::new(10) - SndPos::new(4), 6);
         assert_eq!(SndPos::new(4).saturating_sub(SndPos::new(10)), 0);
