@@ -23,6 +23,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 
+use crate::seq::{SndPos, SndSeq};
 use crate::wire::parse_packet;
 
 /// Counters of an audit.
@@ -56,13 +57,11 @@ struct Flow {
 }
 
 impl Flow {
-    /// Unwraps a wire sequence number near `high`.
+    /// Unwraps a wire sequence number near `high` (in the sending side's space).
     fn rel(&self, wire: u32) -> Option<u64> {
-        let isn = self.isn?;
-        let r = wire.wrapping_sub(isn);
-        let diff = r.wrapping_sub(self.high as u32) as i32;
-        let v = self.high as i64 + diff as i64;
-        (v >= 0).then_some(v as u64)
+        let isn = SndSeq::new(self.isn?);
+        let pos = SndSeq::new(wire).unwrap(isn, SndPos::new(self.high));
+        (!pos.is_negative()).then(|| pos.get())
     }
 }
 

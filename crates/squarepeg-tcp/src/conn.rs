@@ -1,9 +1,10 @@
 //! One TCP connection: the transmission control block and the RFC 9293 state machine.
 //!
-//! Sequence numbers are kept unwrapped as `u64` positions relative to the initial sequence
-//! numbers (send side: 0 = ISS, which the SYN occupies; data byte `d` is at `d + 1`; receive
-//! side likewise relative to IRS). The wire's 32-bit modular arithmetic is confined to
-//! [`unwrap`] and [`Connection::wire_seq`], so comparisons below are plain integer comparisons.
+//! Sequence numbers are kept unwrapped as positions relative to the initial sequence numbers
+//! ([`SndPos`]: 0 = ISS, which the SYN occupies; data byte `d` is at `d + 1`; [`RcvPos`]
+//! likewise relative to IRS), typed by space so that the two cannot be mixed (`crate::seq`).
+//! The wire's 32-bit modular arithmetic is confined to `Seq::unwrap` (SEG.SEQ, SEG.ACK and
+//! SACK edges in) and `Pos::wire` (out), so comparisons below are plain integer comparisons.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -17,6 +18,7 @@ use crate::resume::{Action as ResumeAction, CarefulResume, Observer, PathRecord,
 use crate::rtt::RttEstimator;
 use crate::scoreboard::{Delivered, Scoreboard, Transmission};
 use crate::send_queue::{MessageReport, Padder, SendQueue, SendQueueStats, WriteTag};
+use crate::seq::{Pos, RcvPos, RcvSeq, Seq, SndPos, SndSeq};
 use crate::trace::{TraceEvent, TraceLog, TraceRecord};
 use crate::utcp::{ReceivedSegment, Unordered, UnorderedStats, record};
 use crate::wire::{
@@ -24,6 +26,8 @@ use crate::wire::{
 };
 
 /// Connection states (RFC 9293 §3.3.2). LISTEN belongs to listeners, not connections.
+/// CLOSED carries why the connection closed; TIME-WAIT's is always [`CloseReason::Normal`]
+/// (its deadline is [`Timer::TimeWait`] in the connection's timer table).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum State {
     SynSent,
@@ -35,18 +39,33 @@ pub enum State {
     Closing,
     LastAck,
     TimeWait,
-    Closed,
+    Closed(CloseReason),
 }
 
 impl State {
     /// Synchronized states (RFC 9293 §3.5.2 group 3).
     pub fn is_synchronized(self) -> bool {
-        !matches!(self, State::SynSent | State::SynReceived | State::Closed)
+        !matches!(self, State::SynSent | State::SynReceived | State::Closed(_))
+    }
+
+    /// Whether the connection has closed (CLOSED, any reason).
+    pub fn is_closed(self) -> bool {
+        matches!(self, State::Closed(_))
+    }
+
+    /// Why the connection closed: the reason in CLOSED, [`CloseReason::Normal`] in TIME-WAIT
+    /// (both FINs done), `None` before.
+    pub fn close_reason(self) -> Option<CloseReason> {
+        match self {
+            State::Closed(r) => Some(r),
+            State::TimeWait => Some(CloseReason::Normal),
+            _ => None,
+        }
     }
 }
 
 /// Why a connection closed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CloseReason {
     /// Both directions finished with FINs.
     Normal,
@@ -334,7 +353,7 @@ struct Rack {
     reo_wnd_mult: u32,
     reo_wnd_persist: u32,
     /// RACK.dsack_round: SND.NXT when the window was last widened.
-    dsack_round: Option<u64>,
+    dsack_round: Option<SndPos>,
 }
 
 impl Default for Rack {
@@ -354,7 +373,7 @@ impl Default for Rack {
 #[derive(Clone, Copy, Debug)]
 struct Tlp {
     /// TLP.end_seq: SND.NXT after the probe, while a probe episode is open.
-    end_seq: Option<u64>,
+    end_seq: Option<SndPos>,
     /// TLP.is_retrans: the probe resent the last segment.
     is_retrans: bool,
     /// The PTO fired: send a probe.
@@ -363,7 +382,7 @@ struct Tlp {
     sampled: bool,
     /// The range a retransmitted probe resent, for the detection of a spurious timeout that
     /// follows it (RFC 3708: every retransmission of the episode must be D-SACKed).
-    probe: Option<(u64, u64)>,
+    probe: Option<(SndPos, SndPos)>,
 }
 
 impl Default for Tlp {
@@ -392,13 +411,13 @@ struct RtoUndo {
     /// the timeout says nothing about whether the probe repaired a loss.
     probe_open: bool,
     /// SND.UNA at the timeout.
-    una: u64,
+    una: SndPos,
     /// The first acceptable ACK after the timeout has not been seen yet (Eifel looks at that
     /// one only, RFC 3522 §2).
     first_ack_pending: bool,
     /// Ranges retransmitted since the timeout and not yet reported as duplicates by a D-SACK
     /// (RFC 3708 §3: the timeout was spurious once every retransmission is D-SACKed).
-    retransmitted: Vec<(u64, u64)>,
+    retransmitted: Vec<(SndPos, SndPos)>,
     /// More retransmissions than `MAX_UNDO_RANGES`: D-SACK detection given up.
     overflow: bool,
 }
@@ -416,7 +435,7 @@ const PTO_SLACK: Duration = Duration::from_millis(2);
 #[derive(Clone, Copy, Debug)]
 struct Recovery {
     /// RecoveryPoint (RFC 6675) / `recover` (RFC 6582): HighData at entry.
-    point: u64,
+    point: SndPos,
     /// Partial ACKs so far (RFC 6582 §3.2 step 5).
     partial_acks: u32,
 }
@@ -424,7 +443,7 @@ struct Recovery {
 /// What the handshake learned from the peer's SYN.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct PeerSyn {
-    pub irs: u32,
+    pub irs: RcvSeq,
     pub mss: Option<u16>,
     pub window_scale: Option<u8>,
     pub sack_permitted: bool,
@@ -446,15 +465,6 @@ const PAWS_IDLE: Duration = Duration::from_secs(24 * 24 * 3600);
 /// Rate limit for ACKs answering out-of-window segments (Linux `tcp_invalid_ratelimit`),
 /// which stops ACK storms between desynchronized peers.
 const INVALID_ACK_INTERVAL: Duration = Duration::from_millis(500);
-
-/// Unwraps a 32-bit wire sequence number to the `u64` position closest to `reference`, in a
-/// space whose position 0 is the wire value `base`. Negative results (before the ISN) are
-/// returned as is.
-pub(crate) fn unwrap(base: u32, reference: u64, wire: u32) -> i64 {
-    let rel = wire.wrapping_sub(base);
-    let diff = rel.wrapping_sub(reference as u32) as i32;
-    reference as i64 + diff as i64
-}
 
 /// `now + d`, saturating far in the future instead of panicking on absurd configured durations.
 fn later(now: Instant, d: Duration) -> Instant {
@@ -490,29 +500,30 @@ pub struct Connection {
     passive: bool,
 
     // Send sequence space (RFC 9293 §3.3.1), unwrapped.
-    iss: u32,
-    snd_una: u64,
-    snd_nxt: u64,
+    iss: SndSeq,
+    snd_una: SndPos,
+    snd_nxt: SndPos,
     snd_wnd: u64,
-    snd_wl1: u64,
-    snd_wl2: u64,
+    /// SEG.SEQ and SEG.ACK of the last window update (in the peer's space and ours).
+    snd_wl1: RcvPos,
+    snd_wl2: SndPos,
     max_snd_wnd: u64,
     queue: SendQueue,
     /// The application asked to send a FIN after the queued data.
     fin_queued: bool,
     /// Position of our FIN once sent.
-    fin_seq: Option<u64>,
+    fin_seq: Option<SndPos>,
 
     // Receive sequence space, unwrapped.
-    irs: u32,
-    rcv_nxt: u64,
+    irs: RcvSeq,
+    rcv_nxt: RcvPos,
     /// Right edge of the window last advertised (RCV.NXT + RCV.WND when it was sent).
-    rcv_adv: u64,
+    rcv_adv: RcvPos,
     recv: RecvBuffer,
     /// uTCP receive: segments handed to the application on arrival (Minion §4.1).
     unordered: Option<Box<Unordered>>,
     /// Position of the peer's FIN when it arrived out of order or in order.
-    peer_fin_at: Option<u64>,
+    peer_fin_at: Option<RcvPos>,
     peer_fin_processed: bool,
     /// Estimate of the peer's segment size, for delayed ACKs (largest payload seen).
     rcv_mss: usize,
@@ -522,7 +533,7 @@ pub struct Connection {
     /// Payload of the last data segment received.
     last_seg_len: usize,
     /// RCV.NXT when we last sent an ACK (for "every second full-sized segment").
-    rcv_acked: u64,
+    rcv_acked: RcvPos,
     /// In-order data segments still to be acknowledged at once (quick-ACK mode at the start
     /// of the connection; [`ConnectionConfig::quick_acks`]).
     quick_acks_left: u32,
@@ -538,15 +549,15 @@ pub struct Connection {
     ts_recent_valid: bool,
     ts_recent_age: Instant,
     /// RCV.NXT carried by the last ACK we sent (Last.ACK.sent of RFC 7323 §4.3).
-    last_ack_sent: u64,
+    last_ack_sent: RcvPos,
     /// Our SYN options as offered (to answer a simultaneous open identically).
     offered_mss: u16,
     /// Largest payload per segment before options (effective send MSS, RFC 9293 §3.7.1).
     snd_mss: u16,
-    /// Receiver-side SACK blocks, most recent first (RFC 2018 §4).
+    /// Receiver-side SACK blocks as stream offsets, most recent first (RFC 2018 §4).
     sack_recent: Vec<(u64, u64)>,
     /// Duplicate range to report as a D-SACK in the next ACK (RFC 2883 §4), positions.
-    dsack: Option<(u64, u64)>,
+    dsack: Option<(RcvPos, RcvPos)>,
 
     // Loss recovery and congestion control.
     sb: Scoreboard,
@@ -555,7 +566,7 @@ pub struct Connection {
     plain_dupacks: u32,
     recovery: Option<Recovery>,
     /// RFC 6582 `recover`: no new recovery until SND.UNA passes it.
-    recover: u64,
+    recover: SndPos,
     /// Bytes by which the last cumulative ACK advanced SND.UNA (RFC 6582 §4.1 heuristic).
     last_ack_advance: u64,
     /// Segments that cumulative ACK covered (the RFC 6582 §4.1 heuristic counts segments).
@@ -587,7 +598,7 @@ pub struct Connection {
     rto_armed_at: Instant,
     persist_backoff: u32,
     /// Position of an outstanding zero-window probe byte.
-    zwp_seq: Option<u64>,
+    zwp_seq: Option<SndPos>,
     keepalive_sent: u32,
     /// Consecutive retransmission timeouts (also SYN / SYN-ACK retries).
     rto_count: u32,
@@ -613,7 +624,6 @@ pub struct Connection {
 
     // Application side.
     user_closed: bool,
-    close_reason: Option<CloseReason>,
     readable_armed: bool,
     writable_armed: bool,
     events: Vec<ConnEvent>,
@@ -682,19 +692,19 @@ impl Connection {
             shared: n.shared,
             state,
             passive,
-            iss: n.iss,
-            snd_una: 0,
-            snd_nxt: 0,
+            iss: Seq::new(n.iss),
+            snd_una: Pos::ZERO,
+            snd_nxt: Pos::ZERO,
             snd_wnd: 0,
-            snd_wl1: 0,
-            snd_wl2: 0,
+            snd_wl1: Pos::ZERO,
+            snd_wl2: Pos::ZERO,
             max_snd_wnd: 0,
             queue: SendQueue::new(cfg.send_buffer, !cfg.consistent_segmentation),
             fin_queued: false,
             fin_seq: None,
-            irs: 0,
-            rcv_nxt: 0,
-            rcv_adv: 0,
+            irs: Seq::new(0),
+            rcv_nxt: Pos::ZERO,
+            rcv_adv: Pos::ZERO,
             recv: RecvBuffer::new(cfg.max_ooo_ranges),
             unordered: None,
             peer_fin_at: None,
@@ -702,7 +712,7 @@ impl Connection {
             rcv_mss: 536.min(offered_mss as usize),
             ack_mss: 536.min(offered_mss as usize),
             last_seg_len: 0,
-            rcv_acked: 0,
+            rcv_acked: Pos::ZERO,
             quick_acks_left: cfg.quick_acks,
             snd_wscale: 0,
             rcv_wscale,
@@ -713,7 +723,7 @@ impl Connection {
             ts_recent: 0,
             ts_recent_valid: false,
             ts_recent_age: n.now,
-            last_ack_sent: 0,
+            last_ack_sent: Pos::ZERO,
             offered_mss,
             snd_mss,
             sack_recent: Vec::new(),
@@ -722,7 +732,7 @@ impl Connection {
             dupacks: 0,
             plain_dupacks: 0,
             recovery: None,
-            recover: 0,
+            recover: Pos::ZERO,
             last_ack_advance: 0,
             last_ack_segments: 0,
             reno_inflation: 0,
@@ -757,7 +767,6 @@ impl Connection {
             challenge_window_start: None,
             challenge_count: 0,
             user_closed: false,
-            close_reason: None,
             readable_armed: true,
             writable_armed: false,
             events: Vec::new(),
@@ -778,7 +787,7 @@ impl Connection {
     pub(crate) fn new_active(n: NewConnection) -> Connection {
         let mut c = Connection::new(n, State::SynSent, false);
         c.init_unordered();
-        c.snd_nxt = 0;
+        c.snd_nxt = Pos::ZERO;
         c
     }
 
@@ -817,7 +826,7 @@ impl Connection {
         c.rcv_adv = c.rcv_nxt + c.syn_window() as u64;
         // A FIN on the SYN is left for the peer to send again after the handshake: taking it
         // here would move SYN-RECEIVED to CLOSE-WAIT before our SYN is acknowledged.
-        c.process_text(now, 1, data, false);
+        c.process_text(now, RcvPos::AFTER_SYN, data, false);
         c
     }
 
@@ -834,11 +843,11 @@ impl Connection {
     /// SYN's data, the cookie it carried. Returns the position acknowledged. Data it did not
     /// acknowledge becomes unsent again (SND.NXT moves back to SEG.ACK) and goes out as
     /// ordinary data once ESTABLISHED: the server dropped it (§4.3), so it arrives once.
-    fn fast_open_syn_ack(&mut self, seg: &Segment<'_>, ack: u64) -> u64 {
+    fn fast_open_syn_ack(&mut self, seg: &Segment<'_>, ack: SndPos) -> SndPos {
         let Some(fo) = self.fo_client.take() else {
-            return 1;
+            return SndPos::AFTER_SYN;
         };
-        let data_acked = ack.saturating_sub(1).min(fo.syn_data);
+        let data_acked = ack.get().saturating_sub(1).min(fo.syn_data);
         let all_acked = fo.syn_data > 0 && data_acked == fo.syn_data;
         if fo.syn_data > 0 {
             self.fo_notes.push(if all_acked {
@@ -859,7 +868,7 @@ impl Connection {
         if fo.syn_data_timed_out && !all_acked {
             self.fo_notes.push(FastOpenNote::Blackhole);
         }
-        let acked = 1 + data_acked;
+        let acked = SndPos::of_offset(data_acked);
         if data_acked > 0 {
             self.queue.ack(data_acked);
         }
@@ -891,8 +900,8 @@ impl Connection {
         c.syn_pending = false;
         // Our SYN-ACK was sent statelessly with an unscaled window of this size.
         c.rcv_adv = c.rcv_nxt + c.syn_window() as u64;
-        c.snd_nxt = 1;
-        c.snd_una = 1;
+        c.snd_nxt = SndPos::AFTER_SYN;
+        c.snd_una = SndPos::AFTER_SYN;
         c.last_ack_sent = c.rcv_nxt;
         c.rcv_acked = c.rcv_nxt;
         if our_tsval.is_none() {
@@ -905,13 +914,13 @@ impl Connection {
 
     fn accept_peer_syn(&mut self, now: Instant, syn: &PeerSyn) {
         self.irs = syn.irs;
-        self.rcv_nxt = 1;
-        self.rcv_acked = 1;
+        self.rcv_nxt = RcvPos::AFTER_SYN;
+        self.rcv_acked = RcvPos::AFTER_SYN;
         // RFC 7323 §2.2: the window in a SYN is never scaled.
         self.snd_wnd = syn.window as u64;
         self.max_snd_wnd = self.snd_wnd;
-        self.snd_wl1 = 0;
-        self.snd_wl2 = 0;
+        self.snd_wl1 = Pos::ZERO;
+        self.snd_wl2 = Pos::ZERO;
         // Window scaling only if both sides sent the option (RFC 7323 §2.2); shift > 14 is
         // treated as 14 (§2.3).
         match (self.cfg.window_scaling, syn.window_scale) {
@@ -969,7 +978,7 @@ impl Connection {
     }
     /// Why the connection closed, once it has.
     pub fn close_reason(&self) -> Option<CloseReason> {
-        self.close_reason
+        self.state.close_reason()
     }
     /// Stream offset (ISN-relative, 0 = first data byte) of the next byte `read` returns.
     pub fn read_offset(&self) -> u64 {
@@ -1089,23 +1098,23 @@ impl Connection {
         self.sb.check_invariants();
         assert!(
             self.snd_una <= self.snd_nxt,
-            "SND.UNA {} beyond SND.NXT {}",
+            "SND.UNA {:?} beyond SND.NXT {:?}",
             self.snd_una,
             self.snd_nxt
         );
         if self.state.is_synchronized() {
             // Stream offset o is sequence position o + 1 (the SYN takes position 0).
             assert!(
-                self.recv.next() < self.rcv_nxt.max(1),
-                "in-order point {} beyond RCV.NXT {}",
+                RcvPos::of_offset(self.recv.next()) <= self.rcv_nxt.max(RcvPos::AFTER_SYN),
+                "in-order point {} beyond RCV.NXT {:?}",
                 self.recv.next(),
                 self.rcv_nxt
             );
             let right = self.rcv_adv.max(self.rcv_nxt);
             if let Some(&(_, end)) = self.recv.ooo_ranges().last() {
                 assert!(
-                    end < right,
-                    "out-of-order data up to {end} beyond the window edge {right}"
+                    RcvPos::of_offset(end) <= right,
+                    "out-of-order data up to {end} beyond the window edge {right:?}"
                 );
             }
         }
@@ -1139,8 +1148,8 @@ impl Connection {
             rto: self.rtt.current_rto(),
             bytes_in_flight: flight,
             pipe: self.sb.pipe(flight),
-            snd_una: self.snd_una.saturating_sub(1),
-            snd_nxt: self.snd_nxt.saturating_sub(1),
+            snd_una: self.snd_una.get().saturating_sub(1),
+            snd_nxt: self.snd_nxt.get().saturating_sub(1),
             send_window: self.snd_wnd,
             retransmissions: self.counters.packets_retransmitted,
             in_recovery: self.recovery.is_some(),
@@ -1174,7 +1183,7 @@ impl Connection {
     /// Right edge of the peer's offered window. The window is relative to the ACK that carried
     /// it (SND.WL2), not to SND.UNA: an old segment may advance SND.UNA without being allowed to
     /// update the window (RFC 9293 §3.10.7.4), and SND.UNA + SND.WND would then overshoot.
-    fn send_right_edge(&self) -> u64 {
+    fn send_right_edge(&self) -> SndPos {
         self.snd_wl2 + self.snd_wnd
     }
 
@@ -1182,12 +1191,28 @@ impl Connection {
         self.snd_nxt - self.snd_una
     }
 
-    fn wire_seq(&self, pos: u64) -> u32 {
-        self.iss.wrapping_add(pos as u32)
+    fn wire_seq(&self, pos: SndPos) -> u32 {
+        pos.wire(self.iss).get()
     }
 
     fn wire_ack(&self) -> u32 {
-        self.irs.wrapping_add(self.rcv_nxt as u32)
+        self.rcv_nxt.wire(self.irs).get()
+    }
+
+    /// A sequence number of ours from the wire (SEG.ACK, a SACK edge), unwrapped near
+    /// SND.UNA; negative when before the ISS.
+    fn snd_pos(&self, wire: u32) -> SndPos {
+        SndSeq::new(wire).unwrap(self.iss, self.snd_una)
+    }
+
+    /// SEG.ACK unwrapped.
+    fn seg_ack(&self, seg: &Segment<'_>) -> SndPos {
+        self.snd_pos(seg.ack)
+    }
+
+    /// SEG.SEQ unwrapped near RCV.NXT; negative when before the IRS.
+    fn seg_seq(&self, seg: &Segment<'_>) -> RcvPos {
+        RcvSeq::new(seg.seq).unwrap(self.irs, self.rcv_nxt)
     }
 
     fn ts_now(&self, now: Instant) -> u32 {
@@ -1220,7 +1245,7 @@ impl Connection {
         if self.peer_fin_processed {
             return Ok(());
         }
-        if let Some(reason) = self.close_reason {
+        if let Some(reason) = self.close_reason() {
             return match reason {
                 CloseReason::Normal => Ok(()),
                 r => Err(r.error()),
@@ -1451,7 +1476,7 @@ impl Connection {
     }
 
     fn check_writable(&self) -> Result<(), Error> {
-        if let Some(r) = self.close_reason {
+        if let Some(r) = self.close_reason() {
             return Err(r.error());
         }
         if self.fin_queued {
@@ -1463,7 +1488,7 @@ impl Connection {
     /// Half-close: FIN after the queued data (RFC 9293 §3.10.4).
     pub(crate) fn shutdown(&mut self, now: Instant) -> Result<(), Error> {
         self.clock = self.clock.max(now);
-        if let Some(r) = self.close_reason {
+        if let Some(r) = self.close_reason() {
             return Err(r.error());
         }
         if self.fin_queued {
@@ -1487,7 +1512,7 @@ impl Connection {
     pub(crate) fn close(&mut self, now: Instant) {
         self.clock = self.clock.max(now);
         self.user_closed = true;
-        if self.close_reason.is_some() {
+        if self.close_reason().is_some() {
             return;
         }
         if self.has_unread() || self.state == State::SynSent {
@@ -1505,7 +1530,7 @@ impl Connection {
     /// (RFC 9293 §3.10.5).
     pub(crate) fn abort(&mut self, now: Instant) {
         self.clock = self.clock.max(now);
-        if self.close_reason.is_some() {
+        if self.close_reason().is_some() {
             return;
         }
         // RFC 9293 §3.10.5: in SYN-SENT no RST is sent; otherwise send one.
@@ -1517,13 +1542,17 @@ impl Connection {
 
     fn enter_closed(&mut self, reason: CloseReason, notify: bool) {
         tracing::debug!(local = %self.local, remote = %self.remote, from = ?self.state, ?reason, "closed");
-        if self.close_reason.is_none() {
-            self.close_reason = Some(reason);
-            if notify {
-                self.events.push(ConnEvent::Closed(reason));
+        // A connection closes once: a later reason (TIME-WAIT's end) keeps the first.
+        let reason = match self.close_reason() {
+            Some(first) => first,
+            None => {
+                if notify {
+                    self.events.push(ConnEvent::Closed(reason));
+                }
+                reason
             }
-        }
-        self.set_state(State::Closed);
+        };
+        self.set_state(State::Closed(reason));
         self.timers = Timers::default();
         self.tlp.pending = false;
         self.ack_now = false;
@@ -1534,6 +1563,7 @@ impl Connection {
 
     fn enter_time_wait(&mut self, now: Instant) {
         tracing::debug!(local = %self.local, remote = %self.remote, from = ?self.state, "TIME-WAIT");
+        let first_close = self.close_reason().is_none();
         self.set_state(State::TimeWait);
         // Only the delayed ACK survives into TIME-WAIT; its own timer is set below.
         for t in Timer::ALL {
@@ -1542,8 +1572,7 @@ impl Connection {
             }
         }
         self.tlp.pending = false;
-        if self.close_reason.is_none() {
-            self.close_reason = Some(CloseReason::Normal);
+        if first_close {
             self.events.push(ConnEvent::Closed(CloseReason::Normal));
         }
         self.timers
@@ -1585,7 +1614,7 @@ impl Connection {
     // ---------------------------------------------------------------- timers
 
     pub(crate) fn next_timeout(&self) -> Option<Instant> {
-        let expiry = if self.close_reason.is_none() {
+        let expiry = if self.close_reason().is_none() {
             self.queue.next_expiry()
         } else {
             None
@@ -1595,7 +1624,7 @@ impl Connection {
 
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
         self.clock = self.clock.max(now);
-        if self.close_reason.is_none() {
+        if self.close_reason().is_none() {
             // Hollywood §4.2: messages whose deadline passed before they were sent are dropped.
             self.queue.expire(now);
         }
@@ -1663,7 +1692,7 @@ impl Connection {
                 self.rtt.back_off();
                 self.syn_pending = true;
             }
-            State::Closed | State::TimeWait => {}
+            State::Closed(_) | State::TimeWait => {}
             _ => {
                 if self.flight() == 0 {
                     return;
@@ -1764,7 +1793,8 @@ impl Connection {
         }
         let usable = self.send_right_edge().saturating_sub(self.snd_nxt);
         let only_probe_out = self.flight() == 0 || self.zwp_seq == Some(self.snd_una);
-        let has_unsent = self.queue.end() + 1 > self.snd_nxt || self.zwp_seq.is_some();
+        let has_unsent =
+            SndPos::of_offset(self.queue.end()) > self.snd_nxt || self.zwp_seq.is_some();
         // A zero window, or a window too small for sender SWS avoidance with nothing in flight
         // (no ACK will come to reopen it), is served by the persist / override timer.
         let blocked = self.snd_wnd == 0 || usable < self.effective_mss() as u64;
@@ -1857,9 +1887,9 @@ impl Connection {
         // First: the ACK bit.
         let mut ack_ok = false;
         if flags.ack() {
-            let ack = unwrap(self.iss, self.snd_una, seg.ack);
+            let ack = self.seg_ack(seg);
             // SEG.ACK =< ISS or SEG.ACK > SND.NXT: unacceptable.
-            if ack <= 0 || ack > self.snd_nxt as i64 {
+            if ack <= Pos::ZERO || ack > self.snd_nxt {
                 if !flags.rst() {
                     self.rst_reply_pending = Some(seg.ack);
                 }
@@ -1881,7 +1911,7 @@ impl Connection {
             return Err(DropReason::InvalidForState);
         }
         let syn = PeerSyn {
-            irs: seg.seq,
+            irs: RcvSeq::new(seg.seq),
             mss: seg.options.mss,
             window_scale: seg.options.window_scale,
             sack_permitted: seg.options.sack_permitted,
@@ -1895,9 +1925,9 @@ impl Connection {
         if ack_ok {
             // Our SYN is acknowledged: ESTABLISHED (RFC 9293 §3.10.7.3), with what it
             // acknowledged of Fast Open data on the SYN.
-            let ack = unwrap(self.iss, self.snd_una, seg.ack) as u64;
+            let ack = self.seg_ack(seg);
             self.snd_una = self.fast_open_syn_ack(seg, ack);
-            self.sb.ack(1, &mut Delivered::default());
+            self.sb.ack(SndPos::AFTER_SYN, &mut Delivered::default());
             // The SYN's round trip: timed exactly if it was sent once, else from the echoed
             // timestamp, which names the transmission (RFC 7323 §4.2) but only to the
             // millisecond.
@@ -1923,13 +1953,13 @@ impl Connection {
                 );
             }
             self.timers.cancel(Timer::Retransmission);
-            self.snd_wl1 = 0;
+            self.snd_wl1 = Pos::ZERO;
             self.snd_wl2 = self.snd_una;
             self.established(now);
             self.ack_now = true;
             // Data in the SYN-ACK (rare) continues at "sixth, check the URG bit".
             if !seg.payload.is_empty() || flags.fin() {
-                self.process_text(now, 1, seg.payload, flags.fin());
+                self.process_text(now, RcvPos::AFTER_SYN, seg.payload, flags.fin());
             }
             Ok(())
         } else {
@@ -1939,7 +1969,7 @@ impl Connection {
             if self.fo_client.take().is_some_and(|fo| fo.syn_data > 0) {
                 self.fo_notes.push(FastOpenNote::SynDataNotAcked);
             }
-            self.snd_nxt = 1;
+            self.snd_nxt = SndPos::AFTER_SYN;
             self.set_state(State::SynReceived);
             self.syn_pending = true;
             self.timers.cancel(Timer::Retransmission);
@@ -1952,13 +1982,13 @@ impl Connection {
     /// than an RTO before TS.Recent. PAWS guards against old duplicates of data; dropping
     /// such an ACK only loses a duplicate-ACK signal (found by the simulator, seed 27749: with
     /// jitter, PAWS dropped a third of the duplicate ACKs a NewReno sender needed).
-    fn disordered_ack(&self, seg: &Segment<'_>, seq: i64, tsval: u32) -> bool {
+    fn disordered_ack(&self, seg: &Segment<'_>, seq: RcvPos, tsval: u32) -> bool {
         let pure = seg.flags.ack()
             && seg.payload.is_empty()
             && !seg.flags.syn()
             && !seg.flags.fin()
-            && seq == self.rcv_nxt as i64;
-        let duplicate = unwrap(self.iss, self.snd_una, seg.ack) == self.snd_una as i64;
+            && seq == self.rcv_nxt;
+        let duplicate = self.seg_ack(seg) == self.snd_una;
         let no_window_update = ((seg.window as u64) << self.snd_wscale) <= self.snd_wnd;
         let age_ms = self.ts_recent.wrapping_sub(tsval);
         let recent = u128::from(age_ms) <= self.rtt.current_rto().as_millis();
@@ -1971,7 +2001,7 @@ impl Connection {
         match (self.ts_ok && self.ts_recent_valid, seg.options.timestamps) {
             (true, Some((tsval, _))) => ts_before(self.ts_recent, tsval),
             (true, None) => false,
-            (false, _) => unwrap(self.irs, self.rcv_nxt, seg.seq) > self.rcv_nxt as i64,
+            (false, _) => self.seg_seq(seg) > self.rcv_nxt,
         }
     }
 
@@ -1984,8 +2014,8 @@ impl Connection {
     pub(crate) fn set_window_from_ack(&mut self, seg: &Segment<'_>) {
         self.snd_wnd = (seg.window as u64) << self.snd_wscale;
         self.max_snd_wnd = self.snd_wnd;
-        self.snd_wl1 = 1;
-        self.snd_wl2 = 1;
+        self.snd_wl1 = RcvPos::AFTER_SYN;
+        self.snd_wl2 = SndPos::AFTER_SYN;
     }
 
     /// Processes an incoming segment for this connection.
@@ -1998,7 +2028,7 @@ impl Connection {
         self.clock = self.clock.max(now);
         self.queue.resolve(now);
         match self.state {
-            State::Closed => return Err(DropReason::InvalidForState),
+            State::Closed(_) => return Err(DropReason::InvalidForState),
             State::SynSent => return self.on_segment_syn_sent(now, seg),
             _ => {}
         }
@@ -2008,7 +2038,7 @@ impl Connection {
             && flags.syn()
             && !flags.ack()
             && !flags.rst()
-            && seg.seq == self.irs
+            && RcvSeq::new(seg.seq) == self.irs
         {
             self.syn_pending = true;
             self.fo_synack_again(now, false);
@@ -2022,16 +2052,16 @@ impl Connection {
             && flags.syn()
             && flags.ack()
             && !flags.rst()
-            && seg.seq == self.irs
-            && unwrap(self.iss, self.snd_una, seg.ack) == self.snd_nxt as i64
+            && RcvSeq::new(seg.seq) == self.irs
+            && self.seg_ack(seg) == self.snd_nxt
         {
-            self.snd_una = 1;
-            self.sb.ack(1, &mut Delivered::default());
+            self.snd_una = SndPos::AFTER_SYN;
+            self.sb.ack(SndPos::AFTER_SYN, &mut Delivered::default());
             self.timers.cancel(Timer::Retransmission);
             self.snd_wnd = (seg.window as u64) << self.snd_wscale;
             self.max_snd_wnd = self.max_snd_wnd.max(self.snd_wnd);
-            self.snd_wl1 = 0;
-            self.snd_wl2 = 1;
+            self.snd_wl1 = Pos::ZERO;
+            self.snd_wl2 = SndPos::AFTER_SYN;
             self.established(now);
             self.ack_now = true;
             return Ok(());
@@ -2044,8 +2074,8 @@ impl Connection {
         {
             return Err(DropReason::MissingTimestamp);
         }
-        let seq = unwrap(self.irs, self.rcv_nxt, seg.seq);
-        let seg_len = seg.seg_len() as i64;
+        let seq = self.seg_seq(seg);
+        let seg_len = u64::from(seg.seg_len());
         // PAWS (RFC 7323 §5.3 R1), before the sequence check. A segment stamped one tick
         // before TS.Recent is reordering within the peer's clock granularity, not an old
         // duplicate (Linux TCP_PAWS_WINDOW; found by the simulator, seeds 443 and 1179: with
@@ -2067,16 +2097,16 @@ impl Connection {
             }
         }
         // First check: sequence number acceptability (RFC 9293 §3.10.7.4 table).
-        let rcv_nxt = self.rcv_nxt as i64;
-        let wnd = self.rcv_adv.saturating_sub(self.rcv_nxt) as i64;
-        let in_window = |s: i64| rcv_nxt <= s && s < rcv_nxt + wnd;
+        let rcv_nxt = self.rcv_nxt;
+        let wnd = self.rcv_adv.saturating_sub(self.rcv_nxt);
+        let in_window = |s: RcvPos| rcv_nxt <= s && s < rcv_nxt + wnd;
         let acceptable = match (seg_len == 0, wnd == 0) {
             (true, true) => seq == rcv_nxt,
             // A pure ACK exactly at the right edge comes from a sender that filled our window;
             // accepting it (as Linux does) keeps its acknowledgments of our data flowing.
             (true, false) => in_window(seq) || seq == rcv_nxt + wnd,
             (false, true) => false,
-            (false, false) => in_window(seq) || in_window(seq + seg_len - 1),
+            (false, false) => in_window(seq) || in_window(seq + seg_len - 1u64),
         };
         let mut ack_only = false;
         if !acceptable
@@ -2114,12 +2144,12 @@ impl Connection {
                 self.ack_now = true;
             } else {
                 let end = seq + seg_len;
-                if !seg.payload.is_empty() && end <= rcv_nxt && seq >= 0 {
+                if !seg.payload.is_empty() && end <= rcv_nxt && !seq.is_negative() {
                     // A duplicate of data we hold: ACK at once with a D-SACK block (RFC 2883
                     // §4), not rate-limited since data segments do not form ACK loops.
-                    let data_end = end - flags.fin() as i64;
-                    let data_start = data_end - seg.payload.len() as i64;
-                    self.dsack = Some((data_start.max(1) as u64, data_end as u64));
+                    let data_end = end - u64::from(flags.fin());
+                    let data_start = data_end - seg.payload.len() as u64;
+                    self.dsack = Some((data_start.max(RcvPos::AFTER_SYN), data_end));
                     self.ack_now = true;
                     // uTCP hands retransmissions over too: they may carry replacements
                     // (Hollywood §4.2; see crate::utcp).
@@ -2130,9 +2160,9 @@ impl Connection {
                             State::Established | State::FinWait1 | State::FinWait2
                         )
                     {
-                        let skip = (1 - data_start).max(0) as usize;
+                        let skip = RcvPos::AFTER_SYN.saturating_sub(data_start) as usize;
                         if let Some(bytes) = seg.payload.get(skip..) {
-                            let offset = (data_start.max(1) - 1) as u64;
+                            let offset = data_start.max(RcvPos::AFTER_SYN).offset();
                             self.deliver_unordered(offset, bytes, &[]);
                         }
                     }
@@ -2157,7 +2187,7 @@ impl Connection {
                     }
                     State::SynReceived => self.enter_closed(CloseReason::Refused, true),
                     State::Closing | State::LastAck | State::TimeWait => {
-                        self.enter_closed(CloseReason::Normal, self.close_reason.is_none())
+                        self.enter_closed(CloseReason::Normal, self.close_reason().is_none())
                     }
                     _ => self.enter_closed(CloseReason::Reset, true),
                 }
@@ -2183,26 +2213,26 @@ impl Connection {
         // TS.Recent update (RFC 7323 §4.3): SEG.TSval >= TS.Recent and SEG.SEQ =< Last.ACK.sent.
         if self.ts_ok
             && let Some((tsval, _)) = seg.options.timestamps
-            && seq <= self.last_ack_sent as i64
+            && seq <= self.last_ack_sent
             && (!self.ts_recent_valid || !ts_before(tsval, self.ts_recent))
         {
             self.ts_recent = tsval;
             self.ts_recent_valid = true;
             self.ts_recent_age = now;
         }
-        let ack = unwrap(self.iss, self.snd_una, seg.ack);
+        let ack = self.seg_ack(seg);
         let completes_handshake = self.state == State::SynReceived;
         if completes_handshake {
-            if ack > self.snd_una as i64 && ack <= self.snd_nxt as i64 {
-                self.snd_una = 1;
+            if ack > self.snd_una && ack <= self.snd_nxt {
+                self.snd_una = SndPos::AFTER_SYN;
                 // Data sent in SYN-RECEIVED (RFC 7413 §4.2.2) that this ACK covers too is
                 // acknowledged below (`process_ack`). If the SYN-ACK went more than once, the
                 // ACK may answer a retransmission sent after that data: Karn's rule (RFC 6298
                 // §3) allows no sample from it, so the scoreboard forgets it here unsampled.
                 let upto = if self.fo_passive && !self.fo_early_send {
-                    ack as u64
+                    ack
                 } else {
-                    1
+                    SndPos::AFTER_SYN
                 };
                 self.sb.ack(upto, &mut Delivered::default());
                 if self.rto_count == 0
@@ -2213,10 +2243,10 @@ impl Connection {
                 self.timers.cancel(Timer::Retransmission);
                 self.snd_wnd = (seg.window as u64) << self.snd_wscale;
                 self.max_snd_wnd = self.max_snd_wnd.max(self.snd_wnd);
-                self.snd_wl1 = seq as u64;
-                self.snd_wl2 = ack as u64;
+                self.snd_wl1 = seq;
+                self.snd_wl2 = ack;
                 self.fo_early_send = false;
-                if self.snd_nxt > ack as u64 {
+                if self.snd_nxt > ack {
                     self.unacked_since = Some(now);
                 }
                 self.established(now);
@@ -2227,18 +2257,18 @@ impl Connection {
             }
         }
         // RFC 5961 §5.2: acceptable ACKs lie in [SND.UNA - MAX.SND.WND, SND.NXT].
-        if ack > self.snd_nxt as i64 {
+        if ack > self.snd_nxt {
             // RFC 9293 §3.10.7.4: ACK for data not yet sent: send an ACK, drop the segment.
             self.send_invalid_ack(now);
             return Err(DropReason::BadAck);
         }
-        if ack < self.snd_una as i64 - self.max_snd_wnd.max(1) as i64 {
+        if ack < self.snd_una - self.max_snd_wnd.max(1) {
             self.send_challenge_ack(now);
             return Err(DropReason::BadAck);
         }
-        let ack = ack.max(0) as u64;
-        self.process_ack(now, seg, seq.max(0) as u64, ack, completes_handshake);
-        if self.state == State::Closed {
+        let ack = ack.max(Pos::ZERO);
+        self.process_ack(now, seg, seq.max(Pos::ZERO), ack, completes_handshake);
+        if self.state.is_closed() {
             return Ok(());
         }
         // Sixth/seventh: URG is ignored (RFC 6093 recommends against its use; data is inline).
@@ -2246,21 +2276,21 @@ impl Connection {
             // Zero receive window: the ACK was used, the text is dropped.
             return Err(DropReason::OutOfWindow);
         }
-        let payload_start = seq + flags.syn() as i64;
+        let payload_start = seq + u64::from(flags.syn());
         if !seg.payload.is_empty() || flags.fin() {
             match self.state {
                 State::Established | State::FinWait1 | State::FinWait2 => {
                     if self.user_closed && !seg.payload.is_empty() {
-                        let end = payload_start + seg.payload.len() as i64;
-                        if end > self.rcv_nxt as i64 {
+                        let end = payload_start + seg.payload.len();
+                        if end > self.rcv_nxt {
                             // Data after close(): nobody will read it (RFC 9293 §3.6.1).
                             self.rst_pending = true;
                             self.enter_closed(CloseReason::Aborted, false);
                             return Ok(());
                         }
                     }
-                    if payload_start >= 0
-                        && self.process_text(now, payload_start as u64, seg.payload, flags.fin())
+                    if !payload_start.is_negative()
+                        && self.process_text(now, payload_start, seg.payload, flags.fin())
                     {
                         return Err(DropReason::OutOfOrderQueueFull);
                     }
@@ -2291,8 +2321,8 @@ impl Connection {
         &mut self,
         now: Instant,
         seg: &Segment<'_>,
-        seq: u64,
-        ack: u64,
+        seq: RcvPos,
+        ack: SndPos,
         handshake: bool,
     ) {
         let flight_before = self.flight();
@@ -2333,8 +2363,8 @@ impl Connection {
             newly_delivered += res.newly_acked;
             // Stream bytes acknowledged (the FIN is not a stream byte).
             let data_upto = match self.fin_seq {
-                Some(f) if ack > f => f - 1,
-                _ => ack - 1,
+                Some(f) if ack > f => f.offset(),
+                _ => ack.offset(),
             };
             self.queue.ack(data_upto);
             self.last_ack_advance = ack - self.snd_una;
@@ -2535,7 +2565,7 @@ impl Connection {
         self.maybe_enter_recovery(now);
         self.update_send_timers(now);
         self.trace(TraceEvent::Ack {
-            acked_offset: self.snd_una.saturating_sub(1),
+            acked_offset: self.snd_una.get().saturating_sub(1),
             newly_acked: newly_acked_before,
             newly_sacked: new_sack,
             duplicate: newly_acked_before == 0 && (new_sack > 0 || self.dupacks > 0),
@@ -2569,7 +2599,12 @@ impl Connection {
 
     /// RFC 8985 §6.1 and §6.2 steps 2-3: the most recently sent delivered segment, reordering,
     /// and the D-SACK driven widening of the reordering window.
-    fn rack_update(&mut self, now: Instant, delivered: &Delivered, dsack: Option<(i64, i64)>) {
+    fn rack_update(
+        &mut self,
+        now: Instant,
+        delivered: &Delivered,
+        dsack: Option<(SndPos, SndPos)>,
+    ) {
         // A retransmitted segment delivered within min_RTT of its retransmission was most
         // likely delivered by its original transmission: not a RACK sample (§6.1).
         let min_rtt = self
@@ -2637,7 +2672,7 @@ impl Connection {
 
     /// RFC 8985 §7.4: whether the ACK ends a loss probe episode, and whether the probe repaired
     /// a loss (which needs a congestion response).
-    fn tlp_process_ack(&mut self, now: Instant, ack: u64, dsack: Option<(i64, i64)>) {
+    fn tlp_process_ack(&mut self, now: Instant, ack: SndPos, dsack: Option<(SndPos, SndPos)>) {
         let Some(end) = self.tlp.end_seq else { return };
         if ack < end {
             return;
@@ -2645,7 +2680,7 @@ impl Connection {
         if !self.tlp.is_retrans {
             // New data as the probe: RACK takes care of any loss.
             self.tlp.end_seq = None;
-        } else if dsack.is_some_and(|(_, right)| right == end as i64) {
+        } else if dsack.is_some_and(|(_, right)| right == end) {
             // The receiver had the original: nothing was lost.
             self.tlp.end_seq = None;
         } else if ack > end {
@@ -2702,7 +2737,7 @@ impl Connection {
         now: Instant,
         advancing: bool,
         tsecr: Option<u32>,
-        dsack: Option<(i64, i64)>,
+        dsack: Option<(SndPos, SndPos)>,
     ) {
         let ts_ok = self.ts_ok;
         let recovered = self.snd_una >= self.recover;
@@ -2718,10 +2753,7 @@ impl Connection {
                 && self.snd_una > u.una;
         }
         if let Some((l, r)) = dsack
-            && let Some(i) = u
-                .retransmitted
-                .iter()
-                .position(|&(s, e)| l < e as i64 && r > s as i64)
+            && let Some(i) = u.retransmitted.iter().position(|&(s, e)| l < e && r > s)
         {
             u.retransmitted.swap_remove(i);
         }
@@ -2804,7 +2836,7 @@ impl Connection {
         tracing::debug!(
             local = %self.local,
             remote = %self.remote,
-            snd_una = self.snd_una,
+            snd_una = self.snd_una.get(),
             flight,
             cwnd = self.cc.cwnd(),
             ssthresh = self.cc.ssthresh(),
@@ -2826,22 +2858,22 @@ impl Connection {
     fn process_sack(
         &mut self,
         seg: &Segment<'_>,
-        ack_wire_unwrapped: u64,
+        ack: SndPos,
         delivered: &mut Delivered,
-    ) -> (u64, Option<(i64, i64)>) {
+    ) -> (u64, Option<(SndPos, SndPos)>) {
         let mut newly = 0;
         let mut dsack = None;
         let fack_before = self.sb.fack();
         for (i, &(l, r)) in seg.options.sack().iter().enumerate() {
-            let left = unwrap(self.iss, self.snd_una, l);
-            let right = unwrap(self.iss, self.snd_una, r);
+            let left = self.snd_pos(l);
+            let right = self.snd_pos(r);
             // D-SACK (RFC 2883 §4): the first block reports a duplicate if it lies below the
             // cumulative ACK or inside the second block. Tolerated and counted, not applied.
             if i == 0 {
-                let below_ack = right <= ack_wire_unwrapped as i64;
+                let below_ack = right <= ack;
                 let inside_second = seg.options.sack().get(1).is_some_and(|&(l2, r2)| {
-                    let l2 = unwrap(self.iss, self.snd_una, l2);
-                    let r2 = unwrap(self.iss, self.snd_una, r2);
+                    let l2 = self.snd_pos(l2);
+                    let r2 = self.snd_pos(r2);
                     left >= l2 && right <= r2
                 });
                 if below_ack || inside_second {
@@ -2851,29 +2883,27 @@ impl Connection {
                 }
             }
             // Ignore blocks that are empty or outside what is outstanding.
-            if left >= right || left < self.snd_una as i64 || right > self.snd_nxt as i64 {
+            if left >= right || left < self.snd_una || right > self.snd_nxt {
                 continue;
             }
             // Hollywood §4.2: a message the receiver holds part of is never replaced.
             self.queue
-                .mark_received((left as u64).saturating_sub(1), right as u64 - 1);
-            newly += self
-                .sb
-                .sack(left as u64, right as u64, fack_before, delivered);
+                .mark_received(left.get().saturating_sub(1), right.offset());
+            newly += self.sb.sack(left, right, fack_before, delivered);
         }
         (newly, dsack)
     }
 
     /// Accepts segment text and FIN (RFC 9293 §3.10.7.4 seventh and eighth checks).
     /// Returns whether out-of-order data was dropped for lack of room.
-    fn process_text(&mut self, now: Instant, start: u64, payload: &[u8], fin: bool) -> bool {
+    fn process_text(&mut self, now: Instant, start: RcvPos, payload: &[u8], fin: bool) -> bool {
         let mut data = payload;
         let mut fin = fin;
         let mut start = start;
-        if start == 0 {
+        if start == Pos::ZERO {
             // Text claiming the SYN's sequence number: that octet is not data.
             data = data.get(1..).unwrap_or(&[]);
-            start = 1;
+            start = RcvPos::AFTER_SYN;
         }
         // Trim to the advertised window's right edge; a FIN beyond it is dropped with the data.
         // Nothing is accepted beyond a FIN already seen.
@@ -2881,7 +2911,7 @@ impl Connection {
         if let Some(f) = self.peer_fin_at {
             right = right.min(f);
         }
-        let end = start + data.len() as u64;
+        let end = start + data.len();
         if end > right {
             let keep = right.saturating_sub(start) as usize;
             data = &data[..keep.min(data.len())];
@@ -2898,7 +2928,7 @@ impl Connection {
         }
         let had_ooo = self.recv.ooo_bytes() > 0;
         // Stream offset of the segment: position 1 is stream offset 0.
-        let stream_start = start.saturating_sub(1);
+        let stream_start = start.offset();
         let outcome = if data.is_empty() || self.peer_fin_processed {
             Default::default()
         } else if self.unordered.is_some() {
@@ -2915,21 +2945,21 @@ impl Connection {
             self.recv.insert(stream_start, data)
         };
         if fin {
-            let fin_pos = start + data.len() as u64;
+            let fin_pos = start + data.len();
             self.peer_fin_at = Some(fin_pos);
         }
         if outcome.out_of_order && !outcome.dropped {
             self.note_sack_block(stream_start);
         }
         let prev_rcv_nxt = self.rcv_nxt;
-        self.rcv_nxt = self.recv.next() + 1;
+        self.rcv_nxt = RcvPos::of_offset(self.recv.next());
         // FIN in order?
         if let Some(f) = self.peer_fin_at
             && !self.peer_fin_processed
             && f == self.rcv_nxt
         {
             self.peer_fin_processed = true;
-            self.rcv_nxt += 1;
+            self.rcv_nxt += 1u64;
             self.ack_now = true;
             self.events.push(ConnEvent::PeerFin);
             match self.state {
@@ -3081,10 +3111,7 @@ impl Connection {
         let max = if self.ts_ok { 3 } else { 4 };
         let mut n = 0usize;
         if let Some((s, e)) = self.dsack {
-            out.sack_blocks[0] = (
-                self.irs.wrapping_add(s as u32),
-                self.irs.wrapping_add(e as u32),
-            );
+            out.sack_blocks[0] = (s.wire(self.irs).get(), e.wire(self.irs).get());
             n = 1;
             out.sack_block_count = 1;
         }
@@ -3094,17 +3121,16 @@ impl Connection {
         let ranges = self.recv.ooo_ranges();
         let first_regular = n;
         let mut push = |out: &mut OutOptions, (s, e): (u64, u64)| {
+            // Stream offsets to the peer's sequence numbers.
+            let wire = |offset| RcvPos::of_offset(offset).wire(self.irs).get();
             if n >= max
                 || out.sack_blocks[first_regular..n]
                     .iter()
-                    .any(|&(l, _)| l == self.irs.wrapping_add((s + 1) as u32))
+                    .any(|&(l, _)| l == wire(s))
             {
                 return;
             }
-            out.sack_blocks[n] = (
-                self.irs.wrapping_add((s + 1) as u32),
-                self.irs.wrapping_add((e + 1) as u32),
-            );
+            out.sack_blocks[n] = (wire(s), wire(e));
             n += 1;
             out.sack_block_count = n as u8;
         };
@@ -3134,7 +3160,7 @@ impl Connection {
         o
     }
 
-    fn header(&mut self, seq: u64, flags: TcpFlags, window: u16) -> OutHeader {
+    fn header(&mut self, seq: SndPos, flags: TcpFlags, window: u16) -> OutHeader {
         self.ip_id = self.ip_id.wrapping_add(1);
         OutHeader {
             src: self.local,
@@ -3169,12 +3195,12 @@ impl Connection {
     /// Writes the next segment this connection wants to send into `buf`.
     pub(crate) fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
         self.clock = self.clock.max(now);
-        if self.close_reason.is_none() {
+        if self.close_reason().is_none() {
             self.queue.expire(now);
         }
         if self.rst_pending {
             // RFC 9293 §3.10.5 ABORT: <SEQ=SND.NXT><CTL=RST>; Linux adds the ACK.
-            let flags = if self.rcv_nxt > 0 {
+            let flags = if self.rcv_nxt > Pos::ZERO {
                 TcpFlags::RST | TcpFlags::ACK
             } else {
                 TcpFlags::RST
@@ -3187,7 +3213,7 @@ impl Connection {
         }
         if let Some(ack) = self.rst_reply_pending {
             // <SEQ=SEG.ACK><CTL=RST> for an unacceptable ACK (RFC 9293 §3.10.7.3/4).
-            let mut hdr = self.header(0, TcpFlags::RST, 0);
+            let mut hdr = self.header(Pos::ZERO, TcpFlags::RST, 0);
             hdr.seq = ack;
             let n = wire::write_packet(buf, &hdr, &OutOptions::default(), 0, |_| {})?;
             self.rst_reply_pending = None;
@@ -3195,7 +3221,7 @@ impl Connection {
             return Some(n);
         }
         match self.state {
-            State::Closed => return None,
+            State::Closed(_) => return None,
             State::SynSent | State::SynReceived if self.syn_pending => {
                 return self.send_syn(now, buf);
             }
@@ -3228,7 +3254,7 @@ impl Connection {
                 self.keepalive_pending = false;
                 // RFC 9293 §3.8.4: a segment with SEG.SEQ = SND.NXT - 1 and no data.
                 self.counters.keepalive_probes += 1;
-                return self.send_ack(now, buf, self.snd_nxt.saturating_sub(1));
+                return self.send_ack(now, buf, self.snd_nxt.saturating_back(1));
             }
         }
         if self.fo_early_send_allowed()
@@ -3310,7 +3336,7 @@ impl Connection {
             }
         }
         let window = self.syn_window();
-        let hdr = self.header(0, flags, window);
+        let hdr = self.header(Pos::ZERO, flags, window);
         let queue = &mut self.queue;
         let n = wire::write_packet(buf, &hdr, &opts, syn_data, |out| {
             if !out.is_empty() {
@@ -3329,11 +3355,11 @@ impl Connection {
             });
             self.counters.bytes_sent += syn_data as u64;
             // SND.NXT covers the data; it moves back to what the SYN-ACK acknowledges.
-            self.snd_nxt = 1 + syn_data as u64;
+            self.snd_nxt = SndPos::of_offset(syn_data as u64);
         }
         self.syn_pending = false;
-        if self.snd_nxt == 0 {
-            self.snd_nxt = 1;
+        if self.snd_nxt == Pos::ZERO {
+            self.snd_nxt = SndPos::AFTER_SYN;
         }
         if self.rto_count == 0 {
             self.syn_sent_at = Some(now);
@@ -3443,7 +3469,7 @@ impl Connection {
         let payload_len = (seg_len - fin as u64) as usize;
         // After a timeout every outstanding segment is presumed lost without evidence: only
         // copies of messages in flight may fill such a range (`replace_expired_with`).
-        self.replace_expired(now, start - 1, payload_len, !self.rto_recovery);
+        self.replace_expired(now, start.offset(), payload_len, !self.rto_recovery);
         let n = self.emit_data(now, buf, start, payload_len, fin, &opts, true)?;
         self.sb.on_retransmit(index, now);
         self.counters.packets_retransmitted += 1;
@@ -3518,13 +3544,13 @@ impl Connection {
         &mut self,
         now: Instant,
         buf: &mut [u8],
-        start: u64,
+        start: SndPos,
         payload_len: usize,
         fin: bool,
         opts: &OutOptions,
         retransmission: bool,
     ) -> Option<usize> {
-        let stream_start = start - 1;
+        let stream_start = start.offset();
         let mut flags = TcpFlags::ACK;
         if fin {
             flags |= TcpFlags::FIN;
@@ -3605,7 +3631,7 @@ impl Connection {
         let unsent = self
             .queue
             .end()
-            .saturating_sub(self.snd_nxt.saturating_sub(1));
+            .saturating_sub(self.snd_nxt.get().saturating_sub(1));
         let wants_more = unsent > self.cwnd_allowance() && self.recovery.is_none();
         let min_rtt = self.rtt.min_rtt();
         let iw = self.effective_mss() as u64 * u64::from(self.cfg.initial_window.max(1));
@@ -3614,12 +3640,12 @@ impl Connection {
         };
         let action = r.on_ack(
             iw,
-            self.snd_una,
+            self.snd_una.get(),
             acked,
             cwnd,
             min_rtt,
             wants_more,
-            self.snd_nxt,
+            self.snd_nxt.get(),
         );
         self.apply_resume(action);
     }
@@ -3685,9 +3711,9 @@ impl Connection {
             && self.state == State::SynReceived
             && self.passive
             && !self.syn_pending
-            && self.snd_nxt >= 1
+            && self.snd_nxt >= SndPos::AFTER_SYN
             && self.rto_count == 0
-            && self.close_reason.is_none()
+            && self.close_reason().is_none()
     }
 
     /// The SYN-ACK of a Fast Open passive open goes again (its timer expired, `timeout`, or
@@ -3697,11 +3723,11 @@ impl Connection {
     /// SYN-ACK carries none. A timeout also takes the congestion response of an RTO with
     /// data outstanding (RFC 5681 §3.1, RFC 6298 §5, as Linux's `tcp_enter_loss`).
     fn fo_synack_again(&mut self, now: Instant, timeout: bool) {
-        if !self.fo_passive || self.snd_una > 0 {
+        if !self.fo_passive || self.snd_una > Pos::ZERO {
             return;
         }
         self.fo_early_send = false;
-        if self.snd_nxt <= 1 {
+        if self.snd_nxt <= SndPos::AFTER_SYN {
             return;
         }
         if timeout {
@@ -3718,7 +3744,7 @@ impl Connection {
         if !early && !self.can_send_data_state() {
             return None;
         }
-        let data_next = self.snd_nxt - 1;
+        let data_next = self.snd_nxt.offset();
         let unsent = self.queue.end().saturating_sub(data_next);
         let fin_wanted = self.fin_queued
             && matches!(
@@ -3804,17 +3830,17 @@ impl Connection {
         let fin = fin_wanted && all_fits;
         let start = self.snd_nxt;
         let n = self.emit_data(now, buf, start, len, fin, &opts, false)?;
-        let end = start + len as u64 + fin as u64;
+        let end = start + len + u64::from(fin);
         self.sb.on_send(start, end, fin, now);
         if self.flight() == 0 {
             self.unacked_since = Some(now);
         }
         self.snd_nxt = end;
         if let Some(r) = self.resume.as_mut() {
-            r.on_send(now, start, end, self.rtt.srtt());
+            r.on_send(now, start.get(), end.get(), self.rtt.srtt());
         }
         if fin {
-            self.fin_seq = Some(end - 1);
+            self.fin_seq = Some(end - 1u64);
         }
         self.max_flight_recent = self.max_flight_recent.max(self.flight());
         if !self.timers.is_armed(Timer::Retransmission) {
@@ -3837,7 +3863,7 @@ impl Connection {
         if limit == 0 {
             return None;
         }
-        let data_next = self.snd_nxt - 1;
+        let data_next = self.snd_nxt.offset();
         let unsent = self.queue.end().saturating_sub(data_next);
         let wnd_room = self.send_right_edge().saturating_sub(self.snd_nxt);
         let room = wnd_room.min(limit as u64).min(self.effective_mss() as u64) as usize;
@@ -3866,11 +3892,11 @@ impl Connection {
             let fin = fin_wanted && new_len as u64 == unsent;
             let start = self.snd_nxt;
             let n = self.emit_data(now, buf, start, new_len, fin, &opts, false)?;
-            let end = start + new_len as u64 + fin as u64;
+            let end = start + new_len + u64::from(fin);
             self.sb.on_send(start, end, fin, now);
             self.snd_nxt = end;
             if fin {
-                self.fin_seq = Some(end - 1);
+                self.fin_seq = Some(end - 1u64);
             }
             self.tlp.is_retrans = false;
             self.tlp.probe = None;
@@ -3880,9 +3906,9 @@ impl Connection {
             self.fit_sack_blocks(&mut opts, last, buf.len());
             let limit = self.payload_limit(&opts, buf.len());
             let (index, start, end, fin) = self.sb.limit_segment_tail(last, limit as u64)?;
-            let payload_len = (end - start - fin as u64) as usize;
+            let payload_len = (end - start - u64::from(fin)) as usize;
             // A probe resends a segment nothing shows lost.
-            self.replace_expired(now, start - 1, payload_len, false);
+            self.replace_expired(now, start.offset(), payload_len, false);
             let n = self.emit_data(now, buf, start, payload_len, fin, &opts, true)?;
             self.sb.on_retransmit(index, now);
             self.counters.packets_retransmitted += 1;
@@ -3923,18 +3949,18 @@ impl Connection {
                 s
             }
             _ => {
-                let data_next = self.snd_nxt - 1;
+                let data_next = self.snd_nxt.offset();
                 if self.queue.end() <= data_next || self.fin_seq.is_some() {
                     return None;
                 }
                 let s = self.snd_nxt;
-                self.sb.on_send(s, s + 1, false, now);
-                self.snd_nxt += 1;
+                self.sb.on_send(s, s + 1u64, false, now);
+                self.snd_nxt += 1u64;
                 self.zwp_seq = Some(s);
                 s
             }
         };
-        let repeated = start < self.snd_nxt - 1;
+        let repeated = start < self.snd_nxt - 1u64;
         let n = self.emit_data(now, buf, start, 1, false, &opts, repeated)?;
         self.counters.zero_window_probes += 1;
         self.trace(TraceEvent::WindowProbe);
@@ -3943,7 +3969,7 @@ impl Connection {
         Some(n)
     }
 
-    fn send_ack(&mut self, now: Instant, buf: &mut [u8], seq: u64) -> Option<usize> {
+    fn send_ack(&mut self, now: Instant, buf: &mut [u8], seq: SndPos) -> Option<usize> {
         let mut opts = self.base_options(now);
         self.sack_blocks(&mut opts);
         let window = self.window_to_advertise();

@@ -15,6 +15,7 @@ use crate::error::{DropReason, Error};
 use crate::resume::{PathCache, SavedPath};
 use crate::secret::Secret;
 use crate::send_queue::{MessageReport, Padder, SendQueue, WriteTag};
+use crate::seq::RcvSeq;
 use crate::syncookie;
 use crate::utcp::ReceivedSegment;
 use crate::wire::{self, FastOpenCookie, OutHeader, OutOptions, Segment, TcpFlags, is_non_unicast};
@@ -1054,7 +1055,7 @@ impl Endpoint {
             }
         }
         let state = conn.state();
-        let closed = state == State::Closed;
+        let closed = state.is_closed();
         // The connection's end (TIME-WAIT, or CLOSED from LAST-ACK, a reset or a timeout):
         // what it observed of the path goes into the cache (RFC 9040 §4).
         if (closed || state == State::TimeWait) && !slot.path_saved {
@@ -1135,10 +1136,7 @@ impl Endpoint {
         }
         // Free the slot once the connection is closed, its last packet sent, and nobody holds
         // the handle. A passive connection not yet accepted is dropped from its accept queue.
-        let closed_now = slot
-            .conn
-            .as_ref()
-            .is_some_and(|c| c.state() == State::Closed);
+        let closed_now = slot.conn.as_ref().is_some_and(|c| c.state().is_closed());
         if closed_now && !rst_pending && !slot.owned {
             let has_rst = slot.conn.as_ref().is_some_and(|c| c.has_pending_rst());
             if !has_rst {
@@ -1363,7 +1361,7 @@ impl Endpoint {
             return Err(DropReason::TooManyConnections);
         }
         let syn = PeerSyn {
-            irs: seg.seq,
+            irs: RcvSeq::new(seg.seq),
             mss: seg.options.mss,
             window_scale: seg.options.window_scale,
             sack_permitted: seg.options.sack_permitted,
@@ -1571,7 +1569,7 @@ impl Endpoint {
             _ => (None, false, None),
         };
         let syn = PeerSyn {
-            irs: client_isn,
+            irs: RcvSeq::new(client_isn),
             mss: Some(mss),
             window_scale: wscale,
             sack_permitted: sack,

@@ -164,6 +164,7 @@ mod rtt;
 mod scoreboard;
 mod secret;
 mod send_queue;
+mod seq;
 mod syncookie;
 pub mod trace;
 pub mod utcp;

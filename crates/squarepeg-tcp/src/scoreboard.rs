@@ -9,11 +9,13 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::seq::SndPos;
+
 #[derive(Clone, Debug)]
 pub(crate) struct SentSegment {
-    pub start: u64,
+    pub start: SndPos,
     /// Exclusive end, including the FIN's sequence number if `fin`.
-    pub end: u64,
+    pub end: SndPos,
     pub fin: bool,
     pub sent_at: Instant,
     /// Transmission number of the latest transmission (increasing in send order, so that RACK
@@ -56,7 +58,7 @@ pub(crate) struct AckResult {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Transmission {
     pub xmit: u64,
-    pub end: u64,
+    pub end: SndPos,
     pub sent_at: Instant,
 }
 
@@ -78,7 +80,7 @@ pub(crate) struct Delivered {
 }
 
 impl Delivered {
-    fn note(&mut self, seg: &SentSegment, fack_before: u64, sacked: bool) {
+    fn note(&mut self, seg: &SentSegment, fack_before: SndPos, sacked: bool) {
         let key = Transmission {
             xmit: seg.xmit,
             end: seg.end,
@@ -105,7 +107,7 @@ pub(crate) struct Scoreboard {
     lost_bytes: u64,
     retrans_out_bytes: u64,
     /// Highest end of any segment delivered so far (RACK.fack).
-    fack: u64,
+    fack: SndPos,
     /// Next transmission number.
     next_xmit: u64,
     /// Segment counts matching the byte counters above (for the pipe in segments).
@@ -124,7 +126,7 @@ impl Scoreboard {
     }
 
     /// Highest end of any segment delivered so far (RACK.fack).
-    pub fn fack(&self) -> u64 {
+    pub fn fack(&self) -> SndPos {
         self.fack
     }
 
@@ -140,7 +142,7 @@ impl Scoreboard {
             .saturating_sub(self.sacked_segs + self.lost_segs)
     }
 
-    pub fn on_send(&mut self, start: u64, end: u64, fin: bool, now: Instant) {
+    pub fn on_send(&mut self, start: SndPos, end: SndPos, fin: bool, now: Instant) {
         self.next_xmit += 1;
         self.segs.push_back(SentSegment {
             start,
@@ -157,19 +159,19 @@ impl Scoreboard {
     }
 
     /// Records that the segment containing `pos` went out again (a repeated probe).
-    pub fn on_resend_at(&mut self, pos: u64, now: Instant) {
+    pub fn on_resend_at(&mut self, pos: SndPos, now: Instant) {
         if let Some(i) = self.index_of(pos) {
             self.on_retransmit(i, now);
         }
     }
 
-    fn index_of(&self, pos: u64) -> Option<usize> {
+    fn index_of(&self, pos: SndPos) -> Option<usize> {
         let i = self.segs.partition_point(|s| s.end <= pos);
         (i < self.segs.len() && self.segs[i].start <= pos).then_some(i)
     }
 
     /// Splits the segment containing `at` so that a segment starts exactly at `at`.
-    fn split_at(&mut self, at: u64) {
+    fn split_at(&mut self, at: SndPos) {
         let Some(i) = self.index_of(at) else { return };
         let seg = &mut self.segs[i];
         if seg.start == at {
@@ -196,7 +198,7 @@ impl Scoreboard {
     }
 
     /// Splits the segment at `index` so that it is at most `max` long; returns its bounds.
-    pub fn limit_segment(&mut self, index: usize, max: u64) -> Option<(u64, u64, bool)> {
+    pub fn limit_segment(&mut self, index: usize, max: u64) -> Option<(SndPos, SndPos, bool)> {
         let seg = self.segs.get(index)?;
         let payload = seg.len() - seg.fin as u64;
         if payload > max && max > 0 {
@@ -212,7 +214,7 @@ impl Scoreboard {
         &mut self,
         index: usize,
         max: u64,
-    ) -> Option<(usize, u64, u64, bool)> {
+    ) -> Option<(usize, SndPos, SndPos, bool)> {
         let seg = self.segs.get(index)?;
         let payload = seg.len() - seg.fin as u64;
         let mut index = index;
@@ -225,7 +227,7 @@ impl Scoreboard {
     }
 
     /// Removes everything below `upto`, noting newly delivered segments in `delivered`.
-    pub fn ack(&mut self, upto: u64, delivered: &mut Delivered) -> AckResult {
+    pub fn ack(&mut self, upto: SndPos, delivered: &mut Delivered) -> AckResult {
         let fack_before = self.fack;
         let mut res = AckResult::default();
         let mut newest: Option<(Instant, bool)> = None;
@@ -281,9 +283,9 @@ impl Scoreboard {
     /// (`fack_before`: [`fack`](Scoreboard::fack) before this ACK); returns bytes newly SACKed.
     pub fn sack(
         &mut self,
-        left: u64,
-        right: u64,
-        fack_before: u64,
+        left: SndPos,
+        right: SndPos,
+        fack_before: SndPos,
         delivered: &mut Delivered,
     ) -> u64 {
         if left >= right {
@@ -539,12 +541,16 @@ impl Scoreboard {
 mod tests {
     use super::*;
 
+    fn p(n: u64) -> SndPos {
+        SndPos::new(n)
+    }
+
     #[test]
     fn a_spurious_timeout_clears_the_lost_marks_of_what_was_not_resent() {
         let now = Instant::now();
         let mut sb = Scoreboard::default();
         for i in 0..4u64 {
-            sb.on_send(1 + i * 100, 1 + (i + 1) * 100, false, now);
+            sb.on_send(p(1 + i * 100), p(1 + (i + 1) * 100), false, now);
         }
         sb.mark_all_lost();
         assert_eq!(sb.lost_bytes(), 400);
@@ -570,11 +576,11 @@ mod tests {
         let now = Instant::now();
         let mut sb = Scoreboard::default();
         for i in 0..6u64 {
-            sb.on_send(1 + i * 100, 1 + (i + 1) * 100, false, now);
+            sb.on_send(p(1 + i * 100), p(1 + (i + 1) * 100), false, now);
         }
         // Segment 0 lost; 1..=3 SACKed.
         let mut d = Delivered::default();
-        sb.sack(101, 401, 0, &mut d);
+        sb.sack(p(101), p(401), p(0), &mut d);
         assert_eq!(d.sacked_sample_sent_at, Some(now));
         assert!(!d.reordering);
         assert!(sb.mark_lost(3, 100));
@@ -586,7 +592,7 @@ mod tests {
         assert_eq!(sb.pipe(600), 300);
         assert_eq!(sb.holes(), 1);
         sb.check_invariants();
-        let r = sb.ack(401, &mut d);
+        let r = sb.ack(p(401), &mut d);
         assert_eq!(r.newly_acked, 100);
         assert!(r.rtt_sent_at.is_none());
         sb.check_invariants();
@@ -598,12 +604,12 @@ mod tests {
         let now = Instant::now();
         let mut sb = Scoreboard::default();
         for i in 0..4u64 {
-            sb.on_send(1 + i * 100, 1 + (i + 1) * 100, false, now);
+            sb.on_send(p(1 + i * 100), p(1 + (i + 1) * 100), false, now);
         }
         assert_eq!(sb.pipe_segments(), 4);
         let mut d = Delivered::default();
         // A SACK of half of segment 1 splits it: 5 entries, one SACKed.
-        sb.sack(151, 201, 0, &mut d);
+        sb.sack(p(151), p(201), p(0), &mut d);
         sb.check_invariants();
         assert_eq!(sb.pipe_segments(), 4);
         sb.mark_lost(1, 100);
@@ -614,7 +620,7 @@ mod tests {
         // A receiver acknowledging segment 2 byte by byte makes it count once.
         let mut whole = 0;
         for upto in 202..=301 {
-            whole += sb.ack(upto, &mut d).whole_segments;
+            whole += sb.ack(p(upto), &mut d).whole_segments;
             sb.check_invariants();
         }
         // Segments 0 and 2 (and the SACKed tail of 1, already counted as delivered).
@@ -628,10 +634,10 @@ mod tests {
     fn partial_sack_and_ack_split_segments() {
         let now = Instant::now();
         let mut sb = Scoreboard::default();
-        sb.on_send(1, 1001, false, now);
+        sb.on_send(p(1), p(1001), false, now);
         let mut d = Delivered::default();
-        assert_eq!(sb.sack(501, 1001, 0, &mut d), 500);
-        let r = sb.ack(301, &mut d);
+        assert_eq!(sb.sack(p(501), p(1001), p(0), &mut d), 500);
+        let r = sb.ack(p(301), &mut d);
         assert_eq!(r.newly_acked, 300);
         sb.check_invariants();
         sb.mark_all_lost();

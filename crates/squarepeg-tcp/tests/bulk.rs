@@ -131,7 +131,7 @@ fn small_transfer_v4() {
     let h = t.client.unwrap();
     let st = pump.a.connection(h).map(|c| c.state());
     assert!(
-        matches!(st, Some(State::TimeWait) | Some(State::Closed)),
+        matches!(st, Some(State::TimeWait) | Some(State::Closed(_))),
         "{st:?}"
     );
 }

@@ -317,7 +317,10 @@ fn active_close_fin_wait_time_wait() {
     h.inject(&h.pkt(FIN | ACK, IRS + 5, iss + 2)).unwrap();
     assert_eq!(h.out1().ack, IRS + 6);
     assert_eq!(h.fire_next_timer(), Duration::from_secs(30));
-    assert_eq!(h.ep.connection(c).unwrap().state(), State::Closed);
+    assert_eq!(
+        h.ep.connection(c).unwrap().state(),
+        State::Closed(CloseReason::Normal)
+    );
     h.ep.close(h.now, c).unwrap();
     assert_eq!(h.ep.connection_count(), 0);
 }
@@ -355,7 +358,10 @@ fn passive_close_close_wait_last_ack() {
     assert_eq!(segs[0].payload, b"bye");
     assert_eq!(h.ep.connection(c).unwrap().state(), State::LastAck);
     h.inject(&h.pkt(ACK, IRS + 2, iss + 5)).unwrap();
-    assert_eq!(h.ep.connection(c).unwrap().state(), State::Closed);
+    assert_eq!(
+        h.ep.connection(c).unwrap().state(),
+        State::Closed(CloseReason::Normal)
+    );
     assert_eq!(h.events(), vec![Event::Closed(c, CloseReason::Normal)]);
 }
 

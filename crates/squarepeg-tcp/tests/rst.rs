@@ -352,7 +352,10 @@ fn paws_rejects_old_timestamps() {
     // RST is exempt from PAWS (RFC 7323 §5.3): an exact RST with an old TS resets.
     h.inject(&h.pkt(RST, IRS.wrapping_add(8), 0).opt(Opt::Ts(5, 0)))
         .unwrap();
-    assert_eq!(h.ep.connection(c).unwrap().state(), State::Closed);
+    assert_eq!(
+        h.ep.connection(c).unwrap().state(),
+        State::Closed(CloseReason::Reset)
+    );
 }
 
 #[test]

@@ -454,7 +454,10 @@ impl TcpHost {
             }
             Event::Closed(h, reason) => {
                 if let Some(&i) = self.by_handle.get(&h) {
-                    let state = self.ep.connection(h).map_or(State::Closed, |c| c.state());
+                    let state = self
+                        .ep
+                        .connection(h)
+                        .map_or(State::Closed(reason), |c| c.state());
                     let c = &mut self.conns[i];
                     if c.closed.is_none() {
                         c.closed = Some((reason, state, now));
@@ -999,11 +1002,11 @@ impl World {
                     return Err(format!("{who}: digest of the received stream differs"));
                 }
                 match c.closed {
-                    Some((CloseReason::Normal, State::TimeWait | State::Closed, _)) => {}
+                    Some((CloseReason::Normal, State::TimeWait | State::Closed(_), _)) => {}
                     other => return Err(format!("{who}: ended {other:?}, expected Normal")),
                 }
-                let both_closed = matches!(c.closed, Some((_, State::Closed, _)))
-                    && matches!(p.closed, Some((_, State::Closed, _)));
+                let both_closed = matches!(c.closed, Some((_, State::Closed(_), _)))
+                    && matches!(p.closed, Some((_, State::Closed(_), _)));
                 if both_closed {
                     return Err(format!(
                         "{who}: neither side went through TIME-WAIT (RFC 9293 §3.6)"
@@ -1043,7 +1046,7 @@ impl World {
             for c in &host.conns {
                 if let Some(h) = c.handle
                     && let Some(conn) = host.ep.connection(h)
-                    && conn.state() != State::Closed
+                    && !conn.state().is_closed()
                 {
                     return Err(format!(
                         "{} {} -> {}: still {:?} when the network went idle",
