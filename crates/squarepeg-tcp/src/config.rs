@@ -266,6 +266,13 @@ pub struct EndpointConfig {
     /// while the same SYN without data got through (RFC 7413 §4.1.3, Linux's TFO blackhole
     /// detection, whose first period is an hour).
     pub fast_open_blackhole: Duration,
+    /// How often the server's Fast Open cookie key changes (RFC 7413 §4.1.2 asks servers to
+    /// change it regularly, so that a cookie once learned does not open the server for ever):
+    /// a cookie is accepted during the period it was made in and the next one, so for one to
+    /// two periods, and a client that presents one of the previous period gets the new one in
+    /// the SYN-ACK. `None`: one key for the endpoint's life (Linux's default, where the key
+    /// changes only when an administrator sets `tcp_fastopen_key`).
+    pub fast_open_key_period: Option<Duration>,
     /// The per-host path state kept for RFC 9040 temporal sharing and Careful Resume
     /// ([`crate::resume::PathCache`]): bounded in entries, entries expire.
     pub path_cache: crate::resume::PathCacheConfig,
@@ -284,6 +291,7 @@ impl Default for EndpointConfig {
             local_addresses: Vec::new(),
             fast_open_cache_size: 1024,
             fast_open_blackhole: Duration::from_secs(3600),
+            fast_open_key_period: Some(Duration::from_secs(24 * 3600)),
             path_cache: crate::resume::PathCacheConfig::default(),
         }
     }

@@ -108,6 +108,9 @@ pub struct FastOpenStats {
     pub syn_data_accepted: u64,
     /// SYNs with an invalid cookie (data dropped).
     pub cookies_refused: u64,
+    /// Of `cookies_accepted`, those made with the previous key period's key (answered with a
+    /// cookie of the current one).
+    pub cookies_of_previous_key: u64,
     /// SYNs with a valid cookie and data handled as ordinary SYNs because the listener had
     /// `fast_open_max_pending` Fast Open connections in the handshake (RFC 7413 §5.1).
     pub pending_overflows: u64,
@@ -1381,13 +1384,19 @@ impl Endpoint {
         let mut reply_cookie = None;
         let mut take_data = false;
         if let Some(cookie) = fast_open {
-            let valid = self.fast_open_cookie(seg);
+            let (valid, previous) = self.fast_open_cookies(now, seg);
             let stats = &mut self.stats.fast_open;
             if cookie.is_request() {
                 stats.cookie_requests_received += 1;
                 reply_cookie = Some(valid);
-            } else if cookie == valid {
+            } else if cookie == valid || Some(cookie) == previous {
                 stats.cookies_accepted += 1;
+                if cookie != valid {
+                    // Still good for one more period; the SYN-ACK brings the new one
+                    // (RFC 7413 §4.1.2: the server may send a new cookie at any time).
+                    stats.cookies_of_previous_key += 1;
+                    reply_cookie = Some(valid);
+                }
                 let pending = self.listener_mut(lh).map_or(0, |l| l.fo_pending);
                 if !seg.payload.is_empty() {
                     if pending < max_pending {
@@ -1408,7 +1417,13 @@ impl Endpoint {
             }
         }
         if take_data {
-            let conn = Connection::new_passive_fast_open(params, &syn, seg.payload);
+            let mut conn = Connection::new_passive_fast_open(params, &syn, seg.payload);
+            if let Some(c) = reply_cookie {
+                // A cookie of the previous key period: the data is taken, and the SYN-ACK
+                // brings the current cookie.
+                conn.set_fast_open_reply(c);
+                self.stats.fast_open.cookies_sent += 1;
+            }
             let handle = self.insert(conn, false, Some(lh), true);
             let slot = &mut self.slots[handle.index as usize];
             slot.fo_pending = true;
@@ -1430,12 +1445,29 @@ impl Endpoint {
         Ok(())
     }
 
-    /// The Fast Open cookie for the client of `seg` (RFC 7413 §4.1.2): a MAC of its address
-    /// under the endpoint's secret. No rotation: a new secret (a new endpoint) invalidates
-    /// every cookie, and clients fall back to a cookie request.
-    fn fast_open_cookie(&self, seg: &Segment<'_>) -> FastOpenCookie {
-        let mac = self.secret.fast_open_cookie(&seg.src.ip(), &seg.dst.ip());
-        FastOpenCookie::new(&mac).unwrap_or(FastOpenCookie::REQUEST)
+    /// The Fast Open cookie for the client of `seg` now, and the one of the key period before
+    /// (still accepted), if keys rotate (RFC 7413 §4.1.2: a MAC of its address under the
+    /// endpoint's secret and the period's number,
+    /// [`EndpointConfig::fast_open_key_period`](crate::EndpointConfig::fast_open_key_period)).
+    /// A cookie is thus good for one to two periods; a new secret (a new endpoint)
+    /// invalidates every cookie, and clients fall back to a cookie request.
+    fn fast_open_cookies(
+        &self,
+        now: Instant,
+        seg: &Segment<'_>,
+    ) -> (FastOpenCookie, Option<FastOpenCookie>) {
+        let epoch = self.config.fast_open_key_period.map_or(0, |period| {
+            let since = now.saturating_duration_since(self.shared.epoch);
+            (since.as_nanos() / period.as_nanos().max(1)) as u64
+        });
+        let cookie = |epoch| {
+            let mac = self
+                .secret
+                .fast_open_cookie(epoch, &seg.src.ip(), &seg.dst.ip());
+            FastOpenCookie::new(&mac).unwrap_or(FastOpenCookie::REQUEST)
+        };
+        let previous = epoch.checked_sub(1).map(cookie);
+        (cookie(epoch), previous)
     }
 
     /// Takes what a connection learned about Fast Open into the cache and the counters.

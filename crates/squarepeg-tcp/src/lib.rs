@@ -64,8 +64,11 @@
 //! cookies ([`FastOpenEntry`], with a one-line text form) so a tool can keep them across runs.
 //!
 //! **Server.** The cookie is 8 bytes of a keyed SHA-256 over the client's and our IP
-//! addresses under the endpoint's secret (§4.1.2); there is no rotation — a new secret (a new
-//! endpoint) invalidates all cookies and clients fall back to a cookie request. A SYN with a
+//! addresses and the number of the current key period under the endpoint's secret (§4.1.2:
+//! keys change, [`EndpointConfig::fast_open_key_period`], a day by default): a cookie is good
+//! in its period and the next, and one of the previous period is answered with the current
+//! one; a new secret (a new endpoint) invalidates all cookies and clients fall back to a
+//! cookie request. A SYN with a
 //! valid cookie and data opens a connection that goes to the accept queue at once, with its
 //! data readable before the handshake completes, and the SYN-ACK acknowledges the data. A SYN
 //! with an invalid cookie, or a cookie request, gets a fresh cookie in the SYN-ACK, which

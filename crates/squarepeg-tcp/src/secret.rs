@@ -65,17 +65,20 @@ impl Secret {
     }
 
     /// TCP Fast Open cookie (RFC 7413 §4.1.2): a MAC of the client's IP address (and ours, so
-    /// that a cookie from one of our addresses is no good at another), 8 bytes of
-    /// SHA-256(key ‖ label ‖ addresses). Ports are left out: the cookie belongs to the host
-    /// (§4.1.2), whatever port it connects from.
+    /// that a cookie from one of our addresses is no good at another) and of the key period
+    /// `epoch` (§4.1.2: the server changes its key from time to time), 8 bytes of
+    /// SHA-256(key ‖ label ‖ epoch ‖ addresses). Ports are left out: the cookie belongs to
+    /// the host (§4.1.2), whatever port it connects from.
     pub fn fast_open_cookie(
         &self,
+        epoch: u64,
         client: &std::net::IpAddr,
         server: &std::net::IpAddr,
     ) -> [u8; 8] {
         let mut h = Sha256::new();
         h.update(self.key);
         h.update(b"tfo");
+        h.update(epoch.to_be_bytes());
         for ip in [client, server] {
             match ip {
                 std::net::IpAddr::V4(a) => h.update(a.octets()),

@@ -95,10 +95,14 @@ fn tfo_config() -> ConnectionConfig {
 
 impl World {
     fn new(server_cfg: ConnectionConfig) -> World {
+        World::with_server_endpoint(server_cfg, EndpointConfig::default())
+    }
+
+    /// [`World::new`] with the server endpoint configured as `sc` (its secret set here).
+    fn with_server_endpoint(server_cfg: ConnectionConfig, mut sc: EndpointConfig) -> World {
         let t0 = Instant::now();
         let mut cc = EndpointConfig::default();
         cc.secret = [1; 32];
-        let mut sc = EndpointConfig::default();
         sc.secret = [2; 32];
         let client = Endpoint::new(cc, t0);
         let mut server = Endpoint::new(sc, t0);
@@ -437,6 +441,57 @@ fn forged_cookie_is_refused_and_the_data_is_sent_again_once() {
     assert_eq!(w.client_syns(mark)[0].fast_open, Some(fresh));
     assert_eq!(w.server.stats().fast_open.syn_data_accepted, 1);
     assert_eq!(w.server_read(1), vec![b"again".to_vec()]);
+}
+
+#[test]
+fn cookies_expire_with_the_key_period_and_a_previous_period_cookie_is_renewed() {
+    // Keys change every 10 s (RFC 7413 §4.1.2): a cookie of the current or the previous
+    // period is good, an older one is refused.
+    let mut sc = EndpointConfig::default();
+    sc.fast_open_key_period = Some(Duration::from_secs(10));
+    let mut w = World::with_server_endpoint(tfo_config(), sc);
+    let c = w.connect(40000, tfo_config(), b"first");
+    w.deliver(c, 0, b"first");
+    w.close(c);
+    let first = w.client.fast_open_cache()[0].cookie;
+    // Period 1: the period-0 cookie still takes the data, and the SYN-ACK renews it.
+    w.run(Duration::from_secs(12), |_| false);
+    let mark = w.sent.len();
+    let c = w.connect(40001, tfo_config(), b"second");
+    w.deliver(c, 1, b"second");
+    w.close(c);
+    let synack = &w.syn_acks(mark)[0];
+    let renewed = synack.fast_open.expect("the current period's cookie");
+    assert_ne!(renewed, first);
+    let ss = w.server.stats().fast_open.clone();
+    assert_eq!(
+        (ss.syn_data_accepted, ss.cookies_of_previous_key),
+        (1, 1),
+        "{ss:?}"
+    );
+    assert_eq!(w.client.fast_open_cache()[0].cookie, renewed);
+    // Period 1 still: the renewed cookie is current and nothing is renewed.
+    let mark = w.sent.len();
+    let c = w.connect(40002, tfo_config(), b"third");
+    w.deliver(c, 2, b"third");
+    w.close(c);
+    assert_eq!(w.syn_acks(mark)[0].fast_open, None);
+    assert_eq!(w.server.stats().fast_open.syn_data_accepted, 2);
+    // Period 3: the period-1 cookie is refused, the data arrives once after the handshake,
+    // and the client learns the new cookie.
+    w.run(Duration::from_secs(20), |_| false);
+    let mark = w.sent.len();
+    let c = w.connect(40003, tfo_config(), b"fourth");
+    w.deliver(c, 3, b"fourth");
+    let ss = w.server.stats().fast_open.clone();
+    assert_eq!((ss.cookies_refused, ss.syn_data_accepted), (1, 2), "{ss:?}");
+    assert_eq!(w.server_read(3), vec![b"fourth".to_vec()]);
+    let fresh = w.syn_acks(mark)[0]
+        .fast_open
+        .expect("a cookie for next time");
+    assert!(fresh != renewed && fresh != first);
+    assert_eq!(w.client.fast_open_cache()[0].cookie, fresh);
+    w.server.check_invariants();
 }
 
 /// The default option stripper keeps only MSS, window scale, SACK and timestamps.
