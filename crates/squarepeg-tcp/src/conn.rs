@@ -27,7 +27,7 @@ use crate::wire::{
 
 /// Connection states (RFC 9293 §3.3.2). LISTEN belongs to listeners, not connections.
 /// CLOSED carries why the connection closed; TIME-WAIT's is always [`CloseReason::Normal`]
-/// (its deadline is [`Timer::TimeWait`] in the connection's timer table).
+/// (its deadline is `Timer::TimeWait` in the connection's timer table).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum State {
     SynSent,

@@ -9,7 +9,7 @@
 //! Resume says how to do that without harming anyone if the path changed since:
 //!
 //! * **Observe** (in any earlier connection): the capacity the connection used, measured as the
-//!   most bytes acknowledged within one round trip ([`Observer`]), and its minimum RTT, are
+//!   most bytes acknowledged within one round trip (`Observer`), and its minimum RTT, are
 //!   kept per remote host in the endpoint's [`PathCache`] when the connection ends.
 //! * **Reconnaissance**: the new connection starts with the ordinary initial window and the
 //!   ordinary controller. Once its initial window is acknowledged without congestion, its RTT
