@@ -25,7 +25,7 @@ use squarepeg_lab::Direction;
 use squarepeg_lab::middlebox::parse_middleboxes;
 use squarepeg_lab::model::{LinkConfig, parse_spec, presets};
 use squarepeg_lab::net::{
-    self, CaptureSide, Lab, LabConfig, TopologyInfo, capture_path, validate_name,
+    self, CaptureSide, Lab, LabConfig, PathConfig, TopologyInfo, capture_path, validate_name,
 };
 
 /// Where lab state directories live.
@@ -116,6 +116,13 @@ struct UpArgs {
     /// Capture both sides for the lab's whole life into DIR/client.pcap and DIR/server.pcap.
     #[arg(long, value_name = "DIR")]
     capture_dir: Option<PathBuf>,
+    /// A second path between client and server (its own interfaces, subnets and emulator),
+    /// client to server, same syntax as --up; either --path2-up or --path2-down adds it.
+    #[arg(long, value_name = "SPEC")]
+    path2_up: Option<String>,
+    /// The second path's server-to-client link.
+    #[arg(long, value_name = "SPEC")]
+    path2_down: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -318,6 +325,16 @@ fn lab_config(args: &UpArgs) -> Result<LabConfig> {
         config.server_side =
             parse_middleboxes(list).map_err(|e| anyhow!("--server-middlebox \"{list}\": {e}"))?;
     }
+    if args.path2_up.is_some() || args.path2_down.is_some() {
+        let mut path = PathConfig::default().with_seed(args.seed.wrapping_add(1));
+        if let Some(spec) = &args.path2_up {
+            path.up = link_spec("path2-up", spec)?;
+        }
+        if let Some(spec) = &args.path2_down {
+            path.down = link_spec("path2-down", spec)?;
+        }
+        config = config.with_path(path);
+    }
     if let Some(dir) = &args.capture_dir {
         // Absolute: the daemon runs elsewhere.
         let dir = std::path::absolute(dir)
@@ -418,6 +435,23 @@ fn print_up(state: &LabState) {
     );
     println!("  up   (client → server): {}", describe(&c.up));
     println!("  down (server → client): {}", describe(&c.down));
+    for (index, path) in c.extra_paths.iter().enumerate() {
+        let number = index + 2;
+        if let Some(info) = t.paths.get(index + 1) {
+            let a = &info.addresses;
+            println!(
+                "  path {number}: client {} / {} (interface {}), server {} / {} (interface {})",
+                a.client_v4,
+                a.client_v6,
+                info.interfaces.client,
+                a.server_v4,
+                a.server_v6,
+                info.interfaces.server
+            );
+        }
+        println!("    up   (client → server): {}", describe(&path.up));
+        println!("    down (server → client): {}", describe(&path.down));
+    }
     for (side, boxes) in [("client", &c.client_side), ("server", &c.server_side)] {
         if !boxes.is_empty() {
             let names: Vec<&str> = boxes.iter().map(|b| b.build().name()).collect();

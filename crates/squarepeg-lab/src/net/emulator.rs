@@ -32,9 +32,10 @@ use serde::{Deserialize, Serialize};
 use super::netns::NetNs;
 use super::packet_socket::{PacketSocket, Received};
 use super::{NetError, sys};
+use crate::checksum;
 use crate::middlebox::{Middlebox, MiddleboxConfig};
 use crate::model::{Bottleneck, LinkConfig, LinkStats};
-use crate::packet::{IpVersion, parse_ip};
+use crate::packet::{FlowKey, IpVersion, PROTO_TCP, TcpView, parse_ip, tcp_flags};
 use crate::pcap::PcapWriter;
 use crate::sim::{Host, HostId, SimConfig, Simulator};
 use crate::{Direction, Side};
@@ -216,6 +217,13 @@ pub struct DirectionStats {
     pub send_errors: u64,
     /// Frames the kernel dropped before the emulator read them (socket buffer full).
     pub kernel_drops: u64,
+    /// Frames dropped because the path was blocked (blackholed or cut): non-IP and neighbour
+    /// discovery frames (IP packets show in the link's `dropped_link_down`).
+    pub dropped_blocked: u64,
+    /// Packets of flows being reset, dropped (see [`Emulator::reset_flows`]).
+    pub dropped_resetting: u64,
+    /// TCP RSTs the emulator sent in this direction (towards the server for `up`).
+    pub resets_sent: u64,
     /// The link model's counters for this direction.
     pub link: LinkStats,
     /// Timing error of the packets written.
@@ -235,6 +243,9 @@ struct DirectionCounters {
     dropped_oversize: u64,
     dropped_unaddressable: u64,
     send_errors: u64,
+    dropped_blocked: u64,
+    dropped_resetting: u64,
+    resets_sent: u64,
     lateness: LatenessAccumulator,
 }
 
@@ -268,6 +279,10 @@ pub struct EmulatorStats {
     pub in_flight: usize,
     /// Running captures.
     pub captures: Vec<CaptureStatus>,
+    /// True while the path is blocked (every frame dropped both ways).
+    pub blocked: bool,
+    /// TCP flows the emulator is tracking (for [`Emulator::reset_flows`]).
+    pub tracked_flows: usize,
 }
 
 impl EmulatorStats {
@@ -318,6 +333,8 @@ enum Control {
     StopCapture(CaptureSide, Sender<Result<Option<CaptureStatus>, String>>),
     FlushCaptures(Sender<Result<(), String>>),
     Reconfigure(Direction, Box<LinkConfig>, Sender<Result<(), String>>),
+    SetBlocked(bool, Sender<()>),
+    ResetFlows(Sender<usize>),
     Stop,
 }
 
@@ -347,6 +364,96 @@ struct Engine {
     last_flush: Instant,
     buf: Vec<u8>,
     frame: Vec<u8>,
+    /// Every frame dropped both ways (blackhole or cut).
+    blocked: bool,
+    /// TCP flows seen, keyed client to server.
+    flows: BTreeMap<FlowKey, TrackedFlow>,
+}
+
+/// Most TCP flows tracked at once; beyond it, flows idle for [`FLOW_IDLE`] are forgotten,
+/// and new flows are not tracked if none is.
+const MAX_TRACKED_FLOWS: usize = 4096;
+
+/// How long a flow may be idle before it may be forgotten to make room.
+const FLOW_IDLE: Duration = Duration::from_secs(120);
+
+/// How long the packets of a flow being reset are dropped (each answered with a RST carrying
+/// the sender's own acknowledgement number), long enough for a retransmission timeout.
+const RESET_HOLD: Duration = Duration::from_secs(3);
+
+/// What the emulator knows of one end of a TCP flow, from the segments it sent.
+#[derive(Debug, Clone, Copy, Default)]
+struct TrackedEnd {
+    /// The acknowledgement number of its latest segment with ACK: its RCV.NXT then.
+    last_ack: Option<u32>,
+    /// One past the highest sequence number it sent (SYN and FIN count).
+    snd_nxt: Option<u32>,
+}
+
+/// A TCP flow crossing the path; `ends[0]` is the client's end.
+#[derive(Debug, Clone, Default)]
+struct TrackedFlow {
+    ends: [TrackedEnd; 2],
+    last_seen: Option<Instant>,
+    /// While set (and not passed), the flow is being reset: its packets are dropped and each
+    /// is answered with a RST.
+    resetting_until: Option<Instant>,
+}
+
+/// True if sequence number `a` is after `b` (RFC 1982 serial arithmetic).
+fn seq_after(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) > 0
+}
+
+/// A bare TCP RST|ACK from `key.src:src_port` to `key.dst:dst_port`, without options, its
+/// checksums computed. `None` for mixed address families.
+fn build_rst(key: &FlowKey, seq: u32, ack: u32) -> Option<Vec<u8>> {
+    let mut tcp = [0u8; 20];
+    tcp[0..2].copy_from_slice(&key.src_port.to_be_bytes());
+    tcp[2..4].copy_from_slice(&key.dst_port.to_be_bytes());
+    tcp[4..8].copy_from_slice(&seq.to_be_bytes());
+    tcp[8..12].copy_from_slice(&ack.to_be_bytes());
+    tcp[12] = 5 << 4;
+    tcp[13] = tcp_flags::RST | tcp_flags::ACK;
+    let sum = checksum::transport_checksum(key.src, key.dst, PROTO_TCP, &tcp);
+    tcp[16..18].copy_from_slice(&sum.to_be_bytes());
+    let mut packet = match (key.src, key.dst) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => {
+            let mut h = vec![0u8; 20];
+            h[0] = 0x45;
+            h[2..4].copy_from_slice(&40u16.to_be_bytes());
+            h[6] = 0x40; // DF
+            h[8] = 64;
+            h[9] = PROTO_TCP;
+            h[12..16].copy_from_slice(&src.octets());
+            h[16..20].copy_from_slice(&dst.octets());
+            let sum = checksum::checksum(&h);
+            h[10..12].copy_from_slice(&sum.to_be_bytes());
+            h
+        }
+        (IpAddr::V6(src), IpAddr::V6(dst)) => {
+            let mut h = vec![0u8; 40];
+            h[0] = 0x60;
+            h[4..6].copy_from_slice(&20u16.to_be_bytes());
+            h[6] = PROTO_TCP;
+            h[7] = 64;
+            h[8..24].copy_from_slice(&src.octets());
+            h[24..40].copy_from_slice(&dst.octets());
+            h
+        }
+        _ => return None,
+    };
+    packet.extend_from_slice(&tcp);
+    Some(packet)
+}
+
+/// The direction of travel of packets written out of `side`'s interface.
+fn dir_into(side: usize) -> Direction {
+    if side == 0 {
+        Direction::RightToLeft
+    } else {
+        Direction::LeftToRight
+    }
 }
 
 /// Frames classified.
@@ -447,6 +554,8 @@ impl Engine {
             last_flush: started,
             buf: vec![0; FRAME_BUFFER],
             frame: Vec::with_capacity(FRAME_BUFFER),
+            blocked: false,
+            flows: BTreeMap::new(),
         };
         for (side, path) in &config.captures {
             engine.start_capture(*side, path)?;
@@ -512,6 +621,9 @@ impl Engine {
                 dropped_unaddressable: c.dropped_unaddressable,
                 send_errors: c.send_errors,
                 kernel_drops: self.sockets[index].kernel_drops(),
+                dropped_blocked: c.dropped_blocked,
+                dropped_resetting: c.dropped_resetting,
+                resets_sent: c.resets_sent,
                 link,
                 lateness: c.lateness.report(),
             }
@@ -545,7 +657,120 @@ impl Engine {
                     })
                 })
                 .collect(),
+            blocked: self.blocked,
+            tracked_flows: self.flows.len(),
         }
+    }
+
+    /// Blocks or unblocks the path: the links go down (IP packets dropped and counted as
+    /// `dropped_link_down`; those already in flight still arrive) and control frames are
+    /// dropped too.
+    fn set_blocked(&mut self, blocked: bool) {
+        self.blocked = blocked;
+        for dir in [Direction::LeftToRight, Direction::RightToLeft] {
+            self.sim.link_mut(dir).set_up(!blocked);
+        }
+    }
+
+    /// Sends a RST to the end on `side` (0 client, 1 server) of flow `key` (client to server)
+    /// with sequence number `seq`, at once and unimpaired.
+    fn send_rst(&mut self, side: usize, key: &FlowKey, seq: u32, ack: u32) {
+        // From the other end to this one.
+        let header = if side == 0 { key.reversed() } else { *key };
+        let Some(packet) = build_rst(&header, seq, ack) else {
+            return;
+        };
+        let dir = dir_into(side);
+        self.counters[dir.index()].resets_sent += 1;
+        self.write(side, dir, Instant::now(), &packet);
+    }
+
+    /// Starts resetting every tracked flow: each end gets a RST at once with the sequence
+    /// number it last acknowledged (its RCV.NXT, RFC 5961 §3: an exact match resets), and
+    /// for [`RESET_HOLD`] every later packet of the flow is dropped and answered with a RST
+    /// carrying that packet's own acknowledgement number (so an end whose RCV.NXT moved on,
+    /// and that answered the first RST with a challenge ACK, is reset by the second).
+    fn reset_flows(&mut self) -> usize {
+        let now = Instant::now();
+        // Flows reset earlier are over.
+        self.flows
+            .retain(|_, f| f.resetting_until.is_none_or(|until| now < until));
+        let mut sends = Vec::new();
+        for (key, flow) in &mut self.flows {
+            flow.resetting_until = Some(now + RESET_HOLD);
+            for side in 0..2 {
+                let end = flow.ends[side];
+                if let Some(seq) = end.last_ack {
+                    sends.push((side, *key, seq, end.snd_nxt.unwrap_or(0)));
+                }
+            }
+        }
+        let count = self.flows.len();
+        for (side, key, seq, ack) in sends {
+            self.send_rst(side, &key, seq, ack);
+        }
+        count
+    }
+
+    /// Follows a TCP segment read from `side`; returns false if it must be dropped (its flow
+    /// is being reset).
+    fn track(&mut self, side: usize, now: Instant, packet: &[u8]) -> bool {
+        let Some(view) = TcpView::parse(packet) else {
+            return true;
+        };
+        let key = if side == 0 {
+            view.key(packet)
+        } else {
+            view.key(packet).reversed()
+        };
+        let flags = view.flags(packet);
+        let ack = view.ack(packet);
+        if let Some(flow) = self.flows.get_mut(&key)
+            && let Some(until) = flow.resetting_until
+        {
+            let fresh_syn = flags & tcp_flags::SYN != 0 && flags & tcp_flags::ACK == 0;
+            if now < until && !fresh_syn {
+                self.counters[side].dropped_resetting += 1;
+                if flags & tcp_flags::ACK != 0 && flags & tcp_flags::RST == 0 {
+                    let seq_end = view.seq(packet).wrapping_add(view.payload_len() as u32);
+                    self.send_rst(side, &key, ack, seq_end);
+                }
+                return false;
+            }
+            self.flows.remove(&key);
+        }
+        if flags & tcp_flags::RST != 0 {
+            self.flows.remove(&key);
+            return true;
+        }
+        if !self.flows.contains_key(&key) {
+            if self.flows.len() >= MAX_TRACKED_FLOWS {
+                self.flows.retain(|_, f| {
+                    f.last_seen
+                        .is_some_and(|seen| now.saturating_duration_since(seen) < FLOW_IDLE)
+                });
+            }
+            if self.flows.len() >= MAX_TRACKED_FLOWS {
+                return true;
+            }
+            self.flows.insert(key, TrackedFlow::default());
+        }
+        let Some(flow) = self.flows.get_mut(&key) else {
+            return true;
+        };
+        flow.last_seen = Some(now);
+        let end = &mut flow.ends[side];
+        if flags & tcp_flags::ACK != 0 {
+            end.last_ack = Some(ack);
+        }
+        let len = view.payload_len() as u32
+            + u32::from(flags & tcp_flags::SYN != 0)
+            + u32::from(flags & tcp_flags::FIN != 0);
+        let next = view.seq(packet).wrapping_add(len);
+        if end.snd_nxt.is_none_or(|old| seq_after(next, old)) {
+            end.snd_nxt = Some(next);
+        }
+        true
     }
 
     /// Handles a control message; returns false to stop.
@@ -589,6 +814,13 @@ impl Engine {
                     .map_err(|e| e.to_string());
                 let _ = reply.send(result);
             }
+            Control::SetBlocked(blocked, reply) => {
+                self.set_blocked(blocked);
+                let _ = reply.send(());
+            }
+            Control::ResetFlows(reply) => {
+                let _ = reply.send(self.reset_flows());
+            }
             Control::Stop => return false,
         }
         true
@@ -625,6 +857,7 @@ impl Engine {
             let frame = &self.buf[..len];
             match classify(frame) {
                 None => counters.dropped_unaddressable += 1,
+                Some(Frame::Control) if self.blocked => counters.dropped_blocked += 1,
                 Some(Frame::Control) => {
                     counters.control_frames += 1;
                     let out = 1 - side;
@@ -649,7 +882,9 @@ impl Engine {
                     }
                     let packet = packet.to_vec();
                     self.capture(side, now, &packet);
-                    self.inject(side, now, packet)?;
+                    if self.track(side, now, &packet) {
+                        self.inject(side, now, packet)?;
+                    }
                 }
             }
         }
@@ -931,6 +1166,22 @@ impl Emulator {
         config.validate()?;
         self.request(|reply| Control::Reconfigure(dir, Box::new(config), reply))?
             .map_err(NetError::EmulatorStopped)
+    }
+
+    /// Blocks the path (every frame dropped both ways, silently) or unblocks it. IP packets
+    /// count as the links' `dropped_link_down`, other frames as `dropped_blocked`; packets
+    /// already on the links when it is blocked still arrive.
+    pub fn set_blocked(&self, blocked: bool) -> Result<(), NetError> {
+        self.request(|reply| Control::SetBlocked(blocked, reply))
+    }
+
+    /// Resets every TCP flow seen so far: each end receives a RST it accepts (sequence number
+    /// equal to its RCV.NXT, RFC 5961 §3), learnt from the acknowledgement numbers it sends;
+    /// for a few seconds the flows' packets are dropped and answered with further RSTs, then
+    /// the flows are forgotten. Other traffic, and new flows, pass as before. Returns the
+    /// number of flows being reset.
+    pub fn reset_flows(&self) -> Result<usize, NetError> {
+        self.request(Control::ResetFlows)
     }
 
     /// Stops the thread (packets still in flight are discarded), closes the captures, and

@@ -24,6 +24,12 @@
 //!   panic); what tests and `peg lab` use. [`LabConfig`] is serde, so a lab can be described
 //!   in JSON.
 //!
+//! - Several paths ([`LabConfig::with_path`], [`PathConfig`]): up to [`MAX_PATHS`] independent
+//!   paths between client and server, each its own veth pairs, subnets and emulator (see
+//!   [`Topology`]'s documentation for the routing); [`Lab::path`] gives a [`PathHandle`] to
+//!   `cut`, `blackhole`, `reset`, `restore` or `reconfigure` one path mid-run, with counters
+//!   per path. The failover and multipath experiments of issue 12 stand on it.
+//!
 //! Directions: *up* is client to server (the simulator's left to right), *down* server to
 //! client. Middleboxes sit on the client side (between the client and the bottleneck) or the
 //! server side. Captures: the client-facing interface sees client packets before the
@@ -96,14 +102,15 @@ pub use emulator::{
     CaptureSide, CaptureStatus, DEFAULT_MAX_IN_FLIGHT, DirectionStats, Emulator, EmulatorConfig,
     EmulatorStats, Lateness,
 };
-pub use lab::{Lab, LabConfig, capture_path};
+pub use lab::{Lab, LabConfig, PathConfig, PathHandle, PathState, capture_path, path_capture_path};
 pub use netns::{NETNS_DIR, NetNs};
 pub use packet_socket::{PacketSocket, Received};
 #[cfg(feature = "stack")]
 pub(crate) use topology::write_sysctl;
 pub use topology::{
-    Addresses, CleanupReport, Interfaces, MAX_NAME_LEN, PREFIX, Role, Topology, TopologyInfo,
-    cleanup_leftovers, lab_namespaces, namespace_name, parse_namespace_name, validate_name,
+    Addresses, CleanupReport, Interfaces, MAX_NAME_LEN, MAX_PATHS, PATH_TABLE_BASE, PREFIX,
+    PathInfo, Role, Topology, TopologyInfo, cleanup_leftovers, lab_namespaces, namespace_name,
+    parse_namespace_name, validate_name,
 };
 
 /// True when running as root, which the network lab needs.
@@ -154,6 +161,12 @@ pub enum NetError {
     /// A network namespace name that cannot be used.
     #[error("network namespace name `{0}` must be 1 to 200 bytes, without `/` or a leading `.`")]
     InvalidNamespace(String),
+    /// A number of paths the lab cannot have.
+    #[error("a lab has 1 to {max} paths, not {0}", max = topology::MAX_PATHS)]
+    Paths(usize),
+    /// A path the lab does not have.
+    #[error("the lab has no path {0}")]
+    NoPath(usize),
     /// A lab name that cannot be used.
     #[error("lab name `{0}` must be 1 to {MAX_NAME_LEN} characters of a-z, A-Z, 0-9, `_` and `-`")]
     InvalidName(String),

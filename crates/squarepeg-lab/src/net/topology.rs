@@ -9,6 +9,30 @@
 //!                               emulator bridges the two ends)
 //! ```
 //!
+//! # Several paths
+//!
+//! [`Topology::create_paths`] adds paths 1 to 3 beside path 0 (which stays exactly as above):
+//! each its own two veth pairs and its own subnets, derived like path 0's from the pid, the
+//! lab name and the path number (and never equal to another path's).
+//!
+//! ```text
+//!  client ns                    emulator ns                         server ns
+//!  [sqpg<pid>-cli] ══ veth ══ [sqpg<pid>-ec]  [sqpg<pid>-es] ══ veth ══ [sqpg<pid>-srv]   path 0
+//!   10.a.b.1/24, fdxx:…::1/64                                          10.a.b.2, fdxx:…::2
+//!  [sqpg<pid>-c1]  ══ veth ══ [sqpg<pid>-ec1] [sqpg<pid>-es1] ══ veth ══ [sqpg<pid>-s1]   path 1
+//!   10.c.d.1/24, fdyy:…::1/64                                          10.c.d.2, fdyy:…::2
+//! ```
+//!
+//! With more than one path the client routes by source address: `ip rule from <path i client
+//! address> lookup 100+i`, whose table sends everything out of path `i`'s interface (its
+//! subnet directly, the rest via path `i`'s server address), for IPv4 and IPv6. So a socket
+//! bound to a path's client address uses that path even towards another path's server
+//! address (how kernel MPTCP's extra subflows reach the server), and reaches nothing while
+//! the path is cut (the table ends in an `unreachable` default). The server routes by
+//! destination: answers take the path of the client address they go to. Cutting a path sets
+//! its client interface down ([`Topology::set_client_link`]); the client namespace keeps IPv6
+//! addresses over a down link (`keep_addr_on_down`), and bringing it up restores the routes.
+//!
 //! Names carry the prefix `sqpg` and the pid of the owning process, so that any later run can
 //! recognise the leftovers of a crashed owner (its pid no longer exists) and remove them
 //! ([`cleanup_leftovers`]); [`Topology`]'s `Drop` removes its own, also on panic. The veths
@@ -32,6 +56,12 @@ pub const PREFIX: &str = "sqpg";
 
 /// Longest lab name (namespace names stay readable; interface names do not use it).
 pub const MAX_NAME_LEN: usize = 32;
+
+/// Most paths between client and server (interface names have room for one digit).
+pub const MAX_PATHS: usize = 4;
+
+/// First routing table of the client's per-path source routing (path `i` uses `100 + i`).
+pub const PATH_TABLE_BASE: u32 = 100;
 
 /// The three namespaces of a lab.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -124,6 +154,31 @@ impl Interfaces {
             server: name("srv"),
         }
     }
+
+    /// The names of path `index`: path 0's are the single-path lab's (`…-cli`, `…-ec`,
+    /// `…-es`, `…-srv`), path `i` ≥ 1 has `…-c<i>`, `…-ec<i>`, `…-es<i>`, `…-s<i>` (at most
+    /// 15 bytes with a 7-digit pid).
+    pub fn for_path(pid: u32, index: usize) -> Self {
+        if index == 0 {
+            return Self::for_pid(pid);
+        }
+        let name = |suffix: &str| format!("{PREFIX}{pid}-{suffix}{index}");
+        Self {
+            client: name("c"),
+            emulator_client: name("ec"),
+            emulator_server: name("es"),
+            server: name("s"),
+        }
+    }
+}
+
+/// One path of a lab: its interfaces and the two ends' addresses on it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathInfo {
+    /// Interface names of this path.
+    pub interfaces: Interfaces,
+    /// Addresses of client and server on this path (their own /24 and /64).
+    pub addresses: Addresses,
 }
 
 /// The addresses of a lab's two ends.
@@ -143,9 +198,36 @@ impl Addresses {
     /// The addresses of lab `name` owned by `pid`: 10.a.b.1 and .2, and fdxx:xxxx:xxxx::1
     /// and ::2, where a, b and the 40-bit ULA global ID come from a hash of both.
     pub fn derive(pid: u32, name: &str) -> Self {
+        Self::from_seed(&format!("{pid}-{name}"))
+    }
+
+    /// The addresses of the `count` paths of lab `name` owned by `pid`: path 0's are
+    /// [`Addresses::derive`]'s, path `i`'s are derived the same way from `<pid>-<name>/<i>`
+    /// (rehashed until its /24 and /64 differ from every earlier path's).
+    pub fn derive_paths(pid: u32, name: &str, count: usize) -> Vec<Self> {
+        let mut all = vec![Self::derive(pid, name)];
+        for index in 1..count {
+            let mut attempt = 0u32;
+            let next = loop {
+                let candidate = Self::from_seed(&format!("{pid}-{name}/{index}/{attempt}"));
+                let clash = all.iter().any(|a| {
+                    a.client_v4.octets()[..3] == candidate.client_v4.octets()[..3]
+                        || a.client_v6.segments()[..4] == candidate.client_v6.segments()[..4]
+                });
+                if !clash {
+                    break candidate;
+                }
+                attempt += 1;
+            };
+            all.push(next);
+        }
+        all
+    }
+
+    fn from_seed(seed: &str) -> Self {
         // FNV-1a: stable across Rust versions, unlike the std hasher.
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for byte in format!("{pid}-{name}").bytes() {
+        for byte in seed.bytes() {
             hash ^= u64::from(byte);
             hash = hash.wrapping_mul(0x0100_0000_01b3);
         }
@@ -207,6 +289,34 @@ pub struct TopologyInfo {
     pub interfaces: Interfaces,
     /// Addresses.
     pub addresses: Addresses,
+    /// Every path, path 0 first (whose interfaces and addresses are the two fields above).
+    /// Empty in state files written before labs had several paths.
+    #[serde(default)]
+    pub paths: Vec<PathInfo>,
+}
+
+impl TopologyInfo {
+    /// Every path, path 0 first.
+    pub fn path_list(&self) -> Vec<PathInfo> {
+        if self.paths.is_empty() {
+            vec![PathInfo {
+                interfaces: self.interfaces.clone(),
+                addresses: self.addresses,
+            }]
+        } else {
+            self.paths.clone()
+        }
+    }
+
+    /// Path `index`, if the lab has it.
+    pub fn path(&self, index: usize) -> Option<PathInfo> {
+        self.path_list().into_iter().nth(index)
+    }
+
+    /// How many paths the lab has.
+    pub fn path_count(&self) -> usize {
+        self.paths.len().max(1)
+    }
 }
 
 /// A lab's namespaces and veths; removed on [`teardown`](Topology::teardown) or drop.
@@ -258,11 +368,23 @@ impl Topology {
     /// Creates lab `name` owned by this process. Fails with [`NetError::NotRoot`] unless root,
     /// and with [`NetError::NamespaceExists`] if this process already has a lab of that name.
     pub fn create(name: &str) -> Result<Self, NetError> {
+        Self::create_paths(name, 1)
+    }
+
+    /// Creates lab `name` with `paths` (1 to [`MAX_PATHS`]) independent paths between client
+    /// and server: path 0 exactly as [`Topology::create`] makes it, each further one with its
+    /// own two veth pairs and its own subnets; with more than one, the client routes by
+    /// source address (see the module documentation).
+    pub fn create_paths(name: &str, paths: usize) -> Result<Self, NetError> {
+        if paths == 0 || paths > MAX_PATHS {
+            return Err(NetError::Paths(paths));
+        }
         validate_name(name)?;
         if !sys::is_root() {
             return Err(NetError::NotRoot);
         }
         let pid = std::process::id();
+        let path_addresses = Addresses::derive_paths(pid, name, paths);
         let info = TopologyInfo {
             name: name.to_owned(),
             owner_pid: pid,
@@ -270,7 +392,15 @@ impl Topology {
             emulator_ns: namespace_name(pid, name, Role::Emulator),
             server_ns: namespace_name(pid, name, Role::Server),
             interfaces: Interfaces::for_pid(pid),
-            addresses: Addresses::derive(pid, name),
+            addresses: path_addresses[0],
+            paths: path_addresses
+                .iter()
+                .enumerate()
+                .map(|(index, addresses)| PathInfo {
+                    interfaces: Interfaces::for_path(pid, index),
+                    addresses: *addresses,
+                })
+                .collect(),
         };
         for ns in [&info.client_ns, &info.emulator_ns, &info.server_ns] {
             if NetNs::path_of(ns).exists() {
@@ -290,7 +420,6 @@ impl Topology {
     }
 
     fn build(info: &TopologyInfo, created: &mut Created) -> Result<[NetNs; 3], NetError> {
-        let ifs = &info.interfaces;
         for ns in [&info.client_ns, &info.emulator_ns, &info.server_ns] {
             cmd::ip(&["netns", "add", ns]).map_err(|error| match error {
                 NetError::CommandFailed { stderr, .. } if stderr.contains("File exists") => {
@@ -317,28 +446,35 @@ impl Topology {
         for ns in [&client, &server] {
             ns.run(|| -> Result<(), NetError> {
                 write_sysctl("/proc/sys/net/ipv6/conf/default/accept_dad", "0")?;
-                write_sysctl("/proc/sys/net/ipv6/conf/default/router_solicitations", "0")
+                write_sysctl("/proc/sys/net/ipv6/conf/default/router_solicitations", "0")?;
+                // A path that is cut (its client interface set down) and restored gets its
+                // IPv6 addresses back.
+                write_sysctl("/proc/sys/net/ipv6/conf/default/keep_addr_on_down", "1")
             })??;
         }
+        for (index, path) in info.path_list().iter().enumerate() {
+            Self::build_path(info, index, path)?;
+        }
+        if info.path_list().len() > 1 {
+            for index in 0..info.path_list().len() {
+                client_routes(info, index)?;
+            }
+        }
+        Ok([client, emulator, server])
+    }
+
+    /// Makes path `index`'s two veth pairs, addresses and links.
+    fn build_path(info: &TopologyInfo, index: usize, path: &PathInfo) -> Result<(), NetError> {
+        let ifs = &path.interfaces;
+        let base = 10 + 4 * index;
+        let [i0, i1, i2, i3] = [base, base + 1, base + 2, base + 3].map(|i| i.to_string());
 
         // Explicit interface indices, all different: the kernel delays the carrier of a veth
         // whose own index equals its peer's (in another namespace) by up to a second
         // (linkwatch treats it as a non-urgent event), and until then drops its packets.
         let pairs = [
-            (
-                &info.client_ns,
-                &ifs.client,
-                "10",
-                &ifs.emulator_client,
-                "11",
-            ),
-            (
-                &info.server_ns,
-                &ifs.server,
-                "13",
-                &ifs.emulator_server,
-                "12",
-            ),
+            (&info.client_ns, &ifs.client, &i0, &ifs.emulator_client, &i1),
+            (&info.server_ns, &ifs.server, &i3, &ifs.emulator_server, &i2),
         ];
         for (end_ns, end, end_index, emulator_end, emulator_index) in pairs {
             cmd::ip(&[
@@ -375,7 +511,7 @@ impl Topology {
                 ],
             )?;
         }
-        let addresses = info.addresses;
+        let addresses = path.addresses;
         for (ns, dev, v4, v6) in [
             (
                 &info.client_ns,
@@ -426,7 +562,7 @@ impl Topology {
         ] {
             wait_until_up(ns, dev)?;
         }
-        Ok([client, emulator, server])
+        Ok(())
     }
 
     /// The lab's names and addresses.
@@ -463,11 +599,115 @@ impl Topology {
         self.namespace(Role::Emulator)
     }
 
+    /// Takes the client's interface of path `index` down (the kernel sees the link gone:
+    /// its routes go, sockets bound to its address get no route) or brings it back up,
+    /// waits until both ends of the veth are up again, and restores the path's routes.
+    pub fn set_client_link(&self, index: usize, up: bool) -> Result<(), NetError> {
+        let path = self.info.path(index).ok_or(NetError::NoPath(index))?;
+        let ns = &self.info.client_ns;
+        let dev = &path.interfaces.client;
+        cmd::ip(&["-n", ns, "link", "set", dev, if up { "up" } else { "down" }])?;
+        if up {
+            wait_until_up(ns, dev)?;
+            wait_until_up(&self.info.emulator_ns, &path.interfaces.emulator_client)?;
+            if self.info.path_count() > 1 {
+                client_routes(&self.info, index)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Removes the namespaces (and with them the veths), reporting the first failure.
     /// Dropping the topology does the same, reporting on standard error.
     pub fn teardown(mut self) -> Result<(), NetError> {
         self.created.remove()
     }
+}
+
+/// The client's source routing for path `index` of a lab with several paths: packets from
+/// the path's client address (v4 and v6) look up table `100 + index`, which sends everything
+/// through the path's interface (its subnet directly, the rest via the path's server
+/// address). So a socket bound to a path's address uses that path whatever the destination —
+/// what a multipath transport's subflows (kernel MPTCP's among them) need. The server routes
+/// by destination: its answers take the path of the client address they go to.
+fn client_routes(info: &TopologyInfo, index: usize) -> Result<(), NetError> {
+    const LAST_RESORT: &str = "1000000";
+    let path = info.path(index).ok_or(NetError::NoPath(index))?;
+    let ns = &info.client_ns;
+    let dev = &path.interfaces.client;
+    let table = (PATH_TABLE_BASE + index as u32).to_string();
+    let a = path.addresses;
+    let v4_net = {
+        let o = a.client_v4.octets();
+        format!("{}.{}.{}.0/24", o[0], o[1], o[2])
+    };
+    let v6_net = {
+        let s = a.client_v6.segments();
+        format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
+    };
+    let client_v4 = a.client_v4.to_string();
+    let client_v6 = a.client_v6.to_string();
+    let server_v4 = a.server_v4.to_string();
+    let server_v6 = a.server_v6.to_string();
+    for args in [
+        vec![
+            "route", "replace", &v4_net, "dev", dev, "src", &client_v4, "table", &table,
+        ],
+        vec![
+            "route", "replace", "default", "via", &server_v4, "dev", dev, "table", &table,
+        ],
+        vec![
+            "-6", "route", "replace", &v6_net, "dev", dev, "table", &table,
+        ],
+        vec![
+            "-6", "route", "replace", "default", "via", &server_v6, "dev", dev, "table", &table,
+        ],
+        // While the path is cut its routes are gone: its address then reaches nothing,
+        // instead of falling through to another path's routes.
+        vec![
+            "route",
+            "replace",
+            "unreachable",
+            "default",
+            "metric",
+            LAST_RESORT,
+            "table",
+            &table,
+        ],
+        vec![
+            "-6",
+            "route",
+            "replace",
+            "unreachable",
+            "default",
+            "metric",
+            LAST_RESORT,
+            "table",
+            &table,
+        ],
+    ] {
+        let mut all = vec!["-n", ns.as_str()];
+        all.extend(args);
+        cmd::ip(&all)?;
+    }
+    let priority = table.clone();
+    for (family, from) in [("-4", &client_v4), ("-6", &client_v6)] {
+        let rule = [
+            "from",
+            from.as_str(),
+            "lookup",
+            &table,
+            "priority",
+            &priority,
+        ];
+        let listed = cmd::ip(&["-n", ns, family, "rule", "show", "priority", &priority])?;
+        if listed.trim().is_empty() {
+            let mut all = vec!["-n", ns.as_str(), family, "rule", "add"];
+            all.extend(rule);
+            cmd::ip(&all)?;
+        }
+    }
+    Ok(())
 }
 
 /// Waits (up to 3 s) until interface `dev` in namespace `ns` has its carrier and is
