@@ -17,7 +17,8 @@
 //! - `Endpoint::check_invariants`: the endpoint's counts, accept queues, table and timers, and
 //!   every connection's receive buffer, send queue and scoreboard are consistent;
 //! - memory bounded: connections within `max_connections`, half-open within `max_half_open`
-//!   (both checked by `check_invariants`); per connection the receive buffer within its
+//!   (both checked by `check_invariants`, as is the endpoint memory budget's bound, the
+//!   budget itself picked by the input); per connection the receive buffer within its
 //!   configured size, the send buffer within its limit, the unordered-receive queue within
 //!   the buffer plus its duplicate allowance (a quarter) and a segment; a bounded number of
 //!   packets and events per step;
@@ -36,7 +37,7 @@ use squarepeg_tcp::audit::WireAudit;
 use squarepeg_tcp::wire::{TcpFlags, parse_packet};
 use squarepeg_tcp::{
     CongestionAlgorithm, ConnectionConfig, ConnectionHandle, Endpoint, EndpointConfig, Event,
-    KeepaliveConfig, State, SynCookies, WriteTag,
+    KeepaliveConfig, MemoryBudget, State, SynCookies, WriteTag,
 };
 
 const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
@@ -658,6 +659,11 @@ fuzz_target!(|input: Input| {
     cc.recv_buffer = 512 + usize::from(s.recv_buffer) % (256 * 1024);
     cc.send_buffer = 512 + usize::from(s.send_buffer) % (256 * 1024);
     cc.max_ooo_ranges = 1 + usize::from(s.max_ooo_ranges) % 64;
+    // An endpoint memory budget (squarepeg_tcp::mem) from 2 KiB up, often below what the
+    // buffers allow, so that its policy runs; `check_invariants` checks its bound.
+    ec.memory = MemoryBudget::new(2048 + usize::from(s.recv_buffer ^ s.send_buffer) * 8)
+        .with_pressure(1024 + usize::from(s.send_buffer) * 4)
+        .with_floor(256 + usize::from(s.max_ooo_ranges) * 32);
     cc.window_scale = s.window_scale.map(|w| w % 15);
     cc.mss = s.mss.map(|m| m.max(64));
     cc.sack = s.sack;

@@ -276,6 +276,12 @@ pub struct EndpointConfig {
     /// The per-host path state kept for RFC 9040 temporal sharing and Careful Resume
     /// ([`crate::resume::PathCache`]): bounded in entries, entries expire.
     pub path_cache: crate::resume::PathCacheConfig,
+    /// Memory budget over all connections (Linux `tcp_mem`): payload bytes held in send
+    /// queues and receive buffers. Each connection keeps a floor in each direction; above
+    /// `pressure` receive windows stop opening, at `limit` nothing more is admitted above the
+    /// floors (writes come back short, received data beyond it is dropped, out-of-order data
+    /// first). See [`crate::mem`] for the exact bound.
+    pub memory: crate::mem::MemoryBudget,
 }
 
 impl Default for EndpointConfig {
@@ -293,6 +299,7 @@ impl Default for EndpointConfig {
             fast_open_blackhole: Duration::from_secs(3600),
             fast_open_key_period: Some(Duration::from_secs(24 * 3600)),
             path_cache: crate::resume::PathCacheConfig::default(),
+            memory: crate::mem::MemoryBudget::default(),
         }
     }
 }

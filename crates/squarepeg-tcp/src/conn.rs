@@ -452,10 +452,12 @@ pub(crate) struct PeerSyn {
 }
 
 /// Endpoint-wide context a connection needs for output.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Shared {
     pub epoch: Instant,
     pub ttl: u8,
+    /// The endpoint's memory budget (crate::mem).
+    pub mem: crate::mem::MemPool,
 }
 
 /// Timestamp ticks by which a segment may be older than TS.Recent and still pass PAWS.
@@ -496,6 +498,8 @@ pub struct Connection {
     remote: SocketAddr,
     cfg: ConnectionConfig,
     shared: Shared,
+    /// This connection's charge against the endpoint's memory budget (crate::mem).
+    mem: crate::mem::ConnMem,
     state: State,
     passive: bool,
 
@@ -686,10 +690,12 @@ impl Connection {
         let snd_mss = default_mss(&n.remote).min(offered_mss);
         let rtt = RttEstimator::new(cfg.initial_rto, cfg.min_rto, cfg.max_rto);
         let cc = new_controller(cfg.congestion, snd_mss as u64, cfg.initial_window);
+        let mem = crate::mem::ConnMem::new(n.shared.mem.clone());
         Connection {
             local: n.local,
             remote: n.remote,
             shared: n.shared,
+            mem,
             state,
             passive,
             iss: Seq::new(n.iss),
@@ -1017,9 +1023,9 @@ impl Connection {
     pub(crate) fn set_padder(&mut self, padder: Option<Padder>) {
         self.cfg.padder = padder;
     }
-    /// Free space in the send buffer.
+    /// Free space in the send buffer (and under the endpoint's memory budget).
     pub fn writable(&self) -> usize {
-        self.queue.free()
+        self.queue.free().min(self.send_room())
     }
     /// Whether the peer's FIN has been received.
     pub fn peer_fin(&self) -> bool {
@@ -1261,9 +1267,15 @@ impl Connection {
     fn after_consume(&mut self, before_window: u64) {
         if self.state.is_synchronized() && !self.peer_fin_processed {
             let now_offer = self.free_space() as u64;
-            if before_window * 2 <= self.cfg.recv_buffer as u64
+            let buff = self.recv_buffer_now();
+            let worth = if buff < self.cfg.recv_buffer {
+                (self.rcv_mss as u64).min((buff / 2).max(1) as u64)
+            } else {
+                self.rcv_mss as u64
+            };
+            if before_window * 2 <= buff as u64
                 && now_offer >= 2 * before_window.max(1)
-                && now_offer >= self.rcv_mss as u64
+                && now_offer >= worth
             {
                 self.ack_now = true;
             }
@@ -1288,7 +1300,7 @@ impl Connection {
         let mut u = Box::new(Unordered::new(self.cfg.recv_buffer / 4));
         for (offset, data) in self.recv.drop_content() {
             let end = offset + data.len() as u64;
-            u.deliver(offset, &data, &[(offset, end)]);
+            u.deliver(offset, &data, &[(offset, end)], true);
         }
         self.unordered = Some(u);
         self.wake_reader_if_unordered();
@@ -1298,8 +1310,13 @@ impl Connection {
     /// Hands a segment's accepted bytes (stream offset `offset`) to the application, noting
     /// which of them are new (`new`).
     fn deliver_unordered(&mut self, offset: u64, data: &[u8], new: &[(u64, u64)]) {
+        // The new bytes were admitted (process_text); copies of old ones only if they fit.
+        let old_ok = data.len() <= self.recv_room();
+        if !old_ok && data.len() as u64 > new.iter().map(|(s, e)| e - s).sum::<u64>() {
+            self.mem.note_drop();
+        }
         if let Some(u) = self.unordered.as_mut()
-            && u.deliver(offset, data, new)
+            && u.deliver(offset, data, new, old_ok)
         {
             self.wake_reader_if_unordered();
         }
@@ -1412,7 +1429,7 @@ impl Connection {
         if self.cfg.message_writes {
             return self.write_records(data);
         }
-        let n = self.queue.push(data, tag);
+        let n = self.queue.push(self.admit_write(data), tag);
         if n == 0 && !data.is_empty() {
             self.writable_armed = true;
             return Err(Error::WouldBlock);
@@ -1426,7 +1443,11 @@ impl Connection {
     /// Queues a whole message (Minion §4.2, Hollywood §4.2; see [`SendQueue`]).
     pub(crate) fn write_message(&mut self, data: &[u8], tag: WriteTag) -> Result<(), Error> {
         self.check_writable()?;
-        let r = self.queue.insert_message(self.clock, data, tag, None);
+        let r = if self.admit_write(data).len() < data.len() {
+            Err(Error::WouldBlock)
+        } else {
+            self.queue.insert_message(self.clock, data, tag, None)
+        };
         if r == Err(Error::WouldBlock) {
             self.writable_armed = true;
         }
@@ -1446,10 +1467,13 @@ impl Connection {
                 }
                 break;
             };
-            match self
-                .queue
-                .insert_message(self.clock, body, meta.tag(), meta.lifetime)
-            {
+            let admitted = if self.admit_write(body).len() < body.len() {
+                Err(Error::WouldBlock)
+            } else {
+                self.queue
+                    .insert_message(self.clock, body, meta.tag(), meta.lifetime)
+            };
+            match admitted {
                 Ok(()) => at += len,
                 Err(Error::WouldBlock) => {
                     self.writable_armed = true;
@@ -2477,7 +2501,12 @@ impl Connection {
             // writes them at once and, without Nagle, sends them as tiny segments (found by the
             // simulator, seed 1064).
             let wake_at = (self.cfg.send_buffer / 3).max(1);
-            if self.writable_armed && self.queue.free() >= wake_at && self.fin_seq.is_none() {
+            // Under the memory budget (crate::mem), room for half the floor will do.
+            if self.writable_armed
+                && self.queue.free() >= wake_at
+                && self.send_room() >= wake_at.min(self.mem.floor() / 2).max(1)
+                && self.fin_seq.is_none()
+            {
                 self.writable_armed = false;
                 self.events.push(ConnEvent::Writable);
             }
@@ -2917,6 +2946,13 @@ impl Connection {
             data = &data[..keep.min(data.len())];
             fin = false;
         }
+        if !data.is_empty() && !self.peer_fin_processed {
+            let keep = self.admit_text(start.offset(), data.len());
+            if keep < data.len() {
+                data = &data[..keep];
+                fin = false;
+            }
+        }
         if !data.is_empty() {
             self.counters.bytes_received += data.len() as u64;
             let len = data.len().min(self.offered_mss as usize);
@@ -3066,7 +3102,12 @@ impl Connection {
 
     /// Free receive buffer space.
     fn free_space(&self) -> usize {
-        self.cfg.recv_buffer.saturating_sub(self.recv.used())
+        let (_, recv) = self.memory_held();
+        let budget = self.mem.window_room(recv, self.memory_total_held());
+        self.cfg
+            .recv_buffer
+            .saturating_sub(self.recv.used())
+            .min(budget)
     }
 
     /// Window for SYN and SYN-ACK segments: never scaled (RFC 7323 §2.2).
@@ -3081,7 +3122,9 @@ impl Connection {
     fn window_to_advertise(&mut self) -> u16 {
         let cur = self.rcv_adv.saturating_sub(self.rcv_nxt);
         let free = self.free_space() as u64;
-        let threshold = ((self.cfg.recv_buffer / 2) as u64)
+        // RCV.BUFF is what the memory budget lets the buffer hold now (crate::mem): with a
+        // floor below one MSS the window must still open.
+        let threshold = ((self.recv_buffer_now() / 2) as u64)
             .min(self.rcv_mss as u64)
             .max(1);
         let mut win = if free >= cur + threshold { free } else { cur };
@@ -3978,5 +4021,119 @@ impl Connection {
         self.on_ack_sent();
         self.counters.packets_sent += 1;
         Some(n)
+    }
+}
+
+// ------------------------------------------------------------ memory budget (crate::mem)
+
+impl Connection {
+    /// Payload bytes held: (send queue, received data). In uTCP mode the received data is
+    /// what is queued for the application; the receive buffer then keeps counts only.
+    pub(crate) fn memory_held(&self) -> (usize, usize) {
+        let recv = match &self.unordered {
+            Some(u) => u.bytes(),
+            None => self.recv.used(),
+        };
+        (self.queue.len(), recv)
+    }
+
+    fn memory_total_held(&self) -> usize {
+        let (send, recv) = self.memory_held();
+        send + recv
+    }
+
+    pub(crate) fn memory_charged(&self) -> usize {
+        self.mem.charged()
+    }
+
+    /// Brings the endpoint's account up to date (after every operation).
+    pub(crate) fn sync_memory(&mut self) {
+        let held = self.memory_total_held();
+        self.mem.sync(held);
+    }
+
+    /// The receive buffer size in effect: the configured one, or less when the budget
+    /// (above its pressure threshold) lets the buffer hold less.
+    fn recv_buffer_now(&self) -> usize {
+        let (_, recv) = self.memory_held();
+        let room = self.mem.window_room(recv, self.memory_total_held());
+        self.cfg
+            .recv_buffer
+            .min(self.recv.used().saturating_add(room))
+    }
+
+    /// Bytes the send queue may still grow by under the budget.
+    fn send_room(&self) -> usize {
+        let (send, _) = self.memory_held();
+        self.mem.room(send, self.memory_total_held())
+    }
+
+    /// Bytes the received data may still grow by under the budget.
+    fn recv_room(&self) -> usize {
+        let (_, recv) = self.memory_held();
+        self.mem.room(recv, self.memory_total_held())
+    }
+
+    /// The prefix of a write the budget admits (the send buffer's own limit applies after).
+    fn admit_write<'a>(&self, data: &'a [u8]) -> &'a [u8] {
+        let room = self.send_room();
+        if data.len() > room && self.queue.free() > room {
+            self.mem.note_limited_write();
+        }
+        &data[..data.len().min(room)]
+    }
+
+    /// How many of `len` bytes of segment text at stream offset `from` (already trimmed to
+    /// the window) the budget admits: the new bytes they add must fit the room. In-order text
+    /// that does not fit first makes room by dropping this connection's out-of-order ranges,
+    /// highest first (Linux's `tcp_prune_ofo_queue`; reneging is allowed by RFC 2018 §8).
+    /// What is cut off is dropped and acknowledged at once; the sender retransmits it.
+    fn admit_text(&mut self, from: u64, len: usize) -> usize {
+        let mut room = self.recv_room() as u64;
+        if len as u64 <= room {
+            // The common case, without looking at what is new.
+            return len;
+        }
+        let end = from + len as u64;
+        let new_bytes =
+            |r: &RecvBuffer| -> u64 { r.uncovered(from, end).iter().map(|(s, e)| e - s).sum() };
+        if new_bytes(&self.recv) <= room {
+            return len;
+        }
+        // In-order text only, and only when dropping every out-of-order byte would make room
+        // (in uTCP mode those bytes are already the application's: nothing to prune).
+        let prune = self.unordered.is_none() && from <= self.recv.next() && {
+            let ooo = self.recv.ooo_bytes();
+            let (send, recv) = self.memory_held();
+            let best = self
+                .mem
+                .room(recv.saturating_sub(ooo), send + recv.saturating_sub(ooo));
+            best as u64 > room
+        };
+        if prune {
+            let mut pruned = false;
+            while new_bytes(&self.recv) > room && self.recv.prune_last_ooo() > 0 {
+                pruned = true;
+                room = self.recv_room() as u64;
+            }
+            if pruned {
+                self.mem.note_drop();
+                self.ack_now = true;
+            }
+            if new_bytes(&self.recv) <= room {
+                return len;
+            }
+        }
+        self.mem.note_drop();
+        self.ack_now = true;
+        // Cut where the new bytes reach the room.
+        let mut left = room;
+        for (s, e) in self.recv.uncovered(from, end) {
+            if e - s >= left {
+                return (s + left - from) as usize;
+            }
+            left -= e - s;
+        }
+        len
     }
 }

@@ -69,6 +69,17 @@ pub struct EndpointStats {
     /// Path states saved into the path cache, and taken by new connections (Careful Resume).
     pub path_states_saved: u64,
     pub path_states_used: u64,
+    /// Memory budget ([`EndpointConfig::memory`], [`crate::mem`]): payload bytes all
+    /// connections hold now, and the most they held at once.
+    pub memory_in_use: usize,
+    pub memory_peak: usize,
+    /// Received segments trimmed or dropped, out-of-order pruning runs, and uTCP copies of
+    /// received data not queued, all for the budget (each counted once per segment).
+    pub memory_pressure_drops: u64,
+    /// Writes shortened or refused for the budget (the send buffer itself had room).
+    pub memory_limited_writes: u64,
+    /// Times the total rose above the pressure threshold.
+    pub memory_pressure_events: u64,
 }
 
 /// TCP Fast Open counters (RFC 7413) of an endpoint.
@@ -314,6 +325,7 @@ impl Endpoint {
             shared: Shared {
                 epoch: now,
                 ttl: config.ttl,
+                mem: crate::mem::MemPool::new(config.memory),
             },
             config,
             slots: Vec::new(),
@@ -386,8 +398,10 @@ impl Endpoint {
     /// panics with a description if anything is off: connection and half-open counts (within
     /// [`EndpointConfig::max_connections`] and [`EndpointConfig::max_half_open`]), accept
     /// queues within their backlogs, the demultiplexing table and timers pointing at live
-    /// connections, the reply queue within its bound, and per connection its receive buffer,
-    /// send queue and scoreboard. Read-only and slow (it walks everything): for fuzz targets
+    /// connections, the reply queue within its bound, per connection its receive buffer,
+    /// send queue and scoreboard, and the memory account: every connection's charge up to
+    /// date and the total within the bound of [`crate::mem`] (the limit plus the floors
+    /// held). Read-only and slow (it walks everything): for fuzz targets
     /// and tests, not for the data path.
     #[doc(hidden)]
     pub fn check_invariants(&self) {
@@ -451,6 +465,27 @@ impl Endpoint {
                 c.check_invariants();
             }
         }
+        // The memory budget (crate::mem): every charge up to date, and the bound.
+        let budget = self.shared.mem.budget();
+        let floor = budget.per_connection_floor;
+        let (mut held, mut floors) = (0usize, 0usize);
+        for c in self.slots.iter().filter_map(|s| s.conn.as_ref()) {
+            let (send, recv) = c.memory_held();
+            assert_eq!(
+                c.memory_charged(),
+                send + recv,
+                "memory charge not up to date"
+            );
+            held += send + recv;
+            floors += send.min(floor) + recv.min(floor);
+        }
+        let in_use = self.shared.mem.snapshot().in_use;
+        assert_eq!(in_use, held, "memory in use miscounted");
+        assert!(
+            in_use <= budget.limit.saturating_add(floors),
+            "memory in use {in_use} beyond the limit {} plus the floors held {floors}",
+            budget.limit
+        );
     }
 
     // ------------------------------------------------------------ opening
@@ -679,7 +714,7 @@ impl Endpoint {
             local,
             remote,
             cfg,
-            shared: self.shared,
+            shared: self.shared.clone(),
             iss: self.secret.isn(&local, &remote, since),
             ts_offset: self.secret.ts_offset(&local, &remote),
             ip_id: self.secret.ip_id(&local, &remote),
@@ -1034,6 +1069,7 @@ impl Endpoint {
         let Some(conn) = slot.conn.as_mut() else {
             return;
         };
+        conn.sync_memory();
         let handle = ConnectionHandle {
             index: idx,
             generation: slot.generation,
@@ -1151,7 +1187,7 @@ impl Endpoint {
                 if let Some(t) = slot.timer.take() {
                     self.timers.remove(&(t, idx));
                 }
-                slot.conn = None;
+                slot.conn = None; // returns its memory charge
                 slot.generation = slot.generation.wrapping_add(1);
                 slot.in_ready = false;
                 self.free.push(idx);
@@ -1159,6 +1195,16 @@ impl Endpoint {
                 self.stats.connections_closed += 1;
             }
         }
+        self.refresh_memory_stats();
+    }
+
+    fn refresh_memory_stats(&mut self) {
+        let m = self.shared.mem.snapshot();
+        self.stats.memory_in_use = m.in_use;
+        self.stats.memory_peak = m.peak;
+        self.stats.memory_pressure_drops = m.drops;
+        self.stats.memory_limited_writes = m.limited_writes;
+        self.stats.memory_pressure_events = m.pressure_events;
     }
 
     // ------------------------------------------------------------ input

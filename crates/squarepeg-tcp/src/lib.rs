@@ -161,6 +161,7 @@ mod conn;
 mod cwv;
 mod endpoint;
 mod error;
+pub mod mem;
 mod recv_buf;
 pub mod resume;
 mod rtt;
@@ -182,6 +183,7 @@ pub use endpoint::{
     MIN_TRANSMIT_BUFFER,
 };
 pub use error::{DropReason, Error};
+pub use mem::MemoryBudget;
 pub use resume::{PathCache, PathCacheConfig, PathRecord, ResumePhase, ResumeStats, SavedPath};
 pub use rtt::RttEstimator;
 pub use send_queue::{

@@ -282,6 +282,17 @@ impl RecvBuffer {
         n
     }
 
+    /// Drops the highest out-of-order range (memory pressure, as Linux's
+    /// `tcp_prune_ofo_queue`). Returns the bytes freed.
+    pub fn prune_last_ooo(&mut self) -> usize {
+        let Some((s, r)) = self.ooo.pop_last() else {
+            return 0;
+        };
+        let n = (r.end - s) as usize;
+        self.ooo_bytes -= n;
+        n
+    }
+
     /// Contiguous out-of-order ranges `[start, end)` in ascending order (for SACK blocks).
     pub fn ooo_ranges(&self) -> Vec<(u64, u64)> {
         self.ooo.iter().map(|(&s, r)| (s, r.end)).collect()

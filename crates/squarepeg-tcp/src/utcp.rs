@@ -43,6 +43,8 @@
 //! whole while the duplicates queued total at most a quarter of the receive buffer; beyond
 //! that only the new parts of a segment are queued and pure duplicates are dropped (counted
 //! in [`ConnectionStats`](crate::ConnectionStats)). So at most 1.25 × the receive buffer.
+//! These bytes count against the endpoint's memory budget ([`crate::mem`]); when it is
+//! short, duplicates are not queued at all.
 //!
 //! # Send: message writes (Minion §4.2, Hollywood §4.2)
 //!
@@ -176,13 +178,20 @@ impl Unordered {
 
     /// Queues a segment's bytes at `offset`, of which `new` (ascending, disjoint ranges) had
     /// not arrived before. Returns whether anything was queued.
-    pub(crate) fn deliver(&mut self, offset: u64, data: &[u8], new: &[(u64, u64)]) -> bool {
+    /// `old_ok` false (the endpoint's memory budget, [`crate::mem`]) queues only the new parts.
+    pub(crate) fn deliver(
+        &mut self,
+        offset: u64,
+        data: &[u8],
+        new: &[(u64, u64)],
+        old_ok: bool,
+    ) -> bool {
         if data.is_empty() {
             return false;
         }
         let fresh: usize = new.iter().map(|&(s, e)| (e - s) as usize).sum();
         let old = data.len() - fresh.min(data.len());
-        if old == 0 || self.old_bytes + old <= self.old_limit {
+        if old == 0 || (old_ok && self.old_bytes + old <= self.old_limit) {
             self.push(offset, data.to_vec(), old);
             return true;
         }
@@ -532,8 +541,8 @@ mod tests {
     fn delivery_queue_reads_in_arrival_order_and_tracks_consumption() {
         let mut u = Unordered::new(3);
         // Out of order first, then the gap filler, then a duplicate of both.
-        assert!(u.deliver(10, b"klmno", &[(10, 15)]));
-        assert!(u.deliver(0, b"0123456789", &[(0, 10)]));
+        assert!(u.deliver(10, b"klmno", &[(10, 15)], true));
+        assert!(u.deliver(0, b"0123456789", &[(0, 10)], true));
         assert_eq!(u.consumed_to(0, 15), 0);
         let mut buf = [0u8; 4];
         assert_eq!(
@@ -552,9 +561,9 @@ mod tests {
         );
         assert_eq!(u.consumed_to(0, 15), 15);
         // A duplicate within the limit is queued whole; beyond it only new bytes are.
-        assert!(u.deliver(12, b"mn", &[]));
-        assert!(!u.deliver(0, b"01234", &[]));
-        assert!(u.deliver(13, b"nopq", &[(15, 17)]));
+        assert!(u.deliver(12, b"mn", &[], true));
+        assert!(!u.deliver(0, b"01234", &[], true));
+        assert!(u.deliver(13, b"nopq", &[(15, 17)], true));
         assert_eq!(u.stats().duplicate_bytes_dropped, 5 + 2);
         assert_eq!(
             u.read(&mut big),

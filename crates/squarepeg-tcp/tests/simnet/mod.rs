@@ -285,11 +285,25 @@ pub struct TcpHost {
     scratch: Vec<u8>,
 }
 
+/// Whether `SQUAREPEG_SIM_MEMORY` puts the hosts under a memory budget.
+fn memory_budget_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("SQUAREPEG_SIM_MEMORY").is_some())
+}
+
 impl TcpHost {
     pub fn new(name: &'static str, addr: IpAddr, secret: u8, start: Instant) -> TcpHost {
         let mut config = EndpointConfig::default();
         config.secret = [secret; 32];
         config.local_addresses = vec![addr];
+        // SQUAREPEG_SIM_MEMORY=<bytes>: run every host under that memory budget (crate::mem),
+        // floor 4 KiB, to exercise the budget's policy on every scenario.
+        if let Some(limit) = std::env::var("SQUAREPEG_SIM_MEMORY")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            config.memory = squarepeg_tcp::MemoryBudget::new(limit).with_floor(4096);
+        }
         TcpHost {
             name,
             ep: Endpoint::new(config, start),
@@ -676,6 +690,10 @@ impl Host for TcpHost {
             self.counters.packets_dropped += 1;
         }
         self.drive(now);
+        if memory_budget_on() {
+            // The budget's bound after every packet (Endpoint::check_invariants).
+            self.ep.check_invariants();
+        }
     }
 
     fn poll_transmit(&mut self, now: Instant) -> Option<Vec<u8>> {
