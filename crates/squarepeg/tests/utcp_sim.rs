@@ -214,8 +214,13 @@ fn setup(seed: u64) -> Setup {
 #[test]
 fn messages_arrive_once_and_out_of_order_with_inconsistent_retransmissions() {
     let (mut replaced, mut replacements, mut inconsistent, mut ooo) = (0, 0, 0, 0);
-    for seed in 1..=12 {
-        let o = run(&setup(seed));
+    for seed in 1..=20 {
+        // Twice the messages of the other tests: replacements need a loss late enough to doom
+        // a retransmission while a live message waits.
+        let o = run(&Setup {
+            messages: 600,
+            ..setup(seed)
+        });
         let st = o.client.utcp_stats().expect("utcp");
         replaced += st.replaced;
         replacements += st.sent_as_replacement;
