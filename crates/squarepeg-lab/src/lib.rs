@@ -69,6 +69,13 @@
 //! pattern; decisions use integer thresholds and IEEE-exact arithmetic only, so a seed gives
 //! the same trace on every machine (a test pins one).
 //!
+//! With [`model::Fates::PerInstant`] the draws of steps 3 (random loss), 4, 5 and 6 come
+//! instead from the instant the packet was offered (and its rank among packets offered at
+//! that instant), and step 4's deviation varies smoothly with that instant: two runs — two
+//! transports — that offer a packet at the same moment give it the same fate whatever else
+//! they sent (common random numbers), so they can be compared seed by seed. The
+//! Gilbert-Elliott chain still steps per packet.
+//!
 //! # What the seeds ask for
 //!
 //! - Hollywood §5.1.2, figure 5.3: the ADSL dumbbell (8 Mbit/s down, 1 Mbit/s up) with RTT 15

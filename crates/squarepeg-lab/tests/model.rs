@@ -3,7 +3,8 @@
 use std::time::{Duration, Instant};
 
 use squarepeg_lab::model::{
-    DropReason, GilbertElliott, Jitter, JitterDistribution, LinkConfig, LinkDirection, Verdict,
+    DropReason, Fates, GilbertElliott, Jitter, JitterDistribution, LinkConfig, LinkDirection,
+    Verdict,
 };
 
 const MS: Duration = Duration::from_millis(1);
@@ -515,3 +516,50 @@ fn same_seed_same_trace_different_seed_different_trace() {
 }
 
 const PINNED_TRACE_HASH: u64 = 0xe213_31b7_9176_2cd2;
+
+#[test]
+fn per_instant_fates_are_common_random_numbers() {
+    // Two runs offer the same packets every 20 ms; one of them also offers extra packets in
+    // between. With fates per instant the shared packets meet the same loss and the same
+    // delay in both, with the default per-packet draws they part from the first extra one.
+    // Jitter that reorders: on a FIFO link an extra packet may hold back the next one, which
+    // is the link, not the draw.
+    let config = LinkConfig::new()
+        .with_delay(20 * MS)
+        .with_jitter_config(Jitter {
+            amount: 10 * MS,
+            preserve_order: false,
+            ..Jitter::default()
+        })
+        .with_loss(0.1);
+    let run = |fates: Fates, extra: bool| -> Vec<Option<Duration>> {
+        let start = Instant::now();
+        let mut link = LinkDirection::new(config.clone().with_fates(fates), 11).expect("config");
+        link.set_epoch(start);
+        let mut out = Vec::new();
+        for i in 0..2000u32 {
+            let at = start + 20 * MS * i;
+            match link.offer(at, 200) {
+                Verdict::Deliver { at: arrival, .. } => out.push(Some(arrival - at)),
+                Verdict::Drop(_) => out.push(None),
+            }
+            if extra && i % 3 == 0 {
+                let _ = link.offer(at + 7 * MS, 60);
+            }
+        }
+        out
+    };
+    let (a, b) = (run(Fates::PerInstant, false), run(Fates::PerInstant, true));
+    let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+    assert_eq!(differ, 0, "shared packets with different fates");
+    let lost = a.iter().filter(|v| v.is_none()).count();
+    assert!((120..=280).contains(&lost), "10 % of 2000 lost: {lost}");
+    let delays: std::collections::BTreeSet<_> = a.iter().flatten().collect();
+    assert!(delays.len() > 100, "jitter varies the delay");
+    let (c, d) = (run(Fates::PerPacket, false), run(Fates::PerPacket, true));
+    let differ = c.iter().zip(&d).filter(|(x, y)| x != y).count();
+    assert!(
+        differ > 1000,
+        "per packet, the extra packets shift later draws: {differ}"
+    );
+}

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use squarepeg_lab::model::{Bottleneck, GilbertElliott, Jitter, LinkConfig, presets};
+use squarepeg_lab::model::{Bottleneck, Fates, GilbertElliott, Jitter, LinkConfig, presets};
 
 use super::VoipError;
 
@@ -236,7 +236,9 @@ pub fn bursty_loss() -> Scenario {
         name: "bursty-loss".into(),
         description: "ADSL 8/1 Mbit/s, RTT 70 ms, Gilbert-Elliott loss both ways (mean burst 3, about 1 %), 30 ms playout".into(),
         bottleneck: adsl(Duration::from_millis(70), |l| {
-            l.with_loss(0.0).with_gilbert_elliott(ge)
+            l.with_loss(0.0)
+                .with_gilbert_elliott(ge)
+                .with_fates(Fates::PerInstant)
         }),
         playout_delay: Duration::from_millis(30),
         bulk: None,
@@ -262,7 +264,9 @@ fn jittery(name: &str, preserve_order: bool) -> Scenario {
             }
         ),
         bottleneck: adsl(Duration::from_millis(40), |l| {
-            l.with_loss(0.002).with_jitter_config(jitter)
+            l.with_loss(0.002)
+                .with_jitter_config(jitter)
+                .with_fates(Fates::PerInstant)
         }),
         playout_delay: Duration::from_millis(60),
         bulk: None,
@@ -284,7 +288,9 @@ pub fn heavy_loss() -> Scenario {
     Scenario {
         name: "heavy-loss".into(),
         description: "ADSL 8/1 Mbit/s, RTT 70 ms, 2 % random loss each way, 30 ms playout".into(),
-        bottleneck: adsl(Duration::from_millis(70), |l| l.with_loss(0.02)),
+        bottleneck: adsl(Duration::from_millis(70), |l| {
+            l.with_loss(0.02).with_fates(Fates::PerInstant)
+        }),
         playout_delay: Duration::from_millis(30),
         bulk: None,
     }
@@ -295,7 +301,9 @@ pub fn long_rtt() -> Scenario {
     Scenario {
         name: "long-rtt".into(),
         description: "ADSL 8/1 Mbit/s, RTT 200 ms, 0.1 % random loss, 100 ms playout".into(),
-        bottleneck: presets::hollywood_adsl(Duration::from_millis(200)),
+        bottleneck: adsl(Duration::from_millis(200), |l| {
+            l.with_fates(Fates::PerInstant)
+        }),
         playout_delay: Duration::from_millis(100),
         bulk: None,
     }

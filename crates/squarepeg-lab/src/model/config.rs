@@ -44,6 +44,29 @@ pub struct LinkConfig {
     pub duplicate: f64,
     /// Largest IP packet the link carries; bigger packets are dropped (`None`: no limit).
     pub mtu: Option<u32>,
+    /// How each packet's random fate is drawn.
+    pub fates: Fates,
+}
+
+/// How a link draws each packet's fate: random loss, jitter, reordering, duplication.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fates {
+    /// From one random stream per impairment, packet after packet, as netem does: a packet's
+    /// fate depends on how many packets crossed before it, so two transports that send
+    /// different packets meet different losses and delays from their first difference on.
+    #[default]
+    PerPacket,
+    /// From the instant the packet is offered (time since the link's epoch, and its rank among
+    /// packets offered at that same instant): two runs that offer a packet at the same moment
+    /// give it the same fate, whatever else they sent — common random numbers, so that
+    /// transports can be compared seed by seed on the same voice packets. Each impairment keeps
+    /// its probability per packet. Jitter varies smoothly with time instead of per packet
+    /// (values drawn at knots 10 ms apart, linear in between), so that a retransmission one
+    /// transport sends a few milliseconds before the other meets nearly the same delay, as on
+    /// a path whose queueing varies over time; a deviation of ±A still needs packets less than
+    /// 2A apart to reorder. Gilbert-Elliott's chain still steps packet by packet.
+    PerInstant,
 }
 
 impl Default for LinkConfig {
@@ -59,6 +82,7 @@ impl Default for LinkConfig {
             reorder: None,
             duplicate: 0.0,
             mtu: None,
+            fates: Fates::PerPacket,
         }
     }
 }
@@ -227,6 +251,12 @@ impl LinkConfig {
     /// An ideal link: no delay, no loss, unlimited rate.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Sets how packets' fates are drawn.
+    pub fn with_fates(mut self, fates: Fates) -> Self {
+        self.fates = fates;
+        self
     }
 
     /// Sets the propagation delay.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::config::{ConfigError, JitterDistribution, LinkConfig};
+use super::config::{ConfigError, Fates, JitterDistribution, LinkConfig};
 use crate::rng::{Chance, Stream};
 use crate::units::serde_duration;
 
@@ -141,6 +141,17 @@ const STREAM_JITTER: u64 = 3;
 const STREAM_REORDER: u64 = 4;
 const STREAM_DUPLICATE: u64 = 5;
 
+/// Spacing of the knots of [`Fates::PerInstant`] jitter.
+const JITTER_KNOT: Duration = Duration::from_millis(10);
+
+/// A 64-bit key from a seed and two numbers (SplitMix64's finaliser).
+fn mix(seed: u64, a: u64, b: u64) -> u64 {
+    let mut key = seed ^ a.rotate_left(17) ^ b.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    key = (key ^ (key >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    key = (key ^ (key >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    key ^ (key >> 31)
+}
+
 /// The probabilities of a config, compiled.
 #[derive(Debug, Clone, Copy)]
 struct Chances {
@@ -181,6 +192,14 @@ pub struct LinkDirection {
     jitter_rng: Stream,
     reorder_rng: Stream,
     duplicate_rng: Stream,
+    /// The seed, for [`Fates::PerInstant`] draws.
+    seed: u64,
+    /// Time zero of [`Fates::PerInstant`] (set by the owner, else the first offer).
+    epoch: Option<Instant>,
+    /// The last offer's instant and its rank among the offers at that instant.
+    last_offer: Option<(Instant, u64)>,
+    /// [`Fates::PerInstant`]: the current offer's time since the epoch, in nanoseconds.
+    offer_since: u64,
     in_bad_state: bool,
     up: bool,
     last_now: Option<Instant>,
@@ -211,6 +230,10 @@ impl LinkDirection {
             jitter_rng: Stream::new(seed, STREAM_JITTER),
             reorder_rng: Stream::new(seed, STREAM_REORDER),
             duplicate_rng: Stream::new(seed, STREAM_DUPLICATE),
+            seed,
+            epoch: None,
+            last_offer: None,
+            offer_since: 0,
             in_bad_state: false,
             up: true,
             last_now: None,
@@ -222,6 +245,30 @@ impl LinkDirection {
             latest_arrival: None,
             stats: LinkStats::default(),
         })
+    }
+
+    /// Time zero of [`Fates::PerInstant`] draws: the simulator's start, so that runs of one
+    /// seed key their packets' fates alike. Without it, the first offer's instant.
+    pub fn set_epoch(&mut self, epoch: Instant) {
+        self.epoch = Some(epoch);
+    }
+
+    /// [`Fates::PerInstant`]: the random streams of the packet offered at `now`, keyed by the
+    /// time since the epoch and the packet's rank among those offered at that instant.
+    fn key_streams(&mut self, now: Instant) {
+        let epoch = *self.epoch.get_or_insert(now);
+        let rank = match self.last_offer {
+            Some((at, rank)) if at == now => rank + 1,
+            _ => 0,
+        };
+        self.last_offer = Some((now, rank));
+        let since = now.saturating_duration_since(epoch).as_nanos() as u64;
+        self.offer_since = since;
+        let key = mix(self.seed, since, rank);
+        self.loss_rng = Stream::new(key, STREAM_LOSS);
+        self.jitter_rng = Stream::new(key, STREAM_JITTER);
+        self.reorder_rng = Stream::new(key, STREAM_REORDER);
+        self.duplicate_rng = Stream::new(key, STREAM_DUPLICATE);
     }
 
     /// The configuration in force.
@@ -310,21 +357,46 @@ impl LinkDirection {
 
     fn propagate(&mut self, departure: Instant, rng_is_duplicate: bool) -> Instant {
         let jitter = self.config.jitter;
-        let rng = if rng_is_duplicate {
-            &mut self.duplicate_rng
+        let deviation = if self.config.fates == Fates::PerInstant && !rng_is_duplicate {
+            self.smooth_jitter()
         } else {
-            &mut self.jitter_rng
+            let rng = if rng_is_duplicate {
+                &mut self.duplicate_rng
+            } else {
+                &mut self.jitter_rng
+            };
+            Self::jitter_sample(rng, jitter.amount, jitter.distribution)
         };
-        let deviation = Self::jitter_sample(rng, jitter.amount, jitter.distribution);
         let delay = self.config.delay.as_nanos() as i128 + deviation;
         // Jitter larger than the delay cannot make a packet arrive before it left.
         departure + Duration::from_nanos(delay.max(0) as u64)
+    }
+
+    /// [`Fates::PerInstant`] jitter: a deviation that varies smoothly with the offer time,
+    /// drawn at knots [`JITTER_KNOT`] apart and interpolated linearly in between, so that two
+    /// runs whose packets leave a few milliseconds apart (a retransmission sent a little
+    /// earlier by one transport than by the other) see nearly the same delay, as on a real
+    /// path whose queueing varies over time.
+    fn smooth_jitter(&self) -> i128 {
+        let jitter = self.config.jitter;
+        let knot_ns = JITTER_KNOT.as_nanos() as u64;
+        let k = self.offer_since / knot_ns;
+        let frac = (self.offer_since % knot_ns) as i128;
+        let at = |k: u64| {
+            let mut rng = Stream::new(mix(self.seed, k, u64::MAX), STREAM_JITTER);
+            Self::jitter_sample(&mut rng, jitter.amount, jitter.distribution)
+        };
+        let (a, b) = (at(k), at(k + 1));
+        a + (b - a) * frac / knot_ns as i128
     }
 
     /// Offers a packet of `packet_len` IP bytes at `now`.
     pub fn offer(&mut self, now: Instant, packet_len: usize) -> Verdict {
         let now = self.last_now.map_or(now, |last| now.max(last));
         self.last_now = Some(now);
+        if self.config.fates == Fates::PerInstant {
+            self.key_streams(now);
+        }
         let bytes = packet_len as u64;
         self.stats.offered += 1;
         self.stats.offered_bytes += bytes;

@@ -12,8 +12,8 @@ pub mod presets;
 mod spec;
 
 pub use config::{
-    ConfigError, DEFAULT_QUEUE_PACKETS, GilbertElliott, Jitter, JitterDistribution, LinkConfig,
-    MAX_DELAY, QueueLimit, Reorder,
+    ConfigError, DEFAULT_QUEUE_PACKETS, Fates, GilbertElliott, Jitter, JitterDistribution,
+    LinkConfig, MAX_DELAY, QueueLimit, Reorder,
 };
 pub use link::{DropReason, LinkDirection, LinkStats, Verdict};
 pub use presets::Bottleneck;

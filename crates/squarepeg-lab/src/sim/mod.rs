@@ -336,10 +336,13 @@ impl Simulator {
 
     /// A simulator whose virtual clock starts at `start`.
     pub fn with_start(config: SimConfig, start: Instant) -> Result<Self, SimError> {
-        let links = [
+        let mut links = [
             LinkDirection::new(config.bottleneck.left_to_right, derive_seed(config.seed, 1))?,
             LinkDirection::new(config.bottleneck.right_to_left, derive_seed(config.seed, 2))?,
         ];
+        for link in &mut links {
+            link.set_epoch(start);
+        }
         let chain = || ChainSlot {
             chain: MiddleboxChain::new(),
             timer: None,
