@@ -28,12 +28,17 @@
 
 pub mod config;
 mod error;
+pub mod join;
 pub mod padding;
 pub mod record;
 mod tls;
 pub mod unordered;
 
 pub use error::{TlsError, alert};
+pub use join::{
+    JoinConfig, JoinProbe, JoinRefusal, JoinRegistry, JoinStats, JoinTickets, JoinVerdict,
+    SessionId,
+};
 pub use padding::PaddingSealer;
 pub use tls::{EarlyData, Tls, TlsStats};
 pub use unordered::{OutOfOrderConfig, OutOfOrderRecord};

@@ -783,6 +783,12 @@ impl Tls {
         }
     }
 
+    /// Whether the connection failed (a fatal error, ours or the peer's alert): it will not
+    /// carry data any more.
+    pub fn has_failed(&self) -> bool {
+        self.failed.is_some()
+    }
+
     /// Whether the handshake has not finished yet (also after it failed).
     pub fn is_handshaking(&self) -> bool {
         matches!(
