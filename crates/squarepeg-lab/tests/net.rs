@@ -7,12 +7,16 @@
 //! carry the test process's pid) and removes it even when it fails (the `Lab` guard); the
 //! tests take a lock so that one lab runs at a time and timing is not disturbed by another.
 
+#[path = "common/lab.rs"]
+mod lab_harness;
+
+use lab_harness::{can_run, lab_lock};
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -33,31 +37,6 @@ const MS: Duration = Duration::from_millis(1);
 
 // ---------------------------------------------------------------------------------------------
 // Harness
-
-/// One lab at a time: calibration must not compete with another lab for the CPU.
-fn lab_lock() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// True if this machine can run labs; otherwise says why (once per test).
-fn can_run(test: &str) -> bool {
-    if !net::is_root() {
-        eprintln!("SKIPPED {test}: the network lab needs root; CI runs it as root");
-        return false;
-    }
-    for (tool, version) in [("ip", "-V"), ("ethtool", "--version")] {
-        let found = std::process::Command::new(tool)
-            .arg(version)
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !found {
-            eprintln!("SKIPPED {test}: `{tool}` is not installed; .ci/run installs it");
-            return false;
-        }
-    }
-    true
-}
 
 /// Asserts that none of a lab's namespaces is left.
 fn assert_removed(info: &TopologyInfo) {

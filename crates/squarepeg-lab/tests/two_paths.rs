@@ -9,10 +9,14 @@
 
 #![allow(clippy::needless_range_loop)] // paths are indices into several arrays
 
+#[path = "common/lab.rs"]
+mod lab_harness;
+
+use lab_harness::{can_run, lab_lock};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -24,29 +28,6 @@ use squarepeg_lab::net::{
 
 const MS: Duration = Duration::from_millis(1);
 const IPPROTO_MPTCP: i32 = 262;
-
-fn lab_lock() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn can_run(test: &str) -> bool {
-    if !net::is_root() {
-        eprintln!("SKIPPED {test}: the network lab needs root; CI runs it as root");
-        return false;
-    }
-    for (tool, version) in [("ip", "-V"), ("ethtool", "--version")] {
-        let found = std::process::Command::new(tool)
-            .arg(version)
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !found {
-            eprintln!("SKIPPED {test}: `{tool}` is not installed; .ci/run installs it");
-            return false;
-        }
-    }
-    true
-}
 
 fn link(spec: &str) -> LinkConfig {
     spec.parse().expect("link spec")
