@@ -787,7 +787,7 @@ impl Connection {
                         Ok(true) => {}
                         // Not possible now: the frames wait for the handshake's end, sealed
                         // first then (positional records, in order).
-                        Ok(false) => t.early = Some((std::mem::take(&mut t.staging), 0)),
+                        Ok(false) => t.early = Some(std::mem::take(&mut t.staging)),
                         Err(e) => failure = Some(e),
                     }
                 }

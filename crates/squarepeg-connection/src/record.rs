@@ -104,9 +104,10 @@ pub(crate) struct TlsLayer {
     /// Since when the in-order stream is held on bytes that do not authenticate
     /// (`Tls::is_held`): it fails after [`MAX_HOLD`].
     pub(crate) held_since: Option<Instant>,
-    /// Client: the plaintext offered as early data and how much of it went early, until the
-    /// handshake says whether the server took it.
-    pub(crate) early: Option<(Vec<u8>, usize)>,
+    /// Client: the plaintext offered as early data, until the handshake says whether the
+    /// server took it (how much went early is `Tls::early_data`'s); server: 0.5-RTT frames
+    /// that could not be sealed yet.
+    pub(crate) early: Option<Vec<u8>>,
 }
 
 /// How long the in-order stream may stay held on bytes that do not authenticate before the
@@ -145,8 +146,8 @@ impl TlsLayer {
     ) -> Result<(), TlsError> {
         let mut early = Vec::new();
         session.poll_transmit_early(now, &mut early, crate::EARLY_DATA_GATHER);
-        let sent = self.tls.start_client(&early)?;
-        self.early = Some((early, sent));
+        self.tls.start_client(&early)?;
+        self.early = Some(early);
         Ok(())
     }
 
@@ -156,9 +157,10 @@ impl TlsLayer {
         if self.tls.is_handshaking() {
             return None;
         }
-        let (mut early, sent) = self.early.take()?;
+        let mut early = self.early.take()?;
+        // A server's early data is never `Accepted` (it is `Received`): all of its is sealed.
         let taken = match self.tls.early_data() {
-            EarlyData::Accepted(n) => n.min(sent),
+            EarlyData::Accepted(n) => n,
             _ => 0,
         };
         (taken < early.len()).then(|| early.split_off(taken))

@@ -28,7 +28,7 @@
 //! them), not later on request: a session has as many join tickets as its connections were
 //! issued, refilled by each join's own tickets.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -204,7 +204,7 @@ struct Registry {
     used: HashMap<Vec<u8>, Used>,
     /// Ids of `tickets` and `used`, oldest first (may name ids already gone).
     order: VecDeque<Vec<u8>>,
-    sessions: HashMap<SessionId, ()>,
+    sessions: HashSet<SessionId>,
     stats: JoinStats,
     capacity: usize,
 }
@@ -223,6 +223,20 @@ impl Registry {
             self.order
                 .retain(|id| tickets.contains_key(id) || used.contains_key(id));
         }
+    }
+
+    /// Moves ticket `id` from the live tickets to the used ones, with the reason a later
+    /// presentation of it is refused.
+    fn retire(&mut self, id: &[u8], why: JoinRefusal) -> Option<Ticket> {
+        let ticket = self.tickets.remove(id)?;
+        self.used.insert(
+            id.to_vec(),
+            Used {
+                binding: ticket.binding,
+                why,
+            },
+        );
+        Some(ticket)
     }
 
     fn bind(&mut self, probe: &mut ProbeState, session: SessionId, now: Duration) {
@@ -292,7 +306,7 @@ impl JoinRegistry {
             .expect("the system's random generator works");
         let session = SessionId(bytes);
         let mut state = self.state();
-        state.sessions.insert(session, ());
+        state.sessions.insert(session);
         state.bind(&mut probe.lock(), session, now);
         session
     }
@@ -326,7 +340,7 @@ impl JoinRegistry {
             }
             Offered::Taken(None) => JoinVerdict::Refused(JoinRefusal::UnknownSession),
             Offered::Taken(Some(binding)) => {
-                if !state.sessions.contains_key(&binding.session) {
+                if !state.sessions.contains(&binding.session) {
                     JoinVerdict::Refused(JoinRefusal::UnknownSession)
                 } else if now.saturating_sub(binding.since) > self.config.ticket_lifetime {
                     JoinVerdict::Refused(JoinRefusal::Expired)
@@ -349,17 +363,10 @@ impl JoinRegistry {
         match verdict {
             JoinVerdict::Accepted(session) => state.bind(&mut p, session, now),
             _ => {
-                // A refused connection's own tickets join nothing.
+                // A refused connection's own tickets join nothing (they were bound to no
+                // session: only `start_session` and an accepted join bind them).
                 for id in &p.issued {
-                    if state.tickets.remove(id).is_some() {
-                        state.used.insert(
-                            id.clone(),
-                            Used {
-                                binding: None,
-                                why: JoinRefusal::UnknownSession,
-                            },
-                        );
-                    }
+                    state.retire(id, JoinRefusal::UnknownSession);
                 }
             }
         }
@@ -379,14 +386,7 @@ impl JoinRegistry {
             .map(|(id, _)| id.clone())
             .collect();
         for id in revoked {
-            let binding = state.tickets.remove(&id).and_then(|t| t.binding);
-            state.used.insert(
-                id,
-                Used {
-                    binding,
-                    why: JoinRefusal::UnknownSession,
-                },
-            );
+            state.retire(&id, JoinRefusal::UnknownSession);
         }
     }
 
@@ -406,14 +406,7 @@ impl JoinRegistry {
             .map(|(id, _)| id.clone())
             .collect();
         for id in old {
-            let binding = state.tickets.remove(&id).and_then(|t| t.binding);
-            state.used.insert(
-                id,
-                Used {
-                    binding,
-                    why: JoinRefusal::Expired,
-                },
-            );
+            state.retire(&id, JoinRefusal::Expired);
         }
         state.used.retain(|_, u| {
             u.binding
@@ -423,7 +416,7 @@ impl JoinRegistry {
 
     /// Whether `session` is live.
     pub fn is_live(&self, session: SessionId) -> bool {
-        self.state().sessions.contains_key(&session)
+        self.state().sessions.contains(&session)
     }
 
     /// Unused join tickets of `session` the server holds.
@@ -506,16 +499,9 @@ impl StoresServerSessions for ConnectionStore {
         let mut registry = self.registry();
         let mut probe = self.probe.lock();
         let already = matches!(probe.offered, Offered::Taken(_));
-        if let Some(ticket) = registry.tickets.remove(key) {
-            registry.used.insert(
-                key.to_vec(),
-                Used {
-                    binding: ticket.binding,
-                    why: JoinRefusal::Replayed,
-                },
-            );
-            registry.order.push_back(key.to_vec());
-            registry.trim();
+        // The id keeps its place in `order`: retiring moves it between the two maps, so the
+        // count `trim` bounds does not change.
+        if let Some(ticket) = registry.retire(key, JoinRefusal::Replayed) {
             if !already {
                 probe.offered = Offered::Taken(ticket.binding);
             }

@@ -451,7 +451,7 @@ impl ProcessTlsRecords<ClientConnectionData> for UnbufferedConnectionCommon<Clie
         // (nothing more allowed) only ends the early data.
         let _ = seal_with_rustls(&data, out, |chunk, room| {
             let n = writer.encrypt(chunk, room).map_err(|e| format!("{e:?}"))?;
-            let taken = n.saturating_sub(HEADER_LEN + 1 + TAG_LEN);
+            let taken = n.saturating_sub(MIN_RECORD);
             early.sent += taken;
             Ok((n, taken == chunk.len()))
         });
@@ -509,7 +509,7 @@ fn seal_with_rustls(
 ) -> Result<(), String> {
     for chunk in data.chunks(MAX_PLAINTEXT_LEN) {
         let start = out.len();
-        out.resize(start + HEADER_LEN + chunk.len() + 1 + TAG_LEN + 64, 0);
+        out.resize(start + MIN_RECORD + chunk.len() + 64, 0);
         match encrypt(chunk, &mut out[start..]) {
             Ok((n, go_on)) => {
                 out.truncate(start + n);
@@ -734,7 +734,6 @@ impl Tls {
         }
         let result = self.process(&mut Vec::new());
         self.early.offer = None;
-        self.stats.early_data_sent = self.early.sent as u64;
         result.map(|()| self.early.sent)
     }
 
@@ -859,7 +858,6 @@ impl Tls {
             Phase::Traffic(_) => return self.open_records(deliver),
             Phase::HandedOver => return Err(TlsError::Closed),
         };
-        self.stats.early_data_received = self.early.received;
         if !handshake_plaintext.is_empty() {
             deliver(&handshake_plaintext);
         }
@@ -1508,14 +1506,17 @@ impl Tls {
     /// What became of early data on this connection (see [`EarlyData`]).
     pub fn early_data(&self) -> EarlyData {
         let early = &self.early;
-        match &self.phase {
-            Phase::Server(_) | Phase::Traffic(_) | Phase::HandedOver if early.received > 0 => {
-                EarlyData::Received(early.received)
-            }
-            _ if early.sent == 0 => EarlyData::None,
-            _ if !early.settled => EarlyData::Offered(early.sent),
-            _ if early.end_of_early_data => EarlyData::Accepted(early.sent),
-            _ => EarlyData::Rejected(early.sent),
+        if early.received > 0 {
+            // Only a server receives early data.
+            EarlyData::Received(early.received)
+        } else if early.sent == 0 {
+            EarlyData::None
+        } else if !early.settled {
+            EarlyData::Offered(early.sent)
+        } else if early.end_of_early_data {
+            EarlyData::Accepted(early.sent)
+        } else {
+            EarlyData::Rejected(early.sent)
         }
     }
 
@@ -1651,6 +1652,8 @@ impl Tls {
     /// Counters of the record layer.
     pub fn stats(&self) -> TlsStats {
         let mut stats = self.stats;
+        stats.early_data_sent = self.early.sent as u64;
+        stats.early_data_received = self.early.received;
         if let Some(padding) = &self.padding {
             let p = padding.stats();
             stats.padding_records = p.records;
