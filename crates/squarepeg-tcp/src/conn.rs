@@ -1173,11 +1173,6 @@ impl Connection {
         }
     }
 
-    /// The latest time the connection was called with.
-    pub(crate) fn clock(&self) -> Instant {
-        self.clock
-    }
-
     pub(crate) fn is_passive(&self) -> bool {
         self.passive
     }
@@ -1443,11 +1438,7 @@ impl Connection {
     /// Queues a whole message (Minion §4.2, Hollywood §4.2; see [`SendQueue`]).
     pub(crate) fn write_message(&mut self, data: &[u8], tag: WriteTag) -> Result<(), Error> {
         self.check_writable()?;
-        let r = if self.admit_write(data).len() < data.len() {
-            Err(Error::WouldBlock)
-        } else {
-            self.queue.insert_message(self.clock, data, tag, None)
-        };
+        let r = self.insert_admitted(data, tag, None);
         if r == Err(Error::WouldBlock) {
             self.writable_armed = true;
         }
@@ -1467,13 +1458,7 @@ impl Connection {
                 }
                 break;
             };
-            let admitted = if self.admit_write(body).len() < body.len() {
-                Err(Error::WouldBlock)
-            } else {
-                self.queue
-                    .insert_message(self.clock, body, meta.tag(), meta.lifetime)
-            };
-            match admitted {
+            match self.insert_admitted(body, meta.tag(), meta.lifetime) {
                 Ok(()) => at += len,
                 Err(Error::WouldBlock) => {
                     self.writable_armed = true;
@@ -4072,6 +4057,19 @@ impl Connection {
     fn recv_room(&self) -> usize {
         let (_, recv) = self.memory_held();
         self.mem.room(recv, self.memory_total_held())
+    }
+
+    /// Queues a whole message if the budget admits all of it (`WouldBlock` otherwise).
+    fn insert_admitted(
+        &mut self,
+        body: &[u8],
+        tag: WriteTag,
+        lifetime: Option<Duration>,
+    ) -> Result<(), Error> {
+        if self.admit_write(body).len() < body.len() {
+            return Err(Error::WouldBlock);
+        }
+        self.queue.insert_message(self.clock, body, tag, lifetime)
     }
 
     /// The prefix of a write the budget admits (the send buffer's own limit applies after).

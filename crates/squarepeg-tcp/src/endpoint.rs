@@ -271,9 +271,8 @@ struct Slot {
     in_ready: bool,
     timer: Option<Instant>,
     in_table: bool,
-    /// A Fast Open passive open counted in its listener's `fo_pending`.
-    fo_pending: bool,
-    /// A Fast Open passive open put in the accept queue at the SYN (not at ESTABLISHED).
+    /// A Fast Open passive open put in the accept queue at the SYN (not at ESTABLISHED), and
+    /// counted in its listener's `fo_pending` while half-open.
     early_queued: bool,
     /// The connection's path state went into the path cache (once, at its end).
     path_saved: bool,
@@ -742,7 +741,6 @@ impl Endpoint {
                     in_ready: false,
                     timer: None,
                     in_table: false,
-                    fo_pending: false,
                     early_queued: false,
                     path_saved: false,
                 });
@@ -769,7 +767,6 @@ impl Endpoint {
         slot.in_ready = false;
         slot.timer = None;
         slot.in_table = true;
-        slot.fo_pending = false;
         slot.early_queued = false;
         let handle = ConnectionHandle {
             index,
@@ -1078,7 +1075,7 @@ impl Endpoint {
         let visible = slot.owned;
         let passive = conn.is_passive();
         let remote_ip = conn.remote_addr().ip();
-        let clock = conn.clock();
+        let clock = conn.clock_now();
         let notes: Vec<FastOpenNote> = conn.take_fast_open_notes().collect();
         for ev in conn.take_events() {
             match ev {
@@ -1125,11 +1122,10 @@ impl Endpoint {
                 && let Some(Some(listener)) = self.listeners.get_mut(l.0 as usize)
             {
                 listener.half_open = listener.half_open.saturating_sub(1);
-                if slot.fo_pending {
+                if slot.early_queued {
                     listener.fo_pending = listener.fo_pending.saturating_sub(1);
                 }
             }
-            slot.fo_pending = false;
             if slot.early_queued && slot.owned {
                 // Accepted during the handshake: the listener is done with it.
                 slot.listener = None;
@@ -1430,14 +1426,22 @@ impl Endpoint {
         let mut reply_cookie = None;
         let mut take_data = false;
         if let Some(cookie) = fast_open {
-            let (valid, previous) = self.fast_open_cookies(now, seg);
+            let period = self.fast_open_key_period_number(now);
+            let valid = self.fast_open_cookie(period, seg);
+            // The previous period's cookie is computed only for a cookie that is not the
+            // current one (a second keyed hash).
+            let previous = !cookie.is_request()
+                && cookie != valid
+                && period
+                    .checked_sub(1)
+                    .is_some_and(|p| cookie == self.fast_open_cookie(p, seg));
             let stats = &mut self.stats.fast_open;
             if cookie.is_request() {
                 stats.cookie_requests_received += 1;
                 reply_cookie = Some(valid);
-            } else if cookie == valid || Some(cookie) == previous {
+            } else if cookie == valid || previous {
                 stats.cookies_accepted += 1;
-                if cookie != valid {
+                if previous {
                     // Still good for one more period; the SYN-ACK brings the new one
                     // (RFC 7413 §4.1.2: the server may send a new cookie at any time).
                     stats.cookies_of_previous_key += 1;
@@ -1472,7 +1476,6 @@ impl Endpoint {
             }
             let handle = self.insert(conn, false, Some(lh), true);
             let slot = &mut self.slots[handle.index as usize];
-            slot.fo_pending = true;
             slot.early_queued = true;
             if let Some(l) = self.listener_mut(lh) {
                 l.fo_pending += 1;
@@ -1491,29 +1494,25 @@ impl Endpoint {
         Ok(())
     }
 
-    /// The Fast Open cookie for the client of `seg` now, and the one of the key period before
-    /// (still accepted), if keys rotate (RFC 7413 §4.1.2: a MAC of its address under the
-    /// endpoint's secret and the period's number,
+    /// The number of the Fast Open key period `now` is in (0 for ever if keys do not rotate,
     /// [`EndpointConfig::fast_open_key_period`](crate::EndpointConfig::fast_open_key_period)).
-    /// A cookie is thus good for one to two periods; a new secret (a new endpoint)
-    /// invalidates every cookie, and clients fall back to a cookie request.
-    fn fast_open_cookies(
-        &self,
-        now: Instant,
-        seg: &Segment<'_>,
-    ) -> (FastOpenCookie, Option<FastOpenCookie>) {
-        let epoch = self.config.fast_open_key_period.map_or(0, |period| {
+    /// The cookie of the current period and of the one before are accepted, so a cookie is
+    /// good for one to two periods; a new secret (a new endpoint) invalidates every cookie,
+    /// and clients fall back to a cookie request.
+    fn fast_open_key_period_number(&self, now: Instant) -> u64 {
+        self.config.fast_open_key_period.map_or(0, |period| {
             let since = now.saturating_duration_since(self.shared.epoch);
             (since.as_nanos() / period.as_nanos().max(1)) as u64
-        });
-        let cookie = |epoch| {
-            let mac = self
-                .secret
-                .fast_open_cookie(epoch, &seg.src.ip(), &seg.dst.ip());
-            FastOpenCookie::new(&mac).unwrap_or(FastOpenCookie::REQUEST)
-        };
-        let previous = epoch.checked_sub(1).map(cookie);
-        (cookie(epoch), previous)
+        })
+    }
+
+    /// The Fast Open cookie of key period `period` for the client of `seg` (RFC 7413 §4.1.2: a
+    /// MAC of its address under the endpoint's secret and the period's number).
+    fn fast_open_cookie(&self, period: u64, seg: &Segment<'_>) -> FastOpenCookie {
+        let mac = self
+            .secret
+            .fast_open_cookie(period, &seg.src.ip(), &seg.dst.ip());
+        FastOpenCookie::new(&mac).unwrap_or(FastOpenCookie::REQUEST)
     }
 
     /// Takes what a connection learned about Fast Open into the cache and the counters.

@@ -20,11 +20,15 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-fn put_addr(h: &mut Sha256, a: &SocketAddr) {
-    match a {
-        SocketAddr::V4(v4) => h.update(v4.ip().octets()),
-        SocketAddr::V6(v6) => h.update(v6.ip().octets()),
+fn put_ip(h: &mut Sha256, ip: &std::net::IpAddr) {
+    match ip {
+        std::net::IpAddr::V4(a) => h.update(a.octets()),
+        std::net::IpAddr::V6(a) => h.update(a.octets()),
     }
+}
+
+fn put_addr(h: &mut Sha256, a: &SocketAddr) {
+    put_ip(h, &a.ip());
     h.update(a.port().to_be_bytes());
 }
 
@@ -80,10 +84,7 @@ impl Secret {
         h.update(b"tfo");
         h.update(epoch.to_be_bytes());
         for ip in [client, server] {
-            match ip {
-                std::net::IpAddr::V4(a) => h.update(a.octets()),
-                std::net::IpAddr::V6(a) => h.update(a.octets()),
-            }
+            put_ip(&mut h, ip);
         }
         let d = h.finalize();
         let mut out = [0u8; 8];

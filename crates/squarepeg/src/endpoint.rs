@@ -159,15 +159,7 @@ impl Connection {
         addr: impl ToSocketAddrs,
         config: ConnectionConfig,
     ) -> Result<Connection, ConnectError> {
-        config.check(Role::Client)?;
-        let conn = if config.fast_open {
-            Self::connect_with_messages(addr, config, Vec::new())
-                .await?
-                .0
-        } else {
-            let socket = TcpStream::connect(addr).await.map_err(connect_error)?;
-            kernel::start(socket, Role::Client, config)?
-        };
+        let (conn, _) = Self::connect_with_messages(addr, config, Vec::new()).await?;
         established(&conn).await?;
         Ok(conn)
     }
@@ -238,18 +230,7 @@ impl Connection {
         addr: SocketAddr,
         config: ConnectionConfig,
     ) -> Result<Connection, ConnectError> {
-        config.check(Role::Client)?;
-        let conn = if config.fast_open {
-            crate::utcp::connect_fast_open(stack, addr, config, Vec::new())
-                .await?
-                .0
-        } else {
-            let (stream, window) =
-                crate::utcp::connect(stack, addr, config.inconsistent_retransmissions)
-                    .await
-                    .map_err(connect_error)?;
-            crate::utcp::start(stream, Role::Client, config, window)?
-        };
+        let (conn, _) = Self::connect_utcp_with_messages(stack, addr, config, Vec::new()).await?;
         established(&conn).await?;
         Ok(conn)
     }

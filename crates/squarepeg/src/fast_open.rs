@@ -135,7 +135,7 @@ fn set_int_option(
 /// `TCP_CORK` on or off: while on, the kernel sends only full segments.
 #[cfg(target_os = "linux")]
 pub(crate) fn set_cork(socket: &TcpStream, on: bool) -> io::Result<()> {
-    set_int_option(socket, libc::TCP_CORK, i32::from(on))
+    socket2::SockRef::from(socket).set_tcp_cork(on)
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -147,7 +147,7 @@ pub(crate) fn set_cork(_socket: &TcpStream, _on: bool) -> io::Result<()> {
 /// waits (up to the delayed-ACK timeout) to ride on data the application sends.
 #[cfg(target_os = "linux")]
 pub(crate) fn set_quickack(socket: &TcpStream, on: bool) -> io::Result<()> {
-    set_int_option(socket, libc::TCP_QUICKACK, i32::from(on))
+    socket2::SockRef::from(socket).set_tcp_quickack(on)
 }
 
 #[cfg(not(target_os = "linux"))]
