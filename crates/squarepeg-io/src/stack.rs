@@ -537,8 +537,28 @@ impl Stack {
             st.conns.insert(handle, ConnSlot::default());
             // Under the same lock as the connect: the driver builds the SYN after this.
             if !first_bytes.is_empty() {
-                let n = st.endpoint.write(handle, first_bytes).map_err(tcp_to_io)?;
-                debug_assert_eq!(n, first_bytes.len());
+                // The length fits the send buffer (checked by the callers), but the endpoint's
+                // memory budget may admit less: then nothing is sent rather than a part.
+                let written = match st.endpoint.write(handle, first_bytes) {
+                    Ok(n) => n,
+                    Err(squarepeg_tcp::Error::WouldBlock) => 0,
+                    Err(e) => {
+                        let _ = st.endpoint.abort(Instant::now(), handle);
+                        st.conns.remove(&handle);
+                        return Err(tcp_to_io(e));
+                    }
+                };
+                if written < first_bytes.len() {
+                    let _ = st.endpoint.abort(Instant::now(), handle);
+                    st.conns.remove(&handle);
+                    return Err(io::Error::new(
+                        io::ErrorKind::OutOfMemory,
+                        format!(
+                            "the stack's memory budget admits {written} of the {} first bytes now",
+                            first_bytes.len()
+                        ),
+                    ));
+                }
             }
             let local = st
                 .endpoint

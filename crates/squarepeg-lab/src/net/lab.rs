@@ -458,9 +458,13 @@ impl Lab {
         self.emulator()?.stats()
     }
 
-    /// Flushes running captures to their files.
+    /// Flushes running captures (of every path) to their files.
     pub fn flush_captures(&self) -> Result<(), NetError> {
-        self.emulator()?.flush_captures()
+        self.emulator()?.flush_captures()?;
+        for emulator in &self.extra_emulators {
+            emulator.flush_captures()?;
+        }
+        Ok(())
     }
 
     /// Changes one direction's link from now on.
