@@ -21,3 +21,13 @@ pub mod rpc;
 pub mod transfer;
 pub mod tunnel;
 pub mod voip;
+
+/// Writes `value` to the sysctl file `path` (under /proc/sys) inside namespace `ns`.
+pub(crate) fn write_sysctl(
+    ns: &squarepeg_lab::net::NetNs,
+    path: &str,
+    value: &str,
+) -> Result<(), voip::VoipError> {
+    ns.run(|| std::fs::write(path, value))?
+        .map_err(voip::VoipError::io(format!("writing {value} to {path}")))
+}

@@ -24,7 +24,7 @@ use serde::Serialize;
 use squarepeg::tls::config::{self, SelfSigned, Trust};
 use squarepeg::tls::rustls;
 use squarepeg::{ConnectionConfig, Endpoint, MessageProps, Transactor, TransportProperties};
-use squarepeg_lab::net::{CaptureSide, Lab, LabConfig, NetNs, capture_path};
+use squarepeg_lab::net::{CaptureSide, Lab, LabConfig, capture_path};
 use squarepeg_lab::packet::parse_ip;
 use squarepeg_lab::pcap::read_pcap;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -280,19 +280,6 @@ fn runtime() -> Result<tokio::runtime::Runtime, VoipError> {
         .enable_all()
         .build()
         .map_err(VoipError::io("tokio runtime"))
-}
-
-fn write_sysctl(ns: &NetNs, key_value: &str) -> Result<(), VoipError> {
-    let status = ns
-        .command("sysctl")
-        .args(["-qw", key_value])
-        .status()
-        .map_err(VoipError::io("sysctl"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(VoipError::Config(format!("sysctl -w {key_value} failed")))
-    }
 }
 
 /// Forgets what the kernel of namespace `ns` learnt about other hosts (Fast Open cookies and
@@ -608,8 +595,9 @@ async fn quinn_transact(
     Ok(answered)
 }
 
-/// A packet of the client-side capture: (time, up, len, flags, server port, client port,
-/// SYN payload if a client SYN with data).
+/// A packet of the client-side capture: its time, direction (up: towards the server), IP
+/// length, TCP flags, the server's port, whether it is UDP (quinn), and the payload of a
+/// client SYN with data.
 struct Captured {
     t: Duration,
     up: bool,
@@ -717,7 +705,7 @@ pub fn run_lab(config: &RpcConfig, progress: &dyn Fn(&str)) -> Result<RpcReport,
             .with_capture_dir(&config.capture_dir),
     )?;
     for ns in [lab.client(), lab.server()] {
-        write_sysctl(ns, "net.ipv4.tcp_fastopen=3")?;
+        crate::write_sysctl(ns, "/proc/sys/net/ipv4/tcp_fastopen", "3")?;
     }
     let server_ip = lab.addresses().server(false);
     let tls = Arc::new(Tls {

@@ -375,11 +375,9 @@ fn kernel_transfers(
     // empty cache and let it save what it learns, so that the returning run shows what the
     // kernel does with it.
     for ns in [lab.client(), lab.server()] {
-        ns.run(|| std::fs::write("/proc/sys/net/ipv4/tcp_no_metrics_save", "0"))?
-            .map_err(VoipError::io("setting tcp_no_metrics_save"))?;
+        crate::write_sysctl(ns, "/proc/sys/net/ipv4/tcp_no_metrics_save", "0")?;
         if config.fast_open {
-            ns.run(|| std::fs::write("/proc/sys/net/ipv4/tcp_fastopen", "3"))?
-                .map_err(VoipError::io("setting tcp_fastopen"))?;
+            crate::write_sysctl(ns, "/proc/sys/net/ipv4/tcp_fastopen", "3")?;
         }
         ns.ip(&["tcp_metrics", "flush", "all"])?;
     }

@@ -77,6 +77,7 @@ use crate::voip::config::{Scenario, VoipConfig};
 use crate::voip::lab::{LabCall, LabUdp, Progress, VOICE_PORT, run_call};
 use crate::voip::plot::{CdfChart, Chart, FONT, PALETTE, ensure_font, plot_err, write_svg_and_png};
 use crate::voip::{Engine, VoipError};
+use crate::write_sysctl;
 
 /// The schema name and version of the JSON output.
 pub const TUNNEL_SCHEMA: &str = "squarepeg.tunnel/1";
@@ -465,11 +466,6 @@ static LABS: AtomicU32 = AtomicU32::new(0);
 
 fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
-}
-
-fn write_sysctl(ns: &NetNs, path: &str, value: &str) -> Result<(), VoipError> {
-    ns.run(|| std::fs::write(path, value))?
-        .map_err(VoipError::io(format!("writing {value} to {path}")))
 }
 
 /// The fingerprint `peg tunnel server` printed (its last word).

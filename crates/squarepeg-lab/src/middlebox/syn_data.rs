@@ -7,9 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::{DirectionFilter, Emit, Middlebox, pass};
 use crate::Direction;
 use crate::packet::TcpView;
-
-/// TCP SYN flag.
-const SYN: u8 = 0x02;
+use crate::packet::tcp_flags::SYN;
 
 /// Configuration of a [`SynDataDropper`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -27,15 +27,15 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use etherparse::PacketBuilder;
 use serde::{Deserialize, Serialize};
 
 use super::netns::NetNs;
 use super::packet_socket::{PacketSocket, Received};
 use super::{NetError, sys};
-use crate::checksum;
 use crate::middlebox::{Middlebox, MiddleboxConfig};
 use crate::model::{Bottleneck, LinkConfig, LinkStats};
-use crate::packet::{FlowKey, IpVersion, PROTO_TCP, TcpView, parse_ip, tcp_flags};
+use crate::packet::{FlowKey, IpVersion, TcpView, parse_ip, tcp_flags};
 use crate::pcap::PcapWriter;
 use crate::sim::{Host, HostId, SimConfig, Simulator};
 use crate::{Direction, Side};
@@ -408,42 +408,17 @@ fn seq_after(a: u32, b: u32) -> bool {
 /// A bare TCP RST|ACK from `key.src:src_port` to `key.dst:dst_port`, without options, its
 /// checksums computed. `None` for mixed address families.
 fn build_rst(key: &FlowKey, seq: u32, ack: u32) -> Option<Vec<u8>> {
-    let mut tcp = [0u8; 20];
-    tcp[0..2].copy_from_slice(&key.src_port.to_be_bytes());
-    tcp[2..4].copy_from_slice(&key.dst_port.to_be_bytes());
-    tcp[4..8].copy_from_slice(&seq.to_be_bytes());
-    tcp[8..12].copy_from_slice(&ack.to_be_bytes());
-    tcp[12] = 5 << 4;
-    tcp[13] = tcp_flags::RST | tcp_flags::ACK;
-    let sum = checksum::transport_checksum(key.src, key.dst, PROTO_TCP, &tcp);
-    tcp[16..18].copy_from_slice(&sum.to_be_bytes());
-    let mut packet = match (key.src, key.dst) {
-        (IpAddr::V4(src), IpAddr::V4(dst)) => {
-            let mut h = vec![0u8; 20];
-            h[0] = 0x45;
-            h[2..4].copy_from_slice(&40u16.to_be_bytes());
-            h[6] = 0x40; // DF
-            h[8] = 64;
-            h[9] = PROTO_TCP;
-            h[12..16].copy_from_slice(&src.octets());
-            h[16..20].copy_from_slice(&dst.octets());
-            let sum = checksum::checksum(&h);
-            h[10..12].copy_from_slice(&sum.to_be_bytes());
-            h
-        }
-        (IpAddr::V6(src), IpAddr::V6(dst)) => {
-            let mut h = vec![0u8; 40];
-            h[0] = 0x60;
-            h[4..6].copy_from_slice(&20u16.to_be_bytes());
-            h[6] = PROTO_TCP;
-            h[7] = 64;
-            h[8..24].copy_from_slice(&src.octets());
-            h[24..40].copy_from_slice(&dst.octets());
-            h
-        }
+    let builder = match (key.src, key.dst) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => PacketBuilder::ipv4(src.octets(), dst.octets(), 64),
+        (IpAddr::V6(src), IpAddr::V6(dst)) => PacketBuilder::ipv6(src.octets(), dst.octets(), 64),
         _ => return None,
     };
-    packet.extend_from_slice(&tcp);
+    let builder = builder
+        .tcp(key.src_port, key.dst_port, seq, 0)
+        .rst()
+        .ack(ack);
+    let mut packet = Vec::with_capacity(builder.size(0));
+    builder.write(&mut packet, &[]).ok()?;
     Some(packet)
 }
 
@@ -828,11 +803,8 @@ impl Engine {
 
     /// Reads up to a batch of frames arriving on `side`'s interface; returns how many.
     fn read(&mut self, side: usize) -> Result<usize, NetError> {
-        let dir = if side == 0 {
-            Direction::LeftToRight
-        } else {
-            Direction::RightToLeft
-        };
+        // Read from `side`: travelling away from it.
+        let dir = dir_into(side).reverse();
         let mut count = 0;
         while count < READ_BATCH {
             let received =
@@ -926,11 +898,7 @@ impl Engine {
             };
             let due: Vec<(Instant, Vec<u8>)> = host.outbox.drain(..).collect();
             // Delivered to the left port: it travelled right to left, out of the client side.
-            let dir = if side == 0 {
-                Direction::RightToLeft
-            } else {
-                Direction::LeftToRight
-            };
+            let dir = dir_into(side);
             for (at, packet) in due {
                 self.write(side, dir, at, &packet);
             }
