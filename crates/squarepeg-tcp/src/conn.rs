@@ -3087,12 +3087,7 @@ impl Connection {
 
     /// Free receive buffer space.
     fn free_space(&self) -> usize {
-        let (_, recv) = self.memory_held();
-        let budget = self.mem.window_room(recv, self.memory_total_held());
-        self.cfg
-            .recv_buffer
-            .saturating_sub(self.recv.used())
-            .min(budget)
+        self.recv_buffer_now().saturating_sub(self.recv.used())
     }
 
     /// Window for SYN and SYN-ACK segments: never scaled (RFC 7323 §2.2).
