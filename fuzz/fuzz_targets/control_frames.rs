@@ -108,6 +108,19 @@ enum Built {
         start: Value,
         len: Value,
     },
+    PathAck {
+        received: Value,
+    },
+    PathProbe,
+    AddAddress {
+        id: Value,
+        v6: bool,
+        octets: [u8; 16],
+        port: u16,
+    },
+    RemoveAddress {
+        id: Value,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -228,6 +241,27 @@ fn build(b: &Built) -> ControlFrame {
             start: start.get(),
             len: len.get(),
         },
+        Built::PathAck { received } => ControlFrame::PathAck {
+            received: received.get(),
+        },
+        Built::PathProbe => ControlFrame::PathProbe,
+        Built::AddAddress {
+            id,
+            v6,
+            octets,
+            port,
+        } => {
+            let ip = if *v6 {
+                std::net::IpAddr::from(*octets)
+            } else {
+                std::net::IpAddr::from([octets[0], octets[1], octets[2], octets[3]])
+            };
+            ControlFrame::AddAddress {
+                id: id.get(),
+                addr: std::net::SocketAddr::new(ip, *port),
+            }
+        }
+        Built::RemoveAddress { id } => ControlFrame::RemoveAddress { id: id.get() },
     }
 }
 
@@ -256,6 +290,9 @@ fn varints(f: &ControlFrame) -> Vec<u64> {
             vec![*code]
         }
         ControlFrame::RecordsReplaced { start, len } => vec![*start, *len],
+        ControlFrame::PathAck { received } => vec![*received],
+        ControlFrame::PathProbe => vec![],
+        ControlFrame::AddAddress { id, .. } | ControlFrame::RemoveAddress { id } => vec![*id],
     }
 }
 

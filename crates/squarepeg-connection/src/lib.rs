@@ -78,6 +78,7 @@
 
 mod config;
 mod link;
+pub mod multipath;
 mod receive;
 pub mod record;
 mod send;
@@ -90,9 +91,12 @@ pub use receive::Receiver;
 pub use record::{Protection, TlsSetup};
 pub use send::TaggedWrite;
 
+pub use multipath::{
+    MultipathConfig, MultipathConnection, MultipathStats, Path, PathEvent, PathId, PathInfo,
+};
 pub use squarepeg_framing::FrameFormat;
 pub use squarepeg_session::{
-    Config as SessionConfig, ConfigError, ConnectionError, Event, Role, Session,
+    Config as SessionConfig, ConfigError, ConnectionError, Event, PathPolicy, Role, Session,
     Stats as SessionStats, TransportError,
 };
 pub use squarepeg_tcp::{MessageReport, WriteTag};
@@ -552,7 +556,7 @@ impl Connection {
     }
 
     /// In-order ciphertext: opened record by record into the frame reader.
-    fn handle_tls_bytes(&mut self, now: Instant, mut data: &[u8]) {
+    fn handle_tls_bytes(&mut self, now: Instant, data: &[u8]) {
         let (RecordLayer::Tls(t), ReceivePath::InOrder(Some(r))) =
             (&mut self.record, &mut self.receive)
         else {
@@ -562,37 +566,7 @@ impl Connection {
         if t.failed {
             return;
         }
-        // Each record's plaintext is copied from where it was opened straight into the frame
-        // reader's buffer, and the frame reader decodes once for all of `data`: decoding after
-        // every record would move the partial frame at its end (most of a frame: a 16 KiB
-        // stream chunk's frame barely overruns a record) to a new chunk each time. Records
-        // opened before an error were authenticated: they count.
-        let mut unread = 0;
-        let mut deliver = |plaintext: &[u8]| {
-            if unread > 0 && r.buffer().len() - unread < plaintext.len() {
-                r.filled(unread);
-                unread = 0;
-            }
-            match r.buffer().get_mut(unread..unread + plaintext.len()) {
-                Some(room) => {
-                    room.copy_from_slice(plaintext);
-                    unread += plaintext.len();
-                }
-                // A read buffer smaller than a record.
-                None => r.push(plaintext),
-            }
-        };
-        let result = loop {
-            let taken = t.tls.push_ciphertext(data);
-            data = &data[taken..];
-            let result = t.tls.process_with(&mut deliver);
-            if result.is_err() || data.is_empty() {
-                break result;
-            }
-        };
-        if unread > 0 {
-            r.filled(unread);
-        }
+        let result = record::open_into(&mut t.tls, r, data);
         self.take_frames(now);
         self.update_numbering();
         if let Err(e) = result {

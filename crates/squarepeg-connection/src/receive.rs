@@ -61,6 +61,12 @@ impl Receiver {
     pub(crate) fn next_frame(&mut self) -> Option<Result<Frame, FrameError>> {
         self.decoder.next_frame()
     }
+
+    /// Stream offset just past the last whole frame, once every decoded frame was taken
+    /// ([`Self::next_frame`] returned `None`).
+    pub(crate) fn frames_end(&self) -> u64 {
+        self.decoder.offset() - self.decoder.buffered() as u64
+    }
 }
 
 /// The unordered receive path (Minion §4.1, §5.2): segments at their stream offsets into

@@ -182,6 +182,46 @@ impl TlsLayer {
     }
 }
 
+/// In-order ciphertext, opened record by record into the frame reader `r` (its frames are
+/// the caller's to take). Records opened before an error were authenticated: they count.
+pub(crate) fn open_into(
+    tls: &mut Tls,
+    r: &mut crate::Receiver,
+    mut data: &[u8],
+) -> Result<(), TlsError> {
+    // Each record's plaintext is copied from where it was opened straight into the frame
+    // reader's buffer, and the frame reader decodes once for all of `data`: decoding after
+    // every record would move the partial frame at its end (most of a frame: a 16 KiB
+    // stream chunk's frame barely overruns a record) to a new chunk each time.
+    let mut unread = 0;
+    let mut deliver = |plaintext: &[u8]| {
+        if unread > 0 && r.buffer().len() - unread < plaintext.len() {
+            r.filled(unread);
+            unread = 0;
+        }
+        match r.buffer().get_mut(unread..unread + plaintext.len()) {
+            Some(room) => {
+                room.copy_from_slice(plaintext);
+                unread += plaintext.len();
+            }
+            // A read buffer smaller than a record.
+            None => r.push(plaintext),
+        }
+    };
+    let result = loop {
+        let taken = tls.push_ciphertext(data);
+        data = &data[taken..];
+        let result = tls.process_with(&mut deliver);
+        if result.is_err() || data.is_empty() {
+            break result;
+        }
+    };
+    if unread > 0 {
+        r.filled(unread);
+    }
+    result
+}
+
 /// What a TLS error means for the application.
 pub(crate) fn tls_transport_error(e: &TlsError) -> TransportError {
     let failure = match e {

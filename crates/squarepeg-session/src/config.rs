@@ -45,6 +45,12 @@ pub struct Config {
     pub dedup_window: u64,
     /// How long a closed session waits for the peer to finish closing.
     pub drain_timeout: Duration,
+    /// When the session spans several connections: which carries a message without a
+    /// [`crate::MessageProps::path`] of its own (default: the lowest-RTT one, for latency).
+    pub message_path: crate::PathPolicy,
+    /// … and which carries a stream's data unless set per stream (default: aggregate, for
+    /// throughput).
+    pub stream_path: crate::PathPolicy,
 }
 
 impl Default for Config {
@@ -59,6 +65,8 @@ impl Default for Config {
             message_receive_queue: 8 << 20,
             dedup_window: 1 << 16,
             drain_timeout: Duration::from_secs(3),
+            message_path: crate::PathPolicy::LowestRtt,
+            stream_path: crate::PathPolicy::Aggregate,
         }
     }
 }

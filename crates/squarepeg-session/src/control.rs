@@ -22,6 +22,10 @@ pub mod frame_type {
     pub const CLOSE: u8 = 0x07;
     pub const APPLICATION_CLOSE: u8 = 0x08;
     pub const RECORDS_REPLACED: u8 = 0x09;
+    pub const PATH_ACK: u8 = 0x0a;
+    pub const PATH_PROBE: u8 = 0x0b;
+    pub const ADD_ADDRESS: u8 = 0x0c;
+    pub const REMOVE_ADDRESS: u8 = 0x0d;
 }
 
 /// PARAMS identifiers (docs/wire.md §2.2). Unknown identifiers are ignored,
@@ -96,6 +100,17 @@ pub enum ControlFrame {
     /// receiver may skip bytes there that do not authenticate (docs/wire.md §5.1). Sent only
     /// to a peer whose PARAMS `record_numbers` has [`record_numbers::OUT_OF_ORDER`].
     RecordsReplaced { start: u64, len: u64 },
+    /// A session over several connections (docs/wire.md §7): the sender has received and
+    /// taken the first `received` plaintext bytes the peer sent on *this* connection (whole
+    /// frames). The peer keeps what it sent on a connection until acknowledged, and re-sends
+    /// the rest on another connection when this one dies.
+    PathAck { received: u64 },
+    /// Asks for a [`ControlFrame::PathAck`] on this connection: a liveness probe.
+    PathProbe,
+    /// The sender can also be reached at `addr` (`id` names it for a later withdrawal).
+    AddAddress { id: u64, addr: std::net::SocketAddr },
+    /// The address announced as `id` is gone.
+    RemoveAddress { id: u64 },
 }
 
 /// A control body that cannot be parsed.
@@ -113,6 +128,8 @@ pub enum ControlError {
     ReasonTooLong(u64),
     #[error("value {0} does not fit a varint")]
     ValueTooLarge(u64),
+    #[error("unknown address family {0}")]
+    AddressFamily(u8),
 }
 
 struct Reader<'a> {
@@ -136,6 +153,27 @@ impl Reader<'_> {
                 extra: self.buf.len(),
             })
         }
+    }
+
+    fn bytes<const N: usize>(&mut self) -> Result<[u8; N], ControlError> {
+        let (head, rest) = self
+            .buf
+            .split_first_chunk::<N>()
+            .ok_or(ControlError::Truncated(self.ty))?;
+        self.buf = rest;
+        Ok(*head)
+    }
+
+    /// `family (4 | 6) ‖ address ‖ port (2 bytes, big endian)`.
+    fn socket_addr(&mut self) -> Result<std::net::SocketAddr, ControlError> {
+        let [family] = self.bytes::<1>()?;
+        let ip = match family {
+            4 => std::net::IpAddr::from(self.bytes::<4>()?),
+            6 => std::net::IpAddr::from(self.bytes::<16>()?),
+            other => return Err(ControlError::AddressFamily(other)),
+        };
+        let port = u16::from_be_bytes(self.bytes::<2>()?);
+        Ok(std::net::SocketAddr::new(ip, port))
     }
 
     fn reason(&mut self) -> Result<Vec<u8>, ControlError> {
@@ -171,6 +209,10 @@ impl ControlFrame {
             Self::Close { .. } => CLOSE,
             Self::ApplicationClose { .. } => APPLICATION_CLOSE,
             Self::RecordsReplaced { .. } => RECORDS_REPLACED,
+            Self::PathAck { .. } => PATH_ACK,
+            Self::PathProbe => PATH_PROBE,
+            Self::AddAddress { .. } => ADD_ADDRESS,
+            Self::RemoveAddress { .. } => REMOVE_ADDRESS,
         }
     }
 
@@ -217,6 +259,23 @@ impl ControlFrame {
                 put(*start, out)?;
                 put(*len, out)?;
             }
+            Self::PathAck { received } => put(*received, out)?,
+            Self::PathProbe => {}
+            Self::AddAddress { id, addr } => {
+                put(*id, out)?;
+                match addr.ip() {
+                    std::net::IpAddr::V4(ip) => {
+                        out.push(4);
+                        out.extend_from_slice(&ip.octets());
+                    }
+                    std::net::IpAddr::V6(ip) => {
+                        out.push(6);
+                        out.extend_from_slice(&ip.octets());
+                    }
+                }
+                out.extend_from_slice(&addr.port().to_be_bytes());
+            }
+            Self::RemoveAddress { id } => put(*id, out)?,
             Self::Close { code, reason } | Self::ApplicationClose { code, reason } => {
                 put(*code, out)?;
                 let reason = &reason[..reason.len().min(MAX_REASON_LEN)];
@@ -279,6 +338,15 @@ impl ControlFrame {
                 start: r.varint()?,
                 len: r.varint()?,
             },
+            PATH_ACK => Self::PathAck {
+                received: r.varint()?,
+            },
+            PATH_PROBE => Self::PathProbe,
+            ADD_ADDRESS => Self::AddAddress {
+                id: r.varint()?,
+                addr: r.socket_addr()?,
+            },
+            REMOVE_ADDRESS => Self::RemoveAddress { id: r.varint()? },
             other => return Err(ControlError::UnknownType(other)),
         };
         r.finish()?;
@@ -330,6 +398,38 @@ mod tests {
             start: 1 << 40,
             len: 27,
         });
+        round_trip(ControlFrame::PathAck { received: 1 << 33 });
+        round_trip(ControlFrame::PathProbe);
+        round_trip(ControlFrame::AddAddress {
+            id: 2,
+            addr: "192.0.2.7:443".parse().unwrap(),
+        });
+        round_trip(ControlFrame::AddAddress {
+            id: 3,
+            addr: "[2001:db8::1]:8443".parse().unwrap(),
+        });
+        round_trip(ControlFrame::RemoveAddress { id: 2 });
+    }
+
+    #[test]
+    fn address_test_vector() {
+        // docs/wire.md §7.
+        let mut out = Vec::new();
+        ControlFrame::AddAddress {
+            id: 1,
+            addr: "192.0.2.7:443".parse().unwrap(),
+        }
+        .encode(&mut out)
+        .unwrap();
+        assert_eq!(out, [0x0c, 0x01, 0x04, 192, 0, 2, 7, 0x01, 0xbb]);
+        assert_eq!(
+            ControlFrame::decode(&[0x0c, 0x01, 0x05, 1]).unwrap_err(),
+            ControlError::AddressFamily(5)
+        );
+        assert_eq!(
+            ControlFrame::decode(&[0x0c, 0x01, 0x04, 1, 2]).unwrap_err(),
+            ControlError::Truncated(0x0c)
+        );
     }
 
     #[test]
@@ -338,7 +438,7 @@ mod tests {
         let cases: [(&[u8], ControlError); 8] = [
             (&[], Empty),
             (&[0x00], UnknownType(0)),
-            (&[0x0a, 1], UnknownType(0x0a)),
+            (&[0x0e, 1], UnknownType(0x0e)),
             (&[0x09, 1], Truncated(9)),
             (&[0x02], Truncated(2)),
             (&[0x02, 0x05, 0x00], TrailingBytes { ty: 2, extra: 1 }),

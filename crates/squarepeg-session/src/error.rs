@@ -50,6 +50,11 @@ pub enum ProtocolError {
     /// read numbered records out of order).
     #[error("unexpected control frame type {frame_type:#04x}")]
     UnexpectedControl { frame_type: u8 },
+    /// A session over several connections: the peer acknowledged plaintext up to `acked`
+    /// on a connection that carried `sent` bytes, or not at the end of a frame
+    /// (docs/wire.md §7).
+    #[error("acknowledgement of {acked} bytes on a connection that sent {sent}")]
+    BadAcknowledgement { acked: u64, sent: u64 },
 }
 
 impl ProtocolError {
@@ -65,7 +70,9 @@ impl ProtocolError {
             Self::StreamLimit { .. } => STREAM_LIMIT_ERROR,
             Self::StreamState { .. } => STREAM_STATE_ERROR,
             Self::FinalSize { .. } => FINAL_SIZE_ERROR,
-            Self::UnexpectedSwitch { .. } | Self::UnexpectedControl { .. } => PROTOCOL_VIOLATION,
+            Self::UnexpectedSwitch { .. }
+            | Self::UnexpectedControl { .. }
+            | Self::BadAcknowledgement { .. } => PROTOCOL_VIOLATION,
         }
     }
 }

@@ -79,6 +79,27 @@ pub use session::{
 };
 pub use stream::ReadOutcome;
 
+/// Which of a session's connections carries a message's or a stream's frames, when the
+/// session spans several (a `squarepeg_connection::MultipathConnection`, TCPLS's steering);
+/// a session over one connection ignores it. A frame whose connection died is re-sent on
+/// another whatever its policy: steering never loses data.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PathPolicy {
+    /// Whichever connection has room first: bulk spreads over all of them (aggregation).
+    #[default]
+    Aggregate,
+    /// The connection with the lowest smoothed RTT.
+    LowestRtt,
+    /// The connections in turn, frame by frame.
+    RoundRobin,
+    /// This connection (a `PathId`'s number); the lowest-RTT one while it is gone.
+    Pinned(u64),
+    /// Sent on the two lowest-RTT connections: the first copy to arrive wins and the receiver
+    /// drops the other (message numbers and stream offsets).
+    Redundant,
+}
+
 /// A message number: assigned by the sender per connection, from 0.
 pub type MessageNumber = u64;
 

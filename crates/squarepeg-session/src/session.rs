@@ -17,7 +17,7 @@ use crate::scheduler::{Flow, Scheduler};
 use crate::stream::{ReadOutcome, RecvHalf, SendHalf, initiated_by_client};
 use crate::table::MessageTable;
 use crate::window::NumberWindow;
-use crate::{MessageNumber, Priority, StreamId};
+use crate::{MessageNumber, PathPolicy, Priority, StreamId};
 
 /// Which end of the connection this session is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +48,9 @@ pub struct MessageProps {
     /// data (0-RTT), which an attacker can replay. Messages without it wait for the end of
     /// the handshake.
     pub safely_replayable: bool,
+    /// Which connection carries it when the session spans several; `None`: the session's
+    /// default ([`Config::message_path`]).
+    pub path: Option<PathPolicy>,
 }
 
 /// A received message. The payload is a slice of the buffer it was
@@ -112,6 +115,9 @@ pub struct Transmit {
     /// The frame's class; `None` for control frames, which go first.
     pub priority: Option<Priority>,
     pub content: TransmitContent,
+    /// Which connection should carry it when the session spans several (control frames:
+    /// the lowest-RTT one).
+    pub path: PathPolicy,
 }
 
 /// What a transmitted frame carries.
@@ -184,6 +190,7 @@ struct QueuedMessage {
     squash_key: Option<u64>,
     /// May go as early data (see [`MessageProps::safely_replayable`]).
     replayable: bool,
+    path: PathPolicy,
     /// Queued messages that depend on this one.
     dependents: u32,
     /// A message that depends on this one was sent: never drop it.
@@ -586,6 +593,7 @@ impl Session {
                 depends_on: props.depends_on,
                 squash_key: props.squash_key,
                 replayable: props.safely_replayable,
+                path: props.path.unwrap_or(self.config.message_path),
                 dependents: 0,
                 pinned: false,
                 expired: false,
@@ -901,6 +909,17 @@ impl Session {
             self.scheduler.activate(priority, Flow::Stream(id));
         }
         Ok(())
+    }
+
+    /// Sets which connection carries stream `id`'s data when the session spans several.
+    pub fn set_stream_path(&mut self, id: StreamId, path: PathPolicy) -> Result<(), StreamError> {
+        self.stream_mut(id)?.send.path = Some(path);
+        Ok(())
+    }
+
+    /// The number the next queued message gets.
+    pub fn next_message_number(&self) -> MessageNumber {
+        self.next_message
     }
 
     /// Reads in-order bytes of stream `id`.
@@ -1228,6 +1247,15 @@ impl Session {
         self.fail(now, ProtocolError::Frame(err));
     }
 
+    /// The layer below found the peer breaking the protocol (e.g. a multipath session's
+    /// acknowledgement of bytes never sent): the session fails with `err`, telling the peer.
+    pub fn fail_protocol(&mut self, now: Instant, err: ProtocolError) {
+        if let State::Closed { .. } = self.state {
+            return;
+        }
+        self.fail(now, err);
+    }
+
     /// Processes one frame from the peer. Frames may come in any order and
     /// more than once.
     pub fn handle_frame(&mut self, now: Instant, frame: Frame) {
@@ -1319,6 +1347,12 @@ impl Session {
     fn handle_control(&mut self, now: Instant, control: ControlFrame) -> Result<(), ProtocolError> {
         match control {
             ControlFrame::Params(p) => self.handle_params(p),
+            // A session over several connections: handled by the layer that owns the
+            // connections (`squarepeg_connection::multipath`); over one, nothing to do.
+            ControlFrame::PathAck { .. }
+            | ControlFrame::PathProbe
+            | ControlFrame::AddAddress { .. }
+            | ControlFrame::RemoveAddress { .. } => {}
             ControlFrame::MaxData(max) => {
                 if max > self.conn_send_max {
                     self.conn_send_max = max;
@@ -1499,6 +1533,7 @@ impl Session {
                 len,
                 priority: None,
                 content: TransmitContent::Control,
+                path: PathPolicy::LowestRtt,
             });
         }
         if let Some(frame) = self.next_control() {
@@ -1647,6 +1682,7 @@ impl Session {
             len,
             priority: None,
             content: TransmitContent::Control,
+            path: PathPolicy::LowestRtt,
         })
     }
 
@@ -1703,6 +1739,7 @@ impl Session {
                 depends_on: msg.depends_on,
                 squash_key: msg.squash_key,
             },
+            path: msg.path,
         })
     }
 
@@ -1737,6 +1774,7 @@ impl Session {
             .encode(&header, s.send.peek(n), buf)
             .ok()?;
         s.send.advance(n, fin);
+        let path = s.send.path.unwrap_or(self.config.stream_path);
         self.conn_sent += n as u64;
         self.stats.stream_bytes_sent += n as u64;
         // Wake a blocked writer once half the buffer is free, not per chunk.
@@ -1756,6 +1794,7 @@ impl Session {
                 len: n,
                 fin,
             },
+            path,
         })
     }
 

@@ -37,6 +37,9 @@ pub(crate) struct SendHalf {
     /// The peer asked us to stop (STOP_SENDING) with this code.
     pub(crate) stopped: Option<u64>,
     pub(crate) priority: Priority,
+    /// Which connection carries it when the session spans several; `None`: the session's
+    /// default.
+    pub(crate) path: Option<crate::PathPolicy>,
 }
 
 impl SendHalf {
@@ -51,6 +54,7 @@ impl SendHalf {
             reset: None,
             stopped: None,
             priority: Priority::DEFAULT,
+            path: None,
         }
     }
 

@@ -385,6 +385,7 @@ proptest! {
                 depends_on,
                 squash_key: squash,
                 safely_replayable: false,
+                path: None,
             };
             numbers.push(s.send_message(now, vec![urgency; 10], p).unwrap());
             now += Duration::from_millis(3);

@@ -165,6 +165,7 @@ fn props(role: Role, burst: usize, m: &Msg) -> MessageProps {
             .squash
             .map(|k| (u64::from(tag(role)) << 40) | ((burst as u64) << 8) | u64::from(k)),
         safely_replayable: false,
+        path: None,
     }
 }
 

@@ -1,0 +1,960 @@
+//! One session over several TCP connections (TCPLS; docs/wire.md §7): failover and
+//! multipath, sans-IO.
+//!
+//! A [`MultipathConnection`] owns one [`Session`] and the connections ("paths") it runs
+//! over, each a TLS 1.3 connection on a byte-stream substrate (kernel TCP, or the userspace
+//! TCP read in order) with its own handshake and keys: the first by a full handshake, each
+//! further one by a *join*, an ordinary TLS 1.3 PSK resumption with a single-use ticket
+//! issued inside the session (`squarepeg_tls::join`). Records are sealed per connection,
+//! so no (key, nonce) is ever used twice, also when a frame is re-sent on another
+//! connection: it is sealed again under that connection's keys and sequence numbers.
+//!
+//! # Sending
+//!
+//! The session's scheduler picks each frame as late as possible, when a connection asks
+//! for output ([`MultipathConnection::poll_transmit`]); the frame's [`PathPolicy`] says
+//! which connection carries it (aggregate: the one asking; lowest RTT; round robin; pinned;
+//! redundant: the two lowest-RTT ones, the receiver drops the second copy). What a
+//! connection sent stays in its [`log::SentLog`] until the peer acknowledges it at the
+//! session level.
+//!
+//! # Acknowledgements and failover
+//!
+//! A receiver acknowledges each connection's plaintext it has taken with PATH_ACK (whole
+//! frames, after at most `ack_delay`, at once after `ack_bytes` or a PATH_PROBE), on that
+//! connection. When a connection dies — the driver reports a reset, timeout or end
+//! ([`MultipathConnection::handle_path_closed`]), or acknowledgements stop for
+//! `path_timeout` while something is outstanding (a blackhole; idle connections are probed
+//! every `probe_interval`) — every unacknowledged frame of the session's goes to the front
+//! of the queue of the surviving connections, except messages whose lifetime has ended.
+//! The receiving session takes each message number and stream byte once (its duplicate
+//! window and stream offsets), and control frames are idempotent, so the application
+//! receives everything once. Unacknowledged bytes are bounded (`max_unacked`), and so is
+//! the span of unacknowledged message numbers (half the session's duplicate window), so that
+//! a re-sent message is still recognised.
+//!
+//! # Driver contract
+//!
+//! As [`crate::Connection`]'s, per connection: after anything happened, for every path,
+//! hand the socket what [`MultipathConnection::poll_transmit`] gives, end it once
+//! [`MultipathConnection::poll_shutdown`] says so, read while
+//! [`MultipathConnection::wants_read`]; report a socket's end or failure with
+//! [`MultipathConnection::handle_path_closed`]; drain
+//! [`MultipathConnection::poll_event`] and [`MultipathConnection::poll_path_event`] (close
+//! the socket of a path reported closed; open a join after [`PathEvent::NoPath`]); run
+//! [`MultipathConnection::handle_timeout`] at [`MultipathConnection::poll_timeout`]. A
+//! server drives a new connection's handshake on its own [`Path`] first, then decides with
+//! its `squarepeg_tls::JoinRegistry` whether it starts a session or joins one
+//! ([`MultipathConnection::add_path`]).
+
+mod log;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use squarepeg_framing::{FrameFormat, FrameHeader};
+use squarepeg_session::control::{ControlFrame, record_numbers};
+use squarepeg_session::{
+    ConfigError, Event, MessageNumber, PathPolicy, ProtocolError, Role, Session, TransmitContent,
+    TransportError,
+};
+use squarepeg_tls::Tls;
+
+use crate::record::{open_into, tls_transport_error};
+use crate::{Receiver, SessionConfig};
+use log::{BadAck, Kind, Orphan, SentLog};
+
+/// A connection of a multipath session, numbered from 0 in the order added on this side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PathId(pub u64);
+
+impl fmt::Display for PathId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "path {}", self.0)
+    }
+}
+
+/// Settings of a multipath session.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct MultipathConfig {
+    /// The session's settings.
+    pub session: SessionConfig,
+    /// Bytes read from a socket at once.
+    pub read_buffer: usize,
+    /// Bytes sent and not yet acknowledged, over all connections, beyond which no more
+    /// frames leave the session (they wait there, where the scheduler can still reorder
+    /// and expire them). At least the paths' summed bandwidth-delay products.
+    pub max_unacked: usize,
+    /// A receiver acknowledges at once after this many new bytes on a connection.
+    pub ack_bytes: usize,
+    /// … and otherwise at most this long after a frame that asks for it.
+    pub ack_delay: Duration,
+    /// A connection with frames outstanding and no acknowledgement for this long is dead
+    /// (a blackhole): the application's detection time. It must exceed the path's RTT plus
+    /// `ack_delay`, with the queueing a loaded path adds.
+    pub path_timeout: Duration,
+    /// Each connection is probed this often (RTT for lowest-RTT steering, and liveness
+    /// while idle).
+    pub probe_interval: Duration,
+    /// How long the session waits for a new connection once it has none.
+    pub linger: Duration,
+}
+
+impl Default for MultipathConfig {
+    fn default() -> Self {
+        Self {
+            session: SessionConfig::default(),
+            read_buffer: 64 * 1024,
+            max_unacked: 16 << 20,
+            ack_bytes: 64 * 1024,
+            ack_delay: Duration::from_millis(10),
+            path_timeout: Duration::from_secs(1),
+            probe_interval: Duration::from_millis(250),
+            linger: Duration::from_secs(30),
+        }
+    }
+}
+
+impl MultipathConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.session.validate()?;
+        if self.read_buffer == 0 || self.ack_bytes == 0 {
+            return Err(ConfigError("read_buffer and ack_bytes must be > 0"));
+        }
+        if self.max_unacked < 4 * self.ack_bytes {
+            return Err(ConfigError("max_unacked must be at least 4 × ack_bytes"));
+        }
+        if self.path_timeout <= self.ack_delay {
+            return Err(ConfigError("path_timeout must exceed ack_delay"));
+        }
+        if self.probe_interval.is_zero() {
+            return Err(ConfigError("probe_interval must be > 0"));
+        }
+        Ok(())
+    }
+}
+
+/// Something about the session's connections.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PathEvent {
+    /// The connection is gone (its socket should be closed); what it had not delivered goes
+    /// on another.
+    Closed {
+        path: PathId,
+        reason: TransportError,
+        /// Frames moved to the other connections.
+        resent: usize,
+    },
+    /// No connection is left: open one (a join) within `linger`, or the session ends.
+    NoPath,
+    /// The peer announced an address it can be reached at.
+    PeerAddress { id: u64, addr: SocketAddr },
+    /// The peer withdrew an address.
+    PeerAddressRemoved { id: u64 },
+}
+
+/// A connection's state, as [`MultipathConnection::paths`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PathInfo {
+    pub id: PathId,
+    /// Handshake done and not closed.
+    pub usable: bool,
+    /// Smoothed RTT from probes (or the driver's [`MultipathConnection::set_path_rtt`]).
+    pub srtt: Option<Duration>,
+    /// Bytes sent and not yet acknowledged.
+    pub unacked: usize,
+    /// Plaintext bytes sent and received.
+    pub sent: u64,
+    pub received: u64,
+}
+
+/// Counters of a multipath session.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MultipathStats {
+    pub session: squarepeg_session::Stats,
+    pub paths_added: u64,
+    pub paths_closed: u64,
+    /// Connections declared dead for lack of acknowledgements.
+    pub paths_timed_out: u64,
+    /// Frames re-sent on another connection after theirs died.
+    pub frames_resent: u64,
+    /// Messages not re-sent because their lifetime had ended.
+    pub resends_expired: u64,
+    pub acks_sent: u64,
+    pub acks_received: u64,
+    pub probes_sent: u64,
+}
+
+/// One TLS connection of a multipath session. A client makes it with `Tls::client` (the
+/// first) or `Tls::client_join` (the others); a server with `Tls::server` on the
+/// configuration its `JoinRegistry` handed out, and drives the handshake with
+/// [`Path::handle_bytes`] and [`Path::poll_transmit`] until [`Path::is_established`], then
+/// adds it to a session.
+pub struct Path {
+    tls: Tls,
+    tls_failed: Option<TransportError>,
+    close_notify_out: bool,
+    receiver: Receiver,
+    log: SentLog,
+    /// Plaintext taken from the peer (whole frames) and acknowledged so far.
+    received: u64,
+    ack_sent: u64,
+    ack_due: Option<Instant>,
+    /// Since when frames asking for an acknowledgement wait without progress.
+    outstanding_since: Option<Instant>,
+    next_probe: Option<Instant>,
+    /// The probe in flight: its end offset and when it left.
+    probe: Option<(u64, Instant)>,
+    srtt: Option<Duration>,
+    fin_sent: bool,
+    closed: bool,
+}
+
+impl fmt::Debug for Path {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Path")
+            .field("established", &self.is_established())
+            .field("sent", &self.log.end())
+            .field("acked", &self.log.acked())
+            .field("received", &self.received)
+            .field("srtt", &self.srtt)
+            .field("closed", &self.closed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Path {
+    /// A connection running `tls`; `read_buffer` as [`MultipathConfig::read_buffer`].
+    pub fn new(tls: Tls, read_buffer: usize) -> Self {
+        let mut receiver = Receiver::new(read_buffer, 4 * read_buffer, true);
+        receiver.start_plain();
+        Self {
+            tls,
+            tls_failed: None,
+            close_notify_out: false,
+            receiver,
+            log: SentLog::default(),
+            received: 0,
+            ack_sent: 0,
+            ack_due: None,
+            outstanding_since: None,
+            next_probe: None,
+            probe: None,
+            srtt: None,
+            fin_sent: false,
+            closed: false,
+        }
+    }
+
+    /// The TLS connection (the join registry judges it by it).
+    pub fn tls(&self) -> &Tls {
+        &self.tls
+    }
+
+    /// Whether the handshake is done.
+    pub fn is_established(&self) -> bool {
+        !self.tls.is_handshaking()
+    }
+
+    /// Why the handshake or a record failed, if it did.
+    pub fn failure(&self) -> Option<&TransportError> {
+        self.tls_failed.as_ref()
+    }
+
+    /// Before the path belongs to a session: ciphertext from the socket. Plaintext after
+    /// the handshake waits in the path until it is added.
+    pub fn handle_bytes(&mut self, data: &[u8]) {
+        if self.tls_failed.is_some() {
+            return;
+        }
+        if let Err(e) = open_into(&mut self.tls, &mut self.receiver, data) {
+            self.tls_failed = Some(tls_transport_error(&e));
+        }
+    }
+
+    /// Before the path belongs to a session: handshake flights (and alerts) for the socket.
+    pub fn poll_transmit(&mut self, out: &mut Vec<u8>) {
+        self.tls.poll_output(out);
+    }
+
+    fn usable(&self) -> bool {
+        !self.closed && self.tls_failed.is_none() && self.is_established() && !self.fin_sent
+    }
+
+    /// The RTT to steer by: the smoothed one, or the age of an unanswered probe if that is
+    /// longer (a path that stopped answering stops looking fast before it is declared dead).
+    fn steering_rtt(&self, now: Instant) -> Duration {
+        let srtt = self.srtt.unwrap_or(Duration::MAX);
+        match self.probe {
+            Some((_, sent)) => srtt.max(now.saturating_duration_since(sent)),
+            None => srtt,
+        }
+    }
+
+    fn rtt_sample(&mut self, sample: Duration) {
+        self.srtt = Some(match self.srtt {
+            None => sample,
+            // RFC 6298 §2.3's smoothing.
+            Some(s) => (s * 7 + sample) / 8,
+        });
+    }
+}
+
+/// A session over several connections (module docs).
+#[derive(Debug)]
+pub struct MultipathConnection {
+    session: Session,
+    config: MultipathConfig,
+    paths: BTreeMap<PathId, Path>,
+    next_path: u64,
+    /// Frames of dead connections waiting for another, in the order sent.
+    orphans: VecDeque<Orphan>,
+    orphan_bytes: usize,
+    /// Unacknowledged message numbers (in logs and `orphans`) and how many copies.
+    unacked_messages: BTreeMap<MessageNumber, u32>,
+    round_robin: u64,
+    events: VecDeque<PathEvent>,
+    /// Since when no connection is usable (`None` while one is, or before the first).
+    no_path_since: Option<Instant>,
+    last_path_error: Option<TransportError>,
+    peer_addresses: BTreeMap<u64, SocketAddr>,
+    next_address: u64,
+    /// Session frames (addresses) of this layer, waiting for a connection.
+    own_frames: VecDeque<ControlFrame>,
+    stats: MultipathStats,
+    /// Scratch: a frame moving between logs, a control body.
+    scratch: Vec<u8>,
+    body: Vec<u8>,
+    session_told_closed: bool,
+}
+
+/// How far ahead of what a connection can send the session's frames may be bound to it.
+const UNSEALED_AHEAD: usize = 64 * 1024;
+
+impl MultipathConnection {
+    /// A session for `role`; add its connections with [`Self::add_path`].
+    pub fn new(role: Role, config: MultipathConfig) -> Result<Self, crate::NewConnectionError> {
+        config.validate()?;
+        let mut session = Session::new(role, config.session.clone())?;
+        // Records delimit and authenticate: plain frames from the first byte (docs/wire.md
+        // §4); every connection is read in order.
+        session.use_plain_frames();
+        session.announce_record_numbers(record_numbers::READS);
+        Ok(Self {
+            session,
+            config,
+            paths: BTreeMap::new(),
+            next_path: 0,
+            orphans: VecDeque::new(),
+            orphan_bytes: 0,
+            unacked_messages: BTreeMap::new(),
+            round_robin: 0,
+            events: VecDeque::new(),
+            no_path_since: None,
+            last_path_error: None,
+            peer_addresses: BTreeMap::new(),
+            next_address: 0,
+            own_frames: VecDeque::new(),
+            stats: MultipathStats::default(),
+            scratch: Vec::new(),
+            body: Vec::new(),
+            session_told_closed: false,
+        })
+    }
+
+    /// Adds a connection (established or still handshaking; a server's is established and
+    /// admitted by its join registry). Plaintext it received already goes to the session.
+    pub fn add_path(&mut self, now: Instant, path: Path) -> PathId {
+        let id = PathId(self.next_path);
+        self.next_path += 1;
+        self.stats.paths_added += 1;
+        self.paths.insert(id, path);
+        self.no_path_since = None;
+        self.take_frames(id, now);
+        id
+    }
+
+    /// The session: messages, streams, close.
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// The session, to act on it; poll every path afterwards.
+    pub fn session_mut(&mut self) -> &mut Session {
+        &mut self.session
+    }
+
+    /// A path's TLS connection.
+    pub fn tls(&self, id: PathId) -> Option<&Tls> {
+        self.paths.get(&id).map(|p| &p.tls)
+    }
+
+    /// A path's TLS connection, to act on it (e.g. [`Tls::initiate_key_update`]); poll the
+    /// path afterwards.
+    pub fn tls_mut(&mut self, id: PathId) -> Option<&mut Tls> {
+        self.paths.get_mut(&id).map(|p| &mut p.tls)
+    }
+
+    /// The connections not yet closed.
+    pub fn paths(&self) -> Vec<PathInfo> {
+        self.paths
+            .iter()
+            .filter(|(_, p)| !p.closed)
+            .map(|(&id, p)| PathInfo {
+                id,
+                usable: p.usable(),
+                srtt: p.srtt,
+                unacked: p.log.held(),
+                sent: p.log.end(),
+                received: p.received,
+            })
+            .collect()
+    }
+
+    /// The peer's announced addresses.
+    pub fn peer_addresses(&self) -> impl Iterator<Item = (u64, SocketAddr)> + '_ {
+        self.peer_addresses.iter().map(|(&id, &a)| (id, a))
+    }
+
+    /// Announces that this side can also be reached at `addr`; returns the id that
+    /// withdraws it ([`Self::withdraw_address`]).
+    pub fn announce_address(&mut self, addr: SocketAddr) -> u64 {
+        let id = self.next_address;
+        self.next_address += 1;
+        self.own_frames
+            .push_back(ControlFrame::AddAddress { id, addr });
+        id
+    }
+
+    /// Withdraws an announced address.
+    pub fn withdraw_address(&mut self, id: u64) {
+        self.own_frames
+            .push_back(ControlFrame::RemoveAddress { id });
+    }
+
+    /// The driver's RTT estimate for a path (e.g. the kernel's `tcpi_rtt`), folded into the
+    /// probes' one.
+    pub fn set_path_rtt(&mut self, id: PathId, rtt: Duration) {
+        if let Some(p) = self.paths.get_mut(&id) {
+            p.rtt_sample(rtt);
+        }
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> MultipathStats {
+        MultipathStats {
+            session: self.session.stats(),
+            ..self.stats
+        }
+    }
+
+    // ------------------------------------------------------------------ receiving
+
+    /// Whether the driver should read the path's socket.
+    pub fn wants_read(&self, id: PathId) -> bool {
+        self.paths
+            .get(&id)
+            .is_some_and(|p| !p.closed && p.tls_failed.is_none())
+            && !self.session.receive_blocked()
+    }
+
+    /// Ciphertext from a path's socket.
+    pub fn handle_bytes(&mut self, id: PathId, now: Instant, data: &[u8]) {
+        let Some(p) = self.paths.get_mut(&id) else {
+            return;
+        };
+        if p.closed || p.tls_failed.is_some() {
+            return;
+        }
+        if let Err(e) = open_into(&mut p.tls, &mut p.receiver, data) {
+            p.tls_failed = Some(tls_transport_error(&e));
+        }
+        self.take_frames(id, now);
+        if let Some(reason) = self.paths.get(&id).and_then(|p| p.tls_failed) {
+            // The alert goes out with the next poll; the path is gone for the session.
+            self.path_gone(id, now, reason);
+        }
+    }
+
+    /// Hands the frames a path decoded to the session (and its own to itself).
+    fn take_frames(&mut self, id: PathId, now: Instant) {
+        let Some(p) = self.paths.get_mut(&id) else {
+            return;
+        };
+        let mut elicited = false;
+        let mut ack_now = false;
+        let mut bad_ack = None;
+        while let Some(frame) = p.receiver.next_frame() {
+            let frame = match frame {
+                Ok(f) => f,
+                // The stream is reliable and authenticated: the peer sent it.
+                Err(e) => {
+                    self.session.handle_decode_error(now, e);
+                    break;
+                }
+            };
+            let control = match frame.header {
+                FrameHeader::Control => ControlFrame::decode(&frame.payload).ok(),
+                _ => None,
+            };
+            match control {
+                Some(ControlFrame::PathAck { received }) => {
+                    let unacked = &mut self.unacked_messages;
+                    match p.log.ack(received, |kind| forget_message(unacked, kind)) {
+                        Ok(progress) => {
+                            self.stats.acks_received += 1;
+                            if progress {
+                                p.outstanding_since = p.log.awaits_ack().then_some(now);
+                            }
+                            if let Some((end, sent)) = p.probe
+                                && received >= end
+                            {
+                                p.probe = None;
+                                p.rtt_sample(now.saturating_duration_since(sent));
+                            }
+                        }
+                        Err(bad) => {
+                            bad_ack = Some(bad);
+                            break;
+                        }
+                    }
+                }
+                Some(ControlFrame::PathProbe) => ack_now = true,
+                Some(ControlFrame::AddAddress { id, addr }) => {
+                    elicited = true;
+                    if self.peer_addresses.insert(id, addr) != Some(addr) {
+                        self.events.push_back(PathEvent::PeerAddress { id, addr });
+                    }
+                }
+                Some(ControlFrame::RemoveAddress { id }) => {
+                    elicited = true;
+                    if self.peer_addresses.remove(&id).is_some() {
+                        self.events.push_back(PathEvent::PeerAddressRemoved { id });
+                    }
+                }
+                _ => {
+                    elicited = true;
+                    self.session.handle_frame(now, frame);
+                }
+            }
+        }
+        if let Some(bad) = bad_ack {
+            // Acknowledging what was never sent (or half a frame) would make this side
+            // drop data the peer does not have: a protocol violation, the session ends.
+            tracing::debug!("{id}: refused PATH_ACK: {bad:?}");
+            let acked = match bad {
+                BadAck::BeyondSent { acked, .. } | BadAck::NotFrameEnd { acked } => acked,
+            };
+            self.session.fail_protocol(
+                now,
+                ProtocolError::BadAcknowledgement {
+                    acked,
+                    sent: p.log.end(),
+                },
+            );
+            return;
+        }
+        p.received = p.receiver.frames_end();
+        if p.received > p.ack_sent {
+            let due = if ack_now || p.received - p.ack_sent >= self.config.ack_bytes as u64 {
+                Some(now)
+            } else if elicited {
+                Some(now + self.config.ack_delay)
+            } else {
+                None
+            };
+            p.ack_due = match (p.ack_due, due) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+    }
+
+    /// A path's socket ended (the peer's FIN: [`TransportError::PeerClosed`]) or failed.
+    pub fn handle_path_closed(&mut self, id: PathId, now: Instant, reason: TransportError) {
+        self.path_gone(id, now, reason);
+    }
+
+    /// Retires a path: what it has not delivered moves to the others.
+    fn path_gone(&mut self, id: PathId, now: Instant, reason: TransportError) {
+        let Some(p) = self.paths.get_mut(&id) else {
+            return;
+        };
+        if p.closed {
+            return;
+        }
+        p.closed = true;
+        self.stats.paths_closed += 1;
+        let mut resent = 0;
+        for (orphan, kind) in p.log.take_orphans() {
+            if orphan.deadline.is_some_and(|d| d <= now) {
+                // A message past its lifetime is not worth a second try (partial
+                // reliability): it is lost with its connection.
+                self.stats.resends_expired += 1;
+                forget_message(&mut self.unacked_messages, kind);
+                continue;
+            }
+            resent += 1;
+            self.orphan_bytes += orphan.bytes.len();
+            self.orphans.push_back(orphan);
+        }
+        self.stats.frames_resent += resent as u64;
+        tracing::debug!("{id} closed ({reason:?}): {resent} frames move to other paths");
+        self.events.push_back(PathEvent::Closed {
+            path: id,
+            reason,
+            resent,
+        });
+        self.last_path_error = Some(reason);
+        if !self.paths.values().any(|p| !p.closed) {
+            if self.session.is_closing() || self.session.error().is_some() {
+                // Nothing left to wait for a new connection for.
+                self.tell_session_closed(now);
+            } else {
+                self.no_path_since = Some(now);
+                self.events.push_back(PathEvent::NoPath);
+            }
+        }
+    }
+
+    fn tell_session_closed(&mut self, now: Instant) {
+        if !self.session_told_closed {
+            self.session_told_closed = true;
+            let reason = self.last_path_error.unwrap_or(TransportError::PeerClosed);
+            self.session.handle_transport_closed(now, reason);
+        }
+    }
+
+    // ------------------------------------------------------------------ sending
+
+    /// The usable path with the lowest smoothed RTT (unknown RTTs last, then by id),
+    /// other than `except`.
+    fn lowest_rtt(&self, now: Instant, except: Option<PathId>) -> Option<PathId> {
+        self.paths
+            .iter()
+            .filter(|(id, p)| p.usable() && Some(**id) != except)
+            .min_by_key(|(id, p)| (p.steering_rtt(now), **id))
+            .map(|(id, _)| *id)
+    }
+
+    /// Which paths carry a frame of `policy`, asked for by `asking`.
+    fn targets(&mut self, now: Instant, policy: PathPolicy, asking: PathId) -> [Option<PathId>; 2] {
+        match policy {
+            PathPolicy::LowestRtt => [self.lowest_rtt(now, None).or(Some(asking)), None],
+            PathPolicy::Pinned(n) if self.paths.get(&PathId(n)).is_some_and(Path::usable) => {
+                [Some(PathId(n)), None]
+            }
+            PathPolicy::Pinned(_) => [self.lowest_rtt(now, None).or(Some(asking)), None],
+            PathPolicy::RoundRobin => {
+                let usable: Vec<PathId> = self
+                    .paths
+                    .iter()
+                    .filter(|(_, p)| p.usable())
+                    .map(|(id, _)| *id)
+                    .collect();
+                self.round_robin += 1;
+                let pick = usable
+                    .get((self.round_robin % usable.len().max(1) as u64) as usize)
+                    .copied();
+                [pick.or(Some(asking)), None]
+            }
+            PathPolicy::Redundant => {
+                let first = self.lowest_rtt(now, None).unwrap_or(asking);
+                [Some(first), self.lowest_rtt(now, Some(first))]
+            }
+            // Aggregate, and whatever later policies mean by default.
+            _ => [Some(asking), None],
+        }
+    }
+
+    /// Whether more of the session's frames may be bound to paths now.
+    fn may_take_more(&self) -> bool {
+        let held: usize =
+            self.paths.values().map(|p| p.log.held()).sum::<usize>() + self.orphan_bytes;
+        if held >= self.config.max_unacked {
+            return false;
+        }
+        // A re-sent message must still be inside the receiver's duplicate window.
+        let span = self.config.session.dedup_window / 2;
+        self.unacked_messages
+            .first_key_value()
+            .is_none_or(|(&oldest, _)| self.session.next_message_number() - oldest < span)
+    }
+
+    /// Appends the path's records to `out` (its socket's output) until `out` holds at least
+    /// `limit` bytes or nothing is left to send now; returns the session frames it took.
+    /// Ask only when the socket can take more, so that the scheduler decides late.
+    pub fn poll_transmit(
+        &mut self,
+        id: PathId,
+        now: Instant,
+        out: &mut Vec<u8>,
+        limit: usize,
+    ) -> usize {
+        let Some(p) = self.paths.get_mut(&id) else {
+            return 0;
+        };
+        // Handshake flights, KeyUpdates and alerts first.
+        p.tls.poll_output(out);
+        if !p.usable() {
+            return 0;
+        }
+        let record = p.tls.max_record_plaintext();
+        let wanted = limit.saturating_sub(out.len()).div_ceil(record) * record;
+        let mut frames = 0;
+        // A probe, when due (RTT and liveness).
+        if p.next_probe.is_none_or(|t| t <= now) && p.probe.is_none() {
+            write_local(&mut p.log, &mut self.body, &ControlFrame::PathProbe);
+            p.probe = Some((p.log.end(), now));
+            p.next_probe = Some(now + self.config.probe_interval);
+            self.stats.probes_sent += 1;
+        }
+        // This layer's own session frames (addresses), then what dead paths left.
+        while let Some(control) = self.own_frames.pop_front() {
+            self.body.clear();
+            if control.encode(&mut self.body).is_ok() {
+                self.scratch.clear();
+                if FrameFormat::Plain
+                    .encode(&FrameHeader::Control, &self.body, &mut self.scratch)
+                    .is_ok()
+                {
+                    p.log.push(
+                        &self.scratch,
+                        Kind::Session {
+                            deadline: None,
+                            message: None,
+                        },
+                    );
+                }
+            }
+        }
+        while p.log.unsealed_len() < wanted
+            && let Some(orphan) = self.orphans.pop_front()
+        {
+            self.orphan_bytes -= orphan.bytes.len();
+            if orphan.deadline.is_some_and(|d| d <= now) {
+                self.stats.resends_expired += 1;
+                forget_message(
+                    &mut self.unacked_messages,
+                    Kind::Session {
+                        deadline: None,
+                        message: orphan.message,
+                    },
+                );
+                continue;
+            }
+            p.log.push(
+                &orphan.bytes,
+                Kind::Session {
+                    deadline: orphan.deadline,
+                    message: orphan.message,
+                },
+            );
+        }
+        // The session's frames, each where its policy sends it.
+        while self.paths[&id].log.unsealed_len() < wanted && self.may_take_more() {
+            let p = self.paths.get_mut(&id).expect("asking path");
+            let at = p.log.buffer().len();
+            let Some(t) = self.session.poll_transmit(now, p.log.buffer()) else {
+                break;
+            };
+            frames += 1;
+            let (deadline, message) = match t.content {
+                TransmitContent::Message {
+                    number, deadline, ..
+                } => (deadline, Some(number)),
+                _ => (None, None),
+            };
+            let kind = Kind::Session { deadline, message };
+            let [first, second] = self.targets(now, t.path, id);
+            let first = first.unwrap_or(id);
+            let mut over = false;
+            if first == id && second.is_none() {
+                self.paths
+                    .get_mut(&id)
+                    .expect("asking path")
+                    .log
+                    .logged(kind);
+            } else {
+                let p = self.paths.get_mut(&id).expect("asking path");
+                p.log.cut_from(at, &mut self.scratch);
+                for target in [Some(first), second].into_iter().flatten() {
+                    let q = self.paths.get_mut(&target).expect("a usable path");
+                    q.log.push(&self.scratch, kind);
+                    over |= target != id && q.log.unsealed_len() >= UNSEALED_AHEAD;
+                }
+            }
+            if let Some(n) = message {
+                let copies = 1 + u32::from(second.is_some());
+                *self.unacked_messages.entry(n).or_default() += copies;
+            }
+            if over {
+                // Bound to a path that is not sending: the rest waits in the session.
+                break;
+            }
+        }
+        let drained = self.session.is_drained();
+        let p = self.paths.get_mut(&id).expect("asking path");
+        // Acknowledge what arrived: when due, or for free with whatever goes now.
+        if p.received > p.ack_sent
+            && (p.ack_due.is_some_and(|t| t <= now) || p.log.unsealed_len() > 0)
+        {
+            let received = p.received;
+            write_local(
+                &mut p.log,
+                &mut self.body,
+                &ControlFrame::PathAck { received },
+            );
+            p.ack_sent = received;
+            p.ack_due = None;
+            self.stats.acks_sent += 1;
+        }
+        if p.outstanding_since.is_none() && p.log.awaits_ack() {
+            p.outstanding_since = Some(now);
+        }
+        // Whole records while more is coming (as `Connection::poll_transmit` does).
+        let unsealed = p.log.unsealed_len();
+        let more_to_come = unsealed >= wanted.max(record) && !self.session.is_send_finished();
+        let seal_len = if more_to_come {
+            unsealed / record * record
+        } else {
+            unsealed
+        };
+        if seal_len > 0 {
+            let result = p.tls.seal(&p.log.unsealed()[..seal_len], out);
+            match result {
+                Ok(()) => p.log.mark_sealed(seal_len),
+                Err(e) => {
+                    p.tls_failed = Some(tls_transport_error(&e));
+                    p.tls.poll_output(out);
+                    let reason = p.tls_failed.expect("just set");
+                    self.path_gone(id, now, reason);
+                    return frames;
+                }
+            }
+        }
+        if drained && p.log.unsealed_len() == 0 && !p.close_notify_out {
+            // The session is over: close_notify, then the FIN (RFC 8446 §6.1).
+            p.tls.send_close_notify();
+            p.tls.poll_output(out);
+            p.close_notify_out = true;
+        }
+        frames
+    }
+
+    /// Whether the path's sending direction ends now (its FIN): once the session is
+    /// drained and the path's close_notify went out.
+    pub fn poll_shutdown(&mut self, id: PathId) -> bool {
+        let Some(p) = self.paths.get_mut(&id) else {
+            return false;
+        };
+        if p.fin_sent || p.closed || !p.close_notify_out {
+            return false;
+        }
+        p.fin_sent = true;
+        true
+    }
+
+    // ------------------------------------------------------------------ events, timers
+
+    /// The session's next event for the application.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.session.poll_event()
+    }
+
+    /// The next event about the connections.
+    pub fn poll_path_event(&mut self) -> Option<PathEvent> {
+        self.events.pop_front()
+    }
+
+    /// When [`Self::handle_timeout`] should next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut next = self.session.poll_timeout();
+        let mut at = |t: Option<Instant>| {
+            if let Some(t) = t {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        };
+        for p in self.paths.values().filter(|p| p.usable()) {
+            at(p.ack_due);
+            at(p.outstanding_since.map(|t| t + self.config.path_timeout));
+            at(p.next_probe);
+        }
+        if !self.session_told_closed {
+            at(self.no_path_since.map(|t| t + self.config.linger));
+        }
+        next
+    }
+
+    /// Runs the timers that are due. Poll every path afterwards (acknowledgements and
+    /// probes that fell due go out then).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let timed_out: Vec<PathId> = self
+            .paths
+            .iter()
+            .filter(|(_, p)| {
+                p.usable()
+                    && p.outstanding_since
+                        .is_some_and(|t| t + self.config.path_timeout <= now)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in timed_out {
+            self.stats.paths_timed_out += 1;
+            self.path_gone(id, now, TransportError::TimedOut);
+        }
+        if self
+            .no_path_since
+            .is_some_and(|t| t + self.config.linger <= now)
+        {
+            self.tell_session_closed(now);
+        }
+        if self.session.poll_timeout().is_some_and(|t| t <= now) {
+            self.session.handle_timeout(now);
+        }
+    }
+
+    /// Whether the session is over and every path has ended: the driver stops.
+    pub fn is_drained(&self) -> bool {
+        self.session.is_drained() && self.paths.values().all(|p| p.closed || p.fin_sent)
+    }
+
+    /// Forgets closed paths whose events were taken (their ids stay unused).
+    pub fn remove_closed_paths(&mut self) {
+        self.paths.retain(|_, p| !p.closed);
+    }
+}
+
+/// Appends one of a path's own control frames (PATH_ACK, PATH_PROBE) to its log.
+fn write_local(log: &mut SentLog, body: &mut Vec<u8>, control: &ControlFrame) {
+    body.clear();
+    // Our own control frames always encode (values within varint range).
+    if control.encode(body).is_ok()
+        && FrameFormat::Plain
+            .encode(&FrameHeader::Control, body, log.buffer())
+            .is_ok()
+    {
+        let elicits_ack = !matches!(control, ControlFrame::PathAck { .. });
+        log.logged(Kind::Local { elicits_ack });
+    }
+}
+
+/// A logged frame left the logs (acknowledged, or dropped as expired).
+fn forget_message(unacked: &mut BTreeMap<MessageNumber, u32>, kind: Kind) {
+    if let Kind::Session {
+        message: Some(n), ..
+    } = kind
+        && let Some(count) = unacked.get_mut(&n)
+    {
+        *count -= 1;
+        if *count == 0 {
+            unacked.remove(&n);
+        }
+    }
+}
