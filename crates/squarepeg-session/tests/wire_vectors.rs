@@ -82,6 +82,26 @@ fn expected() -> Vec<(&'static str, ControlFrame)> {
                 len: 254,
             },
         ),
+        (
+            "PATH_ACK received=70000",
+            ControlFrame::PathAck { received: 70_000 },
+        ),
+        ("PATH_PROBE", ControlFrame::PathProbe),
+        (
+            "ADD_ADDRESS id=1 192.0.2.7:443",
+            ControlFrame::AddAddress {
+                id: 1,
+                addr: "192.0.2.7:443".parse().unwrap(),
+            },
+        ),
+        (
+            "ADD_ADDRESS id=2 [2001:db8::1]:8443",
+            ControlFrame::AddAddress {
+                id: 2,
+                addr: "[2001:db8::1]:8443".parse().unwrap(),
+            },
+        ),
+        ("REMOVE_ADDRESS id=1", ControlFrame::RemoveAddress { id: 1 }),
         ("frame: MAX_DATA 1048576", ControlFrame::MaxData(1_048_576)),
         (
             "frame: APPLICATION_CLOSE code=0 reason=\"\"",
