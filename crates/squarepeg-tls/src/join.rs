@@ -444,6 +444,12 @@ impl JoinProbe {
         self.lock().issued.len()
     }
 
+    /// Whether the ClientHello offered a ticket of this server's store (a join attempt,
+    /// whatever the verdict): a connection that offered none is a session's first.
+    pub fn offered_ticket(&self) -> bool {
+        !matches!(self.lock().offered, Offered::Nothing)
+    }
+
     /// The session this connection belongs to: started on it, or joined by it.
     pub fn session(&self) -> Option<SessionId> {
         self.lock().session

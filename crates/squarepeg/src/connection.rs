@@ -8,15 +8,14 @@ use std::task::Waker;
 use std::time::Instant;
 
 use bytes::Bytes;
-use squarepeg_connection::{
-    Connection as Core, Send as SendKind, SessionStats, TlsStats, UtcpStats,
-};
+use squarepeg_connection::{SessionStats, TlsStats, UtcpStats};
 use squarepeg_session::{
     ConnectionError, Event, Message, MessageNumber, MessageProps, MessageStatus, SendError,
     StreamError, StreamId, TransportError,
 };
 use tokio::sync::Notify;
 
+use crate::core::{Core, Port};
 use crate::stream::Stream;
 
 /// State shared by the driver and the application's handles.
@@ -30,8 +29,13 @@ pub(crate) struct Shared {
     /// (lock order: state, then this), and only from an empty cache, so
     /// that messages here are always older than those in the session.
     received: Mutex<VecDeque<Message>>,
-    /// Application → driver: something to send or room to read.
-    pub(crate) driver: Notify,
+    /// Application → driver: something to send or room to read (the single connection's
+    /// driver; see [`Shared::wake_driver`]).
+    driver: Arc<Notify>,
+    /// A multipath session: each path's driver's own (all are woken).
+    path_drivers: Mutex<Vec<(Port, Arc<Notify>)>>,
+    /// A multipath session: its connections changed (a path event to act on).
+    pub(crate) paths_changed: Notify,
     messages: Notify,
     incoming: Notify,
     streams_available: Notify,
@@ -69,7 +73,7 @@ impl State {
     /// earliest deadline, which the driver's timer must learn; and tagged
     /// writes leave only as the TCP's window allows. Both wake it.
     fn driver_needs_wake(&self, props: &MessageProps) -> bool {
-        self.conn.substrate().send == SendKind::TaggedWrites
+        self.conn.sends_tagged()
             || props.lifetime.is_some()
             || !self.conn.session().has_queued_messages()
     }
@@ -77,14 +81,14 @@ impl State {
 
 impl Shared {
     pub(crate) fn new(
-        conn: Core,
+        conn: impl Into<Core>,
         status_limit: usize,
         local: SocketAddr,
         remote: SocketAddr,
     ) -> Self {
         Self {
             state: Mutex::new(State {
-                conn,
+                conn: conn.into(),
                 read_wakers: HashMap::new(),
                 write_wakers: HashMap::new(),
                 statuses: StatusQueue::new(status_limit),
@@ -94,7 +98,9 @@ impl Shared {
                 established_told: false,
             }),
             received: Mutex::new(VecDeque::new()),
-            driver: Notify::new(),
+            driver: Arc::new(Notify::new()),
+            path_drivers: Mutex::new(Vec::new()),
+            paths_changed: Notify::new(),
             messages: Notify::new(),
             incoming: Notify::new(),
             streams_available: Notify::new(),
@@ -104,6 +110,49 @@ impl Shared {
             established: Notify::new(),
             local,
             remote,
+        }
+    }
+
+    /// Wakes the driver(s): the application queued something or made room.
+    pub(crate) fn wake_driver(&self) {
+        self.driver.notify_one();
+        let drivers = self.path_drivers.lock().unwrap_or_else(|e| e.into_inner());
+        for (_, n) in drivers.iter() {
+            n.notify_one();
+        }
+    }
+
+    /// The `Notify` the driver of `port` waits on.
+    pub(crate) fn driver_notify(&self, port: Port) -> Arc<Notify> {
+        match port {
+            Port::Single => self.driver.clone(),
+            Port::Path(_) => {
+                let n = Arc::new(Notify::new());
+                self.path_drivers
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((port, n.clone()));
+                n
+            }
+        }
+    }
+
+    /// The driver of `port` has stopped (its socket is closed).
+    pub(crate) fn driver_stopped(&self, st: &mut State, port: Port) {
+        let none_left = {
+            let mut drivers = self.path_drivers.lock().unwrap_or_else(|e| e.into_inner());
+            drivers.retain(|(p, _)| *p != port);
+            drivers.is_empty()
+        };
+        // A multipath session is done once its last driver stopped after it ended (with no
+        // path left it waits for joins otherwise).
+        if port == Port::Single || (none_left && st.conn.session().error().is_some()) {
+            st.driver_done = true;
+        }
+        self.dispatch(st);
+        self.paths_changed.notify_waiters();
+        if st.driver_done {
+            self.wake_all(st);
         }
     }
 
@@ -117,6 +166,9 @@ impl Shared {
     /// Hands session events to whoever waits for them. Called with the
     /// state locked.
     pub(crate) fn dispatch(&self, st: &mut State) {
+        if st.conn.multi().is_some_and(|m| m.has_path_events()) {
+            self.paths_changed.notify_waiters();
+        }
         if !st.conn.has_events() {
             // The common case on every send and every driver round.
             return;
@@ -326,7 +378,7 @@ impl Drop for Handle {
         let mut st = self.0.lock();
         st.conn.session_mut().close(0, b"");
         drop(st);
-        self.0.driver.notify_one();
+        self.0.wake_driver();
     }
 }
 
@@ -428,7 +480,7 @@ impl Connection {
             )
             .await;
         if wake_driver {
-            sh.driver.notify_one();
+            sh.wake_driver();
         }
         result
     }
@@ -449,7 +501,7 @@ impl Connection {
         sh.dispatch(&mut st);
         drop(st);
         if wake_driver {
-            sh.driver.notify_one();
+            sh.wake_driver();
         }
         r
     }
@@ -476,7 +528,7 @@ impl Connection {
         let (m, was_blocked) = r?;
         if was_blocked {
             // Room in the receive queue lets the driver read again.
-            sh.driver.notify_one();
+            sh.wake_driver();
         }
         Ok(m)
     }
@@ -491,7 +543,7 @@ impl Connection {
         if let Some((m, was_blocked)) = sh.take_received(&mut st) {
             drop(st);
             if was_blocked {
-                sh.driver.notify_one();
+                sh.wake_driver();
             }
             return Ok(Some(m));
         }
@@ -571,7 +623,7 @@ impl Connection {
             let mut st = self.shared().lock();
             st.conn.session_mut().close(0, b"");
         }
-        self.shared().driver.notify_one();
+        self.shared().wake_driver();
         self.closed().await;
     }
 
@@ -583,7 +635,7 @@ impl Connection {
         st.conn.session_mut().abort(Instant::now(), code, reason);
         sh.dispatch(&mut st);
         drop(st);
-        sh.driver.notify_one();
+        sh.wake_driver();
     }
 
     /// Waits until the connection is closed and its socket released;
@@ -656,7 +708,7 @@ impl Connection {
         };
         tls.initiate_key_update(request_peer);
         drop(st);
-        sh.driver.notify_one();
+        sh.wake_driver();
         true
     }
 

@@ -11,10 +11,11 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Instant;
 
-use squarepeg_connection::{Connection as Core, TransportError};
+use squarepeg_connection::TransportError;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::connection::Shared;
+use crate::core::{Core, Port};
 
 /// Bytes of output taken from the core per lock acquisition: encoding happens under the
 /// lock, and the application should not wait a whole batch to queue a message.
@@ -63,10 +64,19 @@ enum Wake {
     Timer,
 }
 
-/// Runs the connection until the core is drained, then closes the transport.
-pub(crate) async fn run<W: Wire>(shared: Arc<Shared>, io: W::Io, wire: W, write_batch: usize) {
+/// Runs the connection (`port` of the core) until it is drained, then closes the transport.
+pub(crate) async fn run<W: Wire>(
+    shared: Arc<Shared>,
+    port: Port,
+    io: W::Io,
+    wire: W,
+    write_batch: usize,
+) {
+    let notify = shared.driver_notify(port);
     let mut driver = Driver {
         shared,
+        port,
+        notify,
         io,
         wire,
         out: Vec::with_capacity(write_batch + LOCK_SLICE),
@@ -79,12 +89,19 @@ pub(crate) async fn run<W: Wire>(shared: Arc<Shared>, io: W::Io, wire: W, write_
     driver.drive().await;
     let sh = &driver.shared;
     let mut st = sh.lock();
-    if st.conn.session().error().is_none() {
+    let unfinished = match port {
+        Port::Single => st.conn.session().error().is_none(),
+        Port::Path(_) => !st.conn.is_drained(port),
+    };
+    if unfinished {
         // Not reached while the core runs to its end; a safety net for a driver bug.
-        st.conn
-            .handle_transport_closed(Instant::now(), TransportError::Io(io::ErrorKind::Other));
+        st.conn.handle_transport_closed(
+            port,
+            Instant::now(),
+            TransportError::Io(io::ErrorKind::Other),
+        );
     }
-    st.driver_done = true;
+    sh.driver_stopped(&mut st, port);
     sh.dispatch(&mut st);
     sh.wake_all(&mut st);
     // Dropping the transport closes it (close(2) for a socket; the userspace stack finishes
@@ -102,6 +119,10 @@ enum Fin {
 
 struct Driver<W: Wire> {
     shared: Arc<Shared>,
+    /// Which of the core's transport connections this driver runs.
+    port: Port,
+    /// Wakes this driver (the application's calls, a new path's data to send).
+    notify: Arc<tokio::sync::Notify>,
     io: W::Io,
     wire: W,
     /// Output taken from the core, written from `out_pos`.
@@ -136,7 +157,8 @@ impl<W: Wire> Driver<W> {
             let now = Instant::now();
             if self.out_pos == self.out.len() && self.fin == Fin::NotYet {
                 self.refill(now);
-                if self.out_pos < self.out.len() && self.shared.lock().conn.poll_shutdown() {
+                if self.out_pos < self.out.len() && self.shared.lock().conn.poll_shutdown(self.port)
+                {
                     // The core's last output: the FIN follows it (`poll_shutdown` says so
                     // once).
                     self.fin = Fin::Due;
@@ -146,14 +168,18 @@ impl<W: Wire> Driver<W> {
             }
             let (timeout, wants_read, drained) = {
                 let mut st = self.shared.lock();
-                if self.out_pos == self.out.len() && st.conn.poll_shutdown() {
+                if self.out_pos == self.out.len() && st.conn.poll_shutdown(self.port) {
                     self.fin = Fin::Due;
                 }
-                let wants_read = self.read_open && st.conn.wants_read();
+                let wants_read = self.read_open && st.conn.wants_read(self.port);
                 if wants_read {
                     self.wire.begin_read(&mut st.conn);
                 }
-                let r = (st.conn.poll_timeout(), wants_read, st.conn.is_drained());
+                let r = (
+                    st.conn.poll_timeout(),
+                    wants_read,
+                    st.conn.is_drained(self.port),
+                );
                 self.shared.dispatch(&mut st);
                 r
             };
@@ -161,7 +187,8 @@ impl<W: Wire> Driver<W> {
                 return;
             }
             let wake = {
-                let mut notified = pin!(self.shared.driver.notified());
+                let notify = self.notify.clone();
+                let mut notified = pin!(notify.notified());
                 let mut sleep = timeout.map(|t| Box::pin(tokio::time::sleep_until(t.into())));
                 let Self {
                     io,
@@ -269,7 +296,7 @@ impl<W: Wire> Driver<W> {
         if n == 0 {
             self.read_open = false;
             st.conn
-                .handle_transport_closed(now, TransportError::PeerClosed);
+                .handle_transport_closed(self.port, now, TransportError::PeerClosed);
         }
         self.shared.dispatch(&mut st);
     }
@@ -281,7 +308,7 @@ impl<W: Wire> Driver<W> {
         self.fin = Fin::Done;
         let mut st = self.shared.lock();
         st.conn
-            .handle_transport_closed(Instant::now(), TransportError::from_io(e));
+            .handle_transport_closed(self.port, Instant::now(), TransportError::from_io(e));
         self.shared.dispatch(&mut st);
     }
 }

@@ -11,12 +11,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use squarepeg_connection::{Connection as Core, Protection, Receiver, Role, Substrate};
+use squarepeg_connection::{Connection as SingleCore, Protection, Receiver, Role, Substrate};
 use squarepeg_session::{MessageNumber, MessageProps};
 use tokio::net::TcpStream;
 
 use crate::config::ConnectionConfig;
 use crate::connection::{Connection, Handle, Shared};
+use crate::core::{Core, Port};
 use crate::driver::{self, Wire};
 use crate::endpoint::ConnectError;
 use crate::fast_open::KernelStream;
@@ -24,7 +25,7 @@ use crate::unsent::AdaptiveLowat;
 
 /// Queues `messages` in `core`'s session; returns their numbers.
 pub(crate) fn queue(
-    core: &mut Core,
+    core: &mut SingleCore,
     now: Instant,
     messages: Vec<(Bytes, MessageProps)>,
 ) -> Result<Vec<MessageNumber>, ConnectError> {
@@ -38,7 +39,9 @@ pub(crate) fn queue(
         .collect()
 }
 
-struct KernelWire {
+pub(crate) struct KernelWire {
+    /// Which of the core's connections this socket carries.
+    port: Port,
     /// The core's receiver while a read is under way.
     receiver: Option<Box<Receiver>>,
     /// Over TLS: ciphertext read, and how much of it.
@@ -69,14 +72,16 @@ impl Wire for KernelWire {
     }
 
     fn fill(&mut self, core: &mut Core, now: Instant, out: &mut Vec<u8>, limit: usize) -> bool {
-        core.poll_transmit(now, out, limit);
+        core.poll_transmit(self.port, now, out, limit);
         // Short of the limit: the core has nothing more.
         out.len() >= limit
     }
 
     fn begin_read(&mut self, core: &mut Core) {
         // Over TLS the core keeps its receiver: `None`.
-        if self.receiver.is_none() {
+        if self.receiver.is_none()
+            && let Some(core) = core.single_mut()
+        {
             self.receiver = core.take_receiver();
         }
     }
@@ -103,10 +108,56 @@ impl Wire for KernelWire {
 
     fn end_read(&mut self, core: &mut Core, now: Instant) {
         if let Some(r) = self.receiver.take() {
-            core.return_receiver(now, r);
+            if let Some(core) = core.single_mut() {
+                core.return_receiver(now, r);
+            }
         } else if self.ciphertext_len > 0 {
-            core.handle_bytes(now, &self.ciphertext[..self.ciphertext_len]);
+            core.handle_bytes(self.port, now, &self.ciphertext[..self.ciphertext_len]);
             self.ciphertext_len = 0;
+        }
+    }
+}
+
+/// The socket options of every kernel-TCP connection.
+pub(crate) fn prepare_socket(socket: &TcpStream, config: &ConnectionConfig) -> io::Result<()> {
+    // Messages must not wait for Nagle (Hollywood §4.2).
+    socket.set_nodelay(true)?;
+    if let Some(lowat) = config.notsent_lowat {
+        set_notsent_lowat(socket, lowat)?;
+    }
+    Ok(())
+}
+
+impl KernelWire {
+    /// The wire of `port` of the core in `shared`; `tls`: the core opens records (reads go
+    /// into a buffer of the wire's own).
+    pub(crate) fn new(
+        port: Port,
+        config: &ConnectionConfig,
+        tls: bool,
+        shared: Arc<Shared>,
+    ) -> Self {
+        KernelWire {
+            port,
+            receiver: None,
+            // Over TLS reads go here (an empty buffer otherwise: the core's receiver is
+            // used).
+            ciphertext: if tls {
+                vec![0; config.read_buffer.max(1)]
+            } else {
+                Vec::new()
+            },
+            ciphertext_len: 0,
+            batch: config
+                .write_batch
+                .min(config.notsent_lowat.map_or(usize::MAX, |l| l as usize))
+                .max(1),
+            write_batch: config.write_batch.max(1),
+            lowat: match (config.notsent_lowat, config.unsent_drain) {
+                (Some(max), Some(drain)) => Some(AdaptiveLowat::new(drain, max)),
+                _ => None,
+            },
+            shared,
         }
     }
 }
@@ -131,44 +182,22 @@ pub(crate) fn start_with(
     config: ConnectionConfig,
     first: Vec<(Bytes, MessageProps)>,
 ) -> Result<(Connection, Vec<MessageNumber>), ConnectError> {
-    // Messages must not wait for Nagle (Hollywood §4.2).
-    socket.set_nodelay(true)?;
-    if let Some(lowat) = config.notsent_lowat {
-        set_notsent_lowat(&socket, lowat)?;
-    }
+    prepare_socket(&socket, &config)?;
     if config.fast_open {
         // Transactions: ACKs wait to ride on the answer or the close (delayed-ACK
         // "ping-pong" mode) rather than go in segments of their own.
         let _ = crate::fast_open::set_quickack(&socket, false);
     }
     let local = socket.local_addr()?;
-    let mut core = Core::new(role, config.core_config(), Substrate::byte_stream())?;
+    let mut core = SingleCore::new(role, config.core_config(), Substrate::byte_stream())?;
     let numbers = queue(&mut core, Instant::now(), first)?;
     let tls = core.protection() == Protection::Tls;
     let shared = Arc::new(Shared::new(core, config.status_queue, local, remote));
     shared.lock().notsent_lowat = config.notsent_lowat;
-    let wire = KernelWire {
-        receiver: None,
-        // Over TLS reads go here (an empty buffer otherwise: the core's receiver is used).
-        ciphertext: if tls {
-            vec![0; config.read_buffer.max(1)]
-        } else {
-            Vec::new()
-        },
-        ciphertext_len: 0,
-        batch: config
-            .write_batch
-            .min(config.notsent_lowat.map_or(usize::MAX, |l| l as usize))
-            .max(1),
-        write_batch: config.write_batch.max(1),
-        lowat: match (config.notsent_lowat, config.unsent_drain) {
-            (Some(max), Some(drain)) => Some(AdaptiveLowat::new(drain, max)),
-            _ => None,
-        },
-        shared: shared.clone(),
-    };
+    let wire = KernelWire::new(Port::Single, &config, tls, shared.clone());
     tokio::spawn(driver::run(
         shared.clone(),
+        Port::Single,
         KernelStream(socket),
         wire,
         config.write_batch,

@@ -134,10 +134,12 @@
 pub mod bench;
 mod config;
 mod connection;
+mod core;
 mod driver;
 mod endpoint;
 mod fast_open;
 mod kernel;
+pub mod multipath;
 mod stream;
 pub mod transaction;
 mod unsent;
@@ -147,12 +149,15 @@ mod utcp;
 pub use config::{ConnectionConfig, FAST_OPEN_QUEUE};
 pub use connection::{Connection, ConnectionStats, TlsInfo};
 pub use endpoint::{ConnectError, Endpoint};
+pub use multipath::{MultipathEndpoint, MultipathOptions, PathAddress};
 pub use stream::Stream;
 pub use transaction::{Preference, TransactionError, Transactor, TransportProperties};
 
 // Every type the public signatures use.
 pub use bytes::Bytes;
-pub use squarepeg_connection::{Protection, TlsSetup, UtcpStats};
+pub use squarepeg_connection::{
+    MultipathConfig, MultipathStats, PathEvent, PathId, PathInfo, Protection, TlsSetup, UtcpStats,
+};
 pub use squarepeg_framing::{CobsError, FrameError, FrameFormat, HeaderError};
 /// The userspace TCP's TUN stack (`squarepeg-io`): devices, stack configuration, streams —
 /// what it takes to make the [`Stack`] that [`Connection::connect_utcp`] and
@@ -164,7 +169,7 @@ pub use squarepeg_io::Stack;
 pub use squarepeg_session::control::ControlError;
 pub use squarepeg_session::{
     Config as SessionConfig, ConfigError, ConnectionError, MAX_MESSAGE_SIZE, Message,
-    MessageNumber, MessageProps, MessageStatus, Priority, ProtocolError, SendError,
+    MessageNumber, MessageProps, MessageStatus, PathPolicy, Priority, ProtocolError, SendError,
     Stats as SessionStats, StreamError, StreamId, TlsFailure, TransportError, transport_code,
 };
 /// TLS 1.3 set-ups (`squarepeg-tls`): client configurations trusting the system's roots, a

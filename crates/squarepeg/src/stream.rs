@@ -61,13 +61,19 @@ impl Stream {
         let r = f(st.conn.session_mut());
         sh.dispatch(&mut st);
         drop(st);
-        sh.driver.notify_one();
+        sh.wake_driver();
         r
     }
 
     /// Sets the urgency class of this stream's data (default 3).
     pub fn set_priority(&self, priority: Priority) -> Result<(), StreamError> {
         self.with(|s| s.set_stream_priority(self.id, priority))
+    }
+
+    /// In a multipath session: which connection carries this stream's data (default:
+    /// aggregate, spread over all).
+    pub fn set_path(&self, path: squarepeg_session::PathPolicy) -> Result<(), StreamError> {
+        self.with(|s| s.set_stream_path(self.id, path))
     }
 
     /// Abandons the sending side: unsent data is dropped, the peer's reads
@@ -111,7 +117,7 @@ impl AsyncRead for Stream {
                 let wake_driver = st.conn.session_mut().has_pending_control();
                 drop(st);
                 if wake_driver {
-                    sh.driver.notify_one();
+                    sh.wake_driver();
                 }
                 Poll::Ready(Ok(()))
             }
@@ -148,7 +154,7 @@ impl AsyncWrite for Stream {
             }
             Ok(n) => {
                 drop(st);
-                sh.driver.notify_one();
+                sh.wake_driver();
                 Poll::Ready(Ok(n))
             }
             Err(e) => Poll::Ready(Err(io_error(e))),
@@ -178,6 +184,6 @@ impl Drop for Stream {
         st.conn.session_mut().stream_release(self.id);
         sh.dispatch(&mut st);
         drop(st);
-        sh.driver.notify_one();
+        sh.wake_driver();
     }
 }

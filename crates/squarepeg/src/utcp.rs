@@ -11,7 +11,8 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use squarepeg_connection::{
-    Connection as Core, Role, Substrate, TaggedWrite, TransportError, tcp_config as core_tcp_config,
+    Connection as SingleCore, Role, Substrate, TaggedWrite, TransportError,
+    tcp_config as core_tcp_config,
 };
 use squarepeg_io::{Stack, TcpStream};
 use squarepeg_session::{MessageNumber, MessageProps};
@@ -20,6 +21,7 @@ use squarepeg_tcp::utcp::record;
 
 use crate::config::ConnectionConfig;
 use crate::connection::{Connection, Handle, Shared};
+use crate::core::{Core, Port};
 use crate::driver::{self, Wire};
 use crate::endpoint::ConnectError;
 
@@ -53,6 +55,9 @@ impl Wire for UtcpWire {
     }
 
     fn fill(&mut self, core: &mut Core, now: Instant, out: &mut Vec<u8>, limit: usize) -> bool {
+        let Some(core) = core.single_mut() else {
+            return false;
+        };
         while out.len() < limit {
             let Some(w) = core.poll_write(now) else {
                 return false;
@@ -78,6 +83,9 @@ impl Wire for UtcpWire {
 
     fn end_read(&mut self, core: &mut Core, now: Instant) {
         let n = std::mem::take(&mut self.filled);
+        let Some(core) = core.single_mut() else {
+            return;
+        };
         for r in record::decode_read(&self.rbuf[..n]) {
             match r {
                 Ok(record::ReadRecord::Segment { offset, data }) => {
@@ -118,14 +126,14 @@ pub(crate) fn start(
     config: ConnectionConfig,
     window: usize,
 ) -> Result<Connection, ConnectError> {
-    let core = Core::new(role, config.core_config(), Substrate::utcp(window))?;
+    let core = SingleCore::new(role, config.core_config(), Substrate::utcp(window))?;
     start_core(stream, core, config)
 }
 
 /// Spawns the driver of `core` on `stream`.
 fn start_core(
     stream: TcpStream,
-    mut core: Core,
+    mut core: SingleCore,
     config: ConnectionConfig,
 ) -> Result<Connection, ConnectError> {
     // With inconsistent retransmissions on, the core's own padder (TLS: padding records).
@@ -145,6 +153,7 @@ fn start_core(
     };
     tokio::spawn(driver::run(
         shared.clone(),
+        Port::Single,
         stream,
         wire,
         config.write_batch,
@@ -200,7 +209,7 @@ pub(crate) async fn connect_fast_open(
 ) -> Result<(Connection, Vec<MessageNumber>), ConnectError> {
     let tcp = tcp_config(stack, config.inconsistent_retransmissions);
     let window = tcp.recv_buffer;
-    let mut core = Core::new(Role::Client, config.core_config(), Substrate::utcp(window))?;
+    let mut core = SingleCore::new(Role::Client, config.core_config(), Substrate::utcp(window))?;
     let now = Instant::now();
     // Queued first, so that those marked safely replayable go as TLS early data in the
     // first write (see `Connection::connect_with_messages`).
@@ -228,7 +237,7 @@ pub(crate) async fn connect_with_messages(
     let (stream, window) = connect(stack, addr, config.inconsistent_retransmissions)
         .await
         .map_err(crate::endpoint::connect_error)?;
-    let mut core = Core::new(Role::Client, config.core_config(), Substrate::utcp(window))?;
+    let mut core = SingleCore::new(Role::Client, config.core_config(), Substrate::utcp(window))?;
     let numbers = crate::kernel::queue(&mut core, Instant::now(), messages)?;
     Ok((start_core(stream, core, config)?, numbers))
 }

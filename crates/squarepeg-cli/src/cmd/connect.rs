@@ -23,6 +23,8 @@ pub struct ConnectArgs {
     pub peer: PeerArgs,
     #[command(flatten)]
     pub substrate: SubstrateArgs,
+    #[command(flatten)]
+    pub multipath: super::multipath::MultipathArgs,
 }
 
 /// What to check when a kernel TCP connection gets no answer.
@@ -34,6 +36,37 @@ pub fn run(mut args: ConnectArgs, given: &[String]) -> anyhow::Result<()> {
     args.peer.quiet = args.substrate.stack.quiet;
     let rt = tokio::runtime::Runtime::new()?;
     let config = args.tls.apply(args.peer.connection_config(), &args.addr)?;
+    args.peer.steer = args.multipath.steer;
+    if args.multipath.enabled() {
+        if args.substrate.substrate != Substrate::Kernel {
+            anyhow::bail!("a multipath session runs over kernel TCP (--substrate kernel)");
+        }
+        if config.tls.is_none() {
+            anyhow::bail!("a multipath session needs --tls (joins are TLS resumptions)");
+        }
+        let paths = args.multipath.client_paths(&args.addr)?;
+        let options = args.multipath.options()?;
+        let result = rt.block_on(async {
+            let conn = super::connect_within(
+                &args.addr,
+                args.connect_timeout,
+                KERNEL_HINT,
+                squarepeg::Connection::connect_multipath(&paths, config, options),
+            )
+            .await?;
+            eprintln!(
+                "connected to {} (a multipath session over {} paths)",
+                conn.remote_address(),
+                paths.len()
+            );
+            if let Some(tls) = super::tls::describe(&conn) {
+                eprintln!("{tls}");
+            }
+            run_peer(conn, args.peer, true).await
+        });
+        rt.shutdown_background();
+        return result;
+    }
     let result = match args.substrate.substrate {
         Substrate::Kernel => rt.block_on(async {
             let conn = super::connect_within(

@@ -22,6 +22,8 @@ pub struct ListenArgs {
     pub peer: PeerArgs,
     #[command(flatten)]
     pub substrate: SubstrateArgs,
+    #[command(flatten)]
+    pub multipath: super::multipath::MultipathArgs,
 }
 
 /// `given`: the stack options given on the command line (they need `--substrate utcp`).
@@ -30,6 +32,40 @@ pub fn run(mut args: ListenArgs, given: &[String]) -> anyhow::Result<()> {
     args.peer.quiet = args.substrate.stack.quiet;
     let rt = tokio::runtime::Runtime::new()?;
     let config = args.tls.apply(args.peer.connection_config(), &args.addr)?;
+    args.peer.steer = args.multipath.steer;
+    if args.multipath.enabled() {
+        if args.substrate.substrate != Substrate::Kernel {
+            anyhow::bail!("a multipath session runs over kernel TCP (--substrate kernel)");
+        }
+        if config.tls.is_none() {
+            anyhow::bail!("a multipath session needs --tls (joins are TLS resumptions)");
+        }
+        let addrs = args.multipath.listen_addrs(&args.addr)?;
+        let options = args.multipath.options()?;
+        let result = rt.block_on(async {
+            let mut ep = squarepeg::MultipathEndpoint::bind(&addrs, config, options).await?;
+            for a in ep.local_addrs() {
+                eprintln!("listening on {a} (multipath sessions)");
+            }
+            // The endpoint stays: it admits the session's joins. Later sessions wait unanswered.
+            let conn = ep.accept().await?;
+            eprintln!("session from {}", conn.remote_address());
+            report_tls(&conn, args.tls.tls).await?;
+            let r = run_peer(conn, args.peer, false).await;
+            let joins = ep.join_stats();
+            eprintln!(
+                "joins: {} accepted, {} refused",
+                joins.joins_accepted,
+                joins.joins_refused_replayed
+                    + joins.joins_refused_unknown_session
+                    + joins.joins_refused_expired
+                    + joins.joins_refused_not_resumed
+            );
+            r
+        });
+        rt.shutdown_background();
+        return result;
+    }
     let result = match args.substrate.substrate {
         Substrate::Kernel => rt.block_on(async {
             let ep = squarepeg::Endpoint::bind(&args.addr, config).await?;

@@ -5,6 +5,7 @@ pub mod connect;
 pub mod demo;
 pub mod lab;
 pub mod listen;
+pub mod multipath;
 mod peer;
 pub mod priority;
 pub mod stack;

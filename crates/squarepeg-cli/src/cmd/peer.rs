@@ -51,6 +51,9 @@ pub struct PeerArgs {
     /// No progress bars (set from `--quiet`, which the substrate options carry).
     #[arg(skip)]
     pub quiet: bool,
+    /// In a multipath session: which connection carries messages and the file.
+    #[arg(skip)]
+    pub steer: Option<squarepeg::PathPolicy>,
     /// Kernel unsent-queue bound in bytes (TCP_NOTSENT_LOWAT); 0 leaves the
     /// system default.
     #[arg(long, default_value_t = 64 * 1024)]
@@ -69,6 +72,7 @@ impl PeerArgs {
             substream: self.substream,
             priority: Priority::new(self.priority).unwrap_or_default(),
             lifetime: self.lifetime_ms.map(Duration::from_millis),
+            path: self.steer,
             ..MessageProps::default()
         }
     }
@@ -110,7 +114,7 @@ pub async fn run_peer(conn: Connection, args: PeerArgs, initiator: bool) -> anyh
     let local = async {
         let file = async {
             if let Some(path) = &args.send_file {
-                send_file(&conn, path, args.quiet).await?;
+                send_file(&conn, path, args.quiet, args.steer).await?;
             }
             anyhow::Ok(())
         };
@@ -221,7 +225,12 @@ async fn report_statuses(conn: Connection) {
     }
 }
 
-async fn send_file(conn: &Connection, path: &Path, quiet: bool) -> anyhow::Result<()> {
+async fn send_file(
+    conn: &Connection,
+    path: &Path,
+    quiet: bool,
+    steer: Option<squarepeg::PathPolicy>,
+) -> anyhow::Result<()> {
     let mut file = tokio::fs::File::open(path)
         .await
         .with_context(|| format!("opening {}", path.display()))?;
@@ -235,6 +244,9 @@ async fn send_file(conn: &Connection, path: &Path, quiet: bool) -> anyhow::Resul
         bail!("file name too long");
     }
     let mut stream = conn.open_stream().await?;
+    if let Some(steer) = steer {
+        stream.set_path(steer)?;
+    }
     let mut header = Vec::new();
     header.extend_from_slice(&(name.len() as u16).to_be_bytes());
     header.extend_from_slice(name.as_bytes());

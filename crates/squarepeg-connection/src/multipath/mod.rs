@@ -119,7 +119,8 @@ impl Default for MultipathConfig {
 }
 
 impl MultipathConfig {
-    fn validate(&self) -> Result<(), ConfigError> {
+    /// Checks the values.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         self.session.validate()?;
         if self.read_buffer == 0 || self.ack_bytes == 0 {
             return Err(ConfigError("read_buffer and ack_bytes must be > 0"));
@@ -214,6 +215,9 @@ pub struct Path {
     srtt: Option<Duration>,
     fin_sent: bool,
     closed: bool,
+    /// A client's join: refused unless its handshake resumed (a server that did not take
+    /// the ticket made a full handshake, i.e. a new session that this one is not).
+    must_resume: bool,
 }
 
 impl fmt::Debug for Path {
@@ -249,6 +253,16 @@ impl Path {
             srtt: None,
             fin_sent: false,
             closed: false,
+            must_resume: false,
+        }
+    }
+
+    /// A client's further connection, running `tls` from `Tls::client_join`: dropped if
+    /// the server does not resume it.
+    pub fn join(tls: Tls, read_buffer: usize) -> Self {
+        Self {
+            must_resume: true,
+            ..Self::new(tls, read_buffer)
         }
     }
 
@@ -474,6 +488,18 @@ impl MultipathConnection {
         }
         if let Err(e) = open_into(&mut p.tls, &mut p.receiver, data) {
             p.tls_failed = Some(tls_transport_error(&e));
+        }
+        if let Some(p) = self.paths.get_mut(&id)
+            && p.must_resume
+            && p.is_established()
+        {
+            p.must_resume = false;
+            if p.tls.handshake_kind() != Some(rustls::HandshakeKind::Resumed) {
+                // Not a join: nothing of the session's may go on it.
+                p.tls_failed = Some(TransportError::Refused);
+                self.path_gone(id, now, TransportError::Refused);
+                return;
+            }
         }
         self.take_frames(id, now);
         if let Some(reason) = self.paths.get(&id).and_then(|p| p.tls_failed) {
@@ -923,6 +949,19 @@ impl MultipathConnection {
     /// Whether the session is over and every path has ended: the driver stops.
     pub fn is_drained(&self) -> bool {
         self.session.is_drained() && self.paths.values().all(|p| p.closed || p.fin_sent)
+    }
+
+    /// Whether [`Self::poll_path_event`] has something.
+    pub fn has_path_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
+    /// Whether a path's driver is done with it: the path is closed (or unknown), or it sent
+    /// its FIN after the session was drained.
+    pub fn path_is_finished(&self, id: PathId) -> bool {
+        self.paths
+            .get(&id)
+            .is_none_or(|p| p.closed || (p.fin_sent && self.session.is_drained()))
     }
 
     /// Forgets closed paths whose events were taken (their ids stay unused).

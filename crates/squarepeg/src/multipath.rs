@@ -1,0 +1,571 @@
+//! One session over several kernel-TCP connections (TCPLS; docs/wire.md §7): a client opens
+//! a connection per path ([`Connection::connect_multipath`]) and a server takes them as
+//! sessions and joins ([`MultipathEndpoint`]). The application gets the same [`Connection`]
+//! as over one TCP connection; each path has a driver task of its own (the same driver as a
+//! single connection's, on its path of the core), and a supervisor re-opens the paths that
+//! die (joins with the session's tickets).
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use squarepeg_connection::{
+    MultipathConfig, MultipathConnection, Path, PathEvent, PathId, Role, TlsSetup,
+};
+use squarepeg_session::ConfigError;
+use squarepeg_tls::{
+    JoinConfig, JoinProbe, JoinRegistry, JoinStats, JoinTickets, JoinVerdict, SessionId, Tls,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::mpsc;
+
+use crate::config::ConnectionConfig;
+use crate::connection::{Connection, Handle, Shared};
+use crate::core::Port;
+use crate::driver;
+use crate::endpoint::{ConnectError, connect_error};
+use crate::fast_open::KernelStream;
+use crate::kernel::{KernelWire, prepare_socket};
+
+/// Settings of a multipath session beyond a connection's.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct MultipathOptions {
+    /// The sans-IO core's: acknowledgement delay, `path_timeout` (blackhole detection),
+    /// probe interval, unacknowledged-bytes limit, linger. Its `session` and `read_buffer`
+    /// are taken from the [`ConnectionConfig`].
+    pub core: MultipathConfig,
+    /// Client: how often a path without a connection is tried again.
+    pub rejoin_interval: Duration,
+    /// Client: how long a connection attempt may take.
+    pub connect_timeout: Duration,
+    /// Server: join tickets per connection, their lifetime, how many are kept.
+    pub join: JoinConfig,
+    /// Server: how long a new connection's TLS handshake may take.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for MultipathOptions {
+    fn default() -> Self {
+        Self {
+            core: MultipathConfig::default(),
+            rejoin_interval: Duration::from_millis(200),
+            connect_timeout: Duration::from_secs(3),
+            join: JoinConfig::default(),
+            handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl MultipathOptions {
+    fn core_config(&self, config: &ConnectionConfig) -> MultipathConfig {
+        let mut core = self.core.clone();
+        core.session = config.session.clone();
+        core.read_buffer = config.read_buffer;
+        core
+    }
+}
+
+/// One path of a client: where its connections go, and from which local address (an
+/// interface) if given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PathAddress {
+    pub local: Option<SocketAddr>,
+    pub remote: SocketAddr,
+}
+
+impl PathAddress {
+    /// A path to `remote` from whatever address the host picks.
+    pub fn to(remote: SocketAddr) -> Self {
+        Self {
+            local: None,
+            remote,
+        }
+    }
+}
+
+async fn open_socket(
+    path: PathAddress,
+    timeout: Duration,
+    config: &ConnectionConfig,
+) -> Result<TcpStream, ConnectError> {
+    let socket = match path.remote {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    if let Some(local) = path.local {
+        socket.bind(local)?;
+    }
+    let stream = tokio::time::timeout(timeout, socket.connect(path.remote))
+        .await
+        .map_err(|_| ConnectError::Transport(squarepeg_session::TransportError::TimedOut))?
+        .map_err(connect_error)?;
+    prepare_socket(&stream, config)?;
+    Ok(stream)
+}
+
+/// Spawns the driver of path `id` of the session in `shared` on `socket`.
+fn spawn_path_driver(
+    shared: &Arc<Shared>,
+    id: PathId,
+    socket: TcpStream,
+    config: &ConnectionConfig,
+) {
+    let port = Port::Path(id);
+    let wire = KernelWire::new(port, config, true, shared.clone());
+    tokio::spawn(driver::run(
+        shared.clone(),
+        port,
+        KernelStream(socket),
+        wire,
+        config.write_batch,
+    ));
+}
+
+impl Connection {
+    /// Opens one session over several kernel-TCP connections, one per path in `paths`
+    /// (TLS required: a client set-up in `config`). The first path's connection makes the
+    /// full handshake and returns once it is done; the others join with tickets the server
+    /// issues inside the session (ordinary TLS 1.3 resumptions) as soon as there are some,
+    /// and a path whose connection dies is joined again every
+    /// [`MultipathOptions::rejoin_interval`]. What a dead connection had not delivered goes
+    /// on the others; which connection carries what is each message's and stream's
+    /// [`squarepeg_session::PathPolicy`]. Addresses the server announces become paths too.
+    pub async fn connect_multipath(
+        paths: &[PathAddress],
+        config: ConnectionConfig,
+        options: MultipathOptions,
+    ) -> Result<Connection, ConnectError> {
+        config.check(Role::Client)?;
+        let Some(TlsSetup::Client {
+            config: tls_config,
+            server_name,
+        }) = config.tls.clone()
+        else {
+            return Err(ConfigError("a multipath session needs TLS (a client set-up)").into());
+        };
+        let Some(&first) = paths.first() else {
+            return Err(ConfigError("a multipath session needs at least one path").into());
+        };
+        let tickets = JoinTickets::new(64);
+        let tls = Tls::client(tickets.collecting_config(&tls_config), &server_name)
+            .map_err(ConnectError::Tls)?;
+        let mut core = MultipathConnection::new(Role::Client, options.core_config(&config))?;
+        let socket = open_socket(first, options.connect_timeout, &config).await?;
+        let local = socket.local_addr()?;
+        let id = core.add_path(Instant::now(), Path::new(tls, config.read_buffer));
+        let shared = Arc::new(Shared::new(core, config.status_queue, local, first.remote));
+        spawn_path_driver(&shared, id, socket, &config);
+        let supervisor = Supervisor {
+            shared: Arc::downgrade(&shared),
+            slots: paths
+                .iter()
+                .enumerate()
+                .map(|(i, &address)| Slot {
+                    address,
+                    path: (i == 0).then_some(id),
+                    connecting: false,
+                })
+                .collect(),
+            tickets,
+            tls_config,
+            server_name,
+            config: config.clone(),
+            options,
+            attempts: Arc::new(Mutex::new(Vec::new())),
+        };
+        tokio::spawn(supervisor.run());
+        let conn = Connection {
+            handle: Arc::new(Handle(shared)),
+        };
+        conn.established().await.map_err(|e| match e {
+            squarepeg_session::ConnectionError::Transport(t) => ConnectError::Transport(t),
+            other => ConnectError::Closed(other),
+        })?;
+        Ok(conn)
+    }
+
+    /// Of a multipath session: its connections (id, usable, smoothed RTT, bytes in flight).
+    pub fn paths(&self) -> Vec<squarepeg_connection::PathInfo> {
+        self.shared()
+            .lock()
+            .conn
+            .multi()
+            .map(MultipathConnection::paths)
+            .unwrap_or_default()
+    }
+
+    /// Of a multipath session: its counters (paths added, closed, timed out; frames re-sent).
+    pub fn multipath_stats(&self) -> Option<squarepeg_connection::MultipathStats> {
+        self.shared().lock().conn.multi().map(|m| m.stats())
+    }
+
+    /// Of a multipath session: tells the peer this side can also be reached at `addr`;
+    /// returns the id that withdraws it.
+    pub fn announce_address(&self, addr: SocketAddr) -> Option<u64> {
+        let sh = self.shared();
+        let id = sh.lock().conn.multi_mut()?.announce_address(addr);
+        sh.wake_driver();
+        Some(id)
+    }
+
+    /// Of a multipath session: withdraws an announced address.
+    pub fn withdraw_address(&self, id: u64) {
+        let sh = self.shared();
+        if let Some(m) = sh.lock().conn.multi_mut() {
+            m.withdraw_address(id);
+        }
+        sh.wake_driver();
+    }
+}
+
+struct Slot {
+    address: PathAddress,
+    /// Its connection, while it has one.
+    path: Option<PathId>,
+    connecting: bool,
+}
+
+/// A finished connection attempt: the slot, and the path made (or why not).
+type Attempt = (usize, Result<PathId, ConnectError>);
+
+/// The client's keeper of paths: joins a connection for every path that has none.
+struct Supervisor {
+    shared: Weak<Shared>,
+    slots: Vec<Slot>,
+    tickets: Arc<JoinTickets>,
+    tls_config: Arc<squarepeg_tls::rustls::ClientConfig>,
+    server_name: String,
+    config: ConnectionConfig,
+    options: MultipathOptions,
+    attempts: Arc<Mutex<Vec<Attempt>>>,
+}
+
+impl Supervisor {
+    async fn run(mut self) {
+        loop {
+            let Some(shared) = self.shared.upgrade() else {
+                return;
+            };
+            let changed = shared.paths_changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let mut st = shared.lock();
+                if st.driver_done || st.conn.session().error().is_some() {
+                    return;
+                }
+                let Some(m) = st.conn.multi_mut() else {
+                    return;
+                };
+                while let Some(event) = m.poll_path_event() {
+                    match event {
+                        PathEvent::Closed { path, .. } => {
+                            for s in self.slots.iter_mut().filter(|s| s.path == Some(path)) {
+                                s.path = None;
+                            }
+                        }
+                        PathEvent::PeerAddress { addr, .. }
+                            if !self.slots.iter().any(|s| s.address.remote == addr) =>
+                        {
+                            self.slots.push(Slot {
+                                address: PathAddress::to(addr),
+                                path: None,
+                                connecting: false,
+                            });
+                        }
+                        _ => {}
+                    }
+                }
+                let mut attempts = self.attempts.lock().unwrap_or_else(|e| e.into_inner());
+                for (slot, result) in attempts.drain(..) {
+                    self.slots[slot].connecting = false;
+                    match result {
+                        Ok(id) => self.slots[slot].path = Some(id),
+                        Err(e) => tracing::debug!("path {slot}: join failed: {e}"),
+                    }
+                }
+            }
+            let closing = shared.lock().conn.session().is_closing();
+            if !closing {
+                for i in 0..self.slots.len() {
+                    let slot = &self.slots[i];
+                    if slot.path.is_some()
+                        || slot.connecting
+                        || self.tickets.is_empty(&self.server_name)
+                    {
+                        continue;
+                    }
+                    let Ok(tls) =
+                        Tls::client_join(&self.tls_config, &self.tickets, &self.server_name)
+                    else {
+                        break;
+                    };
+                    self.slots[i].connecting = true;
+                    tokio::spawn(join(
+                        Arc::downgrade(&shared),
+                        i,
+                        self.slots[i].address,
+                        tls,
+                        self.config.clone(),
+                        self.options.connect_timeout,
+                        self.attempts.clone(),
+                    ));
+                }
+            }
+            // Woken by path events and finished attempts; tickets arrive with the session's
+            // data, so look again after a while too.
+            let _ = tokio::time::timeout(self.options.rejoin_interval, changed).await;
+        }
+    }
+}
+
+/// Opens a join over `address` and adds it to the session.
+async fn join(
+    shared: Weak<Shared>,
+    slot: usize,
+    address: PathAddress,
+    tls: Tls,
+    config: ConnectionConfig,
+    timeout: Duration,
+    attempts: Arc<Mutex<Vec<Attempt>>>,
+) {
+    let result = match open_socket(address, timeout, &config).await {
+        Ok(socket) => match shared.upgrade() {
+            Some(shared) => {
+                let id = shared
+                    .lock()
+                    .conn
+                    .multi_mut()
+                    .map(|m| m.add_path(Instant::now(), Path::join(tls, config.read_buffer)));
+                match id {
+                    Some(id) => {
+                        spawn_path_driver(&shared, id, socket, &config);
+                        Ok(id)
+                    }
+                    None => return,
+                }
+            }
+            None => return,
+        },
+        Err(e) => Err(e),
+    };
+    attempts
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((slot, result));
+    if let Some(shared) = shared.upgrade() {
+        shared.paths_changed.notify_waiters();
+    }
+}
+
+/// A server of multipath sessions: listens on one or more addresses, runs each new
+/// connection's TLS handshake, and makes it the first of a new session (a full handshake)
+/// or adds it to the session whose join ticket it resumed with (`squarepeg_tls::join`);
+/// replayed, expired or unknown tickets are refused and counted ([`Self::join_stats`]).
+#[derive(Debug)]
+pub struct MultipathEndpoint {
+    incoming: mpsc::Receiver<Connection>,
+    local: Vec<SocketAddr>,
+    registry: JoinRegistry,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for MultipathEndpoint {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+struct Acceptor {
+    registry: JoinRegistry,
+    sessions: Mutex<HashMap<SessionId, Weak<Shared>>>,
+    config: ConnectionConfig,
+    options: MultipathOptions,
+    incoming: mpsc::Sender<Connection>,
+}
+
+impl MultipathEndpoint {
+    /// Listens on every address of `addrs` (TLS required: a server set-up in `config`).
+    pub async fn bind(
+        addrs: &[SocketAddr],
+        config: ConnectionConfig,
+        options: MultipathOptions,
+    ) -> Result<Self, ConnectError> {
+        config.check(Role::Server)?;
+        let Some(TlsSetup::Server { config: tls_config }) = config.tls.clone() else {
+            return Err(ConfigError("a multipath session needs TLS (a server set-up)").into());
+        };
+        options.core_config(&config).validate()?;
+        let registry = JoinRegistry::new(tls_config, options.join).map_err(ConnectError::Tls)?;
+        let (tx, incoming) = mpsc::channel(64);
+        let acceptor = Arc::new(Acceptor {
+            registry: registry.clone(),
+            sessions: Mutex::new(HashMap::new()),
+            config,
+            options,
+            incoming: tx,
+        });
+        let mut local = Vec::new();
+        let mut tasks = Vec::new();
+        for addr in addrs {
+            let listener = TcpListener::bind(addr).await?;
+            local.push(listener.local_addr()?);
+            let acceptor = acceptor.clone();
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    match listener.accept().await {
+                        Ok((socket, _)) => {
+                            tokio::spawn(acceptor.clone().handshake(socket));
+                        }
+                        Err(e) => {
+                            tracing::debug!("multipath accept: {e}");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                }
+            }));
+        }
+        Ok(Self {
+            incoming,
+            local,
+            registry,
+            tasks,
+        })
+    }
+
+    /// The addresses listened on.
+    pub fn local_addrs(&self) -> &[SocketAddr] {
+        &self.local
+    }
+
+    /// The next new session (joins go to their sessions without showing here).
+    pub async fn accept(&mut self) -> Result<Connection, ConnectError> {
+        self.incoming.recv().await.ok_or_else(|| {
+            ConnectError::Io(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the listeners stopped",
+            ))
+        })
+    }
+
+    /// Joins accepted and refused (replayed, unknown session, expired, not resumed).
+    pub fn join_stats(&self) -> JoinStats {
+        self.registry.stats()
+    }
+}
+
+impl Acceptor {
+    /// Runs a new connection's handshake, then starts a session with it or joins it to one.
+    async fn handshake(self: Arc<Self>, mut socket: TcpStream) {
+        let (server_config, probe) = self.registry.connection();
+        let mut path = match Tls::server(server_config) {
+            Ok(tls) => Path::new(tls, self.config.read_buffer),
+            Err(e) => {
+                tracing::debug!("multipath: {e}");
+                return;
+            }
+        };
+        let run = async {
+            let mut buf = vec![0; 16 * 1024];
+            loop {
+                let mut out = Vec::new();
+                path.poll_transmit(&mut out);
+                socket.write_all(&out).await?;
+                if path.is_established() || path.failure().is_some() {
+                    return Ok::<_, io::Error>(());
+                }
+                let n = socket.read(&mut buf).await?;
+                if n == 0 {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+                path.handle_bytes(&buf[..n]);
+            }
+        };
+        match tokio::time::timeout(self.options.handshake_timeout, run).await {
+            Ok(Ok(())) if path.failure().is_none() => {}
+            _ => return,
+        }
+        if let Err(e) = prepare_socket(&socket, &self.config) {
+            tracing::debug!("multipath: {e}");
+            return;
+        }
+        let now = self.registry_now();
+        if !probe.offered_ticket() {
+            // A full handshake with no ticket: a new session.
+            self.start(now, &probe, path, socket).await;
+            return;
+        }
+        match self.registry.admit(now, &probe, path.tls()) {
+            JoinVerdict::Accepted(session) => self.join(session, path, socket),
+            // Refused and counted; dropping the socket closes it.
+            verdict => tracing::debug!("multipath: join refused: {verdict:?}"),
+        }
+    }
+
+    /// The registry's clock: time since the process's first use of it.
+    fn registry_now(&self) -> Duration {
+        static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        EPOCH.get_or_init(Instant::now).elapsed()
+    }
+
+    async fn start(&self, now: Duration, probe: &JoinProbe, path: Path, socket: TcpStream) {
+        let session = self.registry.start_session(now, probe);
+        let core =
+            match MultipathConnection::new(Role::Server, self.options.core_config(&self.config)) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!("multipath: {e}");
+                    return;
+                }
+            };
+        let (Ok(local), Ok(remote)) = (socket.local_addr(), socket.peer_addr()) else {
+            return;
+        };
+        let mut core = core;
+        let id = core.add_path(Instant::now(), path);
+        let shared = Arc::new(Shared::new(core, self.config.status_queue, local, remote));
+        spawn_path_driver(&shared, id, socket, &self.config);
+        self.sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(session, Arc::downgrade(&shared));
+        let conn = Connection {
+            handle: Arc::new(Handle(shared)),
+        };
+        if self.incoming.send(conn).await.is_err() {
+            self.registry.end_session(session);
+        }
+    }
+
+    fn join(&self, session: SessionId, path: Path, socket: TcpStream) {
+        let shared = {
+            let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+            sessions.retain(|_, s| s.strong_count() > 0);
+            sessions.get(&session).and_then(Weak::upgrade)
+        };
+        let Some(shared) = shared else {
+            self.registry.end_session(session);
+            return;
+        };
+        let id = {
+            let mut st = shared.lock();
+            if st.conn.session().error().is_some() {
+                None
+            } else {
+                st.conn
+                    .multi_mut()
+                    .map(|m| m.add_path(Instant::now(), path))
+            }
+        };
+        match id {
+            Some(id) => spawn_path_driver(&shared, id, socket, &self.config),
+            None => self.registry.end_session(session),
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! One session over several kernel-TCP connections through the tokio API, on loopback: the
+//! client's second path joins by TLS resumption, both carry the session, and every message
+//! and stream byte arrives once. (Failover under blackholes and resets is in the lab:
+//! `squarepeg-experiments`'s failover test, and in virtual time in
+//! `squarepeg-connection`'s multipath tests.)
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use squarepeg::tls::config::{self, Trust};
+use squarepeg::{
+    Connection, ConnectionConfig, MessageProps, MultipathEndpoint, MultipathOptions, PathAddress,
+    PathPolicy,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const NAME: &str = "peg.test";
+
+fn configs() -> (ConnectionConfig, ConnectionConfig) {
+    let cert = config::self_signed(&[NAME.to_string()]).unwrap();
+    let server = ConnectionConfig::default().with_tls_server(
+        config::server_config(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes()).unwrap(),
+    );
+    let client = ConnectionConfig::default().with_tls_client(
+        config::client_config(Trust::PinnedSha256(cert.fingerprint)).unwrap(),
+        NAME,
+    );
+    (server, client)
+}
+
+fn stream_byte(i: usize) -> u8 {
+    (i.wrapping_mul(2654435761) >> 11) as u8
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_loopback_paths_carry_one_session() {
+    let (server_config, client_config) = configs();
+    let addrs: [SocketAddr; 2] = [
+        "127.0.0.1:0".parse().unwrap(),
+        "127.0.0.2:0".parse().unwrap(),
+    ];
+    let mut endpoint = MultipathEndpoint::bind(&addrs, server_config, MultipathOptions::default())
+        .await
+        .unwrap();
+    let local = endpoint.local_addrs().to_vec();
+    let server = tokio::spawn(async move {
+        let conn = endpoint.accept().await.unwrap();
+        let mut numbers = BTreeSet::new();
+        for _ in 0..500 {
+            let m = conn.recv_message().await.unwrap();
+            let n = u64::from_be_bytes(m.payload[..8].try_into().unwrap());
+            assert!(numbers.insert(n), "message {n} twice");
+        }
+        let mut stream = conn.accept_stream().await.unwrap();
+        let mut data = Vec::new();
+        let mut buf = vec![0; 64 * 1024];
+        loop {
+            let n = stream.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            data.extend_from_slice(&buf[..n]);
+        }
+        let paths = conn.paths();
+        conn.close().await;
+        (numbers, data, paths, endpoint.join_stats())
+    });
+    let paths = [PathAddress::to(local[0]), PathAddress::to(local[1])];
+    let conn = Connection::connect_multipath(&paths, client_config, MultipathOptions::default())
+        .await
+        .unwrap();
+    // The second path joins once the first connection has brought tickets.
+    for _ in 0..200 {
+        if conn.paths().iter().filter(|p| p.usable).count() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        conn.paths().iter().filter(|p| p.usable).count(),
+        2,
+        "{:?}",
+        conn.paths()
+    );
+    for n in 0..500u64 {
+        let mut payload = vec![7u8; 200];
+        payload[..8].copy_from_slice(&n.to_be_bytes());
+        let props = MessageProps {
+            path: Some(if n % 2 == 0 {
+                PathPolicy::RoundRobin
+            } else {
+                PathPolicy::Redundant
+            }),
+            ..MessageProps::default()
+        };
+        conn.send_message(payload, props).await.unwrap();
+    }
+    let mut stream = conn.open_stream().await.unwrap();
+    let data: Vec<u8> = (0..4 << 20).map(stream_byte).collect();
+    stream.write_all(&data).await.unwrap();
+    stream.finish().unwrap();
+    let (numbers, received, server_paths, joins) =
+        tokio::time::timeout(Duration::from_secs(60), server)
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(numbers.len(), 500);
+    assert_eq!(received.len(), data.len());
+    assert!(received == data, "stream bytes differ");
+    assert_eq!(joins.joins_accepted, 1, "{joins:?}");
+    assert_eq!(server_paths.len(), 2, "{server_paths:?}");
+    assert!(
+        server_paths.iter().all(|p| p.received > 100_000),
+        "both paths carry the session: {server_paths:?}"
+    );
+    conn.closed().await;
+}
