@@ -137,6 +137,15 @@ impl Shared {
         }
     }
 
+    /// Whether a path driver runs (a multipath session).
+    pub(crate) fn has_path_drivers(&self) -> bool {
+        !self
+            .path_drivers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+
     /// The driver of `port` has stopped (its socket is closed).
     pub(crate) fn driver_stopped(&self, st: &mut State, port: Port) {
         let none_left = {

@@ -97,7 +97,7 @@ impl Core {
     pub(crate) fn is_established(&self) -> bool {
         match self {
             Core::Single(c) => c.is_established(),
-            Core::Multi(m) => m.paths().iter().any(|p| p.usable),
+            Core::Multi(m) => m.has_usable_path(),
         }
     }
 

@@ -178,6 +178,7 @@ impl Connection {
             attempts: Arc::new(Mutex::new(Vec::new())),
         };
         tokio::spawn(supervisor.run());
+        tokio::spawn(keep_timers(Arc::downgrade(&shared)));
         let conn = Connection {
             handle: Arc::new(Handle(shared)),
         };
@@ -299,17 +300,16 @@ impl Supervisor {
                     {
                         continue;
                     }
-                    let Ok(tls) =
-                        Tls::client_join(&self.tls_config, &self.tickets, &self.server_name)
-                    else {
-                        break;
-                    };
                     self.slots[i].connecting = true;
                     tokio::spawn(join(
                         Arc::downgrade(&shared),
                         i,
                         self.slots[i].address,
-                        tls,
+                        JoinTls {
+                            tickets: self.tickets.clone(),
+                            config: self.tls_config.clone(),
+                            server_name: self.server_name.clone(),
+                        },
                         self.config.clone(),
                         self.options.connect_timeout,
                         self.attempts.clone(),
@@ -323,18 +323,32 @@ impl Supervisor {
     }
 }
 
-/// Opens a join over `address` and adds it to the session.
+/// What a join's TLS is made from.
+struct JoinTls {
+    tickets: Arc<JoinTickets>,
+    config: Arc<squarepeg_tls::rustls::ClientConfig>,
+    server_name: String,
+}
+
+/// Opens a join over `address` and adds it to the session. The ticket is taken only once
+/// the TCP connection is up (a path that does not answer burns none).
 async fn join(
     shared: Weak<Shared>,
     slot: usize,
     address: PathAddress,
-    tls: Tls,
+    join_tls: JoinTls,
     config: ConnectionConfig,
     timeout: Duration,
     attempts: Arc<Mutex<Vec<Attempt>>>,
 ) {
-    let result = match open_socket(address, timeout, &config).await {
-        Ok(socket) => match shared.upgrade() {
+    let socket = open_socket(address, timeout, &config).await;
+    let tls = socket.and_then(|socket| {
+        Tls::client_join(&join_tls.config, &join_tls.tickets, &join_tls.server_name)
+            .map(|tls| (socket, tls))
+            .map_err(ConnectError::Tls)
+    });
+    let result = match tls {
+        Ok((socket, tls)) => match shared.upgrade() {
             Some(shared) => {
                 let id = shared
                     .lock()
@@ -359,6 +373,42 @@ async fn join(
         .push((slot, result));
     if let Some(shared) = shared.upgrade() {
         shared.paths_changed.notify_waiters();
+    }
+}
+
+/// Runs a multipath session's timers while it has no path driver (they run them
+/// otherwise): the linger for a join, the drain. Ends the session's handles' waits once it
+/// is over with no driver left.
+async fn keep_timers(shared: Weak<Shared>) {
+    loop {
+        let Some(sh) = shared.upgrade() else {
+            return;
+        };
+        let changed = sh.paths_changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        let timeout = {
+            let mut st = sh.lock();
+            if st.driver_done {
+                return;
+            }
+            let now = Instant::now();
+            if st.conn.poll_timeout().is_some_and(|t| t <= now) {
+                st.conn.handle_timeout(now);
+            }
+            if st.conn.session().error().is_some() && !sh.has_path_drivers() {
+                st.driver_done = true;
+                sh.dispatch(&mut st);
+                sh.wake_all(&mut st);
+                return;
+            }
+            sh.dispatch(&mut st);
+            st.conn.poll_timeout()
+        };
+        // Path drivers come and go: look again at least every second.
+        let limit = Instant::now() + Duration::from_secs(1);
+        let until = timeout.map_or(limit, |t| t.min(limit));
+        let _ = tokio::time::timeout_at(until.into(), changed).await;
     }
 }
 
@@ -531,6 +581,7 @@ impl Acceptor {
         let id = core.add_path(Instant::now(), path);
         let shared = Arc::new(Shared::new(core, self.config.status_queue, local, remote));
         spawn_path_driver(&shared, id, socket, &self.config);
+        tokio::spawn(keep_timers(Arc::downgrade(&shared)));
         self.sessions
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -116,3 +116,32 @@ async fn two_loopback_paths_carry_one_session() {
     );
     conn.closed().await;
 }
+
+/// A refused certificate on the first path fails the connect at once with its reason (no
+/// session to wait for joins to).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_certificate_fails_the_connect() {
+    let (server_config, _) = configs();
+    let other = config::self_signed(&[NAME.to_string()]).unwrap();
+    let client_config = ConnectionConfig::default().with_tls_client(
+        config::client_config(Trust::PinnedSha256(other.fingerprint)).unwrap(),
+        NAME,
+    );
+    let addrs: [SocketAddr; 1] = ["127.0.0.1:0".parse().unwrap()];
+    let endpoint = MultipathEndpoint::bind(&addrs, server_config, MultipathOptions::default())
+        .await
+        .unwrap();
+    let paths = [PathAddress::to(endpoint.local_addrs()[0])];
+    let result = tokio::time::timeout(
+        Duration::from_secs(5),
+        Connection::connect_multipath(&paths, client_config, MultipathOptions::default()),
+    )
+    .await
+    .expect("the connect ends at once");
+    match result {
+        Err(squarepeg::ConnectError::Transport(squarepeg::TransportError::Tls(
+            squarepeg::TlsFailure::Certificate,
+        ))) => {}
+        other => panic!("{other:?}"),
+    }
+}

@@ -346,6 +346,8 @@ pub struct MultipathConnection {
     scratch: Vec<u8>,
     body: Vec<u8>,
     session_told_closed: bool,
+    /// A path finished its handshake once: the session exists at the peer.
+    ever_established: bool,
 }
 
 /// How far ahead of what a connection can send the session's frames may be bound to it.
@@ -379,6 +381,7 @@ impl MultipathConnection {
             scratch: Vec::new(),
             body: Vec::new(),
             session_told_closed: false,
+            ever_established: false,
         })
     }
 
@@ -489,6 +492,7 @@ impl MultipathConnection {
         if let Err(e) = open_into(&mut p.tls, &mut p.receiver, data) {
             p.tls_failed = Some(tls_transport_error(&e));
         }
+        self.ever_established |= p.is_established() && p.tls_failed.is_none();
         if let Some(p) = self.paths.get_mut(&id)
             && p.must_resume
             && p.is_established()
@@ -639,8 +643,10 @@ impl MultipathConnection {
         });
         self.last_path_error = Some(reason);
         if !self.paths.values().any(|p| !p.closed) {
-            if self.session.is_closing() || self.session.error().is_some() {
-                // Nothing left to wait for a new connection for.
+            if self.session.is_closing() || self.session.error().is_some() || !self.ever_established
+            {
+                // Nothing left to wait for a new connection for (or the first one failed:
+                // there is no session to join).
                 self.tell_session_closed(now);
             } else {
                 self.no_path_since = Some(now);
@@ -949,6 +955,11 @@ impl MultipathConnection {
     /// Whether the session is over and every path has ended: the driver stops.
     pub fn is_drained(&self) -> bool {
         self.session.is_drained() && self.paths.values().all(|p| p.closed || p.fin_sent)
+    }
+
+    /// Whether a path is usable (established and not closed).
+    pub fn has_usable_path(&self) -> bool {
+        self.paths.values().any(Path::usable)
     }
 
     /// Whether [`Self::poll_path_event`] has something.
