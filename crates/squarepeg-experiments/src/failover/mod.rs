@@ -24,7 +24,7 @@ pub mod rivals;
 
 use std::fmt::Write as _;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -747,7 +747,6 @@ fn drive(
     let bulk_sent = AtomicU64::new(0);
     let bulk_received = AtomicU64::new(0);
     let voice_sent = AtomicU64::new(0);
-    let done = AtomicBool::new(false);
     let epoch = Instant::now();
     let stop = epoch + plan.duration;
     let end = stop + plan.drain;
@@ -784,7 +783,7 @@ fn drive(
         let mut stats_at_death = None;
         let mut next_report = Duration::from_secs(1);
         let mut pending = plan.death;
-        while !done.load(Ordering::Relaxed) {
+        loop {
             let now = epoch.elapsed();
             if now >= plan.duration + plan.drain {
                 break;
@@ -823,7 +822,6 @@ fn drive(
                 .is_none_or(|(s, r)| s.is_finished() && r.is_finished());
             let voice_finished = voice_thread.as_ref().is_none_or(|v| v.is_finished());
             if bulk_finished && voice_finished && pending.is_none() {
-                done.store(true, Ordering::Relaxed);
                 break;
             }
             let mut wake = next_report;

@@ -14,7 +14,7 @@
 //!    [`Rival::name`], [`Rival::description`] and [`Rival::ALL`] (and [`Rival::FAILOVER`] /
 //!    [`Rival::MULTIPATH`] for the default sets).
 //! 2. `fn open_squarepeg(lab: &Lab, request: &OpenRequest) -> Result<RivalEnds, VoipError>`,
-//!    called from [`Rival::open`]: open the session over both paths (client addresses
+//!    (an [`OpenFn`]) called from [`Rival::open`]: open the session over both paths (client addresses
 //!    `lab.path_addresses(i)?.client_v4`, server addresses `…server_v4`, sockets made inside
 //!    `lab.client().run(..)` / `lab.server().run(..)`), and return
 //!    - `bulk`: a [`BulkSender`] (server) and a [`BulkReceiver`] (client) carrying one
@@ -93,7 +93,8 @@ pub struct RivalEnds {
     pub keep: Vec<Box<dyn Any + Send>>,
 }
 
-/// The signature of a rival's opener ([`Rival::open`] dispatches to one per variant).
+/// The signature of a rival's opener ([`Rival::open`] calls one per variant; a variant with
+/// fields passes them as extra arguments, as [`open_tcp`] takes its path).
 pub type OpenFn = fn(&Lab, &OpenRequest) -> Result<RivalEnds, VoipError>;
 
 /// The sending end of a bulk flow.
@@ -218,27 +219,13 @@ impl Rival {
         }
     }
 
-    /// The opener of this rival.
-    pub fn opener(self) -> OpenFn {
-        match self {
-            Rival::Tcp { path: 0 } => |lab, request| open_tcp(lab, 0, request),
-            Rival::Tcp { .. } => |lab, request| open_tcp(lab, 1, request),
-            Rival::Mptcp => open_mptcp,
-        }
-    }
-
-    /// Opens what `request` asks for across `lab`.
+    /// Opens what `request` asks for across `lab`: one opener function per variant, each
+    /// of the signature [`OpenFn`] (with the variant's fields as extra arguments).
     pub fn open(self, lab: &Lab, request: &OpenRequest) -> Result<RivalEnds, VoipError> {
-        if let Rival::Tcp { path } = self
-            && path >= lab.path_count()
-        {
-            return Err(VoipError::Config(format!(
-                "{}: the lab has {} paths",
-                self.name(),
-                lab.path_count()
-            )));
+        match self {
+            Rival::Tcp { path } => open_tcp(lab, path, request),
+            Rival::Mptcp => open_mptcp(lab, request),
         }
-        (self.opener())(lab, request)
     }
 }
 
@@ -325,6 +312,12 @@ fn open_kernel(
 
 /// [`Rival::Tcp`]: plain kernel TCP on one path.
 pub fn open_tcp(lab: &Lab, path: usize, request: &OpenRequest) -> Result<RivalEnds, VoipError> {
+    if path >= lab.path_count() {
+        return Err(VoipError::Config(format!(
+            "TCP on path {path}: the lab has {} paths",
+            lab.path_count()
+        )));
+    }
     open_kernel(lab, path, None, request)
 }
 
