@@ -75,6 +75,14 @@ enum Verb {
     /// 1-byte request, cold and for a returning client, kernel TCP and the userspace TCP with
     /// Careful Resume, on labs of its own.
     Transfer(super::transfer_lab::TransferLabArgs),
+    /// Run the failover experiment (issue 12): a bulk download and a voice call while one of
+    /// two paths dies (blackhole, reset, cut), kernel TCP on that path against kernel MPTCP
+    /// over both, on two-path labs of their own.
+    Failover(super::failover_lab::FailoverLabArgs),
+    /// Run the multipath experiment (issue 12): aggregate goodput over two paths of
+    /// different RTT and rate, kernel TCP on each path alone against kernel MPTCP, on
+    /// two-path labs of their own.
+    Multipath(super::failover_lab::MultipathLabArgs),
     /// Run a lab in the foreground (what `up` starts in the background).
     #[command(hide = true)]
     Daemon(NameArg),
@@ -211,6 +219,8 @@ pub fn run(args: LabArgs) -> Result<()> {
         Verb::Priority(args) => super::priority::run(args),
         Verb::Tunnel(args) => super::tunnel_lab::run(args),
         Verb::Transfer(args) => super::transfer_lab::run(args),
+        Verb::Failover(args) => super::failover_lab::run_failover(args),
+        Verb::Multipath(args) => super::failover_lab::run_multipath(args),
         Verb::Daemon(name) => cmd_daemon(&name.name),
     }
 }

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod connect;
 pub mod demo;
+pub mod failover_lab;
 pub mod lab;
 pub mod listen;
 pub mod multipath;

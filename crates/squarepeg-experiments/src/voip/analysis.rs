@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::config::{Scenario, VoipConfig};
 
@@ -34,7 +34,7 @@ pub struct Observations {
 }
 
 /// What became of a message at the receiver's playout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MessageState {
     /// Arrived at or before its playout time.
@@ -87,7 +87,7 @@ impl MessageRecord {
 
 /// Nearest-rank percentiles of the transport delay of delivered messages, in milliseconds
 /// (`null` when nothing was delivered).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Percentiles {
     /// Median.
     pub p50: Option<f64>,
@@ -102,7 +102,7 @@ pub struct Percentiles {
 }
 
 /// The counts and distributions of one run (see the JSON schema in [`super::report`]).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     /// Messages the application sent (offered to the transport).
     pub messages_sent: u64,

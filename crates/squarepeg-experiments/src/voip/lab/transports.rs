@@ -198,26 +198,32 @@ impl LabTransport for LabTcp {
         let (sender, _) = listener
             .accept()
             .map_err(VoipError::io("accepting the TCP receiver"))?;
-        sender
-            .set_nodelay(true)
-            .map_err(VoipError::io("TCP_NODELAY"))?;
-        receiver
-            .set_nodelay(true)
-            .map_err(VoipError::io("TCP_NODELAY"))?;
-        Ok(LabEnds {
-            sender: Box::new(TcpSender {
-                stream: sender,
-                record: Vec::new(),
-            }),
-            receiver: Box::new(TcpReceiver {
-                stream: receiver,
-                partial: Vec::new(),
-                ready: std::collections::VecDeque::new(),
-                buf: vec![0; 64 * 1024],
-                closed: false,
-            }),
-        })
+        tcp_ends(sender, receiver)
     }
+}
+
+/// A call's ends over a connected pair of kernel stream sockets (TCP, or MPTCP for the
+/// failover experiment, `crate::failover`): length-prefixed records, `TCP_NODELAY`.
+pub(crate) fn tcp_ends(sender: TcpStream, receiver: TcpStream) -> Result<LabEnds, VoipError> {
+    sender
+        .set_nodelay(true)
+        .map_err(VoipError::io("TCP_NODELAY"))?;
+    receiver
+        .set_nodelay(true)
+        .map_err(VoipError::io("TCP_NODELAY"))?;
+    Ok(LabEnds {
+        sender: Box::new(TcpSender {
+            stream: sender,
+            record: Vec::new(),
+        }),
+        receiver: Box::new(TcpReceiver {
+            stream: receiver,
+            partial: Vec::new(),
+            ready: std::collections::VecDeque::new(),
+            buf: vec![0; 64 * 1024],
+            closed: false,
+        }),
+    })
 }
 
 /// The `squarepeg` crate over kernel TCP: session messages in uCOBS frames, each with its
