@@ -92,7 +92,8 @@ pub use record::{Protection, TlsSetup};
 pub use send::TaggedWrite;
 
 pub use multipath::{
-    MultipathConfig, MultipathConnection, MultipathStats, Path, PathEvent, PathId, PathInfo,
+    ClosedPath, MultipathConfig, MultipathConnection, MultipathStats, Path, PathEvent, PathId,
+    PathInfo,
 };
 pub use squarepeg_framing::FrameFormat;
 pub use squarepeg_session::{

@@ -904,3 +904,43 @@ proptest! {
         check_exactly_once(&got, &traffic);
     }
 }
+
+/// A frame bound to another connection than the one polled (lowest RTT here) names that
+/// connection for the driver to poll: it must not wait for its next wake-up.
+#[test]
+fn frames_bound_to_another_path_ask_for_its_poll() {
+    let mut w = World::new(&[FAST, SLOW], mp_config());
+    let traffic = Traffic {
+        message_every: 5 * MS,
+        message_len: 100,
+        messages: 10,
+        stream_len: 0,
+        policy: PathPolicy::Aggregate,
+        close: false,
+    };
+    run(
+        &mut w,
+        &traffic,
+        &[(40, Action::Join(1))],
+        Duration::from_millis(600),
+    );
+    let paths = w.client.paths();
+    assert_eq!(paths.len(), 2, "{paths:?}");
+    assert!(paths.iter().all(|p| p.srtt.is_some()), "{paths:?}");
+    let _ = w.client.take_paths_to_poll();
+    let props = MessageProps {
+        path: Some(PathPolicy::LowestRtt),
+        ..MessageProps::default()
+    };
+    let now = w.now;
+    w.client
+        .session_mut()
+        .send_message(now, vec![1; 50], props)
+        .unwrap();
+    // The slow path asks first: the message goes to the fast one's log.
+    let slow = paths[1].id;
+    let mut out = Vec::new();
+    assert_eq!(w.client.poll_transmit(slow, now, &mut out, 64 * 1024), 1);
+    assert_eq!(w.client.take_paths_to_poll(), vec![paths[0].id]);
+    assert!(w.client.take_paths_to_poll().is_empty());
+}

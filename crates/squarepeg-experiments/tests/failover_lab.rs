@@ -70,8 +70,8 @@ fn plots_possible() -> bool {
 
 #[test]
 #[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
-fn failover_with_the_kernel_rows() {
-    if !can_run("failover_with_the_kernel_rows") {
+fn failover_with_every_row() {
+    if !can_run("failover_with_every_row") {
         return;
     }
     let _lock = LAB.lock().unwrap_or_else(|p| p.into_inner());
@@ -154,20 +154,42 @@ fn failover_with_the_kernel_rows() {
         mptcp.paths
     );
     assert_eq!(mptcp.voice.summary.never_delivered, 0);
+    // squarepeg's session: every byte, every voice message, the download carried on by path
+    // 1 after the death (detected by its acknowledgements stopping, 200 ms).
+    let sq = &rows[2];
+    assert_eq!(sq.rival, Rival::Squarepeg);
+    assert!(
+        sq.bulk.complete && sq.bulk.bytes_received == sq.bulk.bytes_sent,
+        "{:?}",
+        sq.bulk.failures
+    );
+    assert!(sq.bulk.failures.is_empty(), "{:?}", sq.bulk.failures);
+    assert!(!sq.metrics.stalled_to_end, "{:?}", sq.metrics);
+    assert!(
+        sq.paths[1].down_bytes_after_death.expect("counted") > 1_000_000,
+        "{:?}",
+        sq.paths
+    );
+    assert_eq!(
+        sq.voice.summary.never_delivered, 0,
+        "{:?}",
+        sq.voice.summary
+    );
 
     // The report: every row, round-tripping; the table and plots for any rows.
     let report = FailoverReport::new(config, rows);
     let json = serde_json::to_string(&report).expect("json");
     let value: Value = serde_json::from_str(&json).expect("parse");
     assert_eq!(value["schema"], failover::FAILOVER_SCHEMA);
-    assert_eq!(value["rows"].as_array().expect("rows").len(), 2);
+    assert_eq!(value["rows"].as_array().expect("rows").len(), 3);
     assert_eq!(value["rows"][1]["rival"], "mptcp");
+    assert_eq!(value["rows"][2]["rival"], "squarepeg");
     let back: FailoverReport = serde_json::from_str(&json).expect("round trip");
-    assert_eq!(back.rows.len(), 2);
+    assert_eq!(back.rows.len(), 3);
     assert!(same(&serde_json::to_value(&back).expect("json"), &value));
     let table = failover::failover_table(&report);
     assert!(
-        table.contains("tcp-path0") && table.contains("mptcp"),
+        table.contains("tcp-path0") && table.contains("mptcp") && table.contains("squarepeg"),
         "{table}"
     );
     if plots_possible() {
@@ -181,8 +203,8 @@ fn failover_with_the_kernel_rows() {
 
 #[test]
 #[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
-fn multipath_with_the_kernel_rows() {
-    if !can_run("multipath_with_the_kernel_rows") {
+fn multipath_with_every_row() {
+    if !can_run("multipath_with_every_row") {
         return;
     }
     let _lock = LAB.lock().unwrap_or_else(|p| p.into_inner());
@@ -195,7 +217,7 @@ fn multipath_with_the_kernel_rows() {
         ..MultipathConfig::default()
     };
     let mut rows = Vec::new();
-    for rival in [Rival::Tcp { path: 1 }, Rival::Mptcp] {
+    for rival in [Rival::Tcp { path: 1 }, Rival::Mptcp, Rival::Squarepeg] {
         let row = failover::run_multipath(&config, rival, &|_| {});
         assert_eq!(our_namespaces(), 0, "the lab of {} is gone", rival.name());
         rows.push(row.unwrap_or_else(|e| panic!("{}: {e}", rival.name())));
@@ -214,11 +236,14 @@ fn multipath_with_the_kernel_rows() {
     }
     // TCP bound to path 1 stays there; MPTCP uses both paths.
     assert!(rows[0].paths[0].down_bytes < 100_000, "{:?}", rows[0].paths);
-    assert!(
-        rows[1].paths.iter().all(|p| p.down_bytes > 100_000),
-        "{:?}",
-        rows[1].paths
-    );
+    for row in &rows[1..] {
+        assert!(
+            row.paths.iter().all(|p| p.down_bytes > 100_000),
+            "{}: {:?}",
+            row.rival.name(),
+            row.paths
+        );
+    }
     let report = MultipathReport::new(config, rows);
     assert_eq!(report.sum_of_rates_mbps, Some(60.0));
     assert_eq!(report.better_path_rate_mbps, Some(40.0));

@@ -122,6 +122,14 @@ impl Shared {
         }
     }
 
+    /// Wakes the driver of one path of a multipath session (it has output now).
+    pub(crate) fn wake_path(&self, port: Port) {
+        let drivers = self.path_drivers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, n)) = drivers.iter().find(|(p, _)| *p == port) {
+            n.notify_one();
+        }
+    }
+
     /// The `Notify` the driver of `port` waits on.
     pub(crate) fn driver_notify(&self, port: Port) -> Arc<Notify> {
         match port {
@@ -175,8 +183,13 @@ impl Shared {
     /// Hands session events to whoever waits for them. Called with the
     /// state locked.
     pub(crate) fn dispatch(&self, st: &mut State) {
-        if st.conn.multi().is_some_and(|m| m.has_path_events()) {
-            self.paths_changed.notify_waiters();
+        if let Some(m) = st.conn.multi_mut() {
+            for id in m.take_paths_to_poll() {
+                self.wake_path(Port::Path(id));
+            }
+            if m.has_path_events() {
+                self.paths_changed.notify_waiters();
+            }
         }
         if !st.conn.has_events() {
             // The common case on every send and every driver round.

@@ -156,7 +156,8 @@ pub use transaction::{Preference, TransactionError, Transactor, TransportPropert
 // Every type the public signatures use.
 pub use bytes::Bytes;
 pub use squarepeg_connection::{
-    MultipathConfig, MultipathStats, PathEvent, PathId, PathInfo, Protection, TlsSetup, UtcpStats,
+    ClosedPath, MultipathConfig, MultipathStats, PathEvent, PathId, PathInfo, Protection, TlsSetup,
+    UtcpStats,
 };
 pub use squarepeg_framing::{CobsError, FrameError, FrameFormat, HeaderError};
 /// The userspace TCP's TUN stack (`squarepeg-io`): devices, stack configuration, streams —

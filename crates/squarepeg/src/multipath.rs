@@ -199,6 +199,17 @@ impl Connection {
             .unwrap_or_default()
     }
 
+    /// Of a multipath session: the connections that closed (the latest sixteen), with when
+    /// this side learnt it and why.
+    pub fn closed_paths(&self) -> Vec<squarepeg_connection::ClosedPath> {
+        self.shared()
+            .lock()
+            .conn
+            .multi()
+            .map(|m| m.closed_paths().copied().collect())
+            .unwrap_or_default()
+    }
+
     /// Of a multipath session: its counters (paths added, closed, timed out; frames re-sent).
     pub fn multipath_stats(&self) -> Option<squarepeg_connection::MultipathStats> {
         self.shared().lock().conn.multi().map(|m| m.stats())

@@ -19,6 +19,13 @@ pub(crate) enum Kind {
     },
 }
 
+impl Kind {
+    /// Whether the peer acknowledges it (every frame but a PATH_ACK).
+    fn elicits_ack(self) -> bool {
+        !matches!(self, Kind::Local { elicits_ack: false })
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Logged {
     /// Plaintext offset just past the frame.
@@ -53,6 +60,8 @@ pub(crate) struct SentLog {
     base: u64,
     sealed: u64,
     frames: VecDeque<Logged>,
+    /// How many of `frames` ask for an acknowledgement.
+    eliciting: usize,
 }
 
 impl SentLog {
@@ -76,9 +85,7 @@ impl SentLog {
 
     /// Whether frames asking for an acknowledgement are outstanding.
     pub(crate) fn awaits_ack(&self) -> bool {
-        self.frames
-            .iter()
-            .any(|f| !matches!(f.kind, Kind::Local { elicits_ack: false }))
+        self.eliciting > 0
     }
 
     /// The buffer frames are appended to; call [`Self::logged`] for each one.
@@ -89,6 +96,7 @@ impl SentLog {
     /// The frame just appended to [`Self::buffer`] ends the log now.
     pub(crate) fn logged(&mut self, kind: Kind) {
         let end = self.end();
+        self.eliciting += usize::from(kind.elicits_ack());
         self.frames.push_back(Logged { end, kind });
     }
 
@@ -137,6 +145,7 @@ impl SentLog {
                 break;
             }
             self.frames.pop_front();
+            self.eliciting -= usize::from(f.kind.elicits_ack());
             gone(f.kind);
         }
         self.head += (acked - self.base) as usize;
@@ -169,6 +178,7 @@ impl SentLog {
             start = f.end;
         }
         let end = self.end();
+        self.eliciting = 0;
         self.bytes.clear();
         self.head = 0;
         self.base = end;

@@ -174,6 +174,20 @@ pub struct PathInfo {
     pub received: u64,
 }
 
+/// A connection that is gone: when this side learnt it and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClosedPath {
+    pub id: PathId,
+    pub at: Instant,
+    pub reason: TransportError,
+}
+
+/// Closed connections remembered ([`MultipathConnection::closed_paths`]), and closed
+/// connections kept in the table (their drivers may still ask about them) before the oldest
+/// are dropped.
+const CLOSED_KEPT: usize = 16;
+
 /// Counters of a multipath session.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -348,6 +362,10 @@ pub struct MultipathConnection {
     session_told_closed: bool,
     /// A path finished its handshake once: the session exists at the peer.
     ever_established: bool,
+    /// The latest closures, oldest first (at most [`CLOSED_KEPT`]).
+    closed: VecDeque<ClosedPath>,
+    /// Paths that got frames while another was polled: their drivers must poll them.
+    to_wake: Vec<PathId>,
 }
 
 /// How far ahead of what a connection can send the session's frames may be bound to it.
@@ -382,6 +400,8 @@ impl MultipathConnection {
             body: Vec::new(),
             session_told_closed: false,
             ever_established: false,
+            closed: VecDeque::new(),
+            to_wake: Vec::new(),
         })
     }
 
@@ -432,6 +452,11 @@ impl MultipathConnection {
                 received: p.received,
             })
             .collect()
+    }
+
+    /// The connections that closed, with when and why (the latest sixteen).
+    pub fn closed_paths(&self) -> impl Iterator<Item = &ClosedPath> + '_ {
+        self.closed.iter()
     }
 
     /// The peer's announced addresses.
@@ -635,6 +660,26 @@ impl MultipathConnection {
             self.orphans.push_back(orphan);
         }
         self.stats.frames_resent += resent as u64;
+        if resent > 0 {
+            // The survivors carry them on: at once, not at their next wake-up.
+            let survivors = self.paths.iter().filter(|(_, p)| p.usable());
+            for (&other, _) in survivors {
+                if !self.to_wake.contains(&other) {
+                    self.to_wake.push(other);
+                }
+            }
+        }
+        if self.closed.len() == CLOSED_KEPT
+            && let Some(oldest) = self.closed.pop_front()
+        {
+            // Its driver has long stopped: an unknown path is a finished one to it.
+            self.paths.remove(&oldest.id);
+        }
+        self.closed.push_back(ClosedPath {
+            id,
+            at: now,
+            reason,
+        });
         tracing::debug!("{id} closed ({reason:?}): {resent} frames move to other paths");
         self.events.push_back(PathEvent::Closed {
             path: id,
@@ -819,7 +864,12 @@ impl MultipathConnection {
                 for target in [Some(first), second].into_iter().flatten() {
                     let q = self.paths.get_mut(&target).expect("a usable path");
                     q.log.push(&self.scratch, kind);
-                    over |= target != id && q.log.unsealed_len() >= UNSEALED_AHEAD;
+                    if target != id {
+                        over |= q.log.unsealed_len() >= UNSEALED_AHEAD;
+                        if !self.to_wake.contains(&target) {
+                            self.to_wake.push(target);
+                        }
+                    }
                 }
             }
             if let Some(n) = message {
@@ -957,6 +1007,12 @@ impl MultipathConnection {
         self.session.is_drained() && self.paths.values().all(|p| p.closed || p.fin_sent)
     }
 
+    /// The paths that got frames to send while another path was polled (lowest-RTT,
+    /// pinned, redundant steering, failover): poll them too. Taking empties the list.
+    pub fn take_paths_to_poll(&mut self) -> Vec<PathId> {
+        std::mem::take(&mut self.to_wake)
+    }
+
     /// Whether a path is usable (established and not closed).
     pub fn has_usable_path(&self) -> bool {
         self.paths.values().any(Path::usable)
@@ -973,11 +1029,6 @@ impl MultipathConnection {
         self.paths
             .get(&id)
             .is_none_or(|p| p.closed || (p.fin_sent && self.session.is_drained()))
-    }
-
-    /// Forgets closed paths whose events were taken (their ids stay unused).
-    pub fn remove_closed_paths(&mut self) {
-        self.paths.retain(|_, p| !p.closed);
     }
 }
 

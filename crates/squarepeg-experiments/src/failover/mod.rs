@@ -21,6 +21,7 @@
 
 pub mod plot;
 pub mod rivals;
+pub mod squarepeg;
 
 use std::fmt::Write as _;
 use std::sync::Mutex;
@@ -336,6 +337,11 @@ pub struct FailoverMetrics {
     /// From the death to the end of the first [`RECOVERY_WINDOW`] after the stall's start
     /// with goodput at [`RECOVERY_SHARE`] of the pre-death mean or more (`None`: never).
     pub recovered_after_s: Option<f64>,
+    /// From the rival's detection of the death ([`DeathRecord::detected_s`]) to the end of
+    /// the stall: how long the data the dead path held took to arrive over the other (0 if
+    /// the download was flowing again before; `None`: no detection known).
+    #[serde(default)]
+    pub resumed_after_detection_s: Option<f64>,
 }
 
 /// One voice message, for plots.
@@ -380,6 +386,10 @@ pub struct DeathRecord {
     pub applied_s: f64,
     /// For [`Death::Reset`]: the flows reset.
     pub flows_reset: Option<usize>,
+    /// When the rival's own endpoints declared a connection dead (seconds from the start;
+    /// `None`: the rival does not say, as the kernel's rows).
+    #[serde(default)]
+    pub detected_s: Option<f64>,
 }
 
 /// What the emulator of one path carried (IP bytes in, per direction).
@@ -742,7 +752,10 @@ fn drive(
     progress: &dyn Fn(&str),
 ) -> Result<Driven, VoipError> {
     let RivalEnds {
-        bulk, voice, keep, ..
+        bulk,
+        voice,
+        keep,
+        detection,
     } = ends;
     let bulk_sent = AtomicU64::new(0);
     let bulk_received = AtomicU64::new(0);
@@ -807,6 +820,7 @@ fn drive(
                             planned_s: at.as_secs_f64(),
                             applied_s: applied.as_secs_f64(),
                             flows_reset,
+                            detected_s: None,
                         });
                     }
                     Err(e) => death_error = Some(e),
@@ -862,12 +876,17 @@ fn drive(
             stats_at_death,
         )
     });
+    let detected = detection.and_then(|f| f());
     drop(keep);
+    let mut death = death?;
+    if let Some(d) = death.as_mut() {
+        d.detected_s = detected.map(|t| t.saturating_duration_since(epoch).as_secs_f64());
+    }
     Ok(Driven {
         stats_at_death,
         bulk,
         voice,
-        death: death?,
+        death,
     })
 }
 
@@ -965,6 +984,7 @@ pub fn failover_metrics(
         stall_from_s: stall_from.as_secs_f64(),
         stalled_to_end,
         recovered_after_s: recovered,
+        resumed_after_detection_s: None,
     }
 }
 
@@ -1096,7 +1116,13 @@ pub fn run_failover(
         .voice
         .ok_or_else(|| VoipError::Transport("no call".into()))?;
     let end = config.duration + config.drain;
-    let metrics = failover_metrics(&bulk.arrivals, config.at, config.duration);
+    let mut metrics = failover_metrics(&bulk.arrivals, config.at, config.duration);
+    if let Some(detected) = death.detected_s
+        && !metrics.stalled_to_end
+    {
+        let resumed = metrics.stall_from_s + metrics.stall_s;
+        metrics.resumed_after_detection_s = Some((resumed - detected).max(0.0));
+    }
     if !bulk.intact {
         warnings.push("the download's bytes differ from what was sent".into());
     }

@@ -60,6 +60,9 @@ pub enum Rival {
     /// Kernel MPTCP (`IPPROTO_MPTCP` sockets): the initial subflow on path 0, a second one
     /// from the client's path-1 address (an in-kernel path manager `subflow` endpoint).
     Mptcp,
+    /// One squarepeg multipath session over both paths (TLS 1.3, a connection per path,
+    /// the second joined by resumption; [`super::squarepeg`]).
+    Squarepeg,
 }
 
 /// What a rival must open.
@@ -91,6 +94,10 @@ pub struct RivalEnds {
     /// What must live as long as the connections (listeners, runtimes…), dropped after the
     /// run.
     pub keep: Vec<Box<dyn Any + Send>>,
+    /// Asked after the run, if the rival's own endpoints say so: the earliest instant one
+    /// of them declared a connection dead (squarepeg's path events; the kernel's MPTCP does
+    /// not tell). The failover report measures recovery from it.
+    pub detection: Option<Box<dyn Fn() -> Option<Instant> + Send>>,
 }
 
 /// The signature of a rival's opener ([`Rival::open`] calls one per variant; a variant with
@@ -175,17 +182,23 @@ impl BulkReceiver for StreamBulk {
 
 impl Rival {
     /// Every rival.
-    pub const ALL: [Rival; 3] = [Rival::Tcp { path: 0 }, Rival::Tcp { path: 1 }, Rival::Mptcp];
-    /// The failover experiment's default rows: TCP on the path that dies, MPTCP.
-    pub const FAILOVER: [Rival; 2] = [Rival::Tcp { path: 0 }, Rival::Mptcp];
+    pub const ALL: [Rival; 4] = [
+        Rival::Tcp { path: 0 },
+        Rival::Tcp { path: 1 },
+        Rival::Mptcp,
+        Rival::Squarepeg,
+    ];
+    /// The failover experiment's default rows: TCP on the path that dies, MPTCP, squarepeg.
+    pub const FAILOVER: [Rival; 3] = [Rival::Tcp { path: 0 }, Rival::Mptcp, Rival::Squarepeg];
     /// The multipath experiment's default rows: TCP on each path alone, MPTCP.
-    pub const MULTIPATH: [Rival; 3] = Rival::ALL;
+    pub const MULTIPATH: [Rival; 4] = Rival::ALL;
 
     /// The name on the command line and in the JSON.
     pub fn name(self) -> String {
         match self {
             Rival::Tcp { path } => format!("tcp-path{path}"),
             Rival::Mptcp => "mptcp".to_owned(),
+            Rival::Squarepeg => "squarepeg".to_owned(),
         }
     }
 
@@ -207,6 +220,7 @@ impl Rival {
                 "kernel TCP bound to path {path}'s addresses (one connection per flow, lives and dies with the path)"
             ),
             Rival::Mptcp => "kernel MPTCP (IPPROTO_MPTCP, in-kernel path manager): initial subflow on path 0, a second from the client's path-1 address".to_owned(),
+            Rival::Squarepeg => "squarepeg multipath session (TLS 1.3, a kernel TCP connection per path, joined by resumption; path timeout 200 ms, probes every 50 ms): the call as messages on the lowest-RTT connection, the download as a stream over both".to_owned(),
         }
     }
 
@@ -215,7 +229,7 @@ impl Rival {
     pub fn single_path(self) -> Option<usize> {
         match self {
             Rival::Tcp { path } => Some(path),
-            Rival::Mptcp => None,
+            Rival::Mptcp | Rival::Squarepeg => None,
         }
     }
 
@@ -225,6 +239,7 @@ impl Rival {
         match self {
             Rival::Tcp { path } => open_tcp(lab, path, request),
             Rival::Mptcp => open_mptcp(lab, request),
+            Rival::Squarepeg => super::squarepeg::open_squarepeg(lab, request),
         }
     }
 }
