@@ -521,22 +521,19 @@ impl Connection {
             t.staging.splice(0..0, rest);
         }
         // Frames for whole records, the records' overhead aside (about 22 bytes per 16 KiB
-        // record). A stream chunk's frame is a little longer than a record's plaintext, so
-        // sealing each batch whole would follow every full record with one of a few bytes:
-        // twice the records to seal and open. While the session has more, the bytes past the
-        // last full record stay in `staging` for the next call instead.
+        // record); while the session has more, the bytes past the last full record stay in
+        // `staging` for the next call (`record::seal_len`).
         let record = t.tls.max_record_plaintext();
         let wanted = limit.saturating_sub(out.len()).div_ceil(record) * record;
         let frames = self
             .session
             .poll_transmit_batch(now, &mut t.staging, wanted);
-        let more_to_come =
-            t.staging.len() >= wanted.max(record) && !self.session.is_send_finished();
-        let seal_len = if more_to_come {
-            t.staging.len() / record * record
-        } else {
-            t.staging.len()
-        };
+        let seal_len = record::seal_len(
+            t.staging.len(),
+            wanted,
+            record,
+            !self.session.is_send_finished(),
+        );
         let sealed = if seal_len == 0 {
             Ok(())
         } else {

@@ -182,6 +182,19 @@ impl TlsLayer {
     }
 }
 
+/// How much of `unsealed` plaintext bytes to seal now for a byte stream that wants about
+/// `wanted` bytes: all of it, unless more is coming (`more`) and there is at least a full
+/// record, then only whole records (`record` bytes each). A stream chunk's frame is a little
+/// longer than a record's plaintext, so sealing each batch whole would follow every full
+/// record with one of a few bytes: twice the records to seal and open.
+pub(crate) fn seal_len(unsealed: usize, wanted: usize, record: usize, more: bool) -> usize {
+    if more && unsealed >= wanted.max(record) {
+        unsealed / record * record
+    } else {
+        unsealed
+    }
+}
+
 /// In-order ciphertext, opened record by record into the frame reader `r` (its frames are
 /// the caller's to take). Records opened before an error were authenticated: they count.
 pub(crate) fn open_into(

@@ -291,10 +291,18 @@ impl World {
             if self.links[k].state == LinkState::Down || now < self.links[k].open_at {
                 continue;
             }
-            // Server side: what arrived from the client.
+            // Server side: what arrived from the client (left in the socket while the
+            // session does not read).
             let l = &mut self.links[k];
-            let data = l.up.arrived(now);
-            let fin = l.up.fin_arrived(now);
+            let reads = match (&l.server, &self.server) {
+                (ServerEnd::Attached(id), Some(server)) => server.wants_read(*id),
+                _ => true,
+            };
+            let (data, fin) = if reads {
+                (l.up.arrived(now), l.up.fin_arrived(now))
+            } else {
+                (Vec::new(), false)
+            };
             match &mut l.server {
                 ServerEnd::Handshaking(path, probe) => {
                     path.handle_bytes(&data);
@@ -344,8 +352,12 @@ impl World {
                 ServerEnd::Gone => {}
             }
             // Client side.
-            let data = l.down.arrived(now);
-            let fin = l.down.fin_arrived(now);
+            let reads = l.client.is_some_and(|id| self.client.wants_read(id));
+            let (data, fin) = if reads {
+                (l.down.arrived(now), l.down.fin_arrived(now))
+            } else {
+                (Vec::new(), false)
+            };
             if let Some(id) = l.client {
                 if !data.is_empty() {
                     self.client.handle_bytes(id, now, &data);
@@ -472,6 +484,8 @@ struct Traffic {
     policy: PathPolicy,
     /// Close the session once everything arrived (and run until it is drained).
     close: bool,
+    /// The server's application takes nothing before then (a slow reader).
+    server_reads_from: Duration,
 }
 
 struct Received {
@@ -550,7 +564,8 @@ fn run(w: &mut World, traffic: &Traffic, schedule: &[(u64, Action)], limit: Dura
             }
         }
         // Server application.
-        if let Some(s) = &mut w.server {
+        let reading = w.elapsed() >= traffic.server_reads_from;
+        if let Some(s) = w.server.as_mut().filter(|_| reading) {
             let session = s.session_mut();
             while let Some(m) = session.poll_message() {
                 let n = u64::from_be_bytes(m.payload[..8].try_into().unwrap());
@@ -626,6 +641,7 @@ fn two_paths_carry_one_session_and_every_byte_arrives_once() {
         stream_len: 2 << 20,
         policy: PathPolicy::Aggregate,
         close: true,
+        server_reads_from: Duration::ZERO,
     };
     let got = run(
         &mut w,
@@ -661,6 +677,7 @@ fn a_blackholed_path_fails_over_within_one_round_trip_after_detection() {
         stream_len: 0,
         policy: PathPolicy::LowestRtt,
         close: true,
+        server_reads_from: Duration::ZERO,
     };
     let got = run(
         &mut w,
@@ -717,6 +734,7 @@ fn a_reset_path_fails_over_at_once_and_a_join_replaces_it() {
         stream_len: 1 << 20,
         policy: PathPolicy::Aggregate,
         close: true,
+        server_reads_from: Duration::ZERO,
     };
     let got = run(
         &mut w,
@@ -745,6 +763,7 @@ fn the_session_survives_losing_every_connection() {
         stream_len: 256 * 1024,
         policy: PathPolicy::LowestRtt,
         close: true,
+        server_reads_from: Duration::ZERO,
     };
     let got = run(
         &mut w,
@@ -771,6 +790,7 @@ fn redundant_messages_arrive_once() {
         stream_len: 0,
         policy: PathPolicy::Redundant,
         close: true,
+        server_reads_from: Duration::ZERO,
     };
     let got = run(
         &mut w,
@@ -803,6 +823,7 @@ fn forged_acknowledgements_are_refused() {
         stream_len: 0,
         policy: PathPolicy::Aggregate,
         close: false,
+        server_reads_from: Duration::ZERO,
     };
     let got = run(&mut w, &traffic, &[], Duration::from_millis(400));
     assert_eq!(got.messages.len(), 20);
@@ -899,6 +920,7 @@ proptest! {
             stream_len: 768 * 1024,
             policy: s.policy,
             close: true,
+            server_reads_from: Duration::ZERO,
         };
         let got = run(&mut w, &traffic, &s.actions, Duration::from_secs(60));
         check_exactly_once(&got, &traffic);
@@ -917,6 +939,7 @@ fn frames_bound_to_another_path_ask_for_its_poll() {
         stream_len: 0,
         policy: PathPolicy::Aggregate,
         close: false,
+        server_reads_from: Duration::ZERO,
     };
     run(
         &mut w,
@@ -943,4 +966,41 @@ fn frames_bound_to_another_path_ask_for_its_poll() {
     assert_eq!(w.client.poll_transmit(slow, now, &mut out, 64 * 1024), 1);
     assert_eq!(w.client.take_paths_to_poll(), vec![paths[0].id]);
     assert!(w.client.take_paths_to_poll().is_empty());
+}
+
+/// A receiver whose application does not read for a while (its session's receive queue
+/// full, the paths not read) keeps its connections: its own timeouts pause and it tells the
+/// sender it is alive, so nobody declares a path dead for it.
+#[test]
+fn a_slow_reader_keeps_its_paths() {
+    let mut config = mp_config();
+    config.session.message_receive_queue = 64 * 1024;
+    let mut w = World::new(&[FAST, SLOW], config);
+    let traffic = Traffic {
+        message_every: MS,
+        message_len: 1000,
+        messages: 2000,
+        stream_len: 0,
+        policy: PathPolicy::Aggregate,
+        close: true,
+        server_reads_from: Duration::from_secs(2),
+    };
+    let got = run(
+        &mut w,
+        &traffic,
+        &[(40, Action::Join(1))],
+        Duration::from_secs(20),
+    );
+    check_exactly_once(&got, &traffic);
+    assert_eq!(w.client.stats().paths_timed_out, 0, "{:?}", w.client_events);
+    assert_eq!(w.server.as_ref().unwrap().stats().paths_timed_out, 0);
+    assert!(
+        w.server
+            .as_ref()
+            .unwrap()
+            .session()
+            .stats()
+            .messages_received
+            == 2000
+    );
 }

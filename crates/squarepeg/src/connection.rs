@@ -36,6 +36,8 @@ pub(crate) struct Shared {
     path_drivers: Mutex<Vec<(Port, Arc<Notify>)>>,
     /// A multipath session: its connections changed (a path event to act on).
     pub(crate) paths_changed: Notify,
+    /// The core is a multipath session (several drivers).
+    multipath: bool,
     messages: Notify,
     incoming: Notify,
     streams_available: Notify,
@@ -86,9 +88,12 @@ impl Shared {
         local: SocketAddr,
         remote: SocketAddr,
     ) -> Self {
+        let conn: Core = conn.into();
+        let multipath = conn.multi().is_some();
         Self {
+            multipath,
             state: Mutex::new(State {
-                conn: conn.into(),
+                conn,
                 read_wakers: HashMap::new(),
                 write_wakers: HashMap::new(),
                 statuses: StatusQueue::new(status_limit),
@@ -115,7 +120,11 @@ impl Shared {
 
     /// Wakes the driver(s): the application queued something or made room.
     pub(crate) fn wake_driver(&self) {
-        self.driver.notify_one();
+        if !self.multipath {
+            // The common case, on every send: one driver, no lock.
+            self.driver.notify_one();
+            return;
+        }
         let drivers = self.path_drivers.lock().unwrap_or_else(|e| e.into_inner());
         for (_, n) in drivers.iter() {
             n.notify_one();
@@ -187,7 +196,7 @@ impl Shared {
             for id in m.take_paths_to_poll() {
                 self.wake_path(Port::Path(id));
             }
-            if m.has_path_events() {
+            if m.take_path_event_signal() {
                 self.paths_changed.notify_waiters();
             }
         }

@@ -164,11 +164,7 @@ impl Connection {
             slots: paths
                 .iter()
                 .enumerate()
-                .map(|(i, &address)| Slot {
-                    address,
-                    path: (i == 0).then_some(id),
-                    connecting: false,
-                })
+                .map(|(i, &address)| Slot::new(address, (i == 0).then_some(id), Instant::now()))
                 .collect(),
             tickets,
             tls_config,
@@ -178,7 +174,7 @@ impl Connection {
             attempts: Arc::new(Mutex::new(Vec::new())),
         };
         tokio::spawn(supervisor.run());
-        tokio::spawn(keep_timers(Arc::downgrade(&shared)));
+        tokio::spawn(keep_timers(Arc::downgrade(&shared), false, None));
         let conn = Connection {
             handle: Arc::new(Handle(shared)),
         };
@@ -239,6 +235,34 @@ struct Slot {
     /// Its connection, while it has one.
     path: Option<PathId>,
     connecting: bool,
+    /// Not before then (backoff after failures).
+    next_try: Instant,
+    failures: u32,
+    /// The peer announced it with this id.
+    announced: Option<u64>,
+    /// The peer withdrew it.
+    withdrawn: bool,
+}
+
+impl Slot {
+    fn new(address: PathAddress, path: Option<PathId>, now: Instant) -> Self {
+        Self {
+            address,
+            path,
+            connecting: false,
+            next_try: now,
+            failures: 0,
+            announced: None,
+            withdrawn: false,
+        }
+    }
+
+    fn announced(id: u64, addr: SocketAddr, now: Instant) -> Self {
+        Self {
+            announced: Some(id),
+            ..Self::new(PathAddress::to(addr), None, now)
+        }
+    }
 }
 
 /// A finished connection attempt: the slot, and the path made (or why not).
@@ -265,6 +289,7 @@ impl Supervisor {
             let changed = shared.paths_changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
+            let now = Instant::now();
             {
                 let mut st = shared.lock();
                 if st.driver_done || st.conn.session().error().is_some() {
@@ -273,31 +298,49 @@ impl Supervisor {
                 let Some(m) = st.conn.multi_mut() else {
                     return;
                 };
+                // Finished attempts first: a path they made may already be reported closed
+                // below.
+                let mut attempts = self.attempts.lock().unwrap_or_else(|e| e.into_inner());
+                for (i, result) in attempts.drain(..) {
+                    let slot = &mut self.slots[i];
+                    slot.connecting = false;
+                    match result {
+                        Ok(id) if !m.path_is_finished(id) => {
+                            slot.path = Some(id);
+                            slot.failures = 0;
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            tracing::debug!("path {i}: join failed: {e}");
+                            // Exponential backoff: a path that refuses is not hammered.
+                            slot.failures = slot.failures.saturating_add(1);
+                            let backoff = self.options.rejoin_interval
+                                * 2u32.saturating_pow(slot.failures.min(5));
+                            slot.next_try = now + backoff.min(MAX_BACKOFF);
+                        }
+                    }
+                }
+                drop(attempts);
                 while let Some(event) = m.poll_path_event() {
                     match event {
                         PathEvent::Closed { path, .. } => {
                             for s in self.slots.iter_mut().filter(|s| s.path == Some(path)) {
                                 s.path = None;
+                                s.next_try = now + self.options.rejoin_interval;
                             }
                         }
-                        PathEvent::PeerAddress { addr, .. }
-                            if !self.slots.iter().any(|s| s.address.remote == addr) =>
-                        {
-                            self.slots.push(Slot {
-                                address: PathAddress::to(addr),
-                                path: None,
-                                connecting: false,
-                            });
+                        PathEvent::PeerAddress { id, addr } => {
+                            match self.slots.iter_mut().find(|s| s.address.remote == addr) {
+                                Some(s) => s.withdrawn = false,
+                                None => self.slots.push(Slot::announced(id, addr, now)),
+                            }
+                        }
+                        PathEvent::PeerAddressRemoved { id } => {
+                            for s in self.slots.iter_mut().filter(|s| s.announced == Some(id)) {
+                                s.withdrawn = true;
+                            }
                         }
                         _ => {}
-                    }
-                }
-                let mut attempts = self.attempts.lock().unwrap_or_else(|e| e.into_inner());
-                for (slot, result) in attempts.drain(..) {
-                    self.slots[slot].connecting = false;
-                    match result {
-                        Ok(id) => self.slots[slot].path = Some(id),
-                        Err(e) => tracing::debug!("path {slot}: join failed: {e}"),
                     }
                 }
             }
@@ -307,6 +350,8 @@ impl Supervisor {
                     let slot = &self.slots[i];
                     if slot.path.is_some()
                         || slot.connecting
+                        || slot.withdrawn
+                        || slot.next_try > now
                         || self.tickets.is_empty(&self.server_name)
                     {
                         continue;
@@ -328,11 +373,14 @@ impl Supervisor {
                 }
             }
             // Woken by path events and finished attempts; tickets arrive with the session's
-            // data, so look again after a while too.
+            // data, and backoffs end, so look again after a while too.
             let _ = tokio::time::timeout(self.options.rejoin_interval, changed).await;
         }
     }
 }
+
+/// The longest wait before a path that keeps failing is tried again.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// What a join's TLS is made from.
 struct JoinTls {
@@ -389,11 +437,16 @@ async fn join(
 
 /// Runs a multipath session's timers while it has no path driver (they run them
 /// otherwise): the linger for a join, the drain. Ends the session's handles' waits once it
-/// is over with no driver left.
-async fn keep_timers(shared: Weak<Shared>) {
+/// is over with no driver left, then runs `on_end`. A server's keeper also takes the path
+/// events, which nobody else reads there.
+async fn keep_timers(
+    shared: Weak<Shared>,
+    take_events: bool,
+    on_end: Option<Box<dyn FnOnce() + Send>>,
+) {
     loop {
         let Some(sh) = shared.upgrade() else {
-            return;
+            break;
         };
         let changed = sh.paths_changed.notified();
         tokio::pin!(changed);
@@ -401,17 +454,20 @@ async fn keep_timers(shared: Weak<Shared>) {
         let timeout = {
             let mut st = sh.lock();
             if st.driver_done {
-                return;
+                break;
             }
             let now = Instant::now();
             if st.conn.poll_timeout().is_some_and(|t| t <= now) {
                 st.conn.handle_timeout(now);
             }
+            if take_events && let Some(m) = st.conn.multi_mut() {
+                while m.poll_path_event().is_some() {}
+            }
             if st.conn.session().error().is_some() && !sh.has_path_drivers() {
                 st.driver_done = true;
                 sh.dispatch(&mut st);
                 sh.wake_all(&mut st);
-                return;
+                break;
             }
             sh.dispatch(&mut st);
             st.conn.poll_timeout()
@@ -420,6 +476,9 @@ async fn keep_timers(shared: Weak<Shared>) {
         let limit = Instant::now() + Duration::from_secs(1);
         let until = timeout.map_or(limit, |t| t.min(limit));
         let _ = tokio::time::timeout_at(until.into(), changed).await;
+    }
+    if let Some(f) = on_end {
+        f();
     }
 }
 
@@ -557,6 +616,8 @@ impl Acceptor {
             return;
         }
         let now = self.registry_now();
+        // Tickets past their lifetime go (the store stays bounded by its capacity anyway).
+        self.registry.expire(now);
         if !probe.offered_ticket() {
             // A full handshake with no ticket: a new session.
             self.start(now, &probe, path, socket).await;
@@ -592,11 +653,14 @@ impl Acceptor {
         let id = core.add_path(Instant::now(), path);
         let shared = Arc::new(Shared::new(core, self.config.status_queue, local, remote));
         spawn_path_driver(&shared, id, socket, &self.config);
-        tokio::spawn(keep_timers(Arc::downgrade(&shared)));
-        self.sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(session, Arc::downgrade(&shared));
+        let registry = self.registry.clone();
+        let on_end: Box<dyn FnOnce() + Send> = Box::new(move || registry.end_session(session));
+        tokio::spawn(keep_timers(Arc::downgrade(&shared), true, Some(on_end)));
+        {
+            let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+            sessions.retain(|_, s| s.strong_count() > 0);
+            sessions.insert(session, Arc::downgrade(&shared));
+        }
         let conn = Connection {
             handle: Arc::new(Handle(shared)),
         };

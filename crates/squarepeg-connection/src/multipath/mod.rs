@@ -183,6 +183,19 @@ pub struct ClosedPath {
     pub reason: TransportError,
 }
 
+/// Most path events kept for [`MultipathConnection::poll_path_event`] (the oldest go first).
+const MAX_EVENTS: usize = 64;
+/// Most addresses of the peer remembered.
+pub const MAX_PEER_ADDRESSES: usize = 16;
+
+fn push_event(events: &mut VecDeque<PathEvent>, signal: &mut bool, event: PathEvent) {
+    if events.len() == MAX_EVENTS {
+        events.pop_front();
+    }
+    events.push_back(event);
+    *signal = true;
+}
+
 /// Closed connections remembered ([`MultipathConnection::closed_paths`]), and closed
 /// connections kept in the table (their drivers may still ask about them) before the oldest
 /// are dropped.
@@ -221,9 +234,14 @@ pub struct Path {
     received: u64,
     ack_sent: u64,
     ack_due: Option<Instant>,
+    /// An acknowledgement fell due (or a keep-alive one, while this side's session cannot
+    /// read): written at the path's next poll.
+    ack_now: bool,
     /// Since when frames asking for an acknowledgement wait without progress.
     outstanding_since: Option<Instant>,
     next_probe: Option<Instant>,
+    /// A probe fell due: written at the path's next poll (the first one at once).
+    probe_now: bool,
     /// The probe in flight: its end offset and when it left.
     probe: Option<(u64, Instant)>,
     srtt: Option<Duration>,
@@ -261,8 +279,10 @@ impl Path {
             received: 0,
             ack_sent: 0,
             ack_due: None,
+            ack_now: false,
             outstanding_since: None,
             next_probe: None,
+            probe_now: true,
             probe: None,
             srtt: None,
             fin_sent: false,
@@ -364,8 +384,13 @@ pub struct MultipathConnection {
     ever_established: bool,
     /// The latest closures, oldest first (at most [`CLOSED_KEPT`]).
     closed: VecDeque<ClosedPath>,
-    /// Paths that got frames while another was polled: their drivers must poll them.
+    /// Paths that got frames while another was polled, or whose acknowledgement or probe
+    /// fell due: their drivers must poll them.
     to_wake: Vec<PathId>,
+    /// The paths were told the session is drained.
+    drain_told: bool,
+    /// Path events were queued since [`Self::take_path_event_signal`].
+    event_signal: bool,
 }
 
 /// How far ahead of what a connection can send the session's frames may be bound to it.
@@ -402,6 +427,8 @@ impl MultipathConnection {
             ever_established: false,
             closed: VecDeque::new(),
             to_wake: Vec::new(),
+            drain_told: false,
+            event_signal: false,
         })
     }
 
@@ -411,8 +438,12 @@ impl MultipathConnection {
         let id = PathId(self.next_path);
         self.next_path += 1;
         self.stats.paths_added += 1;
+        if path.usable() {
+            // A server's path comes established (and admitted).
+            self.ever_established = true;
+            self.no_path_since = None;
+        }
         self.paths.insert(id, path);
-        self.no_path_since = None;
         self.take_frames(id, now);
         id
     }
@@ -517,7 +548,10 @@ impl MultipathConnection {
         if let Err(e) = open_into(&mut p.tls, &mut p.receiver, data) {
             p.tls_failed = Some(tls_transport_error(&e));
         }
-        self.ever_established |= p.is_established() && p.tls_failed.is_none();
+        if p.is_established() && p.tls_failed.is_none() {
+            self.ever_established = true;
+            self.no_path_since = None;
+        }
         if let Some(p) = self.paths.get_mut(&id)
             && p.must_resume
             && p.is_established()
@@ -562,11 +596,12 @@ impl MultipathConnection {
                 Some(ControlFrame::PathAck { received }) => {
                     let unacked = &mut self.unacked_messages;
                     match p.log.ack(received, |kind| forget_message(unacked, kind)) {
-                        Ok(progress) => {
+                        Ok(_) => {
                             self.stats.acks_received += 1;
-                            if progress {
-                                p.outstanding_since = p.log.awaits_ack().then_some(now);
-                            }
+                            // Any acknowledgement shows the path and the peer alive: one that
+                            // does not advance is a peer that cannot read now (its session's
+                            // receive queue is full) keeping the path.
+                            p.outstanding_since = p.log.awaits_ack().then_some(now);
                             if let Some((end, sent)) = p.probe
                                 && received >= end
                             {
@@ -583,14 +618,26 @@ impl MultipathConnection {
                 Some(ControlFrame::PathProbe) => ack_now = true,
                 Some(ControlFrame::AddAddress { id, addr }) => {
                     elicited = true;
-                    if self.peer_addresses.insert(id, addr) != Some(addr) {
-                        self.events.push_back(PathEvent::PeerAddress { id, addr });
+                    // A bounded table: a peer cannot make this side remember (or connect
+                    // to) any number of addresses.
+                    let room = self.peer_addresses.len() < MAX_PEER_ADDRESSES
+                        || self.peer_addresses.contains_key(&id);
+                    if room && self.peer_addresses.insert(id, addr) != Some(addr) {
+                        push_event(
+                            &mut self.events,
+                            &mut self.event_signal,
+                            PathEvent::PeerAddress { id, addr },
+                        );
                     }
                 }
                 Some(ControlFrame::RemoveAddress { id }) => {
                     elicited = true;
                     if self.peer_addresses.remove(&id).is_some() {
-                        self.events.push_back(PathEvent::PeerAddressRemoved { id });
+                        push_event(
+                            &mut self.events,
+                            &mut self.event_signal,
+                            PathEvent::PeerAddressRemoved { id },
+                        );
                     }
                 }
                 _ => {
@@ -610,25 +657,27 @@ impl MultipathConnection {
                 now,
                 ProtocolError::BadAcknowledgement {
                     acked,
-                    sent: p.log.end(),
+                    sent: match bad {
+                        BadAck::BeyondSent { sent, .. } => sent,
+                        BadAck::NotFrameEnd { .. } => p.log.end(),
+                    },
                 },
             );
             return;
         }
         p.received = p.receiver.frames_end();
         if p.received > p.ack_sent {
-            let due = if ack_now || p.received - p.ack_sent >= self.config.ack_bytes as u64 {
-                Some(now)
+            if ack_now || p.received - p.ack_sent >= self.config.ack_bytes as u64 {
+                p.ack_now = true;
+                if !self.to_wake.contains(&id) {
+                    self.to_wake.push(id);
+                }
             } else if elicited {
-                Some(now + self.config.ack_delay)
-            } else {
-                None
-            };
-            p.ack_due = match (p.ack_due, due) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+                let due = now + self.config.ack_delay;
+                p.ack_due = Some(p.ack_due.map_or(due, |d| d.min(due)));
+            }
         }
+        self.wake_all_if_drained();
     }
 
     /// A path's socket ended (the peer's FIN: [`TransportError::PeerClosed`]) or failed.
@@ -681,11 +730,15 @@ impl MultipathConnection {
             reason,
         });
         tracing::debug!("{id} closed ({reason:?}): {resent} frames move to other paths");
-        self.events.push_back(PathEvent::Closed {
-            path: id,
-            reason,
-            resent,
-        });
+        push_event(
+            &mut self.events,
+            &mut self.event_signal,
+            PathEvent::Closed {
+                path: id,
+                reason,
+                resent,
+            },
+        );
         self.last_path_error = Some(reason);
         if !self.paths.values().any(|p| !p.closed) {
             if self.session.is_closing() || self.session.error().is_some() || !self.ever_established
@@ -695,7 +748,7 @@ impl MultipathConnection {
                 self.tell_session_closed(now);
             } else {
                 self.no_path_since = Some(now);
-                self.events.push_back(PathEvent::NoPath);
+                push_event(&mut self.events, &mut self.event_signal, PathEvent::NoPath);
             }
         }
     }
@@ -786,30 +839,20 @@ impl MultipathConnection {
         let wanted = limit.saturating_sub(out.len()).div_ceil(record) * record;
         let mut frames = 0;
         // A probe, when due (RTT and liveness).
-        if p.next_probe.is_none_or(|t| t <= now) && p.probe.is_none() {
-            write_local(&mut p.log, &mut self.body, &ControlFrame::PathProbe);
+        if std::mem::take(&mut p.probe_now) {
+            write_local(
+                &mut p.log,
+                &mut self.body,
+                &ControlFrame::PathProbe,
+                LOCAL_ELICITS,
+            );
             p.probe = Some((p.log.end(), now));
             p.next_probe = Some(now + self.config.probe_interval);
             self.stats.probes_sent += 1;
         }
         // This layer's own session frames (addresses), then what dead paths left.
         while let Some(control) = self.own_frames.pop_front() {
-            self.body.clear();
-            if control.encode(&mut self.body).is_ok() {
-                self.scratch.clear();
-                if FrameFormat::Plain
-                    .encode(&FrameHeader::Control, &self.body, &mut self.scratch)
-                    .is_ok()
-                {
-                    p.log.push(
-                        &self.scratch,
-                        Kind::Session {
-                            deadline: None,
-                            message: None,
-                        },
-                    );
-                }
-            }
+            write_local(&mut p.log, &mut self.body, &control, SESSION_FRAME);
         }
         while p.log.unsealed_len() < wanted
             && let Some(orphan) = self.orphans.pop_front()
@@ -884,15 +927,11 @@ impl MultipathConnection {
         let drained = self.session.is_drained();
         let p = self.paths.get_mut(&id).expect("asking path");
         // Acknowledge what arrived: when due, or for free with whatever goes now.
-        if p.received > p.ack_sent
-            && (p.ack_due.is_some_and(|t| t <= now) || p.log.unsealed_len() > 0)
-        {
+        let keepalive = std::mem::take(&mut p.ack_now);
+        if keepalive || (p.received > p.ack_sent && p.log.unsealed_len() > 0) {
             let received = p.received;
-            write_local(
-                &mut p.log,
-                &mut self.body,
-                &ControlFrame::PathAck { received },
-            );
+            let ack = ControlFrame::PathAck { received };
+            write_local(&mut p.log, &mut self.body, &ack, LOCAL_ACK);
             p.ack_sent = received;
             p.ack_due = None;
             self.stats.acks_sent += 1;
@@ -900,14 +939,12 @@ impl MultipathConnection {
         if p.outstanding_since.is_none() && p.log.awaits_ack() {
             p.outstanding_since = Some(now);
         }
-        // Whole records while more is coming (as `Connection::poll_transmit` does).
-        let unsealed = p.log.unsealed_len();
-        let more_to_come = unsealed >= wanted.max(record) && !self.session.is_send_finished();
-        let seal_len = if more_to_come {
-            unsealed / record * record
-        } else {
-            unsealed
-        };
+        let seal_len = crate::record::seal_len(
+            p.log.unsealed_len(),
+            wanted,
+            record,
+            !self.session.is_send_finished(),
+        );
         if seal_len > 0 {
             let result = p.tls.seal(&p.log.unsealed()[..seal_len], out);
             match result {
@@ -965,8 +1002,8 @@ impl MultipathConnection {
         };
         for p in self.paths.values().filter(|p| p.usable()) {
             at(p.ack_due);
-            at(p.outstanding_since.map(|t| t + self.config.path_timeout));
             at(p.next_probe);
+            at(p.outstanding_since.map(|t| t + self.config.path_timeout));
         }
         if !self.session_told_closed {
             at(self.no_path_since.map(|t| t + self.config.linger));
@@ -974,19 +1011,46 @@ impl MultipathConnection {
         next
     }
 
-    /// Runs the timers that are due. Poll every path afterwards (acknowledgements and
-    /// probes that fell due go out then).
+    /// Runs the timers that are due. Acknowledgements and probes that fall due are written
+    /// at their path's next poll: [`Self::take_paths_to_poll`] names those paths.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let timed_out: Vec<PathId> = self
-            .paths
-            .iter()
-            .filter(|(_, p)| {
-                p.usable()
-                    && p.outstanding_since
-                        .is_some_and(|t| t + self.config.path_timeout <= now)
-            })
-            .map(|(id, _)| *id)
-            .collect();
+        let blocked = self.session.receive_blocked();
+        let mut timed_out = Vec::new();
+        for (&id, p) in self.paths.iter_mut().filter(|(_, p)| p.usable()) {
+            let mut poll = false;
+            if p.ack_due.is_some_and(|t| t <= now) {
+                p.ack_due = None;
+                p.ack_now = true;
+                poll = true;
+            }
+            if p.next_probe.is_some_and(|t| t <= now) {
+                p.next_probe = Some(now + self.config.probe_interval);
+                if p.probe.is_none() {
+                    p.probe_now = true;
+                    poll = true;
+                }
+                if blocked {
+                    // This side does not read (its application does not take what
+                    // arrived): the peer's acknowledgements wait unread, so its own
+                    // timeouts pause, and it tells the peer it is alive.
+                    p.ack_now = true;
+                    poll = true;
+                }
+            }
+            if blocked {
+                if p.outstanding_since.is_some() {
+                    p.outstanding_since = Some(now);
+                }
+            } else if p
+                .outstanding_since
+                .is_some_and(|t| t + self.config.path_timeout <= now)
+            {
+                timed_out.push(id);
+            }
+            if poll && !self.to_wake.contains(&id) {
+                self.to_wake.push(id);
+            }
+        }
         for id in timed_out {
             self.stats.paths_timed_out += 1;
             self.path_gone(id, now, TransportError::TimedOut);
@@ -999,6 +1063,20 @@ impl MultipathConnection {
         }
         if self.session.poll_timeout().is_some_and(|t| t <= now) {
             self.session.handle_timeout(now);
+        }
+        self.wake_all_if_drained();
+    }
+
+    /// Once the session is drained every path sends close_notify and its FIN: all of them
+    /// are polled once.
+    fn wake_all_if_drained(&mut self) {
+        if self.session.is_drained() && !self.drain_told {
+            self.drain_told = true;
+            for (&id, p) in &self.paths {
+                if p.usable() && !self.to_wake.contains(&id) {
+                    self.to_wake.push(id);
+                }
+            }
         }
     }
 
@@ -1018,9 +1096,10 @@ impl MultipathConnection {
         self.paths.values().any(Path::usable)
     }
 
-    /// Whether [`Self::poll_path_event`] has something.
-    pub fn has_path_events(&self) -> bool {
-        !self.events.is_empty()
+    /// Whether path events were queued since the last call (a driver wakes whoever takes
+    /// them once per batch).
+    pub fn take_path_event_signal(&mut self) -> bool {
+        std::mem::take(&mut self.event_signal)
     }
 
     /// Whether a path's driver is done with it: the path is closed (or unknown), or it sent
@@ -1032,8 +1111,16 @@ impl MultipathConnection {
     }
 }
 
-/// Appends one of a path's own control frames (PATH_ACK, PATH_PROBE) to its log.
-fn write_local(log: &mut SentLog, body: &mut Vec<u8>, control: &ControlFrame) {
+/// A path's own PATH_PROBE (acknowledged), PATH_ACK (not), and this layer's session frames.
+const LOCAL_ELICITS: Kind = Kind::Local { elicits_ack: true };
+const LOCAL_ACK: Kind = Kind::Local { elicits_ack: false };
+const SESSION_FRAME: Kind = Kind::Session {
+    deadline: None,
+    message: None,
+};
+
+/// Appends a control frame of this layer to a path's log.
+fn write_local(log: &mut SentLog, body: &mut Vec<u8>, control: &ControlFrame, kind: Kind) {
     body.clear();
     // Our own control frames always encode (values within varint range).
     if control.encode(body).is_ok()
@@ -1041,8 +1128,7 @@ fn write_local(log: &mut SentLog, body: &mut Vec<u8>, control: &ControlFrame) {
             .encode(&FrameHeader::Control, body, log.buffer())
             .is_ok()
     {
-        let elicits_ack = !matches!(control, ControlFrame::PathAck { .. });
-        log.logged(Kind::Local { elicits_ack });
+        log.logged(kind);
     }
 }
 

@@ -876,12 +876,12 @@ fn drive(
             stats_at_death,
         )
     });
-    let detected = detection.and_then(|f| f());
-    drop(keep);
     let mut death = death?;
-    if let Some(d) = death.as_mut() {
-        d.detected_s = detected.map(|t| t.saturating_duration_since(epoch).as_secs_f64());
+    if let (Some(d), Some(detection)) = (death.as_mut(), detection) {
+        let due = epoch + Duration::from_secs_f64(d.planned_s);
+        d.detected_s = detection(due).map(|t| t.saturating_duration_since(epoch).as_secs_f64());
     }
+    drop(keep);
     Ok(Driven {
         stats_at_death,
         bulk,

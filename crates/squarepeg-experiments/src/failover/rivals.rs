@@ -94,10 +94,11 @@ pub struct RivalEnds {
     /// What must live as long as the connections (listeners, runtimes…), dropped after the
     /// run.
     pub keep: Vec<Box<dyn Any + Send>>,
-    /// Asked after the run, if the rival's own endpoints say so: the earliest instant one
-    /// of them declared a connection dead (squarepeg's path events; the kernel's MPTCP does
-    /// not tell). The failover report measures recovery from it.
-    pub detection: Option<Box<dyn Fn() -> Option<Instant> + Send>>,
+    /// Asked after the run with the instant the death was due, if the rival's own
+    /// endpoints say so: the earliest instant from then on that one of them declared a
+    /// connection dead (squarepeg's closed paths; the kernel's MPTCP does not tell). The
+    /// failover report measures recovery from it.
+    pub detection: Option<Box<dyn Fn(Instant) -> Option<Instant> + Send>>,
 }
 
 /// The signature of a rival's opener ([`Rival::open`] calls one per variant; a variant with

@@ -180,11 +180,12 @@ pub fn open_squarepeg(lab: &Lab, request: &OpenRequest) -> Result<RivalEnds, Voi
         });
     }
     let (s, c) = (server.clone(), client.clone());
-    ends.detection = Some(Box::new(move || {
+    ends.detection = Some(Box::new(move |since| {
         s.closed_paths()
             .into_iter()
             .chain(c.closed_paths())
             .map(|p| p.at)
+            .filter(|&at| at >= since)
             .min()
     }));
     ends.keep.push(Box::new(Session {
