@@ -14,6 +14,7 @@ use serde_json::Value;
 use squarepeg_experiments::failover::{
     self, BIN, Death, FailoverConfig, FailoverReport, MultipathConfig, MultipathReport, Rival,
 };
+use squarepeg_experiments::voip::MessageState;
 use squarepeg_lab::net::lab_namespaces;
 
 /// One lab experiment at a time (the emulators share two cores).
@@ -154,8 +155,8 @@ fn failover_with_every_row() {
         mptcp.paths
     );
     assert_eq!(mptcp.voice.summary.never_delivered, 0);
-    // squarepeg's session: every byte, every voice message, the download carried on by path
-    // 1 after the death (detected by its acknowledgements stopping, 200 ms).
+    // squarepeg's session: every byte, the download carried on by path 1 after the death
+    // (detected by its acknowledgements stopping, 200 ms), and the call carried on too.
     let sq = &rows[2];
     assert_eq!(sq.rival, Rival::Squarepeg);
     assert!(
@@ -170,10 +171,29 @@ fn failover_with_every_row() {
         "{:?}",
         sq.paths
     );
-    assert_eq!(
-        sq.voice.summary.never_delivered, 0,
+    // Its own detection: after the death, with the download flowing again after it; the
+    // kernel's rows do not say.
+    let detected = sq.death.detected_s.expect("squarepeg says when it noticed");
+    assert!(detected >= sq.death.planned_s, "{:?}", sq.death);
+    assert!(
+        sq.metrics.resumed_after_detection_s.is_some(),
         "{:?}",
-        sq.voice.summary
+        sq.metrics
+    );
+    assert!(sq.death.survivor_rtt_ms.is_some(), "{:?}", sq.death);
+    assert!(mptcp.death.detected_s.is_none() && tcp.death.detected_s.is_none());
+    // A message sent on the dead path before it was avoided may be lost (its lifetime ends
+    // before the detection); every message sent after the detection arrives.
+    let lost_after: Vec<f64> = sq
+        .voice
+        .messages
+        .iter()
+        .filter(|m| m.send_s > detected + 0.1 && m.state == MessageState::Lost)
+        .map(|m| m.send_s)
+        .collect();
+    assert!(
+        lost_after.is_empty(),
+        "lost after the detection: {lost_after:?}"
     );
 
     // The report: every row, round-tripping; the table and plots for any rows.

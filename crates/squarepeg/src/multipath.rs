@@ -504,6 +504,9 @@ impl Drop for MultipathEndpoint {
 
 struct Acceptor {
     registry: JoinRegistry,
+    /// The addresses listened on, announced to every session's client (those it did not
+    /// connect to; not unspecified ones).
+    announce: Vec<SocketAddr>,
     sessions: Mutex<HashMap<SessionId, Weak<Shared>>>,
     config: ConnectionConfig,
     options: MultipathOptions,
@@ -512,6 +515,8 @@ struct Acceptor {
 
 impl MultipathEndpoint {
     /// Listens on every address of `addrs` (TLS required: a server set-up in `config`).
+    /// Each session's client is told the addresses it did not connect to (ADD_ADDRESS,
+    /// docs/wire.md §7; unspecified ones are not announced) and opens paths to them.
     pub async fn bind(
         addrs: &[SocketAddr],
         config: ConnectionConfig,
@@ -524,18 +529,27 @@ impl MultipathEndpoint {
         options.core_config(&config).validate()?;
         let registry = JoinRegistry::new(tls_config, options.join).map_err(ConnectError::Tls)?;
         let (tx, incoming) = mpsc::channel(64);
+        let mut listeners = Vec::new();
+        let mut local = Vec::new();
+        for addr in addrs {
+            let listener = TcpListener::bind(addr).await?;
+            local.push(listener.local_addr()?);
+            listeners.push(listener);
+        }
         let acceptor = Arc::new(Acceptor {
             registry: registry.clone(),
+            announce: local
+                .iter()
+                .copied()
+                .filter(|a| !a.ip().is_unspecified())
+                .collect(),
             sessions: Mutex::new(HashMap::new()),
             config,
             options,
             incoming: tx,
         });
-        let mut local = Vec::new();
         let mut tasks = Vec::new();
-        for addr in addrs {
-            let listener = TcpListener::bind(addr).await?;
-            local.push(listener.local_addr()?);
+        for listener in listeners {
             let acceptor = acceptor.clone();
             tasks.push(tokio::spawn(async move {
                 loop {
@@ -651,6 +665,11 @@ impl Acceptor {
         };
         let mut core = core;
         let id = core.add_path(Instant::now(), path);
+        // The client learns the server's other addresses and opens paths to them
+        // (docs/wire.md §7).
+        for &addr in self.announce.iter().filter(|a| **a != local) {
+            core.announce_address(addr);
+        }
         let shared = Arc::new(Shared::new(core, self.config.status_queue, local, remote));
         spawn_path_driver(&shared, id, socket, &self.config);
         let registry = self.registry.clone();

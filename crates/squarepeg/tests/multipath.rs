@@ -145,3 +145,57 @@ async fn a_refused_certificate_fails_the_connect() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A client given one server address learns the server's other one inside the session and
+/// opens a second path to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_joins_the_addresses_the_server_announces() {
+    let (server_config, client_config) = configs();
+    let addrs: [SocketAddr; 2] = [
+        "127.0.0.1:0".parse().unwrap(),
+        "127.0.0.3:0".parse().unwrap(),
+    ];
+    let mut endpoint = MultipathEndpoint::bind(&addrs, server_config, MultipathOptions::default())
+        .await
+        .unwrap();
+    let first = endpoint.local_addrs()[0];
+    let second = endpoint.local_addrs()[1];
+    let accepting = tokio::spawn(async move {
+        let conn = endpoint.accept().await.unwrap();
+        (conn, endpoint)
+    });
+    let conn = Connection::connect_multipath(
+        &[PathAddress::to(first)],
+        client_config,
+        MultipathOptions::default(),
+    )
+    .await
+    .unwrap();
+    let (server, endpoint) = accepting.await.unwrap();
+    for _ in 0..300 {
+        if conn.paths().iter().filter(|p| p.usable).count() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        conn.paths().iter().filter(|p| p.usable).count(),
+        2,
+        "{:?}",
+        conn.paths()
+    );
+    assert_eq!(endpoint.join_stats().joins_accepted, 1);
+    // The second path carries the session: a message pinned to it arrives.
+    let second_path = conn.paths()[1].id;
+    let props = MessageProps {
+        path: Some(PathPolicy::Pinned(second_path.0)),
+        ..MessageProps::default()
+    };
+    conn.send_message(b"over the announced address".to_vec(), props)
+        .await
+        .unwrap();
+    let m = server.recv_message().await.unwrap();
+    assert_eq!(&m.payload[..], b"over the announced address");
+    let _ = second;
+    conn.close().await;
+}

@@ -181,6 +181,8 @@ pub struct ClosedPath {
     pub id: PathId,
     pub at: Instant,
     pub reason: TransportError,
+    /// The smoothed RTT of the fastest connection left then (what its data moves to).
+    pub survivor_srtt: Option<Duration>,
 }
 
 /// Most path events kept for [`MultipathConnection::poll_path_event`] (the oldest go first).
@@ -724,10 +726,17 @@ impl MultipathConnection {
             // Its driver has long stopped: an unknown path is a finished one to it.
             self.paths.remove(&oldest.id);
         }
+        let survivor_srtt = self
+            .paths
+            .values()
+            .filter(|p| p.usable())
+            .filter_map(|p| p.srtt)
+            .min();
         self.closed.push_back(ClosedPath {
             id,
             at: now,
             reason,
+            survivor_srtt,
         });
         tracing::debug!("{id} closed ({reason:?}): {resent} frames move to other paths");
         push_event(

@@ -337,9 +337,10 @@ pub struct FailoverMetrics {
     /// From the death to the end of the first [`RECOVERY_WINDOW`] after the stall's start
     /// with goodput at [`RECOVERY_SHARE`] of the pre-death mean or more (`None`: never).
     pub recovered_after_s: Option<f64>,
-    /// From the rival's detection of the death ([`DeathRecord::detected_s`]) to the end of
-    /// the stall: how long the data the dead path held took to arrive over the other (0 if
-    /// the download was flowing again before; `None`: no detection known).
+    /// From the rival's detection of the death ([`DeathRecord::detected_s`]) to the first
+    /// byte of the download delivered after it: with the stream held by the bytes the dead
+    /// path swallowed, how long their re-sending took (`None`: no detection known, or
+    /// nothing arrived after it).
     #[serde(default)]
     pub resumed_after_detection_s: Option<f64>,
 }
@@ -390,6 +391,10 @@ pub struct DeathRecord {
     /// `None`: the rival does not say, as the kernel's rows).
     #[serde(default)]
     pub detected_s: Option<f64>,
+    /// The smoothed RTT (ms) of the connection the dead one's data moved to, as the rival
+    /// measured it at detection (under the run's load).
+    #[serde(default)]
+    pub survivor_rtt_ms: Option<f64>,
 }
 
 /// What the emulator of one path carried (IP bytes in, per direction).
@@ -821,6 +826,7 @@ fn drive(
                             applied_s: applied.as_secs_f64(),
                             flows_reset,
                             detected_s: None,
+                            survivor_rtt_ms: None,
                         });
                     }
                     Err(e) => death_error = Some(e),
@@ -879,7 +885,10 @@ fn drive(
     let mut death = death?;
     if let (Some(d), Some(detection)) = (death.as_mut(), detection) {
         let due = epoch + Duration::from_secs_f64(d.planned_s);
-        d.detected_s = detection(due).map(|t| t.saturating_duration_since(epoch).as_secs_f64());
+        if let Some(found) = detection(due) {
+            d.detected_s = Some(found.at.saturating_duration_since(epoch).as_secs_f64());
+            d.survivor_rtt_ms = found.survivor_rtt.map(|r| r.as_secs_f64() * 1e3);
+        }
     }
     drop(keep);
     Ok(Driven {
@@ -1117,11 +1126,13 @@ pub fn run_failover(
         .ok_or_else(|| VoipError::Transport("no call".into()))?;
     let end = config.duration + config.drain;
     let mut metrics = failover_metrics(&bulk.arrivals, config.at, config.duration);
-    if let Some(detected) = death.detected_s
-        && !metrics.stalled_to_end
-    {
-        let resumed = metrics.stall_from_s + metrics.stall_s;
-        metrics.resumed_after_detection_s = Some((resumed - detected).max(0.0));
+    if let Some(detected) = death.detected_s {
+        metrics.resumed_after_detection_s = bulk
+            .arrivals
+            .iter()
+            .map(|&(at, _)| at.as_secs_f64())
+            .find(|&at| at >= detected)
+            .map(|at| at - detected);
     }
     if !bulk.intact {
         warnings.push("the download's bytes differ from what was sent".into());
@@ -1257,12 +1268,15 @@ pub fn failover_table(report: &FailoverReport) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<10} {:>9} {:>9} {:>8} {:>10} {:>9} {:>8} {:>6} {:>6} {:>6} {:>9}  failures",
+        "{:<10} {:>9} {:>9} {:>8} {:>10} {:>8} {:>9} {:>9} {:>9} {:>8} {:>6} {:>6} {:>6} {:>9}  failures",
         "rival",
         "pre Mb/s",
         "post Mb/s",
         "stall s",
         "recover s",
+        "detect s",
+        "resume ms",
+        "srtt ms",
         "complete",
         "voice",
         "late",
@@ -1282,13 +1296,16 @@ pub fn failover_table(report: &FailoverReport) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "{:<10} {:>9.1} {:>9.1} {:>7.2}{} {:>10} {:>9} {:>8} {:>6} {:>6} {:>6} {:>9}  {}",
+            "{:<10} {:>9.1} {:>9.1} {:>7.2}{} {:>10} {:>8} {:>9} {:>9} {:>9} {:>8} {:>6} {:>6} {:>6} {:>9}  {}",
             r.rival.name(),
             r.metrics.pre_death_mbps,
             r.metrics.after_death_mbps,
             r.metrics.stall_s,
             if r.metrics.stalled_to_end { "+" } else { " " },
             opt(r.metrics.recovered_after_s, 2),
+            opt(r.death.detected_s.map(|d| d - r.death.planned_s), 3),
+            opt(r.metrics.resumed_after_detection_s.map(|s| s * 1e3), 0),
+            opt(r.death.survivor_rtt_ms, 0),
             if r.bulk.complete && r.bulk.intact {
                 "yes"
             } else {
@@ -1316,7 +1333,9 @@ pub fn failover_table(report: &FailoverReport) -> String {
         out,
         "stall: longest time without a new byte from the death to the end of sending (+: to the end); \
          recover: death to the end of the first 250 ms at ≥ 50 % of the pre-death goodput; \
-         voice: on time / sent"
+         detect: death to the rival's own declaration (squarepeg's path timeout or the reset); \
+         resume: detection to the next byte of the download; srtt: the surviving path's smoothed \
+         RTT at detection, as the rival measured it; voice: on time / sent"
     );
     out
 }

@@ -98,7 +98,16 @@ pub struct RivalEnds {
     /// endpoints say so: the earliest instant from then on that one of them declared a
     /// connection dead (squarepeg's closed paths; the kernel's MPTCP does not tell). The
     /// failover report measures recovery from it.
-    pub detection: Option<Box<dyn Fn(Instant) -> Option<Instant> + Send>>,
+    pub detection: Option<Box<dyn Fn(Instant) -> Option<Detection> + Send>>,
+}
+
+/// A rival's own detection of the death.
+#[derive(Debug, Clone, Copy)]
+pub struct Detection {
+    /// When it declared a connection dead.
+    pub at: Instant,
+    /// The smoothed RTT of the connection its data moved to, as it measured it then.
+    pub survivor_rtt: Option<Duration>,
 }
 
 /// The signature of a rival's opener ([`Rival::open`] calls one per variant; a variant with

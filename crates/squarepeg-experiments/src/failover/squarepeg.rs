@@ -18,7 +18,9 @@ use squarepeg_lab::net::Lab;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::runtime::Runtime;
 
-use super::rivals::{BulkEnds, BulkReceiver, BulkSender, OpenRequest, Received, RivalEnds};
+use super::rivals::{
+    BulkEnds, BulkReceiver, BulkSender, Detection, OpenRequest, Received, RivalEnds,
+};
 use crate::voip::VoipError;
 use crate::voip::lab::{LabEnds, SenderDrops, VoiceReceiver, VoiceSender};
 
@@ -184,9 +186,12 @@ pub fn open_squarepeg(lab: &Lab, request: &OpenRequest) -> Result<RivalEnds, Voi
         s.closed_paths()
             .into_iter()
             .chain(c.closed_paths())
-            .map(|p| p.at)
-            .filter(|&at| at >= since)
-            .min()
+            .filter(|p| p.at >= since)
+            .min_by_key(|p| p.at)
+            .map(|p| Detection {
+                at: p.at,
+                survivor_rtt: p.survivor_srtt,
+            })
     }));
     ends.keep.push(Box::new(Session {
         endpoint: Some(endpoint),
