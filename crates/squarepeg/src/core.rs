@@ -101,6 +101,8 @@ impl Core {
         }
     }
 
+    /// Counters (of a multipath session: the session's, and the TLS counters of its
+    /// lowest-numbered usable path; `Connection::multipath_stats` has the paths').
     pub(crate) fn stats(&self) -> Stats {
         match self {
             Core::Single(c) => c.stats(),

@@ -46,6 +46,8 @@ pub struct MultipathOptions {
     pub join: JoinConfig,
     /// Server: how long a new connection's TLS handshake may take.
     pub handshake_timeout: Duration,
+    /// Server: most connections a session may have at once (a join beyond is closed).
+    pub max_paths: usize,
 }
 
 impl Default for MultipathOptions {
@@ -56,6 +58,7 @@ impl Default for MultipathOptions {
             connect_timeout: Duration::from_secs(3),
             join: JoinConfig::default(),
             handshake_timeout: Duration::from_secs(10),
+            max_paths: 8,
         }
     }
 }
@@ -700,7 +703,11 @@ impl Acceptor {
         };
         let id = {
             let mut st = shared.lock();
-            if st.conn.session().error().is_some() {
+            let full = st
+                .conn
+                .multi()
+                .is_some_and(|m| m.paths().len() >= self.options.max_paths);
+            if st.conn.session().error().is_some() || full {
                 None
             } else {
                 st.conn
@@ -710,6 +717,10 @@ impl Acceptor {
         };
         match id {
             Some(id) => spawn_path_driver(&shared, id, socket, &self.config),
+            // Dropping the socket closes it.
+            None if shared.lock().conn.session().error().is_none() => {
+                tracing::debug!("multipath: a session at its path limit refused a join");
+            }
             None => self.registry.end_session(session),
         }
     }

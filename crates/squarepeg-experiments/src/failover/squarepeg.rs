@@ -181,11 +181,12 @@ pub fn open_squarepeg(lab: &Lab, request: &OpenRequest) -> Result<RivalEnds, Voi
             receiver: Box::new(SqVoiceReceiver { messages: rx }),
         });
     }
-    let (s, c) = (server.clone(), client.clone());
+    // The senders (the download's and the call's) are the server's: its detection is what
+    // moves their data.
+    let s = server.clone();
     ends.detection = Some(Box::new(move |since| {
         s.closed_paths()
             .into_iter()
-            .chain(c.closed_paths())
             .filter(|p| p.at >= since)
             .min_by_key(|p| p.at)
             .map(|p| Detection {
