@@ -38,12 +38,7 @@ pub fn run(mut args: ConnectArgs, given: &[String]) -> anyhow::Result<()> {
     let config = args.tls.apply(args.peer.connection_config(), &args.addr)?;
     args.peer.steer = args.multipath.steer;
     if args.multipath.enabled() {
-        if args.substrate.substrate != Substrate::Kernel {
-            anyhow::bail!("a multipath session runs over kernel TCP (--substrate kernel)");
-        }
-        if config.tls.is_none() {
-            anyhow::bail!("a multipath session needs --tls (joins are TLS resumptions)");
-        }
+        args.multipath.check(args.substrate.substrate, &config)?;
         let paths = args.multipath.client_paths(&args.addr)?;
         let options = args.multipath.options()?;
         let result = rt.block_on(async {

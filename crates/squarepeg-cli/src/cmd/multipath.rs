@@ -38,6 +38,21 @@ impl MultipathArgs {
         self.multipath || !self.paths.is_empty()
     }
 
+    /// A multipath session needs kernel TCP and TLS.
+    pub fn check(
+        &self,
+        substrate: super::substrate::Substrate,
+        config: &squarepeg::ConnectionConfig,
+    ) -> anyhow::Result<()> {
+        if substrate != super::substrate::Substrate::Kernel {
+            bail!("a multipath session runs over kernel TCP (--substrate kernel)");
+        }
+        if config.tls.is_none() {
+            bail!("a multipath session needs --tls (joins are TLS resumptions)");
+        }
+        Ok(())
+    }
+
     pub fn options(&self) -> anyhow::Result<MultipathOptions> {
         let mut options = MultipathOptions::default();
         if let Some(t) = self.path_timeout {

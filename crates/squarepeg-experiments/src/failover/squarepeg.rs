@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use squarepeg::tls::config::{self, Trust};
 use squarepeg::{
     Connection, ConnectionConfig, MessageProps, MessageStatus, MultipathEndpoint, MultipathOptions,
-    PathAddress, PathPolicy, Priority, SendError, Stream,
+    PathAddress, PathPolicy, Priority, Stream,
 };
 use squarepeg_lab::net::Lab;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -303,14 +303,7 @@ struct SqVoiceSender {
 
 impl VoiceSender for SqVoiceSender {
     fn send(&mut self, message: &[u8]) -> Result<bool, VoipError> {
-        match self
-            .connection
-            .try_send_message(message.to_vec(), self.props.clone())
-        {
-            Ok(_) => Ok(true),
-            Err(SendError::QueueFull { .. }) => Ok(false),
-            Err(e) => Err(VoipError::Transport(format!("squarepeg send: {e}"))),
-        }
+        crate::voip::lab::transports::try_send_voice(&self.connection, message, &self.props)
     }
 
     fn close(self: Box<Self>) -> Result<SenderDrops, VoipError> {

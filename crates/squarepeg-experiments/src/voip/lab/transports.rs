@@ -348,16 +348,23 @@ pub(crate) enum Library {
     },
 }
 
+/// A voice sender's send on a `squarepeg::Connection`: `Ok(false)` when the session's queue
+/// is full.
+pub(crate) fn try_send_voice(
+    connection: &Connection,
+    message: &[u8],
+    props: &MessageProps,
+) -> Result<bool, VoipError> {
+    match connection.try_send_message(message.to_vec(), props.clone()) {
+        Ok(_) => Ok(true),
+        Err(SendError::QueueFull { .. }) => Ok(false),
+        Err(e) => Err(VoipError::Transport(format!("squarepeg send: {e}"))),
+    }
+}
+
 impl VoiceSender for SquarepegSender {
     fn send(&mut self, message: &[u8]) -> Result<bool, VoipError> {
-        match self
-            .connection
-            .try_send_message(message.to_vec(), self.props.clone())
-        {
-            Ok(_) => Ok(true),
-            Err(SendError::QueueFull { .. }) => Ok(false),
-            Err(e) => Err(VoipError::Transport(format!("squarepeg send: {e}"))),
-        }
+        try_send_voice(&self.connection, message, &self.props)
     }
     fn close(self: Box<Self>) -> Result<SenderDrops, VoipError> {
         self.finish()
