@@ -86,7 +86,8 @@ fn failover_with_every_row() {
         ..FailoverConfig::default()
     };
     let mut rows = Vec::new();
-    for rival in Rival::FAILOVER {
+    // The default rows but the redundant squarepeg one (the same session; CI time).
+    for rival in [Rival::Tcp { path: 0 }, Rival::Mptcp, Rival::Squarepeg] {
         let row = failover::run_failover(&config, rival, &|_| {});
         assert_eq!(our_namespaces(), 0, "the lab of {} is gone", rival.name());
         rows.push(row.unwrap_or_else(|e| panic!("{}: {e}", rival.name())));

@@ -58,7 +58,7 @@ pub struct FailoverLabArgs {
     /// The call's playout delay beyond path 0's one-way delay.
     #[arg(long, default_value = "150ms", value_parser = parse_duration_arg)]
     playout: Duration,
-    /// Rivals, comma-separated (tcp-path0, tcp-path1, mptcp, squarepeg) [default: tcp-path0, mptcp, squarepeg].
+    /// Rivals, comma-separated (tcp-path0, tcp-path1, mptcp, squarepeg, squarepeg-redundant) [default: tcp-path0, mptcp, squarepeg, squarepeg-redundant].
     #[arg(long, value_delimiter = ',')]
     rival: Vec<String>,
     /// Seed of path 0's link model (path 1: SEED + 1).
@@ -90,7 +90,7 @@ pub struct MultipathLabArgs {
     /// The start left out of the steady goodput.
     #[arg(long, default_value = "2s", value_parser = parse_duration_arg)]
     warm_up: Duration,
-    /// Rivals, comma-separated (tcp-path0, tcp-path1, mptcp, squarepeg) [default: all].
+    /// Rivals, comma-separated (tcp-path0, tcp-path1, mptcp, squarepeg, squarepeg-redundant) [default: tcp-path0, tcp-path1, mptcp, squarepeg].
     #[arg(long, value_delimiter = ',')]
     rival: Vec<String>,
     /// Seed of path 0's link model (path 1: SEED + 1).

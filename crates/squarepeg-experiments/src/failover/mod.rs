@@ -1268,7 +1268,7 @@ pub fn failover_table(report: &FailoverReport) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<10} {:>9} {:>9} {:>8} {:>10} {:>8} {:>9} {:>9} {:>9} {:>8} {:>6} {:>6} {:>6} {:>9}  failures",
+        "{:<19} {:>9} {:>9} {:>8} {:>10} {:>8} {:>9} {:>9} {:>9} {:>8} {:>6} {:>6} {:>6} {:>9}  failures",
         "rival",
         "pre Mb/s",
         "post Mb/s",
@@ -1296,7 +1296,7 @@ pub fn failover_table(report: &FailoverReport) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "{:<10} {:>9.1} {:>9.1} {:>7.2}{} {:>10} {:>8} {:>9} {:>9} {:>9} {:>8} {:>6} {:>6} {:>6} {:>9}  {}",
+            "{:<19} {:>9.1} {:>9.1} {:>7.2}{} {:>10} {:>8} {:>9} {:>9} {:>9} {:>8} {:>6} {:>6} {:>6} {:>9}  {}",
             r.rival.name(),
             r.metrics.pre_death_mbps,
             r.metrics.after_death_mbps,

@@ -8,22 +8,25 @@
 //! the traffic and the path's death), measures and reports; a rival never sees the death
 //! coming.
 //!
-//! # Adding squarepeg's multipath rows
+//! # Adding a rival
 //!
-//! 1. A variant, e.g. `Rival::Squarepeg`, with its name and description in
-//!    [`Rival::name`], [`Rival::description`] and [`Rival::ALL`] (and [`Rival::FAILOVER`] /
-//!    [`Rival::MULTIPATH`] for the default sets).
-//! 2. `fn open_squarepeg(lab: &Lab, request: &OpenRequest) -> Result<RivalEnds, VoipError>`,
-//!    (an [`OpenFn`]) called from [`Rival::open`]: open the session over both paths (client addresses
-//!    `lab.path_addresses(i)?.client_v4`, server addresses `…server_v4`, sockets made inside
-//!    `lab.client().run(..)` / `lab.server().run(..)`), and return
+//! 1. A variant with its name and description in [`Rival::name`], [`Rival::description`]
+//!    and [`Rival::ALL`] (and [`Rival::FAILOVER`] / [`Rival::MULTIPATH`] for the default
+//!    sets).
+//! 2. An opener of the signature [`OpenFn`] (with the variant's fields as extra arguments)
+//!    called from [`Rival::open`]: it opens what the request asks for across both paths
+//!    (client addresses `lab.path_addresses(i)?.client_v4`, server addresses
+//!    `…server_v4`, sockets made inside `lab.client().run(..)` / `lab.server().run(..)`)
+//!    and returns
 //!    - `bulk`: a [`BulkSender`] (server) and a [`BulkReceiver`] (client) carrying one
 //!      byte stream, if `request.bulk`;
 //!    - `voice`: the call's [`LabEnds`] (a `VoiceSender` in the server namespace, a
-//!      `VoiceReceiver` in the client namespace: one message per `send`, e.g. session
-//!      messages with `request.voice`'s playout delay as lifetime), if `request.voice` is
-//!      set;
-//!    - `keep`: anything that must live as long as the connections (listeners, runtimes).
+//!      `VoiceReceiver` in the client namespace: one message per `send`), if
+//!      `request.voice` is set;
+//!    - `keep`: anything that must live as long as the connections (listeners, runtimes);
+//!    - `detection`: if the rival can tell when it declared the dying path dead.
+//!
+//! squarepeg's rows are [`super::squarepeg::open_squarepeg`].
 //!
 //! The receivers must return within their deadline (poll), and an error ends only that flow
 //! (it is reported as the flow's failure, not as the run's).
@@ -63,6 +66,9 @@ pub enum Rival {
     /// One squarepeg multipath session over both paths (TLS 1.3, a connection per path,
     /// the second joined by resumption; [`super::squarepeg`]).
     Squarepeg,
+    /// The same with the call's messages sent redundantly on both connections (the
+    /// receiver takes the first copy).
+    SquarepegRedundant,
 }
 
 /// What a rival must open.
@@ -192,16 +198,28 @@ impl BulkReceiver for StreamBulk {
 
 impl Rival {
     /// Every rival.
-    pub const ALL: [Rival; 4] = [
+    pub const ALL: [Rival; 5] = [
+        Rival::Tcp { path: 0 },
+        Rival::Tcp { path: 1 },
+        Rival::Mptcp,
+        Rival::Squarepeg,
+        Rival::SquarepegRedundant,
+    ];
+    /// The failover experiment's default rows: TCP on the path that dies, MPTCP, squarepeg
+    /// (the call on the lowest-RTT connection, and redundant).
+    pub const FAILOVER: [Rival; 4] = [
+        Rival::Tcp { path: 0 },
+        Rival::Mptcp,
+        Rival::Squarepeg,
+        Rival::SquarepegRedundant,
+    ];
+    /// The multipath experiment's default rows: TCP on each path alone, MPTCP, squarepeg.
+    pub const MULTIPATH: [Rival; 4] = [
         Rival::Tcp { path: 0 },
         Rival::Tcp { path: 1 },
         Rival::Mptcp,
         Rival::Squarepeg,
     ];
-    /// The failover experiment's default rows: TCP on the path that dies, MPTCP, squarepeg.
-    pub const FAILOVER: [Rival; 3] = [Rival::Tcp { path: 0 }, Rival::Mptcp, Rival::Squarepeg];
-    /// The multipath experiment's default rows: TCP on each path alone, MPTCP.
-    pub const MULTIPATH: [Rival; 4] = Rival::ALL;
 
     /// The name on the command line and in the JSON.
     pub fn name(self) -> String {
@@ -209,6 +227,7 @@ impl Rival {
             Rival::Tcp { path } => format!("tcp-path{path}"),
             Rival::Mptcp => "mptcp".to_owned(),
             Rival::Squarepeg => "squarepeg".to_owned(),
+            Rival::SquarepegRedundant => "squarepeg-redundant".to_owned(),
         }
     }
 
@@ -231,6 +250,7 @@ impl Rival {
             ),
             Rival::Mptcp => "kernel MPTCP (IPPROTO_MPTCP, in-kernel path manager): initial subflow on path 0, a second from the client's path-1 address".to_owned(),
             Rival::Squarepeg => "squarepeg multipath session (TLS 1.3, a kernel TCP connection per path, joined by resumption; path timeout 200 ms, probes every 50 ms): the call as messages on the lowest-RTT connection, the download as a stream over both".to_owned(),
+            Rival::SquarepegRedundant => "squarepeg as above, the call's messages sent on both connections (redundant steering: first copy wins, the receiver drops the second)".to_owned(),
         }
     }
 
@@ -239,7 +259,7 @@ impl Rival {
     pub fn single_path(self) -> Option<usize> {
         match self {
             Rival::Tcp { path } => Some(path),
-            Rival::Mptcp | Rival::Squarepeg => None,
+            Rival::Mptcp | Rival::Squarepeg | Rival::SquarepegRedundant => None,
         }
     }
 
@@ -249,7 +269,12 @@ impl Rival {
         match self {
             Rival::Tcp { path } => open_tcp(lab, path, request),
             Rival::Mptcp => open_mptcp(lab, request),
-            Rival::Squarepeg => super::squarepeg::open_squarepeg(lab, request),
+            Rival::Squarepeg => {
+                super::squarepeg::open_squarepeg(lab, request, squarepeg::PathPolicy::LowestRtt)
+            }
+            Rival::SquarepegRedundant => {
+                super::squarepeg::open_squarepeg(lab, request, squarepeg::PathPolicy::Redundant)
+            }
         }
     }
 }

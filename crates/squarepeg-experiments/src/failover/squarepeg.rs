@@ -82,8 +82,13 @@ fn wait<T: Send + 'static>(
         .map_err(|e| VoipError::Transport(format!("squarepeg: task failed: {e}")))
 }
 
-/// Opens the session over both paths of `lab` and the flows `request` asks for.
-pub fn open_squarepeg(lab: &Lab, request: &OpenRequest) -> Result<RivalEnds, VoipError> {
+/// Opens the session over both paths of `lab` and the flows `request` asks for, the call's
+/// messages steered by `voice`.
+pub fn open_squarepeg(
+    lab: &Lab,
+    request: &OpenRequest,
+    voice: PathPolicy,
+) -> Result<RivalEnds, VoipError> {
     let tls = |e: squarepeg::TlsError| VoipError::Config(format!("TLS: {e}"));
     let cert = config::self_signed(&[NAME.to_owned()]).map_err(tls)?;
     let server_config = connection_config().with_tls_server(
@@ -174,7 +179,7 @@ pub fn open_squarepeg(lab: &Lab, request: &OpenRequest) -> Result<RivalEnds, Voi
                 props: MessageProps {
                     priority: Priority::HIGHEST,
                     lifetime: Some(call.scenario.playout_delay),
-                    path: Some(PathPolicy::LowestRtt),
+                    path: Some(voice),
                     ..MessageProps::default()
                 },
             }),
