@@ -68,9 +68,19 @@ impl MultipathOptions {
         let mut core = self.core.clone();
         core.session = config.session.clone();
         core.read_buffer = config.read_buffer;
+        // A stream spread over paths of different RTTs arrives out of order by their
+        // difference, which the receiver must hold: the single-connection default (1 MiB)
+        // held an asymmetric pair of paths (10 ms / 40 Mbit/s, 30 ms / 20 Mbit/s) to half
+        // their rate (docs/results.md, "Failover and multipath").
+        let s = &mut core.session;
+        s.stream_receive_window = s.stream_receive_window.max(MULTIPATH_STREAM_WINDOW);
+        s.connection_receive_window = s.connection_receive_window.max(2 * MULTIPATH_STREAM_WINDOW);
         core
     }
 }
+
+/// The least stream receive window of a multipath session's streams.
+pub const MULTIPATH_STREAM_WINDOW: u64 = 8 << 20;
 
 /// One path of a client: where its connections go, and from which local address (an
 /// interface) if given.
@@ -611,11 +621,17 @@ impl Acceptor {
         let run = async {
             let mut buf = vec![0; 16 * 1024];
             loop {
+                if path.is_established() {
+                    // What the server sends now (its join tickets) waits for the path's
+                    // driver: a join with them may come at once, and the session must be
+                    // known to take it.
+                    return Ok::<_, io::Error>(());
+                }
                 let mut out = Vec::new();
                 path.poll_transmit(&mut out);
                 socket.write_all(&out).await?;
-                if path.is_established() || path.failure().is_some() {
-                    return Ok::<_, io::Error>(());
+                if path.failure().is_some() {
+                    return Ok(());
                 }
                 let n = socket.read(&mut buf).await?;
                 if n == 0 {
@@ -674,15 +690,16 @@ impl Acceptor {
             core.announce_address(addr);
         }
         let shared = Arc::new(Shared::new(core, self.config.status_queue, local, remote));
-        spawn_path_driver(&shared, id, socket, &self.config);
-        let registry = self.registry.clone();
-        let on_end: Box<dyn FnOnce() + Send> = Box::new(move || registry.end_session(session));
-        tokio::spawn(keep_timers(Arc::downgrade(&shared), true, Some(on_end)));
         {
+            // Known before its driver sends the tickets: a join may follow them at once.
             let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
             sessions.retain(|_, s| s.strong_count() > 0);
             sessions.insert(session, Arc::downgrade(&shared));
         }
+        spawn_path_driver(&shared, id, socket, &self.config);
+        let registry = self.registry.clone();
+        let on_end: Box<dyn FnOnce() + Send> = Box::new(move || registry.end_session(session));
+        tokio::spawn(keep_timers(Arc::downgrade(&shared), true, Some(on_end)));
         let conn = Connection {
             handle: Arc::new(Handle(shared)),
         };

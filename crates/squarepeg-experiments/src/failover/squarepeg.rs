@@ -40,18 +40,6 @@ pub fn options() -> MultipathOptions {
     options
 }
 
-/// The connection settings of the squarepeg row: a download spread over paths of different
-/// RTTs arrives out of order by their difference, which the receiver must hold, so the
-/// stream's receive window is 8 MiB (the session's default, 1 MiB, held the asymmetric
-/// failover run to half the paths' rate before the death); the kernel's own TCP receive
-/// buffers, MPTCP's included, grow by autotuning up to `tcp_rmem`'s maximum (32 MiB here).
-fn connection_config() -> ConnectionConfig {
-    let mut config = ConnectionConfig::default();
-    config.session.stream_receive_window = 8 << 20;
-    config.session.connection_receive_window = 16 << 20;
-    config
-}
-
 fn transport(what: &str) -> impl Fn(String) -> VoipError + '_ {
     move |e| VoipError::Transport(format!("squarepeg {what}: {e}"))
 }
@@ -91,10 +79,10 @@ pub fn open_squarepeg(
 ) -> Result<RivalEnds, VoipError> {
     let tls = |e: squarepeg::TlsError| VoipError::Config(format!("TLS: {e}"));
     let cert = config::self_signed(&[NAME.to_owned()]).map_err(tls)?;
-    let server_config = connection_config().with_tls_server(
+    let server_config = ConnectionConfig::default().with_tls_server(
         config::server_config(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes()).map_err(tls)?,
     );
-    let client_config = connection_config().with_tls_client(
+    let client_config = ConnectionConfig::default().with_tls_client(
         config::client_config(Trust::PinnedSha256(cert.fingerprint)).map_err(tls)?,
         NAME,
     );
