@@ -29,6 +29,17 @@ fn configs() -> (ConnectionConfig, ConnectionConfig) {
     (server, client)
 }
 
+/// Waits (at most 3 s) until `conn` has `n` usable paths.
+async fn wait_for_usable_paths(conn: &Connection, n: usize) {
+    for _ in 0..300 {
+        if conn.paths().iter().filter(|p| p.usable).count() == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("not {n} usable paths: {:?}", conn.paths());
+}
+
 fn stream_byte(i: usize) -> u8 {
     (i.wrapping_mul(2654435761) >> 11) as u8
 }
@@ -71,18 +82,7 @@ async fn two_loopback_paths_carry_one_session() {
         .await
         .unwrap();
     // The second path joins once the first connection has brought tickets.
-    for _ in 0..200 {
-        if conn.paths().iter().filter(|p| p.usable).count() == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(
-        conn.paths().iter().filter(|p| p.usable).count(),
-        2,
-        "{:?}",
-        conn.paths()
-    );
+    wait_for_usable_paths(&conn, 2).await;
     for n in 0..500u64 {
         let mut payload = vec![7u8; 200];
         payload[..8].copy_from_slice(&n.to_be_bytes());
@@ -175,18 +175,7 @@ async fn the_client_joins_the_addresses_the_server_announces() {
     .await
     .unwrap();
     let (server, endpoint) = accepting.await.unwrap();
-    for _ in 0..300 {
-        if conn.paths().iter().filter(|p| p.usable).count() == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(
-        conn.paths().iter().filter(|p| p.usable).count(),
-        2,
-        "{:?}",
-        conn.paths()
-    );
+    wait_for_usable_paths(&conn, 2).await;
     assert_eq!(endpoint.join_stats().joins_accepted, 1);
     // The second path carries the session: a message pinned to it arrives.
     let second_path = conn.paths()[1].id;
