@@ -13,6 +13,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use squarepeg_connection::{Connection as SingleCore, Protection, Receiver, Role, Substrate};
 use squarepeg_session::{MessageNumber, MessageProps};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use crate::config::ConnectionConfig;
@@ -39,7 +40,29 @@ pub(crate) fn queue(
         .collect()
 }
 
-pub(crate) struct KernelWire {
+/// What the byte-stream wire needs of its stream beyond reading and writing: the kernel's
+/// socket options (an adaptive `TCP_NOTSENT_LOWAT`, `TCP_CORK`); other streams (the
+/// userspace TCP read as a plain stream, a multipath session's path over it) have none.
+pub(crate) trait ByteStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// The kernel socket, if it is one.
+    fn kernel(&self) -> Option<&TcpStream>;
+}
+
+impl ByteStream for KernelStream {
+    fn kernel(&self) -> Option<&TcpStream> {
+        Some(&self.0)
+    }
+}
+
+#[cfg(feature = "utcp")]
+impl ByteStream for squarepeg_io::TcpStream {
+    fn kernel(&self) -> Option<&TcpStream> {
+        None
+    }
+}
+
+/// A byte stream carrying the core's output and reads (over TLS, records).
+pub(crate) struct KernelWire<S = KernelStream> {
     /// Which of the core's connections this socket carries.
     port: Port,
     /// The core's receiver while a read is under way.
@@ -56,14 +79,16 @@ pub(crate) struct KernelWire {
     /// The lowat following the delivery rate, if configured.
     lowat: Option<AdaptiveLowat>,
     shared: Arc<Shared>,
+    stream: std::marker::PhantomData<fn() -> S>,
 }
 
-impl Wire for KernelWire {
-    type Io = KernelStream;
+impl<S: ByteStream> Wire for KernelWire<S> {
+    type Io = S;
 
-    fn batch(&mut self, io: &KernelStream, now: Instant) -> usize {
+    fn batch(&mut self, io: &S, now: Instant) -> usize {
         if let Some(lowat) = self.lowat.as_mut()
-            && let Some(new) = lowat.update(now, &io.0)
+            && let Some(socket) = io.kernel()
+            && let Some(new) = lowat.update(now, socket)
         {
             self.batch = self.write_batch.min(new as usize).max(1);
             self.shared.lock().notsent_lowat = Some(new);
@@ -100,10 +125,12 @@ impl Wire for KernelWire {
         }
     }
 
-    fn last_write(&mut self, io: &KernelStream, last: bool) {
+    fn last_write(&mut self, io: &S, last: bool) {
         // TCP_CORK holds the short last write until the FIN, which the kernel then sets on
         // it and sends at once (shutdown pushes corked data); uncorked after the shutdown.
-        let _ = crate::fast_open::set_cork(&io.0, last);
+        if let Some(socket) = io.kernel() {
+            let _ = crate::fast_open::set_cork(socket, last);
+        }
     }
 
     fn end_read(&mut self, core: &mut Core, now: Instant) {
@@ -128,7 +155,7 @@ pub(crate) fn prepare_socket(socket: &TcpStream, config: &ConnectionConfig) -> i
     Ok(())
 }
 
-impl KernelWire {
+impl<S> KernelWire<S> {
     /// The wire of `port` of the core in `shared`; `tls`: the core opens records (reads go
     /// into a buffer of the wire's own).
     pub(crate) fn new(
@@ -158,6 +185,7 @@ impl KernelWire {
                 _ => None,
             },
             shared,
+            stream: std::marker::PhantomData,
         }
     }
 }
@@ -194,7 +222,7 @@ pub(crate) fn start_with(
     let tls = core.protection() == Protection::Tls;
     let shared = Arc::new(Shared::new(core, config.status_queue, local, remote));
     shared.lock().notsent_lowat = config.notsent_lowat;
-    let wire = KernelWire::new(Port::Single, &config, tls, shared.clone());
+    let wire: KernelWire = KernelWire::new(Port::Single, &config, tls, shared.clone());
     tokio::spawn(driver::run(
         shared.clone(),
         Port::Single,

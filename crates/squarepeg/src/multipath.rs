@@ -82,12 +82,47 @@ impl MultipathOptions {
 /// The least stream receive window of a multipath session's streams.
 pub const MULTIPATH_STREAM_WINDOW: u64 = 8 << 20;
 
-/// One path of a client: where its connections go, and from which local address (an
-/// interface) if given.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The TCP a client's path runs over.
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub enum PathTcp {
+    /// The kernel's.
+    #[default]
+    Kernel,
+    /// squarepeg's userspace TCP on this stack, read and written as a plain byte stream.
+    #[cfg(feature = "utcp")]
+    Userspace(Arc<squarepeg_io::Stack>),
+}
+
+impl std::fmt::Debug for PathTcp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PathTcp::Kernel => f.write_str("Kernel"),
+            #[cfg(feature = "utcp")]
+            PathTcp::Userspace(_) => f.write_str("Userspace"),
+        }
+    }
+}
+
+impl PartialEq for PathTcp {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (PathTcp::Kernel, PathTcp::Kernel) => true,
+            #[cfg(feature = "utcp")]
+            (PathTcp::Userspace(a), PathTcp::Userspace(b)) => Arc::ptr_eq(a, b),
+            #[cfg(feature = "utcp")]
+            _ => false,
+        }
+    }
+}
+
+/// One path of a client: where its connections go, from which local address (an
+/// interface) if given, over which TCP.
+#[derive(Clone, Debug, PartialEq)]
 pub struct PathAddress {
     pub local: Option<SocketAddr>,
     pub remote: SocketAddr,
+    pub tcp: PathTcp,
 }
 
 impl PathAddress {
@@ -96,15 +131,63 @@ impl PathAddress {
         Self {
             local: None,
             remote,
+            tcp: PathTcp::Kernel,
+        }
+    }
+
+    /// A path to `remote` from the local address `local` (its interface).
+    pub fn from_local(local: SocketAddr, remote: SocketAddr) -> Self {
+        Self {
+            local: Some(local),
+            ..Self::to(remote)
+        }
+    }
+
+    /// A path to `remote` over squarepeg's userspace TCP on `stack` (from the stack's
+    /// address).
+    #[cfg(feature = "utcp")]
+    pub fn over_stack(stack: Arc<squarepeg_io::Stack>, remote: SocketAddr) -> Self {
+        Self {
+            tcp: PathTcp::Userspace(stack),
+            ..Self::to(remote)
+        }
+    }
+}
+
+/// A path's connected socket.
+enum PathSocket {
+    Kernel(TcpStream),
+    #[cfg(feature = "utcp")]
+    Userspace(squarepeg_io::TcpStream),
+}
+
+impl PathSocket {
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        match self {
+            PathSocket::Kernel(s) => s.local_addr(),
+            #[cfg(feature = "utcp")]
+            PathSocket::Userspace(s) => Ok(s.local_addr()),
         }
     }
 }
 
 async fn open_socket(
-    path: PathAddress,
+    path: &PathAddress,
     timeout: Duration,
     config: &ConnectionConfig,
-) -> Result<TcpStream, ConnectError> {
+) -> Result<PathSocket, ConnectError> {
+    let timed_out = || ConnectError::Transport(squarepeg_session::TransportError::TimedOut);
+    match &path.tcp {
+        PathTcp::Kernel => {}
+        #[cfg(feature = "utcp")]
+        PathTcp::Userspace(stack) => {
+            let stream = tokio::time::timeout(timeout, stack.connect(path.remote))
+                .await
+                .map_err(|_| timed_out())?
+                .map_err(connect_error)?;
+            return Ok(PathSocket::Userspace(stream));
+        }
+    }
     let socket = match path.remote {
         SocketAddr::V4(_) => TcpSocket::new_v4()?,
         SocketAddr::V6(_) => TcpSocket::new_v6()?,
@@ -114,28 +197,44 @@ async fn open_socket(
     }
     let stream = tokio::time::timeout(timeout, socket.connect(path.remote))
         .await
-        .map_err(|_| ConnectError::Transport(squarepeg_session::TransportError::TimedOut))?
+        .map_err(|_| timed_out())?
         .map_err(connect_error)?;
     prepare_socket(&stream, config)?;
-    Ok(stream)
+    Ok(PathSocket::Kernel(stream))
 }
 
 /// Spawns the driver of path `id` of the session in `shared` on `socket`.
 fn spawn_path_driver(
     shared: &Arc<Shared>,
     id: PathId,
-    socket: TcpStream,
+    socket: PathSocket,
     config: &ConnectionConfig,
 ) {
     let port = Port::Path(id);
-    let wire = KernelWire::new(port, config, true, shared.clone());
-    tokio::spawn(driver::run(
-        shared.clone(),
-        port,
-        KernelStream(socket),
-        wire,
-        config.write_batch,
-    ));
+    match socket {
+        PathSocket::Kernel(socket) => {
+            let wire: KernelWire = KernelWire::new(port, config, true, shared.clone());
+            tokio::spawn(driver::run(
+                shared.clone(),
+                port,
+                KernelStream(socket),
+                wire,
+                config.write_batch,
+            ));
+        }
+        #[cfg(feature = "utcp")]
+        PathSocket::Userspace(stream) => {
+            let wire =
+                KernelWire::<squarepeg_io::TcpStream>::new(port, config, true, shared.clone());
+            tokio::spawn(driver::run(
+                shared.clone(),
+                port,
+                stream,
+                wire,
+                config.write_batch,
+            ));
+        }
+    }
 }
 
 impl Connection {
@@ -160,7 +259,7 @@ impl Connection {
         else {
             return Err(ConfigError("a multipath session needs TLS (a client set-up)").into());
         };
-        let Some(&first) = paths.first() else {
+        let Some(first) = paths.first() else {
             return Err(ConfigError("a multipath session needs at least one path").into());
         };
         let tickets = JoinTickets::new(64);
@@ -177,7 +276,9 @@ impl Connection {
             slots: paths
                 .iter()
                 .enumerate()
-                .map(|(i, &address)| Slot::new(address, (i == 0).then_some(id), Instant::now()))
+                .map(|(i, address)| {
+                    Slot::new(address.clone(), (i == 0).then_some(id), Instant::now())
+                })
                 .collect(),
             tickets,
             tls_config,
@@ -373,7 +474,7 @@ impl Supervisor {
                     tokio::spawn(join(
                         Arc::downgrade(&shared),
                         i,
-                        self.slots[i].address,
+                        self.slots[i].address.clone(),
                         JoinTls {
                             tickets: self.tickets.clone(),
                             config: self.tls_config.clone(),
@@ -413,7 +514,7 @@ async fn join(
     timeout: Duration,
     attempts: Arc<Mutex<Vec<Attempt>>>,
 ) {
-    let socket = open_socket(address, timeout, &config).await;
+    let socket = open_socket(&address, timeout, &config).await;
     let tls = socket.and_then(|socket| {
         Tls::client_join(&join_tls.config, &join_tls.tickets, &join_tls.server_name)
             .map(|tls| (socket, tls))
@@ -696,7 +797,7 @@ impl Acceptor {
             sessions.retain(|_, s| s.strong_count() > 0);
             sessions.insert(session, Arc::downgrade(&shared));
         }
-        spawn_path_driver(&shared, id, socket, &self.config);
+        spawn_path_driver(&shared, id, PathSocket::Kernel(socket), &self.config);
         let registry = self.registry.clone();
         let on_end: Box<dyn FnOnce() + Send> = Box::new(move || registry.end_session(session));
         tokio::spawn(keep_timers(Arc::downgrade(&shared), true, Some(on_end)));
@@ -733,7 +834,7 @@ impl Acceptor {
             }
         };
         match id {
-            Some(id) => spawn_path_driver(&shared, id, socket, &self.config),
+            Some(id) => spawn_path_driver(&shared, id, PathSocket::Kernel(socket), &self.config),
             // Dropping the socket closes it.
             None if shared.lock().conn.session().error().is_none() => {
                 tracing::debug!("multipath: a session at its path limit refused a join");

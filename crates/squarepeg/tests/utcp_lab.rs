@@ -955,3 +955,155 @@ fn utcp_to_utcp_early_data_on_fast_open() {
     assert_eq!(fo.len(), 1, "{fo:?}");
     lab.teardown().expect("teardown");
 }
+
+/// One multipath session over a mix of substrates on the two-path lab: path 0 over
+/// squarepeg's userspace TCP (a stack in the client namespace), path 1 over the kernel's TCP
+/// (bound to the client's path-1 address); the second joined by TLS resumption. Every
+/// message and stream byte arrives once, and both connections carry the session.
+#[test]
+fn multipath_session_over_userspace_and_kernel_tcp() {
+    use squarepeg::tls::config::{self, Trust};
+    use squarepeg::{MultipathEndpoint, MultipathOptions, PathAddress, PathPolicy};
+    use squarepeg_lab::net::PathConfig;
+    use std::sync::Arc;
+    if !squarepeg_lab::stack::can_run() {
+        eprintln!("SKIPPED multipath_session_over_userspace_and_kernel_tcp: needs root, TUN, ip");
+        return;
+    }
+    let link = "delay=5ms rate=50mbit";
+    let lab = Lab::start(
+        lab_config("mpu", 1, link, link).with_path(
+            PathConfig::default()
+                .with_up(link.parse().expect("link"))
+                .with_down(link.parse().expect("link"))
+                .with_seed(2),
+        ),
+    )
+    .expect("start lab");
+    let stack = Arc::new(
+        LabStack::attach(&lab, Role::Client, StackConfig::new([]), Some(1500))
+            .expect("attach stack")
+            .into_stack(),
+    );
+    let name = "peg.lab".to_owned();
+    let cert = config::self_signed(std::slice::from_ref(&name)).expect("cert");
+    let server_config = ConnectionConfig::default().with_tls_server(
+        config::server_config(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes()).expect("tls"),
+    );
+    let client_config = ConnectionConfig::default().with_tls_client(
+        config::client_config(Trust::PinnedSha256(cert.fingerprint)).expect("tls"),
+        name,
+    );
+    let p0 = lab.path_addresses(0).expect("path 0");
+    let p1 = lab.path_addresses(1).expect("path 1");
+    let server0 = SocketAddr::new(p0.server_v4.into(), PORT);
+    let server1 = SocketAddr::new(p1.server_v4.into(), PORT);
+    let client1 = SocketAddr::new(p1.client_v4.into(), 0);
+    const MESSAGES: u64 = 400;
+    let data = stream_data(0xC3, 2 << 20);
+    let (received, paths) = std::thread::scope(|s| {
+        let (bound_tx, bound_rx) = mpsc::channel();
+        let server_ns = lab.server();
+        let server = s.spawn(move || {
+            server_ns
+                .run(move || {
+                    runtime().block_on(no_hang(async move {
+                        let mut ep = MultipathEndpoint::bind(
+                            &[server0, server1],
+                            server_config,
+                            MultipathOptions::default(),
+                        )
+                        .await
+                        .expect("bind");
+                        bound_tx.send(()).expect("signal");
+                        let conn = ep.accept().await.expect("accept");
+                        let mut numbers = std::collections::BTreeSet::new();
+                        for _ in 0..MESSAGES {
+                            let m = conn.recv_message().await.expect("message");
+                            let n = u64::from_be_bytes(m.payload[..8].try_into().expect("n"));
+                            assert!(numbers.insert(n), "message {n} twice");
+                        }
+                        let mut stream = conn.accept_stream().await.expect("stream");
+                        let mut got = Vec::new();
+                        stream.read_to_end(&mut got).await.expect("read");
+                        let paths = conn.paths();
+                        conn.close().await;
+                        ((numbers.len() as u64, got), paths)
+                    }))
+                })
+                .expect("enter server namespace")
+        });
+        bound_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("server bound");
+        let client_ns = lab.client();
+        let stack = stack.clone();
+        let data = &data;
+        let client = s.spawn(move || {
+            client_ns
+                .run(move || {
+                    runtime().block_on(no_hang(async move {
+                        let paths = [
+                            PathAddress::over_stack(stack, server0),
+                            PathAddress::from_local(client1, server1),
+                        ];
+                        let conn = Connection::connect_multipath(
+                            &paths,
+                            client_config,
+                            MultipathOptions::default(),
+                        )
+                        .await
+                        .expect("connect");
+                        for _ in 0..500 {
+                            if conn.paths().iter().filter(|p| p.usable).count() == 2 {
+                                break;
+                            }
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                        assert_eq!(
+                            conn.paths().iter().filter(|p| p.usable).count(),
+                            2,
+                            "{:?}",
+                            conn.paths()
+                        );
+                        for n in 0..MESSAGES {
+                            let mut payload = vec![0x5a; 300];
+                            payload[..8].copy_from_slice(&n.to_be_bytes());
+                            let props = MessageProps {
+                                path: Some(PathPolicy::RoundRobin),
+                                ..MessageProps::default()
+                            };
+                            conn.send_message(payload, props).await.expect("send");
+                        }
+                        let mut stream = conn.open_stream().await.expect("open");
+                        stream.write_all(data).await.expect("write");
+                        stream.shutdown().await.expect("finish");
+                        conn.closed().await;
+                    }))
+                })
+                .expect("enter client namespace")
+        });
+        client.join().expect("client");
+        server.join().expect("server")
+    });
+    assert_eq!(received.0, MESSAGES);
+    assert!(
+        received.1 == data,
+        "stream bytes differ ({} of {})",
+        received.1.len(),
+        data.len()
+    );
+    assert_eq!(paths.len(), 2, "{paths:?}");
+    assert!(
+        paths.iter().all(|p| p.received > 50_000),
+        "both connections carry the session: {paths:?}"
+    );
+    // Path 0's connection was the userspace stack's: its device wrote that path's share.
+    let device = stack.stats().device;
+    assert!(
+        device.bytes_written > 50_000,
+        "the userspace TCP carried path 0: {device:?}"
+    );
+    drop(stack);
+    lab.teardown_paths().expect("teardown");
+}

@@ -109,7 +109,10 @@ fn parse_path(text: &str) -> anyhow::Result<PathAddress> {
             Some(SocketAddr::new(ip, 0))
         }
     };
-    Ok(PathAddress { local, remote })
+    Ok(match local {
+        Some(local) => PathAddress::from_local(local, remote),
+        None => PathAddress::to(remote),
+    })
 }
 
 pub(crate) fn parse_steer(text: &str) -> Result<PathPolicy, String> {

@@ -103,10 +103,7 @@ pub fn open_squarepeg(
         .local_addrs()
         .iter()
         .zip(&locals)
-        .map(|(&remote, &local)| PathAddress {
-            local: Some(local),
-            remote,
-        })
+        .map(|(&remote, &local)| PathAddress::from_local(local, remote))
         .collect();
     let client = wait(&client_rt, OPEN_TIMEOUT, async move {
         Connection::connect_multipath(&paths, client_config, options()).await
