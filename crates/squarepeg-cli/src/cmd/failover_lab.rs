@@ -18,19 +18,17 @@
 //! `multipath.json` (`squarepeg.multipath/1`) and the goodput plot. Both print a table (or
 //! the JSON with `--json`), need root, and remove every lab after its run.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 use squarepeg_experiments::failover::{
     self, Death, FailoverConfig, FailoverReport, MultipathConfig, MultipathReport, Rival,
 };
 use squarepeg_lab::model::LinkConfig;
 
-use crate::cmd::{parse_duration_arg, write_experiment};
+use crate::cmd::{parse_duration_arg, with_progress, write_experiment};
 
 /// `peg lab failover`: a download and a call while one of two paths dies.
 #[derive(Debug, Args)]
@@ -129,39 +127,6 @@ fn rivals(names: &[String], default: &[Rival]) -> Result<Vec<Rival>> {
         .iter()
         .map(|n| Rival::by_name(n.trim()))
         .collect::<Result<_, _>>()?)
-}
-
-/// A spinner per rival (or plain lines when standard error is no terminal).
-fn with_progress<T>(
-    label: &str,
-    quiet_json: bool,
-    run: impl FnOnce(&dyn Fn(&str)) -> Result<T>,
-) -> Result<T> {
-    let plain = quiet_json || !std::io::stderr().is_terminal();
-    let bar = if plain {
-        ProgressBar::hidden()
-    } else {
-        let bar = ProgressBar::new_spinner();
-        bar.set_style(
-            ProgressStyle::with_template("{spinner} {prefix}: {msg} ({elapsed})")
-                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-        );
-        bar.enable_steady_tick(Duration::from_millis(120));
-        bar
-    };
-    bar.set_prefix(label.to_owned());
-    let progress = |what: &str| {
-        if plain {
-            if !quiet_json {
-                eprintln!("{label}: {what}");
-            }
-        } else {
-            bar.set_message(what.to_owned());
-        }
-    };
-    let result = run(&progress);
-    bar.finish_and_clear();
-    result
 }
 
 /// Runs `peg lab failover`.

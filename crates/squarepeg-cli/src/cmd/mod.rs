@@ -70,6 +70,41 @@ where
         .with_context(|| format!("connecting to {to}"))
 }
 
+/// Runs one step of a lab experiment under a spinner labelled `label` (plain lines on
+/// standard error when it is no terminal; nothing with `quiet_json`), handing `run` the
+/// progress callback the experiments take.
+pub(crate) fn with_progress<T>(
+    label: &str,
+    quiet_json: bool,
+    run: impl FnOnce(&dyn Fn(&str)) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let plain = quiet_json || !std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let bar = if plain {
+        indicatif::ProgressBar::hidden()
+    } else {
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} {prefix}: {msg} ({elapsed})")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+        );
+        bar.enable_steady_tick(std::time::Duration::from_millis(120));
+        bar
+    };
+    bar.set_prefix(label.to_owned());
+    let progress = |what: &str| {
+        if plain {
+            if !quiet_json {
+                eprintln!("{label}: {what}");
+            }
+        } else {
+            bar.set_message(what.to_owned());
+        }
+    };
+    let result = run(&progress);
+    bar.finish_and_clear();
+    result
+}
+
 /// The end of every lab experiment: writes `value` as `<out>/<file>` and, unless `no_plots`,
 /// the plots `plots` draws; then prints the JSON (`json`) or `table` on standard output and
 /// what was written on standard error.

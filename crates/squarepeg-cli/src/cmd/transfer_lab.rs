@@ -16,18 +16,16 @@
 //! captures and the sequence-number plots to the output directory. Needs root; every lab is
 //! removed after its run.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 use squarepeg_experiments::transfer::{
     Substrate, TransferConfig, plot, run_lab, transfer_json, transfer_table,
 };
 
-use crate::cmd::{parse_duration_arg, write_experiment};
+use crate::cmd::{parse_duration_arg, with_progress, write_experiment};
 
 /// `peg lab transfer`: the short-transfer experiment.
 #[derive(Debug, Args)]
@@ -111,7 +109,6 @@ pub fn run(args: TransferLabArgs) -> Result<()> {
         .iter()
         .flat_map(|&s| (0..u64::from(args.runs)).map(move |i| (s, args.seed + i)))
         .collect();
-    let quiet = args.json || !std::io::stderr().is_terminal();
     let mut runs = Vec::new();
     for (i, &(substrate, seed)) in cells.iter().enumerate() {
         let label = format!(
@@ -120,33 +117,13 @@ pub fn run(args: TransferLabArgs) -> Result<()> {
             cells.len(),
             substrate.name()
         );
-        let bar = if quiet {
-            ProgressBar::hidden()
-        } else {
-            let bar = ProgressBar::new_spinner();
-            bar.set_style(
-                ProgressStyle::with_template("{spinner} {prefix}: {msg} ({elapsed})")
-                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-            );
-            bar.enable_steady_tick(Duration::from_millis(120));
-            bar
-        };
-        bar.set_prefix(label.clone());
-        let progress = |what: &str| {
-            if quiet {
-                if !args.json {
-                    eprintln!("{label}: {what}");
-                }
-            } else {
-                bar.set_message(what.to_owned());
-            }
-        };
         let captures = args
             .out
             .join(format!("captures-{}-{seed}", substrate.name()));
-        let run = run_lab(&config, substrate, seed, &captures, &progress)
-            .with_context(|| format!("running {} (seed {seed})", substrate.name()))?;
-        bar.finish_and_clear();
+        let run = with_progress(&label, args.json, |progress| {
+            run_lab(&config, substrate, seed, &captures, progress)
+                .with_context(|| format!("running {} (seed {seed})", substrate.name()))
+        })?;
         if !args.json {
             for t in &run.transfers {
                 eprintln!(
