@@ -108,6 +108,9 @@ struct Link {
     server: ServerEnd,
     /// The TCP handshake takes a round trip before TLS bytes flow.
     open_at: Instant,
+    /// Nothing arrives in either direction, nothing is lost (a TCP retransmission
+    /// timeout): what was sent comes once the path is restored.
+    stalled: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -120,7 +123,9 @@ struct PathSpec {
 enum Action {
     Blackhole(usize),
     Reset(usize),
-    /// The path works again (new connections over it may be opened).
+    /// The path's connections deliver nothing for a while, and lose nothing.
+    Stall(usize),
+    /// The path works again (new connections over it may be opened; stalled ones deliver).
     Restore(usize),
     /// The client opens another connection over this path (a join).
     Join(usize),
@@ -222,6 +227,7 @@ impl World {
             client: Some(client),
             server: ServerEnd::Handshaking(Box::new(server), probe),
             open_at: self.now + spec.delay * 2,
+            stalled: false,
         });
     }
 
@@ -256,8 +262,16 @@ impl World {
                     }
                 }
             }
+            Action::Stall(i) => {
+                for l in self.links.iter_mut().filter(|l| l.path_index == i) {
+                    l.stalled = true;
+                }
+            }
             Action::Restore(i) => {
                 self.path_up[i] = true;
+                for l in self.links.iter_mut().filter(|l| l.path_index == i) {
+                    l.stalled = false;
+                }
                 let waiting = self
                     .links
                     .iter()
@@ -288,7 +302,10 @@ impl World {
         let now = self.now;
         let since_start = self.elapsed();
         for k in 0..self.links.len() {
-            if self.links[k].state == LinkState::Down || now < self.links[k].open_at {
+            if self.links[k].state == LinkState::Down
+                || now < self.links[k].open_at
+                || self.links[k].stalled
+            {
                 continue;
             }
             // Server side: what arrived from the client (left in the socket while the
@@ -371,9 +388,16 @@ impl World {
         self.timers();
         self.transmit();
         self.events();
+        // `max_unacked`, as much again for copies of a suspect path's frames
+        // (`MultipathConfig::reinject`), and what is bound unsealed ahead.
         let unacked: usize = self.client.paths().iter().map(|p| p.unacked).sum();
+        let copies = if self.config.reinject {
+            self.max_unacked
+        } else {
+            0
+        };
         assert!(
-            unacked <= self.max_unacked + 4 * 64 * 1024,
+            unacked <= self.max_unacked + copies + 4 * 64 * 1024,
             "client holds {unacked} unacknowledged bytes"
         );
     }
@@ -665,20 +689,22 @@ fn two_paths_carry_one_session_and_every_byte_arrives_once() {
     assert_eq!(w.registry.stats().joins_accepted, 1);
 }
 
-/// A blackhole is detected by missing acknowledgements after `path_timeout`; everything it
-/// swallowed goes on the other path, and flows there within one round trip of it.
-#[test]
-fn a_blackholed_path_fails_over_within_one_round_trip_after_detection() {
-    let mut w = World::new(&[FAST, SLOW], mp_config());
-    let traffic = Traffic {
-        message_every: 5 * MS,
-        message_len: 200,
-        messages: 600,
-        stream_len: 0,
-        policy: PathPolicy::LowestRtt,
-        close: true,
-        server_reads_from: Duration::ZERO,
-    };
+/// The voice-like traffic of the blackhole tests: a message every 5 ms, lowest RTT.
+const BLACKHOLE_TRAFFIC: Traffic = Traffic {
+    message_every: Duration::from_millis(5),
+    message_len: 200,
+    messages: 600,
+    stream_len: 0,
+    policy: PathPolicy::LowestRtt,
+    close: true,
+    server_reads_from: Duration::ZERO,
+};
+
+/// Runs [`BLACKHOLE_TRAFFIC`] with path 0 blackholed at 1 s; returns when the client
+/// declared it dead and how many frames moved then, and when each message arrived.
+fn blackhole_run(config: MultipathConfig) -> (World, Instant, usize, Received) {
+    let mut w = World::new(&[FAST, SLOW], config);
+    let traffic = BLACKHOLE_TRAFFIC;
     let got = run(
         &mut w,
         &traffic,
@@ -698,30 +724,119 @@ fn a_blackholed_path_fails_over_within_one_round_trip_after_detection() {
             _ => None,
         })
         .expect("the client detects the blackhole");
-    assert!(resent > 0, "the blackhole swallowed nothing?");
     let since_death = detected - w.start - Duration::from_millis(1000);
     assert!(
-        since_death <= mp_config().path_timeout + 20 * MS,
+        since_death <= w.config.path_timeout + 20 * MS,
         "{since_death:?}"
     );
-    // Recovery: every message sent before detection (some of them swallowed by the
-    // blackhole and re-sent) has arrived within one RTT of the surviving path after it.
-    let sent_at = |n: u64| w.start + traffic.message_every * n as u32;
-    let last_recovered = got
-        .arrivals
+    (w, detected, resent, got)
+}
+
+/// When the last message sent before `before` arrived.
+fn last_arrival_of_messages_sent_before(w: &World, got: &Received, before: Instant) -> Instant {
+    let sent_at = |n: u64| w.start + BLACKHOLE_TRAFFIC.message_every * n as u32;
+    got.arrivals
         .iter()
-        .filter(|(n, _)| sent_at(*n) < detected)
+        .filter(|(n, _)| sent_at(*n) < before)
         .map(|(_, t)| *t)
         .max()
-        .unwrap();
-    let recovery = last_recovered.saturating_duration_since(detected);
+        .unwrap()
+}
+
+/// Without reinjection a blackhole is detected by missing acknowledgements after
+/// `path_timeout`; everything it swallowed goes on the other path, and flows there within
+/// one round trip of it.
+#[test]
+fn a_blackholed_path_fails_over_within_one_round_trip_after_detection() {
+    let mut config = mp_config();
+    config.reinject = false;
+    let (w, detected, resent, got) = blackhole_run(config);
+    assert!(resent > 0, "the blackhole swallowed nothing?");
+    assert_eq!(w.client.stats().frames_reinjected, 0);
+    // Recovery: every message sent before detection (some of them swallowed by the
+    // blackhole and re-sent) has arrived within one RTT of the surviving path after it.
+    let recovery = last_arrival_of_messages_sent_before(&w, &got, detected)
+        .saturating_duration_since(detected);
     // docs/results.md, "Failover and multipath".
     eprintln!(
-        "blackhole at 1 s: detected after {since_death:?}, {resent} frames re-sent, the last \
-         of them delivered {recovery:?} after detection (surviving path's RTT {:?})",
+        "blackhole at 1 s: {resent} frames re-sent at detection, the last of them delivered \
+         {recovery:?} after it (surviving path's RTT {:?})",
         SLOW.delay * 2
     );
     assert!(recovery <= SLOW.delay * 2, "recovery took {recovery:?}");
+}
+
+/// With reinjection (the default) the swallowed frames are copied to the other path once
+/// the blackholed one is suspect (half `path_timeout` without acknowledgement): they
+/// arrive a round trip after that, before the path is declared dead, and once.
+#[test]
+fn a_suspect_path_has_its_frames_copied_before_it_is_declared_dead() {
+    let (w, detected, resent, got) = blackhole_run(mp_config());
+    let (suspected, copied) = w
+        .client_events
+        .iter()
+        .find_map(|(t, e)| match e {
+            PathEvent::Suspect {
+                path: PathId(0),
+                copied,
+            } => Some((*t, *copied)),
+            _ => None,
+        })
+        .expect("path 0 becomes suspect");
+    assert!(copied > 0, "the blackhole swallowed nothing?");
+    assert!(suspected < detected);
+    let death = w.start + Duration::from_millis(1000);
+    assert!(
+        suspected - death <= w.config.path_timeout / 2 + 20 * MS,
+        "suspected {:?} after the death",
+        suspected - death
+    );
+    // Every message sent before the suspicion arrived within one RTT of the other path
+    // after it: before the detection.
+    let recovered = last_arrival_of_messages_sent_before(&w, &got, suspected);
+    let recovery = recovered.saturating_duration_since(suspected);
+    eprintln!(
+        "blackhole at 1 s: suspect after {:?} ({copied} frames copied), detected after {:?} \
+         ({resent} more re-sent); the swallowed messages all delivered {recovery:?} after \
+         the suspicion",
+        suspected - death,
+        detected - death
+    );
+    assert!(recovery <= SLOW.delay * 2, "recovery took {recovery:?}");
+    assert!(recovered < detected);
+    assert!(w.client.stats().frames_reinjected >= copied as u64);
+    let closed: Vec<_> = w.client.closed_paths().collect();
+    assert_eq!(closed[0].suspected, Some(suspected), "{closed:?}");
+}
+
+/// A path that only pauses (a stall shorter than `path_timeout`, as a TCP retransmission
+/// timeout makes) gets its frames copied and then delivers them too: the receiver takes
+/// each once, and the path stays.
+#[test]
+fn a_path_that_recovers_after_reinjection_delivers_nothing_twice() {
+    let mut w = World::new(&[FAST, SLOW], mp_config());
+    let traffic = Traffic {
+        stream_len: 2 << 20,
+        policy: PathPolicy::Aggregate,
+        ..BLACKHOLE_TRAFFIC
+    };
+    let got = run(
+        &mut w,
+        &traffic,
+        &[
+            (50, Action::Join(1)),
+            (1000, Action::Stall(0)),
+            (1250, Action::Restore(0)),
+        ],
+        Duration::from_secs(30),
+    );
+    check_exactly_once(&got, &traffic);
+    let stats = w.client.stats();
+    assert!(stats.frames_reinjected > 0, "{stats:?}");
+    assert_eq!(stats.paths_timed_out, 0, "{stats:?}");
+    // Both copies of some messages arrived (the path delivered after its stall).
+    let server = w.server.as_ref().unwrap().stats().session;
+    assert!(server.duplicate_messages > 0, "{server:?}");
 }
 
 #[test]
@@ -871,6 +986,7 @@ fn schedule() -> impl Strategy<Value = Schedule> {
     let action = prop_oneof![
         (0usize..2).prop_map(Action::Blackhole),
         (0usize..2).prop_map(Action::Reset),
+        (0usize..2).prop_map(Action::Stall),
         (0usize..2).prop_map(Action::Restore),
         (0usize..2).prop_map(Action::Join),
     ];

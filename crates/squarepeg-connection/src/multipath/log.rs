@@ -31,6 +31,9 @@ struct Logged {
     /// Plaintext offset just past the frame.
     end: u64,
     kind: Kind,
+    /// A copy of a frame a suspect connection holds: never copied again (a copy of a copy
+    /// could bounce between two stalled connections).
+    copy: bool,
 }
 
 /// A frame taken out of a dead connection's log, to be sent on another.
@@ -62,6 +65,11 @@ pub(crate) struct SentLog {
     frames: VecDeque<Logged>,
     /// How many of `frames` ask for an acknowledgement.
     eliciting: usize,
+    /// The session's frames up to this offset have a copy on another connection (this one
+    /// was suspect): they are not re-sent again when it dies.
+    copied_to: u64,
+    /// Where the last session frame that is not a copy ends.
+    session_end: u64,
 }
 
 impl SentLog {
@@ -95,15 +103,28 @@ impl SentLog {
 
     /// The frame just appended to [`Self::buffer`] ends the log now.
     pub(crate) fn logged(&mut self, kind: Kind) {
+        self.log_frame(kind, false);
+    }
+
+    fn log_frame(&mut self, kind: Kind, copy: bool) {
         let end = self.end();
         self.eliciting += usize::from(kind.elicits_ack());
-        self.frames.push_back(Logged { end, kind });
+        if !copy && matches!(kind, Kind::Session { .. }) {
+            self.session_end = end;
+        }
+        self.frames.push_back(Logged { end, kind, copy });
     }
 
     /// Appends a whole frame.
     pub(crate) fn push(&mut self, frame: &[u8], kind: Kind) {
         self.bytes.extend_from_slice(frame);
         self.logged(kind);
+    }
+
+    /// Appends a whole frame that is a copy of one a suspect connection holds.
+    pub(crate) fn push_copy(&mut self, frame: &[u8], kind: Kind) {
+        self.bytes.extend_from_slice(frame);
+        self.log_frame(kind, true);
     }
 
     /// Cuts the frame that starts at buffer length `at` off the end (it goes elsewhere).
@@ -157,15 +178,30 @@ impl SentLog {
         Ok(true)
     }
 
-    /// Everything unacknowledged that the session still wants, in the order sent: the
-    /// log is emptied (the connection is gone).
-    pub(crate) fn take_orphans(&mut self) -> Vec<(Orphan, Kind)> {
+    /// Whether unacknowledged session frames have no copy on another connection yet.
+    pub(crate) fn has_uncopied(&self) -> bool {
+        self.session_end > self.copied_to.max(self.base)
+    }
+
+    /// Copies of the unacknowledged session frames that have none yet (and are no copies
+    /// themselves), in the order sent (the connection is suspect); they stay in the log
+    /// until acknowledged or orphaned.
+    pub(crate) fn copy_uncopied(&mut self) -> Vec<(Orphan, Kind)> {
+        let from = self.copied_to;
+        self.copied_to = self.end();
+        self.session_frames(|f| f.end > from && !f.copy)
+    }
+
+    /// The session's frames that are `wanted`, with their bytes.
+    fn session_frames(&self, wanted: impl Fn(&Logged) -> bool) -> Vec<(Orphan, Kind)> {
         let mut out = Vec::new();
         let mut start = self.base;
-        for f in self.frames.drain(..) {
-            let from = self.head + (start - self.base) as usize;
-            let to = self.head + (f.end - self.base) as usize;
-            if let Kind::Session { deadline, message } = f.kind {
+        for f in &self.frames {
+            if let Kind::Session { deadline, message } = f.kind
+                && wanted(f)
+            {
+                let from = self.head + (start - self.base) as usize;
+                let to = self.head + (f.end - self.base) as usize;
                 out.push((
                     Orphan {
                         bytes: self.bytes[from..to].to_vec(),
@@ -177,12 +213,29 @@ impl SentLog {
             }
             start = f.end;
         }
+        out
+    }
+
+    /// Everything unacknowledged that the session still wants and that has no copy
+    /// elsewhere, in the order sent; `copied` hears of each session frame that has one. The
+    /// log is emptied (the connection is gone).
+    pub(crate) fn take_orphans(&mut self, mut copied: impl FnMut(Kind)) -> Vec<(Orphan, Kind)> {
+        let has_copy = |f: &Logged| f.end <= self.copied_to && !f.copy;
+        let out = self.session_frames(|f| !has_copy(f));
+        for f in &self.frames {
+            if has_copy(f) && matches!(f.kind, Kind::Session { .. }) {
+                copied(f.kind);
+            }
+        }
         let end = self.end();
+        self.frames.clear();
         self.eliciting = 0;
         self.bytes.clear();
         self.head = 0;
         self.base = end;
         self.sealed = end;
+        self.copied_to = end;
+        self.session_end = end;
         out
     }
 }
@@ -216,10 +269,43 @@ mod tests {
         assert_eq!(log.ack(4, |_| {}), Ok(false));
         assert!(log.awaits_ack());
         assert_eq!(log.unsealed(), b"cccccc");
-        let orphans = log.take_orphans();
+        let orphans = log.take_orphans(|_| panic!("nothing was copied"));
         assert_eq!(orphans.len(), 1);
         assert_eq!(orphans[0].0.bytes, b"cccccc");
         assert_eq!(log.held(), 0);
         assert!(!log.awaits_ack());
+    }
+
+    #[test]
+    fn copied_frames_are_not_orphaned_twice() {
+        let mut log = SentLog::default();
+        log.push(b"aaaa", S);
+        log.push(b"bb", ACK);
+        log.push(b"ccc", S);
+        log.mark_sealed(9);
+        assert!(log.has_uncopied());
+        let copies = log.copy_uncopied();
+        let bytes: Vec<&[u8]> = copies.iter().map(|(o, _)| &o.bytes[..]).collect();
+        assert_eq!(bytes, [&b"aaaa"[..], b"ccc"]);
+        assert!(!log.has_uncopied());
+        // Still held until acknowledged; a later frame is copied on its own.
+        assert_eq!(log.held(), 9);
+        log.push(b"d", ACK);
+        assert!(!log.has_uncopied(), "a local frame is not the session's");
+        log.push_copy(b"ff", S);
+        assert!(!log.has_uncopied(), "a copy is not copied again");
+        log.push(b"ee", S);
+        assert!(log.has_uncopied());
+        assert_eq!(log.ack(4, |_| {}), Ok(true));
+        let mut copied = 0;
+        let orphans = log.take_orphans(|_| copied += 1);
+        assert_eq!(copied, 1, "ccc has its copy");
+        let bytes: Vec<&[u8]> = orphans.iter().map(|(o, _)| &o.bytes[..]).collect();
+        assert_eq!(
+            bytes,
+            [&b"ff"[..], b"ee"],
+            "a copy's original may be gone too"
+        );
+        assert!(!log.has_uncopied());
     }
 }

@@ -101,6 +101,14 @@ pub struct MultipathConfig {
     pub probe_interval: Duration,
     /// How long the session waits for a new connection once it has none.
     pub linger: Duration,
+    /// Copy a *suspect* connection's unacknowledged session frames to the lowest-RTT other
+    /// one, once each, before it is declared dead: one with frames outstanding and no
+    /// acknowledgement for half `path_timeout` (and at least twice its RTT plus
+    /// `ack_delay`). A blackhole then stalls the session about that long rather than
+    /// `path_timeout` plus the survivor's queue; a connection that was only slow (a TCP
+    /// retransmission timeout) costs duplicates, which the receiver drops (MPTCP's
+    /// opportunistic reinjection does the same for a window-limited subflow).
+    pub reinject: bool,
 }
 
 impl Default for MultipathConfig {
@@ -114,6 +122,7 @@ impl Default for MultipathConfig {
             path_timeout: Duration::from_secs(1),
             probe_interval: Duration::from_millis(250),
             linger: Duration::from_secs(30),
+            reinject: true,
         }
     }
 }
@@ -150,6 +159,13 @@ pub enum PathEvent {
         /// Frames moved to the other connections.
         resent: usize,
     },
+    /// The connection got no acknowledgement for a while: its unacknowledged frames were
+    /// copied to another ([`MultipathConfig::reinject`]); it may still recover.
+    Suspect {
+        path: PathId,
+        /// Frames copied.
+        copied: usize,
+    },
     /// No connection is left: open one (a join) within `linger`, or the session ends.
     NoPath,
     /// The peer announced an address it can be reached at.
@@ -183,6 +199,9 @@ pub struct ClosedPath {
     pub reason: TransportError,
     /// The smoothed RTT of the fastest connection left then (what its data moves to).
     pub survivor_srtt: Option<Duration>,
+    /// When it was found suspect and its frames copied to another
+    /// ([`MultipathConfig::reinject`]), if it was and got no acknowledgement since.
+    pub suspected: Option<Instant>,
 }
 
 /// Most path events kept for [`MultipathConnection::poll_path_event`] (the oldest go first).
@@ -214,6 +233,10 @@ pub struct MultipathStats {
     pub paths_timed_out: u64,
     /// Frames re-sent on another connection after theirs died.
     pub frames_resent: u64,
+    /// Connections found suspect ([`MultipathConfig::reinject`]), and the frames copied
+    /// from them to another.
+    pub paths_suspected: u64,
+    pub frames_reinjected: u64,
     /// Messages not re-sent because their lifetime had ended.
     pub resends_expired: u64,
     pub acks_sent: u64,
@@ -246,6 +269,8 @@ pub struct Path {
     probe_now: bool,
     /// The probe in flight: its end offset and when it left.
     probe: Option<(u64, Instant)>,
+    /// When it was last found suspect, unless acknowledgements came since.
+    suspected: Option<Instant>,
     srtt: Option<Duration>,
     fin_sent: bool,
     closed: bool,
@@ -286,6 +311,7 @@ impl Path {
             next_probe: None,
             probe_now: true,
             probe: None,
+            suspected: None,
             srtt: None,
             fin_sent: false,
             closed: false,
@@ -345,6 +371,15 @@ impl Path {
             Some((_, sent)) => srtt.max(now.saturating_duration_since(sent)),
             None => srtt,
         }
+    }
+
+    /// How long without acknowledgement makes the path suspect
+    /// ([`MultipathConfig::reinject`]).
+    fn suspect_after(&self, config: &MultipathConfig) -> Duration {
+        let rtt_bound = self
+            .srtt
+            .map_or(Duration::ZERO, |s| s * 2 + config.ack_delay);
+        (config.path_timeout / 2).max(rtt_bound)
     }
 
     fn rtt_sample(&mut self, sample: Duration) {
@@ -598,8 +633,11 @@ impl MultipathConnection {
                 Some(ControlFrame::PathAck { received }) => {
                     let unacked = &mut self.unacked_messages;
                     match p.log.ack(received, |kind| forget_message(unacked, kind)) {
-                        Ok(_) => {
+                        Ok(progress) => {
                             self.stats.acks_received += 1;
+                            if progress {
+                                p.suspected = None;
+                            }
                             // Any acknowledgement shows the path and the peer alive: one that
                             // does not advance is a peer that cannot read now (its session's
                             // receive queue is full) keeping the path.
@@ -698,7 +736,8 @@ impl MultipathConnection {
         p.closed = true;
         self.stats.paths_closed += 1;
         let mut resent = 0;
-        for (orphan, kind) in p.log.take_orphans() {
+        let unacked = &mut self.unacked_messages;
+        for (orphan, kind) in p.log.take_orphans(|kind| forget_message(unacked, kind)) {
             if orphan.deadline.is_some_and(|d| d <= now) {
                 // A message past its lifetime is not worth a second try (partial
                 // reliability): it is lost with its connection.
@@ -732,11 +771,13 @@ impl MultipathConnection {
             .filter(|p| p.usable())
             .filter_map(|p| p.srtt)
             .min();
+        let suspected = self.paths.get(&id).and_then(|p| p.suspected);
         self.closed.push_back(ClosedPath {
             id,
             at: now,
             reason,
             survivor_srtt,
+            suspected,
         });
         tracing::debug!("{id} closed ({reason:?}): {resent} frames move to other paths");
         push_event(
@@ -1009,10 +1050,15 @@ impl MultipathConnection {
                 next = Some(next.map_or(t, |n| n.min(t)));
             }
         };
+        let reinject = self.reinjects();
         for p in self.paths.values().filter(|p| p.usable()) {
             at(p.ack_due);
             at(p.next_probe);
             at(p.outstanding_since.map(|t| t + self.config.path_timeout));
+            if reinject && p.log.has_uncopied() {
+                at(p.outstanding_since
+                    .map(|t| t + p.suspect_after(&self.config)));
+            }
         }
         if !self.session_told_closed {
             at(self.no_path_since.map(|t| t + self.config.linger));
@@ -1024,7 +1070,9 @@ impl MultipathConnection {
     /// at their path's next poll: [`Self::take_paths_to_poll`] names those paths.
     pub fn handle_timeout(&mut self, now: Instant) {
         let blocked = self.session.receive_blocked();
+        let reinject = self.reinjects();
         let mut timed_out = Vec::new();
+        let mut suspects = Vec::new();
         for (&id, p) in self.paths.iter_mut().filter(|(_, p)| p.usable()) {
             let mut poll = false;
             if p.ack_due.is_some_and(|t| t <= now) {
@@ -1055,10 +1103,19 @@ impl MultipathConnection {
                 .is_some_and(|t| t + self.config.path_timeout <= now)
             {
                 timed_out.push(id);
+            } else if reinject
+                && p.log.has_uncopied()
+                && p.outstanding_since
+                    .is_some_and(|t| t + p.suspect_after(&self.config) <= now)
+            {
+                suspects.push(id);
             }
             if poll && !self.to_wake.contains(&id) {
                 self.to_wake.push(id);
             }
+        }
+        for id in suspects {
+            self.reinject_from(id, now);
         }
         for id in timed_out {
             self.stats.paths_timed_out += 1;
@@ -1074,6 +1131,49 @@ impl MultipathConnection {
             self.session.handle_timeout(now);
         }
         self.wake_all_if_drained();
+    }
+
+    /// Whether suspect paths' frames are copied now: configured, and another usable path
+    /// to copy them to.
+    fn reinjects(&self) -> bool {
+        self.config.reinject && self.paths.values().filter(|p| p.usable()).count() >= 2
+    }
+
+    /// Path `id` is suspect: its unacknowledged session frames without a copy go to the
+    /// lowest-RTT other path, at the end of what that one has bound (the receiver takes
+    /// whichever copy comes first).
+    fn reinject_from(&mut self, id: PathId, now: Instant) {
+        let Some(target) = self.lowest_rtt(now, Some(id)) else {
+            return;
+        };
+        let Some(p) = self.paths.get_mut(&id) else {
+            return;
+        };
+        p.suspected.get_or_insert(now);
+        let mut copied = 0;
+        for (copy, kind) in p.log.copy_uncopied() {
+            if copy.deadline.is_some_and(|d| d <= now) {
+                // Past its lifetime: not worth a second copy.
+                continue;
+            }
+            let q = self.paths.get_mut(&target).expect("a usable path");
+            q.log.push_copy(&copy.bytes, kind);
+            if let Some(n) = copy.message {
+                *self.unacked_messages.entry(n).or_default() += 1;
+            }
+            copied += 1;
+        }
+        self.stats.paths_suspected += 1;
+        self.stats.frames_reinjected += copied as u64;
+        tracing::debug!("{id} suspect: {copied} frames copied to {target}");
+        if copied > 0 && !self.to_wake.contains(&target) {
+            self.to_wake.push(target);
+        }
+        push_event(
+            &mut self.events,
+            &mut self.event_signal,
+            PathEvent::Suspect { path: id, copied },
+        );
     }
 
     /// Once the session is drained every path sends close_notify and its FIN: all of them

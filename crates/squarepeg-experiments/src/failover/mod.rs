@@ -343,6 +343,10 @@ pub struct FailoverMetrics {
     /// nothing arrived after it).
     #[serde(default)]
     pub resumed_after_detection_s: Option<f64>,
+    /// The same from the rival's suspicion ([`DeathRecord::suspected_s`]): how long the
+    /// copies of what the dead path swallowed took.
+    #[serde(default)]
+    pub resumed_after_suspicion_s: Option<f64>,
 }
 
 /// One voice message, for plots.
@@ -395,6 +399,10 @@ pub struct DeathRecord {
     /// measured it at detection (under the run's load).
     #[serde(default)]
     pub survivor_rtt_ms: Option<f64>,
+    /// When the rival found that connection suspect and copied its data to another before
+    /// declaring it dead (seconds from the start; squarepeg's reinjection).
+    #[serde(default)]
+    pub suspected_s: Option<f64>,
 }
 
 /// What the emulator of one path carried (IP bytes in, per direction).
@@ -827,6 +835,7 @@ fn drive(
                             flows_reset,
                             detected_s: None,
                             survivor_rtt_ms: None,
+                            suspected_s: None,
                         });
                     }
                     Err(e) => death_error = Some(e),
@@ -888,6 +897,9 @@ fn drive(
         if let Some(found) = detection(due) {
             d.detected_s = Some(found.at.saturating_duration_since(epoch).as_secs_f64());
             d.survivor_rtt_ms = found.survivor_rtt.map(|r| r.as_secs_f64() * 1e3);
+            d.suspected_s = found
+                .suspected
+                .map(|at| at.saturating_duration_since(epoch).as_secs_f64());
         }
     }
     drop(keep);
@@ -994,6 +1006,7 @@ pub fn failover_metrics(
         stalled_to_end,
         recovered_after_s: recovered,
         resumed_after_detection_s: None,
+        resumed_after_suspicion_s: None,
     }
 }
 
@@ -1126,14 +1139,15 @@ pub fn run_failover(
         .ok_or_else(|| VoipError::Transport("no call".into()))?;
     let end = config.duration + config.drain;
     let mut metrics = failover_metrics(&bulk.arrivals, config.at, config.duration);
-    if let Some(detected) = death.detected_s {
-        metrics.resumed_after_detection_s = bulk
-            .arrivals
+    let next_byte_after = |from: f64| {
+        bulk.arrivals
             .iter()
             .map(|&(at, _)| at.as_secs_f64())
-            .find(|&at| at >= detected)
-            .map(|at| at - detected);
-    }
+            .find(|&at| at >= from)
+            .map(|at| at - from)
+    };
+    metrics.resumed_after_detection_s = death.detected_s.and_then(next_byte_after);
+    metrics.resumed_after_suspicion_s = death.suspected_s.and_then(next_byte_after);
     if !bulk.intact {
         warnings.push("the download's bytes differ from what was sent".into());
     }
@@ -1268,12 +1282,14 @@ pub fn failover_table(report: &FailoverReport) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<19} {:>9} {:>9} {:>8} {:>10} {:>8} {:>9} {:>9} {:>9} {:>8} {:>6} {:>6} {:>6} {:>9}  failures",
+        "{:<19} {:>9} {:>9} {:>8} {:>10} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6} {:>6} {:>6} {:>9}  failures",
         "rival",
         "pre Mb/s",
         "post Mb/s",
         "stall s",
         "recover s",
+        "suspect s",
+        "resume ms",
         "detect s",
         "resume ms",
         "srtt ms",
@@ -1296,13 +1312,15 @@ pub fn failover_table(report: &FailoverReport) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "{:<19} {:>9.1} {:>9.1} {:>7.2}{} {:>10} {:>8} {:>9} {:>9} {:>9} {:>8} {:>6} {:>6} {:>6} {:>9}  {}",
+            "{:<19} {:>9.1} {:>9.1} {:>7.2}{} {:>10} {:>9} {:>9} {:>8} {:>9} {:>9} {:>9} {:>8} {:>6} {:>6} {:>6} {:>9}  {}",
             r.rival.name(),
             r.metrics.pre_death_mbps,
             r.metrics.after_death_mbps,
             r.metrics.stall_s,
             if r.metrics.stalled_to_end { "+" } else { " " },
             opt(r.metrics.recovered_after_s, 2),
+            opt(r.death.suspected_s.map(|d| d - r.death.planned_s), 3),
+            opt(r.metrics.resumed_after_suspicion_s.map(|s| s * 1e3), 0),
             opt(r.death.detected_s.map(|d| d - r.death.planned_s), 3),
             opt(r.metrics.resumed_after_detection_s.map(|s| s * 1e3), 0),
             opt(r.death.survivor_rtt_ms, 0),
@@ -1333,8 +1351,10 @@ pub fn failover_table(report: &FailoverReport) -> String {
         out,
         "stall: longest time without a new byte from the death to the end of sending (+: to the end); \
          recover: death to the end of the first 250 ms at ≥ 50 % of the pre-death goodput; \
-         detect: death to the rival's own declaration (squarepeg's path timeout or the reset); \
-         resume: detection to the next byte of the download; srtt: the surviving path's smoothed \
+         suspect: death to the rival's suspicion, when it copied the path's unacknowledged data \
+         to the other (squarepeg's reinjection), and resume: from then to the next byte of the \
+         download; detect: death to the rival's own declaration (squarepeg's path timeout or the \
+         reset), and resume: from then to the next byte; srtt: the surviving path's smoothed \
          RTT at detection, as the rival measured it; voice: on time / sent"
     );
     out

@@ -114,6 +114,9 @@ pub struct Detection {
     pub at: Instant,
     /// The smoothed RTT of the connection its data moved to, as it measured it then.
     pub survivor_rtt: Option<Duration>,
+    /// When it found that connection suspect and copied its data to another, before
+    /// declaring it dead (squarepeg's reinjection).
+    pub suspected: Option<Instant>,
 }
 
 /// The signature of a rival's opener ([`Rival::open`] calls one per variant; a variant with

@@ -182,6 +182,7 @@ pub fn open_squarepeg(
             .map(|p| Detection {
                 at: p.at,
                 survivor_rtt: p.survivor_srtt,
+                suspected: p.suspected,
             })
     }));
     ends.keep.push(Box::new(Session {
