@@ -55,6 +55,11 @@ pub enum ProtocolError {
     /// (docs/wire.md §7).
     #[error("acknowledgement of {acked} bytes on a connection that sent {sent}")]
     BadAcknowledgement { acked: u64, sent: u64 },
+    /// This side runs a session over several connections and the peer's first frame on a
+    /// connection was not PATH_PROBE: the peer runs a single-connection session
+    /// (docs/wire.md §7).
+    #[error("one end runs a session over several connections (multipath), the other does not")]
+    NotMultipath,
 }
 
 impl ProtocolError {
@@ -72,7 +77,8 @@ impl ProtocolError {
             Self::FinalSize { .. } => FINAL_SIZE_ERROR,
             Self::UnexpectedSwitch { .. }
             | Self::UnexpectedControl { .. }
-            | Self::BadAcknowledgement { .. } => PROTOCOL_VIOLATION,
+            | Self::BadAcknowledgement { .. }
+            | Self::NotMultipath => PROTOCOL_VIOLATION,
         }
     }
 }

@@ -149,7 +149,7 @@ mod utcp;
 pub use config::{ConnectionConfig, FAST_OPEN_QUEUE};
 pub use connection::{Connection, ConnectionStats, TlsInfo};
 pub use endpoint::{ConnectError, Endpoint};
-pub use multipath::{MultipathEndpoint, MultipathOptions, PathAddress};
+pub use multipath::{ListenAddress, MultipathEndpoint, MultipathOptions, PathAddress, PathTcp};
 pub use stream::Stream;
 pub use transaction::{Preference, TransactionError, Transactor, TransportProperties};
 

@@ -1,4 +1,4 @@
-//! One session over several kernel-TCP connections (TCPLS; docs/wire.md §7): a client opens
+//! One session over several TCP connections (TCPLS; docs/wire.md §7): a client opens
 //! a connection per path ([`Connection::connect_multipath`]) and a server takes them as
 //! sessions and joins ([`MultipathEndpoint`]). The application gets the same [`Connection`]
 //! as over one TCP connection; each path has a driver task of its own (the same driver as a
@@ -154,6 +154,39 @@ impl PathAddress {
     }
 }
 
+/// An address a [`MultipathEndpoint`] listens on, over which TCP.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ListenAddress {
+    pub addr: SocketAddr,
+    pub tcp: PathTcp,
+}
+
+impl ListenAddress {
+    /// `addr` on the kernel's TCP.
+    pub fn kernel(addr: SocketAddr) -> Self {
+        Self {
+            addr,
+            tcp: PathTcp::Kernel,
+        }
+    }
+
+    /// `addr` (one of the stack's addresses, or unspecified for all of them) on
+    /// squarepeg's userspace TCP on `stack`, read and written as a plain byte stream.
+    #[cfg(feature = "utcp")]
+    pub fn over_stack(stack: Arc<squarepeg_io::Stack>, addr: SocketAddr) -> Self {
+        Self {
+            addr,
+            tcp: PathTcp::Userspace(stack),
+        }
+    }
+}
+
+impl From<SocketAddr> for ListenAddress {
+    fn from(addr: SocketAddr) -> Self {
+        Self::kernel(addr)
+    }
+}
+
 /// A path's connected socket.
 enum PathSocket {
     Kernel(TcpStream),
@@ -167,6 +200,72 @@ impl PathSocket {
             PathSocket::Kernel(s) => s.local_addr(),
             #[cfg(feature = "utcp")]
             PathSocket::Userspace(s) => Ok(s.local_addr()),
+        }
+    }
+
+    fn peer_addr(&self) -> io::Result<SocketAddr> {
+        match self {
+            PathSocket::Kernel(s) => s.peer_addr(),
+            #[cfg(feature = "utcp")]
+            PathSocket::Userspace(s) => Ok(s.peer_addr()),
+        }
+    }
+
+    /// The kernel's socket options where it is a kernel socket.
+    fn prepare(&self, config: &ConnectionConfig) -> io::Result<()> {
+        match self {
+            PathSocket::Kernel(s) => prepare_socket(s, config),
+            #[cfg(feature = "utcp")]
+            PathSocket::Userspace(_) => Ok(()),
+        }
+    }
+
+    async fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
+        match self {
+            PathSocket::Kernel(s) => s.write_all(data).await,
+            #[cfg(feature = "utcp")]
+            PathSocket::Userspace(s) => s.write_all(data).await,
+        }
+    }
+
+    async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            PathSocket::Kernel(s) => s.read(buf).await,
+            #[cfg(feature = "utcp")]
+            PathSocket::Userspace(s) => s.read(buf).await,
+        }
+    }
+}
+
+/// A listening socket of a [`MultipathEndpoint`].
+enum PathListener {
+    Kernel(TcpListener),
+    #[cfg(feature = "utcp")]
+    Userspace(squarepeg_io::TcpListener),
+}
+
+impl PathListener {
+    async fn bind(address: &ListenAddress) -> io::Result<(Self, Vec<SocketAddr>)> {
+        match &address.tcp {
+            PathTcp::Kernel => {
+                let listener = TcpListener::bind(address.addr).await?;
+                let local = listener.local_addr()?;
+                Ok((PathListener::Kernel(listener), vec![local]))
+            }
+            #[cfg(feature = "utcp")]
+            PathTcp::Userspace(stack) => {
+                let listener = stack.listen(address.addr)?;
+                let local = listener.local_addrs().to_vec();
+                Ok((PathListener::Userspace(listener), local))
+            }
+        }
+    }
+
+    async fn accept(&self) -> io::Result<PathSocket> {
+        match self {
+            PathListener::Kernel(l) => l.accept().await.map(|(s, _)| PathSocket::Kernel(s)),
+            #[cfg(feature = "utcp")]
+            PathListener::Userspace(l) => l.accept().await.map(|(s, _)| PathSocket::Userspace(s)),
         }
     }
 }
@@ -628,11 +727,24 @@ struct Acceptor {
 }
 
 impl MultipathEndpoint {
-    /// Listens on every address of `addrs` (TLS required: a server set-up in `config`).
-    /// Each session's client is told the addresses it did not connect to (ADD_ADDRESS,
-    /// docs/wire.md §7; unspecified ones are not announced) and opens paths to them.
+    /// Listens on every address of `addrs` on the kernel's TCP (TLS required: a server
+    /// set-up in `config`). Each session's client is told the addresses it did not connect
+    /// to (ADD_ADDRESS, docs/wire.md §7; unspecified ones are not announced) and opens paths
+    /// to them.
     pub async fn bind(
         addrs: &[SocketAddr],
+        config: ConnectionConfig,
+        options: MultipathOptions,
+    ) -> Result<Self, ConnectError> {
+        let addrs: Vec<ListenAddress> = addrs.iter().copied().map(ListenAddress::kernel).collect();
+        Self::bind_on(&addrs, config, options).await
+    }
+
+    /// [`Self::bind`] on any mix of substrates: each address on the kernel's TCP or on a
+    /// userspace stack ([`ListenAddress::over_stack`]); a session's connections may come
+    /// over any of them.
+    pub async fn bind_on(
+        addrs: &[ListenAddress],
         config: ConnectionConfig,
         options: MultipathOptions,
     ) -> Result<Self, ConnectError> {
@@ -646,8 +758,8 @@ impl MultipathEndpoint {
         let mut listeners = Vec::new();
         let mut local = Vec::new();
         for addr in addrs {
-            let listener = TcpListener::bind(addr).await?;
-            local.push(listener.local_addr()?);
+            let (listener, addrs) = PathListener::bind(addr).await?;
+            local.extend(addrs);
             listeners.push(listener);
         }
         let acceptor = Arc::new(Acceptor {
@@ -668,7 +780,7 @@ impl MultipathEndpoint {
             tasks.push(tokio::spawn(async move {
                 loop {
                     match listener.accept().await {
-                        Ok((socket, _)) => {
+                        Ok(socket) => {
                             tokio::spawn(acceptor.clone().handshake(socket));
                         }
                         Err(e) => {
@@ -710,7 +822,7 @@ impl MultipathEndpoint {
 
 impl Acceptor {
     /// Runs a new connection's handshake, then starts a session with it or joins it to one.
-    async fn handshake(self: Arc<Self>, mut socket: TcpStream) {
+    async fn handshake(self: Arc<Self>, mut socket: PathSocket) {
         let (server_config, probe) = self.registry.connection();
         let mut path = match Tls::server(server_config) {
             Ok(tls) => Path::new(tls, self.config.read_buffer),
@@ -745,7 +857,7 @@ impl Acceptor {
             Ok(Ok(())) if path.failure().is_none() => {}
             _ => return,
         }
-        if let Err(e) = prepare_socket(&socket, &self.config) {
+        if let Err(e) = socket.prepare(&self.config) {
             tracing::debug!("multipath: {e}");
             return;
         }
@@ -770,7 +882,7 @@ impl Acceptor {
         EPOCH.get_or_init(Instant::now).elapsed()
     }
 
-    async fn start(&self, now: Duration, probe: &JoinProbe, path: Path, socket: TcpStream) {
+    async fn start(&self, now: Duration, probe: &JoinProbe, path: Path, socket: PathSocket) {
         let session = self.registry.start_session(now, probe);
         let core =
             match MultipathConnection::new(Role::Server, self.options.core_config(&self.config)) {
@@ -797,7 +909,7 @@ impl Acceptor {
             sessions.retain(|_, s| s.strong_count() > 0);
             sessions.insert(session, Arc::downgrade(&shared));
         }
-        spawn_path_driver(&shared, id, PathSocket::Kernel(socket), &self.config);
+        spawn_path_driver(&shared, id, socket, &self.config);
         let registry = self.registry.clone();
         let on_end: Box<dyn FnOnce() + Send> = Box::new(move || registry.end_session(session));
         tokio::spawn(keep_timers(Arc::downgrade(&shared), true, Some(on_end)));
@@ -809,7 +921,7 @@ impl Acceptor {
         }
     }
 
-    fn join(&self, session: SessionId, path: Path, socket: TcpStream) {
+    fn join(&self, session: SessionId, path: Path, socket: PathSocket) {
         let shared = {
             let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
             sessions.retain(|_, s| s.strong_count() > 0);
@@ -834,7 +946,7 @@ impl Acceptor {
             }
         };
         match id {
-            Some(id) => spawn_path_driver(&shared, id, PathSocket::Kernel(socket), &self.config),
+            Some(id) => spawn_path_driver(&shared, id, socket, &self.config),
             // Dropping the socket closes it.
             None if shared.lock().conn.session().error().is_none() => {
                 tracing::debug!("multipath: a session at its path limit refused a join");

@@ -253,3 +253,112 @@ async fn a_session_keeps_to_the_servers_path_limit() {
     );
     conn.close().await;
 }
+
+/// An interactive session: a message, a second of nothing, another… (as `peg connect`
+/// sends lines). Idle paths stay up (probes keep them), every message arrives, and the
+/// close ends both sides cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_session_keeps_its_paths_and_closes_cleanly() {
+    let (server_config, client_config) = configs();
+    let addrs: [SocketAddr; 2] = [
+        "127.0.0.1:0".parse().unwrap(),
+        "127.0.0.4:0".parse().unwrap(),
+    ];
+    let mut endpoint = MultipathEndpoint::bind(&addrs, server_config, MultipathOptions::default())
+        .await
+        .unwrap();
+    let first = endpoint.local_addrs()[0];
+    let server = tokio::spawn(async move {
+        let conn = endpoint.accept().await.unwrap();
+        let mut got = Vec::new();
+        while let Ok(m) = conn.recv_message().await {
+            got.push(m.payload.to_vec());
+        }
+        (got, conn.close_reason(), endpoint)
+    });
+    let conn = Connection::connect_multipath(
+        &[PathAddress::to(first)],
+        client_config,
+        MultipathOptions::default(),
+    )
+    .await
+    .unwrap();
+    wait_for_usable_paths(&conn, 2).await;
+    for i in 0..3u8 {
+        conn.send_message(vec![i; 10], MessageProps::default())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert_eq!(
+            conn.paths().iter().filter(|p| p.usable).count(),
+            2,
+            "after message {i}: {:?} closed {:?}",
+            conn.paths(),
+            conn.closed_paths()
+        );
+    }
+    conn.close().await;
+    let (got, reason, _endpoint) = server.await.unwrap();
+    assert_eq!(got, [vec![0; 10], vec![1; 10], vec![2; 10]], "{reason:?}");
+}
+
+/// A single-connection client at a multipath endpoint, and a multipath client at a
+/// single-connection endpoint: the multipath side sees the peer's first frame is not its
+/// PATH_PROBE and closes with a protocol violation (not a path timeout) that the other side
+/// is told of.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_and_multipath_ends_refuse_each_other_at_once() {
+    use squarepeg::{ConnectionError, Endpoint, ProtocolError};
+    // A plain client, a multipath server.
+    let (server_config, client_config) = configs();
+    let mut endpoint = MultipathEndpoint::bind(
+        &["127.0.0.1:0".parse().unwrap()],
+        server_config,
+        MultipathOptions::default(),
+    )
+    .await
+    .unwrap();
+    let addr = endpoint.local_addrs()[0];
+    let plain = Connection::connect(addr, client_config).await.unwrap();
+    let server = endpoint.accept().await.unwrap();
+    plain
+        .send_message(b"hello".to_vec(), MessageProps::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        server.closed().await,
+        ConnectionError::ProtocolViolation(ProtocolError::NotMultipath)
+    );
+    let seen = plain.closed().await;
+    assert!(
+        matches!(&seen, ConnectionError::PeerError { code: 0x08, reason } if reason.contains("multipath")),
+        "{seen:?}"
+    );
+    // A multipath client, a plain server.
+    let (server_config, client_config) = configs();
+    let plain_server = Endpoint::bind("127.0.0.1:0", server_config).await.unwrap();
+    let addr = plain_server.local_addr().unwrap();
+    let accepting = tokio::spawn(async move { plain_server.accept().await.unwrap() });
+    let client = Connection::connect_multipath(
+        &[PathAddress::to(addr)],
+        client_config,
+        MultipathOptions::default(),
+    )
+    .await
+    .unwrap();
+    let server = accepting.await.unwrap();
+    // The server's session speaks first anyway (its flow-control frames); the client may
+    // have closed before this message goes.
+    let _ = server
+        .send_message(b"hello".to_vec(), MessageProps::default())
+        .await;
+    assert_eq!(
+        client.closed().await,
+        ConnectionError::ProtocolViolation(ProtocolError::NotMultipath)
+    );
+    let seen = server.closed().await;
+    assert!(
+        matches!(&seen, ConnectionError::PeerError { code: 0x08, reason } if reason.contains("multipath")),
+        "{seen:?}"
+    );
+}

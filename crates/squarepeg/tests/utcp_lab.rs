@@ -29,7 +29,7 @@ use squarepeg::{
 use squarepeg_io::StackConfig;
 use squarepeg_lab::middlebox::{MiddleboxConfig, ResegmentConfig, RetransmitCacheConfig};
 use squarepeg_lab::net::{CaptureSide, Lab, LabConfig, Role, capture_path};
-use squarepeg_lab::stack::LabStack;
+use squarepeg_lab::stack::{LabStack, stack_addresses};
 use squarepeg_tcp::audit::WireAudit;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -962,17 +962,35 @@ fn utcp_to_utcp_early_data_on_fast_open() {
 /// message and stream byte arrives once, and both connections carry the session.
 #[test]
 fn multipath_session_over_userspace_and_kernel_tcp() {
-    use squarepeg::tls::config::{self, Trust};
-    use squarepeg::{MultipathEndpoint, MultipathOptions, PathAddress, PathPolicy};
-    use squarepeg_lab::net::PathConfig;
-    use std::sync::Arc;
     if !squarepeg_lab::stack::can_run() {
         eprintln!("SKIPPED multipath_session_over_userspace_and_kernel_tcp: needs root, TUN, ip");
         return;
     }
+    multipath_over_mixed_substrates("mpu", false);
+}
+
+/// The same with the server's end of path 0 on a userspace stack too: its
+/// `MultipathEndpoint` listens on the stack's address (path 0, userspace TCP at both ends)
+/// and on the kernel's (path 1), and the client learns the second from the first.
+#[test]
+fn multipath_session_with_a_server_path_on_userspace_tcp() {
+    if !squarepeg_lab::stack::can_run() {
+        eprintln!(
+            "SKIPPED multipath_session_with_a_server_path_on_userspace_tcp: needs root, TUN, ip"
+        );
+        return;
+    }
+    multipath_over_mixed_substrates("mps", true);
+}
+
+fn multipath_over_mixed_substrates(name: &str, server_on_stack: bool) {
+    use squarepeg::tls::config::{self, Trust};
+    use squarepeg::{ListenAddress, MultipathEndpoint, MultipathOptions, PathAddress, PathPolicy};
+    use squarepeg_lab::net::PathConfig;
+    use std::sync::Arc;
     let link = "delay=5ms rate=50mbit";
     let lab = Lab::start(
-        lab_config("mpu", 1, link, link).with_path(
+        lab_config(name, 1, link, link).with_path(
             PathConfig::default()
                 .with_up(link.parse().expect("link"))
                 .with_down(link.parse().expect("link"))
@@ -985,6 +1003,13 @@ fn multipath_session_over_userspace_and_kernel_tcp() {
             .expect("attach stack")
             .into_stack(),
     );
+    let server_stack = server_on_stack.then(|| {
+        Arc::new(
+            LabStack::attach(&lab, Role::Server, StackConfig::new([]), Some(1500))
+                .expect("attach server stack")
+                .into_stack(),
+        )
+    });
     let name = "peg.lab".to_owned();
     let cert = config::self_signed(std::slice::from_ref(&name)).expect("cert");
     let server_config = ConnectionConfig::default().with_tls_server(
@@ -996,7 +1021,16 @@ fn multipath_session_over_userspace_and_kernel_tcp() {
     );
     let p0 = lab.path_addresses(0).expect("path 0");
     let p1 = lab.path_addresses(1).expect("path 1");
-    let server0 = SocketAddr::new(p0.server_v4.into(), PORT);
+    let server0 = match &server_stack {
+        Some(_) => SocketAddr::new(
+            stack_addresses(&lab, Role::Server)
+                .expect("stack address")
+                .0
+                .into(),
+            PORT,
+        ),
+        None => SocketAddr::new(p0.server_v4.into(), PORT),
+    };
     let server1 = SocketAddr::new(p1.server_v4.into(), PORT);
     let client1 = SocketAddr::new(p1.client_v4.into(), 0);
     const MESSAGES: u64 = 400;
@@ -1004,12 +1038,19 @@ fn multipath_session_over_userspace_and_kernel_tcp() {
     let (received, paths) = std::thread::scope(|s| {
         let (bound_tx, bound_rx) = mpsc::channel();
         let server_ns = lab.server();
+        let listen = [
+            match &server_stack {
+                Some(stack) => ListenAddress::over_stack(stack.clone(), server0),
+                None => ListenAddress::kernel(server0),
+            },
+            ListenAddress::kernel(server1),
+        ];
         let server = s.spawn(move || {
             server_ns
                 .run(move || {
                     runtime().block_on(no_hang(async move {
-                        let mut ep = MultipathEndpoint::bind(
-                            &[server0, server1],
+                        let mut ep = MultipathEndpoint::bind_on(
+                            &listen,
                             server_config,
                             MultipathOptions::default(),
                         )
@@ -1043,10 +1084,12 @@ fn multipath_session_over_userspace_and_kernel_tcp() {
             client_ns
                 .run(move || {
                     runtime().block_on(no_hang(async move {
-                        let paths = [
-                            PathAddress::over_stack(stack, server0),
-                            PathAddress::from_local(client1, server1),
-                        ];
+                        // With the server on a stack the client learns path 1's address
+                        // from the server (ADD_ADDRESS) rather than being given it.
+                        let mut paths = vec![PathAddress::over_stack(stack, server0)];
+                        if !server_on_stack {
+                            paths.push(PathAddress::from_local(client1, server1));
+                        }
                         let conn = Connection::connect_multipath(
                             &paths,
                             client_config,
@@ -1104,6 +1147,15 @@ fn multipath_session_over_userspace_and_kernel_tcp() {
         device.bytes_written > 50_000,
         "the userspace TCP carried path 0: {device:?}"
     );
+    if let Some(server_stack) = &server_stack {
+        // … and at the server too: its device read what the client sent on path 0.
+        let device = server_stack.stats().device;
+        assert!(
+            device.bytes_read > 50_000,
+            "the server's userspace TCP carried path 0: {device:?}"
+        );
+    }
     drop(stack);
+    drop(server_stack);
     lab.teardown_paths().expect("teardown");
 }

@@ -32,16 +32,31 @@ const KERNEL_HINT: &str = "is the peer listening there? is a firewall in the way
 
 /// `given`: the stack options given on the command line (they need `--substrate utcp`).
 pub fn run(mut args: ConnectArgs, given: &[String]) -> anyhow::Result<()> {
-    args.substrate.check(given)?;
+    let multipath_stack =
+        args.multipath.enabled() && args.multipath.uses_stack(args.substrate.substrate);
+    if !multipath_stack {
+        args.substrate.check(given)?;
+    }
     args.peer.quiet = args.substrate.stack.quiet;
     let rt = tokio::runtime::Runtime::new()?;
     let config = args.tls.apply(args.peer.connection_config(), &args.addr)?;
     args.peer.steer = args.multipath.steer;
     if args.multipath.enabled() {
-        args.multipath.check(args.substrate.substrate, &config)?;
-        let paths = args.multipath.client_paths(&args.addr)?;
+        args.multipath.check(&config)?;
+        let paths = args.multipath.client_paths(&args.addr, &args.substrate)?;
         let options = args.multipath.options()?;
+        let mut running = multipath_stack
+            .then(|| args.substrate.stack.start())
+            .transpose()?;
+        let quiet = args.peer.quiet;
         let result = rt.block_on(async {
+            // The paths (and the session's supervisor) hold the stack until the session
+            // ends: it is shut down after.
+            let paths = super::multipath::on_stack(
+                paths,
+                running.as_ref().map(|r| r.shared()).as_ref(),
+                |stack, p| squarepeg::PathAddress::over_stack(stack, p.remote),
+            );
             let conn = super::connect_within(
                 &args.addr,
                 args.connect_timeout,
@@ -59,6 +74,13 @@ pub fn run(mut args: ConnectArgs, given: &[String]) -> anyhow::Result<()> {
             }
             run_peer(conn, args.peer, true).await
         });
+        let result = match running.as_mut() {
+            Some(running) => {
+                rt.block_on(running.linger(Duration::from_secs(3)));
+                result.and(rt.block_on(running.finish(quiet)))
+            }
+            None => result,
+        };
         rt.shutdown_background();
         return result;
     }

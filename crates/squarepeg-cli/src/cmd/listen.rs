@@ -28,17 +28,32 @@ pub struct ListenArgs {
 
 /// `given`: the stack options given on the command line (they need `--substrate utcp`).
 pub fn run(mut args: ListenArgs, given: &[String]) -> anyhow::Result<()> {
-    args.substrate.check(given)?;
+    let multipath_stack =
+        args.multipath.enabled() && args.multipath.uses_stack(args.substrate.substrate);
+    if !multipath_stack {
+        args.substrate.check(given)?;
+    }
     args.peer.quiet = args.substrate.stack.quiet;
     let rt = tokio::runtime::Runtime::new()?;
     let config = args.tls.apply(args.peer.connection_config(), &args.addr)?;
     args.peer.steer = args.multipath.steer;
     if args.multipath.enabled() {
-        args.multipath.check(args.substrate.substrate, &config)?;
-        let addrs = args.multipath.listen_addrs(&args.addr)?;
+        args.multipath.check(&config)?;
+        let addrs = args.multipath.listen_addrs(&args.addr, &args.substrate)?;
         let options = args.multipath.options()?;
+        let mut running = multipath_stack
+            .then(|| args.substrate.stack.start())
+            .transpose()?;
+        let quiet = args.peer.quiet;
         let result = rt.block_on(async {
-            let mut ep = squarepeg::MultipathEndpoint::bind(&addrs, config, options).await?;
+            // The addresses hold the stack only until bound: it is shut down at the end.
+            let addrs = super::multipath::on_stack(
+                addrs,
+                running.as_ref().map(|r| r.shared()).as_ref(),
+                |stack, a| squarepeg::ListenAddress::over_stack(stack, a.addr),
+            );
+            let mut ep = squarepeg::MultipathEndpoint::bind_on(&addrs, config, options).await?;
+            drop(addrs);
             for a in ep.local_addrs() {
                 eprintln!("listening on {a} (multipath sessions)");
             }
@@ -56,8 +71,16 @@ pub fn run(mut args: ListenArgs, given: &[String]) -> anyhow::Result<()> {
                     + joins.joins_refused_expired
                     + joins.joins_refused_not_resumed
             );
+            drop(ep);
             r
         });
+        let result = match running.as_mut() {
+            Some(running) => {
+                rt.block_on(running.linger(Duration::from_secs(3)));
+                result.and(rt.block_on(running.finish(quiet)))
+            }
+            None => result,
+        };
         rt.shutdown_background();
         return result;
     }

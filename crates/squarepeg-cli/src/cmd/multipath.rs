@@ -2,18 +2,23 @@
 //! connections (TLS 1.3 required), with steering and failover (docs/wire.md §7).
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use squarepeg::{MultipathOptions, PathAddress, PathPolicy};
+use squarepeg::{ListenAddress, MultipathOptions, PathAddress, PathPolicy};
+
+use super::substrate::{Substrate, SubstrateArgs};
 
 #[derive(Args, Debug, Default)]
 pub struct MultipathArgs {
     /// One session over several TCP connections (needs --tls). `peg connect`: a further path,
     /// REMOTE or REMOTE@LOCAL_IP (the local address picks the interface); `peg listen`: a
-    /// further address to listen on. Repeat for more. Implies --multipath.
-    #[arg(long = "path", value_name = "ADDR")]
+    /// further address to listen on. Prefixed `utcp:`, over the userspace TCP (its device as
+    /// for --substrate utcp; the first address follows --substrate), else over the kernel's.
+    /// Repeat for more. Implies --multipath.
+    #[arg(long = "path", value_name = "[utcp:]ADDR")]
     pub paths: Vec<String>,
     /// A multipath session even with one address (a listener takes joins; a client re-joins
     /// after its connection dies).
@@ -38,15 +43,8 @@ impl MultipathArgs {
         self.multipath || !self.paths.is_empty()
     }
 
-    /// A multipath session needs kernel TCP and TLS.
-    pub fn check(
-        &self,
-        substrate: super::substrate::Substrate,
-        config: &squarepeg::ConnectionConfig,
-    ) -> anyhow::Result<()> {
-        if substrate != super::substrate::Substrate::Kernel {
-            bail!("a multipath session runs over kernel TCP (--substrate kernel)");
-        }
+    /// A multipath session needs TLS.
+    pub fn check(&self, config: &squarepeg::ConnectionConfig) -> anyhow::Result<()> {
         if config.tls.is_none() {
             bail!("a multipath session needs --tls (joins are TLS resumptions)");
         }
@@ -68,24 +66,104 @@ impl MultipathArgs {
         Ok(options)
     }
 
-    /// The client's paths: `first` then every --path.
-    pub fn client_paths(&self, first: &str) -> anyhow::Result<Vec<PathAddress>> {
-        std::iter::once(first)
-            .chain(self.paths.iter().map(String::as_str))
-            .map(parse_path)
-            .collect()
+    /// Whether any address runs over the userspace TCP (the first one with `--substrate
+    /// utcp`).
+    pub fn uses_stack(&self, substrate: Substrate) -> bool {
+        substrate == Substrate::Utcp
+            || self
+                .paths
+                .iter()
+                .any(|p| split_tcp(p).is_ok_and(|(utcp, _)| utcp))
     }
 
-    /// The listener's addresses: `first` then every --path.
-    pub fn listen_addrs(&self, first: &str) -> anyhow::Result<Vec<SocketAddr>> {
-        std::iter::once(first)
-            .chain(self.paths.iter().map(String::as_str))
+    /// The addresses, `first` then every --path, each with whether it runs over the
+    /// userspace TCP.
+    fn addresses<'a>(
+        &'a self,
+        first: &'a str,
+        substrate: Substrate,
+    ) -> impl Iterator<Item = anyhow::Result<(bool, &'a str)>> + 'a {
+        std::iter::once(Ok((substrate == Substrate::Utcp, first)))
+            .chain(self.paths.iter().map(|p| split_tcp(p)))
+    }
+
+    /// The client's paths: `first` then every --path, checked before any device is
+    /// touched; those marked `true` go over the userspace TCP ([`on_stack`]).
+    pub fn client_paths(
+        &self,
+        first: &str,
+        substrate: &SubstrateArgs,
+    ) -> anyhow::Result<Vec<(bool, PathAddress)>> {
+        self.addresses(first, substrate.substrate)
             .map(|a| {
-                a.parse()
-                    .with_context(|| format!("{a:?} is not an address (IP:PORT)"))
+                let (utcp, text) = a?;
+                let path = parse_path(text)?;
+                if utcp {
+                    if path.local.is_some() {
+                        bail!(
+                            "{text}: a path over the userspace TCP leaves from the stack's address"
+                        );
+                    }
+                    super::stack::check_target(&substrate.stack, path.remote)?;
+                }
+                Ok((utcp, path))
             })
             .collect()
     }
+
+    /// The listener's addresses: `first` then every --path, checked before any device is
+    /// touched; those marked `true` are the userspace TCP's ([`on_stack`]).
+    pub fn listen_addrs(
+        &self,
+        first: &str,
+        substrate: &SubstrateArgs,
+    ) -> anyhow::Result<Vec<(bool, ListenAddress)>> {
+        self.addresses(first, substrate.substrate)
+            .map(|a| {
+                let (utcp, text) = a?;
+                let addr: SocketAddr = text
+                    .parse()
+                    .with_context(|| format!("{text:?} is not an address (IP:PORT)"))?;
+                if utcp {
+                    substrate.stack.listen_addrs(addr)?;
+                }
+                Ok((utcp, ListenAddress::kernel(addr)))
+            })
+            .collect()
+    }
+}
+
+/// Moves the addresses marked `true` onto the userspace TCP's `stack`.
+pub fn on_stack<T>(
+    addresses: Vec<(bool, T)>,
+    stack: Option<&Arc<squarepeg_io::Stack>>,
+    over_stack: impl Fn(Arc<squarepeg_io::Stack>, T) -> T,
+) -> Vec<T> {
+    addresses
+        .into_iter()
+        .map(|(utcp, a)| match (utcp, stack) {
+            (true, Some(stack)) => over_stack(stack.clone(), a),
+            _ => a,
+        })
+        .collect()
+}
+
+/// `utcp:ADDR`, `kernel:ADDR` or `ADDR` (the kernel's TCP): whether it is the userspace TCP's,
+/// and the address.
+fn split_tcp(text: &str) -> anyhow::Result<(bool, &str)> {
+    if let Some(rest) = text.strip_prefix("utcp:") {
+        return Ok((true, rest));
+    }
+    if let Some(rest) = text.strip_prefix("kernel:") {
+        return Ok((false, rest));
+    }
+    if let Some((prefix, _)) = text.split_once(':')
+        && !prefix.is_empty()
+        && prefix.chars().all(|c| c.is_ascii_alphabetic())
+    {
+        bail!("{text}: unknown TCP {prefix:?} (utcp: or kernel:)");
+    }
+    Ok((false, text))
 }
 
 /// `REMOTE` or `REMOTE@LOCAL_IP`.
@@ -144,6 +222,14 @@ mod tests {
         assert_eq!(parse_path("[::1]:4433").unwrap().local, None);
         assert!(parse_path("10.0.0.1:443@::1").is_err());
         assert!(parse_path("nowhere").is_err());
+        assert_eq!(
+            split_tcp("utcp:10.0.0.1:443").unwrap(),
+            (true, "10.0.0.1:443")
+        );
+        assert_eq!(split_tcp("kernel:[::1]:443").unwrap(), (false, "[::1]:443"));
+        assert_eq!(split_tcp("[::1]:443").unwrap(), (false, "[::1]:443"));
+        assert_eq!(split_tcp("10.0.0.1:443").unwrap(), (false, "10.0.0.1:443"));
+        assert!(split_tcp("quic:10.0.0.1:443").is_err());
         assert_eq!(parse_steer("pinned:1"), Ok(PathPolicy::Pinned(1)));
         assert_eq!(parse_steer("redundant"), Ok(PathPolicy::Redundant));
         assert!(parse_steer("fastest").is_err());

@@ -5,6 +5,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
@@ -325,7 +326,7 @@ impl StackArgs {
         adjust(&mut config);
         let stack = Stack::new(device, config)?;
         Ok(RunningStack {
-            stack: Some(stack),
+            stack: Some(Arc::new(stack)),
             _ns: ns,
         })
     }
@@ -333,13 +334,19 @@ impl StackArgs {
 
 /// A running stack (and the namespace handle it was opened in).
 pub struct RunningStack {
-    pub stack: Option<Stack>,
+    /// Shared with the paths of a multipath session over it.
+    pub stack: Option<Arc<Stack>>,
     _ns: Option<NetNs>,
 }
 
 impl RunningStack {
     pub fn stack(&self) -> &Stack {
         self.stack.as_ref().expect("stack running")
+    }
+
+    /// The stack, for paths of a multipath session (`PathAddress::over_stack`).
+    pub fn shared(&self) -> Arc<Stack> {
+        self.stack.clone().expect("stack running")
     }
 
     /// Waits, at most `limit`, until the stack holds no connection: a connection's closing
@@ -355,9 +362,25 @@ impl RunningStack {
         }
     }
 
-    /// Stops the stack, reporting the driver's error if it had one.
+    /// Stops the stack, reporting the driver's error if it had one. A multipath session's
+    /// tasks let go of it as they end; one still holding it after a second leaves it to be
+    /// dropped without a report.
     pub async fn finish(&mut self, quiet: bool) -> anyhow::Result<()> {
-        if let Some(stack) = self.stack.take() {
+        let Some(mut shared) = self.stack.take() else {
+            return Ok(());
+        };
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let stack = loop {
+            match Arc::try_unwrap(shared) {
+                Ok(stack) => break Some(stack),
+                Err(still) if Instant::now() < deadline => {
+                    shared = still;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Err(_) => break None,
+            }
+        };
+        if let Some(stack) = stack {
             let stats = stack.shutdown().await?;
             if !quiet {
                 eprintln!(

@@ -269,6 +269,10 @@ pub struct Path {
     probe_now: bool,
     /// The probe in flight: its end offset and when it left.
     probe: Option<(u64, Instant)>,
+    /// A frame came from the peer on it (the first must be the peer's PATH_PROBE).
+    peer_frame_seen: bool,
+    /// Its first PATH_PROBE is in its log (every other frame goes after it).
+    probed: bool,
     /// When it was last found suspect, unless acknowledgements came since.
     suspected: Option<Instant>,
     srtt: Option<Duration>,
@@ -311,6 +315,8 @@ impl Path {
             next_probe: None,
             probe_now: true,
             probe: None,
+            peer_frame_seen: false,
+            probed: false,
             suspected: None,
             srtt: None,
             fin_sent: false,
@@ -629,6 +635,19 @@ impl MultipathConnection {
                 FrameHeader::Control => ControlFrame::decode(&frame.payload).ok(),
                 _ => None,
             };
+            if !std::mem::replace(&mut p.peer_frame_seen, true)
+                && !matches!(
+                    control,
+                    Some(ControlFrame::PathProbe | ControlFrame::PathAck { .. })
+                )
+            {
+                // Every connection of a multipath session begins with a PATH_PROBE (or
+                // PATH_ACK) from each side (docs/wire.md §7): the peer runs a
+                // single-connection session, which would never acknowledge, and this
+                // one would hold everything it sends until it gave up on the path.
+                self.session.fail_protocol(now, ProtocolError::NotMultipath);
+                return;
+            }
             match control {
                 Some(ControlFrame::PathAck { received }) => {
                     let unacked = &mut self.unacked_messages;
@@ -889,16 +908,8 @@ impl MultipathConnection {
         let wanted = limit.saturating_sub(out.len()).div_ceil(record) * record;
         let mut frames = 0;
         // A probe, when due (RTT and liveness).
-        if std::mem::take(&mut p.probe_now) {
-            write_local(
-                &mut p.log,
-                &mut self.body,
-                &ControlFrame::PathProbe,
-                LOCAL_ELICITS,
-            );
-            p.probe = Some((p.log.end(), now));
-            p.next_probe = Some(now + self.config.probe_interval);
-            self.stats.probes_sent += 1;
+        if p.probe_now {
+            write_probe(p, &mut self.body, now, &self.config, &mut self.stats);
         }
         // This layer's own session frames (addresses), then what dead paths left.
         while let Some(control) = self.own_frames.pop_front() {
@@ -956,6 +967,9 @@ impl MultipathConnection {
                 p.log.cut_from(at, &mut self.scratch);
                 for target in [Some(first), second].into_iter().flatten() {
                     let q = self.paths.get_mut(&target).expect("a usable path");
+                    if !q.probed {
+                        write_probe(q, &mut self.body, now, &self.config, &mut self.stats);
+                    }
                     q.log.push(&self.scratch, kind);
                     if target != id {
                         over |= q.log.unsealed_len() >= UNSEALED_AHEAD;
@@ -1157,6 +1171,9 @@ impl MultipathConnection {
                 continue;
             }
             let q = self.paths.get_mut(&target).expect("a usable path");
+            if !q.probed {
+                write_probe(q, &mut self.body, now, &self.config, &mut self.stats);
+            }
             q.log.push_copy(&copy.bytes, kind);
             if let Some(n) = copy.message {
                 *self.unacked_messages.entry(n).or_default() += 1;
@@ -1227,6 +1244,24 @@ const SESSION_FRAME: Kind = Kind::Session {
     deadline: None,
     message: None,
 };
+
+/// Appends a PATH_PROBE to a path's log. A connection's first frame is always its probe
+/// (docs/wire.md §7: the peer checks it), also when another path's poll binds frames to it
+/// first.
+fn write_probe(
+    p: &mut Path,
+    body: &mut Vec<u8>,
+    now: Instant,
+    config: &MultipathConfig,
+    stats: &mut MultipathStats,
+) {
+    write_local(&mut p.log, body, &ControlFrame::PathProbe, LOCAL_ELICITS);
+    p.probe_now = false;
+    p.probed = true;
+    p.probe = Some((p.log.end(), now));
+    p.next_probe = Some(now + config.probe_interval);
+    stats.probes_sent += 1;
+}
 
 /// Appends a control frame of this layer to a path's log.
 fn write_local(log: &mut SentLog, body: &mut Vec<u8>, control: &ControlFrame, kind: Kind) {
