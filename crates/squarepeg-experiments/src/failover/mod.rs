@@ -337,14 +337,14 @@ pub struct FailoverMetrics {
     /// From the death to the end of the first [`RECOVERY_WINDOW`] after the stall's start
     /// with goodput at [`RECOVERY_SHARE`] of the pre-death mean or more (`None`: never).
     pub recovered_after_s: Option<f64>,
-    /// From the rival's detection of the death ([`DeathRecord::detected_s`]) to the first
-    /// byte of the download delivered after it: with the stream held by the bytes the dead
-    /// path swallowed, how long their re-sending took (`None`: no detection known, or
-    /// nothing arrived after it).
+    /// From the rival's detection of the death ([`DeathRecord::detected_s`]) to the end
+    /// of the stall (the download flowing again: the bytes the dead path swallowed were
+    /// re-sent and arrived). Negative: it flowed again before the detection (squarepeg's
+    /// reinjection). `None`: no detection known, or the stall lasted to the end.
     #[serde(default)]
     pub resumed_after_detection_s: Option<f64>,
-    /// The same from the rival's suspicion ([`DeathRecord::suspected_s`]): how long the
-    /// copies of what the dead path swallowed took.
+    /// The same from the rival's suspicion ([`DeathRecord::suspected_s`]), when it copied
+    /// what the dead path held to another.
     #[serde(default)]
     pub resumed_after_suspicion_s: Option<f64>,
 }
@@ -1139,15 +1139,10 @@ pub fn run_failover(
         .ok_or_else(|| VoipError::Transport("no call".into()))?;
     let end = config.duration + config.drain;
     let mut metrics = failover_metrics(&bulk.arrivals, config.at, config.duration);
-    let next_byte_after = |from: f64| {
-        bulk.arrivals
-            .iter()
-            .map(|&(at, _)| at.as_secs_f64())
-            .find(|&at| at >= from)
-            .map(|at| at - from)
-    };
-    metrics.resumed_after_detection_s = death.detected_s.and_then(next_byte_after);
-    metrics.resumed_after_suspicion_s = death.suspected_s.and_then(next_byte_after);
+    let stall_end = (!metrics.stalled_to_end).then_some(metrics.stall_from_s + metrics.stall_s);
+    let resumed_after = |from: f64| stall_end.map(|end| end - from);
+    metrics.resumed_after_detection_s = death.detected_s.and_then(resumed_after);
+    metrics.resumed_after_suspicion_s = death.suspected_s.and_then(resumed_after);
     if !bulk.intact {
         warnings.push("the download's bytes differ from what was sent".into());
     }
@@ -1352,9 +1347,10 @@ pub fn failover_table(report: &FailoverReport) -> String {
         "stall: longest time without a new byte from the death to the end of sending (+: to the end); \
          recover: death to the end of the first 250 ms at ≥ 50 % of the pre-death goodput; \
          suspect: death to the rival's suspicion, when it copied the path's unacknowledged data \
-         to the other (squarepeg's reinjection), and resume: from then to the next byte of the \
-         download; detect: death to the rival's own declaration (squarepeg's path timeout or the \
-         reset), and resume: from then to the next byte; srtt: the surviving path's smoothed \
+         to the other (squarepeg's reinjection), and resume: from then to the end of the stall \
+         (the download flowing again); detect: death to the rival's own declaration (squarepeg's \
+         path timeout or the reset), and resume: from then to the end of the stall (negative: \
+         before it); srtt: the surviving path's smoothed \
          RTT at detection, as the rival measured it; voice: on time / sent"
     );
     out
