@@ -86,7 +86,8 @@ pub struct MultipathConfig {
     pub read_buffer: usize,
     /// Bytes sent and not yet acknowledged, over all connections, beyond which no more
     /// frames leave the session (they wait there, where the scheduler can still reorder
-    /// and expire them). At least the paths' summed bandwidth-delay products.
+    /// and expire them). At least the paths' summed bandwidth-delay products. Copies of a
+    /// suspect connection's frames ([`Self::reinject`]) may hold as much again.
     pub max_unacked: usize,
     /// A receiver acknowledges at once after this many new bytes on a connection.
     pub ack_bytes: usize,

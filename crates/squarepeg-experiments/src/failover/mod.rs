@@ -338,9 +338,9 @@ pub struct FailoverMetrics {
     /// with goodput at [`RECOVERY_SHARE`] of the pre-death mean or more (`None`: never).
     pub recovered_after_s: Option<f64>,
     /// From the rival's detection of the death ([`DeathRecord::detected_s`]) to the end
-    /// of the stall (the download flowing again: the bytes the dead path swallowed were
-    /// re-sent and arrived). Negative: it flowed again before the detection (squarepeg's
-    /// reinjection). `None`: no detection known, or the stall lasted to the end.
+    /// of the stall the death caused (the download flowing again: the bytes the dead path
+    /// swallowed were re-sent and arrived). Negative: it flowed again before the detection
+    /// (squarepeg's reinjection). `None`: no detection known, or nothing arrived after.
     #[serde(default)]
     pub resumed_after_detection_s: Option<f64>,
     /// The same from the rival's suspicion ([`DeathRecord::suspected_s`]), when it copied
@@ -1115,6 +1115,25 @@ fn carried(stats: &[EmulatorStats], at_death: Option<&[EmulatorStats]>) -> Vec<P
         .collect()
 }
 
+/// How long after `reaction_s` (the rival's detection or suspicion, seconds from the start)
+/// the download flowed again after the death at `death`: the end of the longest gap between
+/// arrivals that began after the death and no later than [`REACTION_SLACK`] after the
+/// reaction (the stall the death caused; a later, unrelated one does not count). Negative:
+/// it flowed again before the reaction. `None`: nothing arrived after such a gap.
+fn resumed_after(arrivals: &[(Duration, u64)], death: Duration, reaction_s: f64) -> Option<f64> {
+    let death = death.as_secs_f64();
+    arrivals
+        .windows(2)
+        .map(|w| (w[0].0.as_secs_f64(), w[1].0.as_secs_f64()))
+        .filter(|&(from, _)| from >= death && from <= reaction_s + REACTION_SLACK)
+        .max_by(|a, b| (a.1 - a.0).total_cmp(&(b.1 - b.0)))
+        .map(|(_, end)| end - reaction_s)
+}
+
+/// See [`resumed_after`]: a stall caused by the death starts before the rival reacts, or
+/// at most this long after it (the hole reaching the head of the stream).
+const REACTION_SLACK: f64 = 0.1;
+
 /// Runs one rival's failover on a lab of its own (needs root): the download and the call,
 /// path 0 dying at `config.at`. `progress` hears about once a second how it goes.
 pub fn run_failover(
@@ -1139,10 +1158,12 @@ pub fn run_failover(
         .ok_or_else(|| VoipError::Transport("no call".into()))?;
     let end = config.duration + config.drain;
     let mut metrics = failover_metrics(&bulk.arrivals, config.at, config.duration);
-    let stall_end = (!metrics.stalled_to_end).then_some(metrics.stall_from_s + metrics.stall_s);
-    let resumed_after = |from: f64| stall_end.map(|end| end - from);
-    metrics.resumed_after_detection_s = death.detected_s.and_then(resumed_after);
-    metrics.resumed_after_suspicion_s = death.suspected_s.and_then(resumed_after);
+    metrics.resumed_after_detection_s = death
+        .detected_s
+        .and_then(|at| resumed_after(&bulk.arrivals, config.at, at));
+    metrics.resumed_after_suspicion_s = death
+        .suspected_s
+        .and_then(|at| resumed_after(&bulk.arrivals, config.at, at));
     if !bulk.intact {
         warnings.push("the download's bytes differ from what was sent".into());
     }
@@ -1438,6 +1459,21 @@ mod tests {
         assert!(m.stalled_to_end);
         assert_eq!(m.recovered_after_s, None);
         assert!((m.stall_s - 3.0).abs() < 1e-9, "{m:?}");
+    }
+
+    #[test]
+    fn the_stall_the_death_caused_is_measured_from_the_reaction() {
+        // Every 10 ms to 2.02 s, nothing to 2.06 s (the death's stall), then every 10 ms,
+        // and a longer, unrelated gap from 3 s to 3.1 s.
+        let mut arrivals: Vec<(Duration, u64)> = (1..=202).map(|i| (i * 10 * MS, 1000)).collect();
+        arrivals.extend((206..=300).map(|i| (i * 10 * MS, 1000)));
+        arrivals.extend((310..=400).map(|i| (i * 10 * MS, 1000)));
+        let after = |reaction: f64| resumed_after(&arrivals, 2000 * MS, reaction).unwrap();
+        // Detected at once (a reset): flowing again 60 ms later, not at 3.1 s.
+        assert!((after(2.0) - 0.06).abs() < 1e-9, "{}", after(2.0));
+        // Detected late: negative, it flowed before.
+        assert!((after(2.2) + 0.14).abs() < 1e-9, "{}", after(2.2));
+        assert_eq!(resumed_after(&arrivals[..150], 2000 * MS, 2.0), None);
     }
 
     #[test]
