@@ -82,7 +82,7 @@ impl MultipathOptions {
 /// The least stream receive window of a multipath session's streams.
 pub const MULTIPATH_STREAM_WINDOW: u64 = 8 << 20;
 
-/// The TCP a client's path runs over.
+/// The TCP a path runs over: a client's ([`PathAddress`]) or a listener's ([`ListenAddress`]).
 #[derive(Clone, Default)]
 #[non_exhaustive]
 pub enum PathTcp {

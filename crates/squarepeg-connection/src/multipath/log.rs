@@ -34,8 +34,6 @@ struct Logged {
     /// A copy of a frame a suspect connection holds: never copied again (a copy of a copy
     /// could bounce between two stalled connections).
     copy: bool,
-    /// When it was logged (about when it was sent).
-    at: Instant,
 }
 
 /// A frame taken out of a dead connection's log, to be sent on another.
@@ -104,34 +102,29 @@ impl SentLog {
     }
 
     /// The frame just appended to [`Self::buffer`] ends the log now.
-    pub(crate) fn logged(&mut self, kind: Kind, now: Instant) {
-        self.log_frame(kind, false, now);
+    pub(crate) fn logged(&mut self, kind: Kind) {
+        self.log_frame(kind, false);
     }
 
-    fn log_frame(&mut self, kind: Kind, copy: bool, at: Instant) {
+    fn log_frame(&mut self, kind: Kind, copy: bool) {
         let end = self.end();
         self.eliciting += usize::from(kind.elicits_ack());
         if !copy && matches!(kind, Kind::Session { .. }) {
             self.session_end = end;
         }
-        self.frames.push_back(Logged {
-            end,
-            kind,
-            copy,
-            at,
-        });
+        self.frames.push_back(Logged { end, kind, copy });
     }
 
     /// Appends a whole frame.
-    pub(crate) fn push(&mut self, frame: &[u8], kind: Kind, now: Instant) {
+    pub(crate) fn push(&mut self, frame: &[u8], kind: Kind) {
         self.bytes.extend_from_slice(frame);
-        self.logged(kind, now);
+        self.logged(kind);
     }
 
     /// Appends a whole frame that is a copy of one a suspect connection holds.
-    pub(crate) fn push_copy(&mut self, frame: &[u8], kind: Kind, now: Instant) {
+    pub(crate) fn push_copy(&mut self, frame: &[u8], kind: Kind) {
         self.bytes.extend_from_slice(frame);
-        self.log_frame(kind, true, now);
+        self.log_frame(kind, true);
     }
 
     /// Cuts the frame that starts at buffer length `at` off the end (it goes elsewhere).
@@ -191,29 +184,17 @@ impl SentLog {
     }
 
     /// Copies of the unacknowledged session frames that have none yet (and are no copies
-    /// themselves), the connection being suspect ([`Self::session_frames`] for their
-    /// order and `delivered_before`); they stay in the log until acknowledged or orphaned.
-    pub(crate) fn copy_uncopied(
-        &mut self,
-        delivered_before: Option<Instant>,
-    ) -> Vec<(Orphan, Kind)> {
+    /// themselves), in the order sent (the connection is suspect); they stay in the log
+    /// until acknowledged or orphaned.
+    pub(crate) fn copy_uncopied(&mut self) -> Vec<(Orphan, Kind)> {
         let from = self.copied_to;
         self.copied_to = self.end();
-        self.session_frames(|f| f.end > from && !f.copy, delivered_before)
+        self.session_frames(|f| f.end > from && !f.copy)
     }
 
-    /// The session's frames that are `wanted`, with their bytes, in the order sent — except
-    /// that those logged before `delivered_before` go last: frames the peer most likely
-    /// took already (the connection worked long enough after they left for them to
-    /// arrive; only the acknowledgement is missing), so that what it most likely lacks
-    /// arrives first where they are re-sent.
-    fn session_frames(
-        &self,
-        wanted: impl Fn(&Logged) -> bool,
-        delivered_before: Option<Instant>,
-    ) -> Vec<(Orphan, Kind)> {
-        let mut recent = Vec::new();
-        let mut older = Vec::new();
+    /// The session's frames that are `wanted`, with their bytes.
+    fn session_frames(&self, wanted: impl Fn(&Logged) -> bool) -> Vec<(Orphan, Kind)> {
+        let mut out = Vec::new();
         let mut start = self.base;
         for f in &self.frames {
             if let Kind::Session { deadline, message } = f.kind
@@ -221,11 +202,6 @@ impl SentLog {
             {
                 let from = self.head + (start - self.base) as usize;
                 let to = self.head + (f.end - self.base) as usize;
-                let out = if delivered_before.is_some_and(|t| f.at < t) {
-                    &mut older
-                } else {
-                    &mut recent
-                };
                 out.push((
                     Orphan {
                         bytes: self.bytes[from..to].to_vec(),
@@ -237,21 +213,15 @@ impl SentLog {
             }
             start = f.end;
         }
-        recent.append(&mut older);
-        recent
+        out
     }
 
     /// Everything unacknowledged that the session still wants and that has no copy
-    /// elsewhere ([`Self::session_frames`] for their order and `delivered_before`);
-    /// `copied` hears of each session frame that has one. The log is emptied (the
-    /// connection is gone).
-    pub(crate) fn take_orphans(
-        &mut self,
-        delivered_before: Option<Instant>,
-        mut copied: impl FnMut(Kind),
-    ) -> Vec<(Orphan, Kind)> {
+    /// elsewhere, in the order sent; `copied` hears of each session frame that has one. The
+    /// log is emptied (the connection is gone).
+    pub(crate) fn take_orphans(&mut self, mut copied: impl FnMut(Kind)) -> Vec<(Orphan, Kind)> {
         let has_copy = |f: &Logged| f.end <= self.copied_to && !f.copy;
-        let out = self.session_frames(|f| !has_copy(f), delivered_before);
+        let out = self.session_frames(|f| !has_copy(f));
         for f in &self.frames {
             if has_copy(f) && matches!(f.kind, Kind::Session { .. }) {
                 copied(f.kind);
@@ -282,11 +252,10 @@ mod tests {
 
     #[test]
     fn acknowledgements_must_end_a_frame_and_be_sent() {
-        let t0 = Instant::now();
         let mut log = SentLog::default();
-        log.push(b"aaaa", S, t0);
-        log.push(b"bb", ACK, t0);
-        log.push(b"cccccc", S, t0);
+        log.push(b"aaaa", S);
+        log.push(b"bb", ACK);
+        log.push(b"cccccc", S);
         assert_eq!(log.unsealed(), b"aaaabbcccccc");
         log.mark_sealed(6);
         assert_eq!(
@@ -300,7 +269,7 @@ mod tests {
         assert_eq!(log.ack(4, |_| {}), Ok(false));
         assert!(log.awaits_ack());
         assert_eq!(log.unsealed(), b"cccccc");
-        let orphans = log.take_orphans(None, |_| panic!("nothing was copied"));
+        let orphans = log.take_orphans(|_| panic!("nothing was copied"));
         assert_eq!(orphans.len(), 1);
         assert_eq!(orphans[0].0.bytes, b"cccccc");
         assert_eq!(log.held(), 0);
@@ -309,28 +278,27 @@ mod tests {
 
     #[test]
     fn copied_frames_are_not_orphaned_twice() {
-        let t0 = Instant::now();
         let mut log = SentLog::default();
-        log.push(b"aaaa", S, t0);
-        log.push(b"bb", ACK, t0);
-        log.push(b"ccc", S, t0);
+        log.push(b"aaaa", S);
+        log.push(b"bb", ACK);
+        log.push(b"ccc", S);
         log.mark_sealed(9);
         assert!(log.has_uncopied());
-        let copies = log.copy_uncopied(None);
+        let copies = log.copy_uncopied();
         let bytes: Vec<&[u8]> = copies.iter().map(|(o, _)| &o.bytes[..]).collect();
         assert_eq!(bytes, [&b"aaaa"[..], b"ccc"]);
         assert!(!log.has_uncopied());
         // Still held until acknowledged; a later frame is copied on its own.
         assert_eq!(log.held(), 9);
-        log.push(b"d", ACK, t0);
+        log.push(b"d", ACK);
         assert!(!log.has_uncopied(), "a local frame is not the session's");
-        log.push_copy(b"ff", S, t0);
+        log.push_copy(b"ff", S);
         assert!(!log.has_uncopied(), "a copy is not copied again");
-        log.push(b"ee", S, t0);
+        log.push(b"ee", S);
         assert!(log.has_uncopied());
         assert_eq!(log.ack(4, |_| {}), Ok(true));
         let mut copied = 0;
-        let orphans = log.take_orphans(None, |_| copied += 1);
+        let orphans = log.take_orphans(|_| copied += 1);
         assert_eq!(copied, 1, "ccc has its copy");
         let bytes: Vec<&[u8]> = orphans.iter().map(|(o, _)| &o.bytes[..]).collect();
         assert_eq!(
@@ -339,36 +307,5 @@ mod tests {
             "a copy's original may be gone too"
         );
         assert!(!log.has_uncopied());
-    }
-
-    #[test]
-    fn frames_likely_delivered_go_after_the_others() {
-        let t0 = Instant::now();
-        let t1 = t0 + std::time::Duration::from_millis(30);
-        let mut log = SentLog::default();
-        log.push(b"old1", S, t0);
-        log.push(b"a", ACK, t0);
-        log.push(b"old2", S, t0);
-        log.push(b"new1", S, t1);
-        log.push(b"new2", S, t1);
-        log.mark_sealed(17);
-        let order = |v: &[(Orphan, Kind)]| -> Vec<Vec<u8>> {
-            v.iter().map(|(o, _)| o.bytes.clone()).collect()
-        };
-        let copies = log.copy_uncopied(Some(t1));
-        assert_eq!(order(&copies), [&b"new1"[..], b"new2", b"old1", b"old2"]);
-        let mut log2 = SentLog::default();
-        log2.push(b"old1", S, t0);
-        log2.push(b"new1", S, t1);
-        let orphans = log2.take_orphans(Some(t1), |_| {});
-        assert_eq!(order(&orphans), [&b"new1"[..], b"old1"]);
-        // Without a boundary: the order sent.
-        let mut log3 = SentLog::default();
-        log3.push(b"old1", S, t0);
-        log3.push(b"new1", S, t1);
-        assert_eq!(
-            order(&log3.take_orphans(None, |_| {})),
-            [&b"old1"[..], b"new1"]
-        );
     }
 }

@@ -276,8 +276,6 @@ pub struct Path {
     probed: bool,
     /// When it was last found suspect, unless acknowledgements came since.
     suspected: Option<Instant>,
-    /// When an acknowledgement last advanced on it.
-    last_progress: Option<Instant>,
     srtt: Option<Duration>,
     fin_sent: bool,
     closed: bool,
@@ -321,7 +319,6 @@ impl Path {
             peer_frame_seen: false,
             probed: false,
             suspected: None,
-            last_progress: None,
             srtt: None,
             fin_sent: false,
             closed: false,
@@ -390,14 +387,6 @@ impl Path {
             .srtt
             .map_or(Duration::ZERO, |s| s * 2 + config.ack_delay);
         (config.path_timeout / 2).max(rtt_bound)
-    }
-
-    /// Frames sent before this most likely reached the peer, their acknowledgement
-    /// missing: the connection still worked when the last acknowledgement that advanced
-    /// arrived, a round trip after they left. They are re-sent after the others, so that
-    /// what the peer lacks comes first.
-    fn likely_delivered_before(&self) -> Option<Instant> {
-        self.last_progress?.checked_sub(self.srtt?)
     }
 
     fn rtt_sample(&mut self, sample: Duration) {
@@ -668,7 +657,6 @@ impl MultipathConnection {
                             self.stats.acks_received += 1;
                             if progress {
                                 p.suspected = None;
-                                p.last_progress = Some(now);
                             }
                             // Any acknowledgement shows the path and the peer alive: one that
                             // does not advance is a peer that cannot read now (its session's
@@ -769,11 +757,7 @@ impl MultipathConnection {
         self.stats.paths_closed += 1;
         let mut resent = 0;
         let unacked = &mut self.unacked_messages;
-        let delivered_before = p.likely_delivered_before();
-        for (orphan, kind) in p
-            .log
-            .take_orphans(delivered_before, |kind| forget_message(unacked, kind))
-        {
+        for (orphan, kind) in p.log.take_orphans(|kind| forget_message(unacked, kind)) {
             if orphan.deadline.is_some_and(|d| d <= now) {
                 // A message past its lifetime is not worth a second try (partial
                 // reliability): it is lost with its connection.
@@ -930,7 +914,7 @@ impl MultipathConnection {
         }
         // This layer's own session frames (addresses), then what dead paths left.
         while let Some(control) = self.own_frames.pop_front() {
-            write_local(&mut p.log, &mut self.body, &control, SESSION_FRAME, now);
+            write_local(&mut p.log, &mut self.body, &control, SESSION_FRAME);
         }
         while p.log.unsealed_len() < wanted
             && let Some(orphan) = self.orphans.pop_front()
@@ -953,7 +937,6 @@ impl MultipathConnection {
                     deadline: orphan.deadline,
                     message: orphan.message,
                 },
-                now,
             );
         }
         // The session's frames, each where its policy sends it.
@@ -979,7 +962,7 @@ impl MultipathConnection {
                     .get_mut(&id)
                     .expect("asking path")
                     .log
-                    .logged(kind, now);
+                    .logged(kind);
             } else {
                 let p = self.paths.get_mut(&id).expect("asking path");
                 p.log.cut_from(at, &mut self.scratch);
@@ -988,7 +971,7 @@ impl MultipathConnection {
                     if !q.probed {
                         write_probe(q, &mut self.body, now, &self.config, &mut self.stats);
                     }
-                    q.log.push(&self.scratch, kind, now);
+                    q.log.push(&self.scratch, kind);
                     if target != id {
                         over |= q.log.unsealed_len() >= UNSEALED_AHEAD;
                         if !self.to_wake.contains(&target) {
@@ -1013,7 +996,7 @@ impl MultipathConnection {
         if keepalive || (p.received > p.ack_sent && p.log.unsealed_len() > 0) {
             let received = p.received;
             let ack = ControlFrame::PathAck { received };
-            write_local(&mut p.log, &mut self.body, &ack, LOCAL_ACK, now);
+            write_local(&mut p.log, &mut self.body, &ack, LOCAL_ACK);
             p.ack_sent = received;
             p.ack_due = None;
             self.stats.acks_sent += 1;
@@ -1183,8 +1166,7 @@ impl MultipathConnection {
         };
         p.suspected.get_or_insert(now);
         let mut copied = 0;
-        let delivered_before = p.likely_delivered_before();
-        for (copy, kind) in p.log.copy_uncopied(delivered_before) {
+        for (copy, kind) in p.log.copy_uncopied() {
             if copy.deadline.is_some_and(|d| d <= now) {
                 // Past its lifetime: not worth a second copy.
                 continue;
@@ -1193,7 +1175,7 @@ impl MultipathConnection {
             if !q.probed {
                 write_probe(q, &mut self.body, now, &self.config, &mut self.stats);
             }
-            q.log.push_copy(&copy.bytes, kind, now);
+            q.log.push_copy(&copy.bytes, kind);
             if let Some(n) = copy.message {
                 *self.unacked_messages.entry(n).or_default() += 1;
             }
@@ -1274,13 +1256,7 @@ fn write_probe(
     config: &MultipathConfig,
     stats: &mut MultipathStats,
 ) {
-    write_local(
-        &mut p.log,
-        body,
-        &ControlFrame::PathProbe,
-        LOCAL_ELICITS,
-        now,
-    );
+    write_local(&mut p.log, body, &ControlFrame::PathProbe, LOCAL_ELICITS);
     p.probe_now = false;
     p.probed = true;
     p.probe = Some((p.log.end(), now));
@@ -1289,13 +1265,7 @@ fn write_probe(
 }
 
 /// Appends a control frame of this layer to a path's log.
-fn write_local(
-    log: &mut SentLog,
-    body: &mut Vec<u8>,
-    control: &ControlFrame,
-    kind: Kind,
-    now: Instant,
-) {
+fn write_local(log: &mut SentLog, body: &mut Vec<u8>, control: &ControlFrame, kind: Kind) {
     body.clear();
     // Our own control frames always encode (values within varint range).
     if control.encode(body).is_ok()
@@ -1303,7 +1273,7 @@ fn write_local(
             .encode(&FrameHeader::Control, body, log.buffer())
             .is_ok()
     {
-        log.logged(kind, now);
+        log.logged(kind);
     }
 }
 
