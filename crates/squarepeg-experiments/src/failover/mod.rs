@@ -1117,15 +1117,16 @@ fn carried(stats: &[EmulatorStats], at_death: Option<&[EmulatorStats]>) -> Vec<P
 
 /// How long after `reaction_s` (the rival's detection or suspicion, seconds from the start)
 /// the download flowed again after the death at `death`: the end of the longest gap between
-/// arrivals that began after the death and no later than [`REACTION_SLACK`] after the
-/// reaction (the stall the death caused; a later, unrelated one does not count). Negative:
-/// it flowed again before the reaction. `None`: nothing arrived after such a gap.
+/// arrivals that ended after the death and began no later than [`REACTION_SLACK`] after the
+/// reaction (the stall the death caused, which may begin just before it — the last bytes
+/// before the death were in flight —; a later, unrelated one does not count). Negative: it
+/// flowed again before the reaction. `None`: nothing arrived after such a gap.
 fn resumed_after(arrivals: &[(Duration, u64)], death: Duration, reaction_s: f64) -> Option<f64> {
     let death = death.as_secs_f64();
     arrivals
         .windows(2)
         .map(|w| (w[0].0.as_secs_f64(), w[1].0.as_secs_f64()))
-        .filter(|&(from, _)| from >= death && from <= reaction_s + REACTION_SLACK)
+        .filter(|&(from, to)| to > death && from <= reaction_s + REACTION_SLACK)
         .max_by(|a, b| (a.1 - a.0).total_cmp(&(b.1 - b.0)))
         .map(|(_, end)| end - reaction_s)
 }
@@ -1473,6 +1474,13 @@ mod tests {
         assert!((after(2.0) - 0.06).abs() < 1e-9, "{}", after(2.0));
         // Detected late: negative, it flowed before.
         assert!((after(2.2) + 0.14).abs() < 1e-9, "{}", after(2.2));
+        // The stall began just before the death (its last bytes were in flight): it counts.
+        let late_death = |reaction: f64| resumed_after(&arrivals, 2030 * MS, reaction).unwrap();
+        assert!(
+            (late_death(2.03) - 0.03).abs() < 1e-9,
+            "{}",
+            late_death(2.03)
+        );
         assert_eq!(resumed_after(&arrivals[..150], 2000 * MS, 2.0), None);
     }
 
