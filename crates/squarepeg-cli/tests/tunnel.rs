@@ -393,3 +393,83 @@ fn tunnel_over_the_userspace_tcp() {
         assert!(!links.contains("sp0") && !links.contains("sp1"), "{links}");
     }
 }
+
+/// The local port of the client's TCP connection(s) to the tunnel server.
+fn tunnel_ports(ns: &NetNs) -> Vec<String> {
+    let out = ns
+        .command("ss")
+        .args(["-tnH", "state", "established", "dst", "192.168.60.2"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2).map(str::to_owned))
+        .collect()
+}
+
+/// A multipath tunnel outlives its TCP connection: the connection is reset under the
+/// running tunnel (`ss -K`), the client joins the session again over a new connection, and
+/// the tunnel goes on with the same address — pings and a transfer after it.
+#[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
+fn a_multipath_tunnel_survives_its_connection_being_reset() {
+    if !can_run() {
+        return;
+    }
+    let w = World::new("tm", 1);
+    let c = &w.clients[0];
+    let mut server = in_ns(
+        &w.server,
+        &["tunnel", "server", "0.0.0.0:4443", "--multipath"],
+    );
+    let fp = fingerprint(&mut server);
+    server.wait_for("tunnel server on");
+    let mut client = in_ns(
+        c,
+        &[
+            "tunnel",
+            "client",
+            "192.168.60.2:4443",
+            "--pin",
+            &fp,
+            "--multipath",
+        ],
+    );
+    client.wait_for("tunnel up");
+    ping(c, "10.99.0.1");
+    let before = tunnel_ports(c);
+    assert_eq!(before.len(), 1, "{before:?}");
+    // The kernel resets the connection (both ends learn it).
+    let killed = c
+        .command("ss")
+        .args(["-K", "dst", "192.168.60.2", "dport", "=", "4443"])
+        .output()
+        .unwrap();
+    let mut after = Vec::new();
+    for _ in 0..100 {
+        after = tunnel_ports(c);
+        if after.len() == 1 && after != before {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        after.len() == 1 && after != before,
+        "no new connection: before {before:?}, after {after:?} ({})",
+        String::from_utf8_lossy(&killed.stderr)
+    );
+    ping(c, "10.99.0.1");
+    transfer(&w.server, c, 3);
+    terminate(&client);
+    let (ok, _, err) = client.finish();
+    assert!(ok, "{err}");
+    assert!(!err.contains("the server closed the tunnel"), "{err}");
+    terminate(&server);
+    let (ok, _, err) = server.finish();
+    assert!(ok, "{err}");
+    // One session throughout: the server saw one client arrive.
+    assert_eq!(err.matches("client 192.168.60.1").count(), 2, "{err}");
+    for ns in [c, &w.server] {
+        nothing_left(ns);
+    }
+}

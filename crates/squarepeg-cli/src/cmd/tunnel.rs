@@ -144,6 +144,51 @@ pub struct ServerArgs {
     pub packets: PacketArgs,
     #[command(flatten)]
     pub substrate: SubstrateArgs,
+    #[command(flatten)]
+    pub multipath: TunnelMultipathArgs,
+}
+
+/// A tunnel over one session of several TCP connections (docs/wire.md §7): it survives the
+/// death of a connection — the client joins again and nothing tunneled is lost beyond
+/// packets past their lifetime — and, with several addresses, of a path.
+#[derive(Args, Debug)]
+pub struct TunnelMultipathArgs {
+    /// Run the tunnel as a multipath session (TLS; kernel TCP): the server takes joins, the
+    /// client re-joins after its connection dies. Both ends must have it.
+    #[arg(long, conflicts_with = "cleartext")]
+    pub multipath: bool,
+    /// A further address: the server's to listen on (announced to clients), the client's
+    /// path to the server (REMOTE or REMOTE@LOCAL_IP). Implies --multipath.
+    #[arg(long = "path", value_name = "ADDR", conflicts_with = "cleartext")]
+    pub paths: Vec<String>,
+    /// A connection with data outstanding and no acknowledgement for this long is dead
+    /// (default 1s); its data moves to the others.
+    #[arg(long, value_parser = super::parse_duration_arg)]
+    pub path_timeout: Option<Duration>,
+}
+
+impl TunnelMultipathArgs {
+    /// The general multipath options these stand for (`peg connect`'s), if on.
+    fn args(
+        &self,
+        substrate: Substrate,
+    ) -> anyhow::Result<Option<super::multipath::MultipathArgs>> {
+        if !self.multipath && self.paths.is_empty() {
+            return Ok(None);
+        }
+        if substrate != Substrate::Kernel {
+            bail!(
+                "a multipath tunnel runs over kernel TCP (--substrate kernel): the userspace \
+                 TCP's out-of-order delivery is for single-connection tunnels"
+            );
+        }
+        Ok(Some(super::multipath::MultipathArgs {
+            paths: self.paths.clone(),
+            multipath: true,
+            path_timeout: self.path_timeout,
+            ..Default::default()
+        }))
+    }
 }
 
 /// `peg tunnel client`.
@@ -178,6 +223,8 @@ pub struct ClientArgs {
     pub packets: PacketArgs,
     #[command(flatten)]
     pub substrate: SubstrateArgs,
+    #[command(flatten)]
+    pub multipath: TunnelMultipathArgs,
 }
 
 /// `given`: the stack options given on the command line (they need `--substrate utcp`).
@@ -229,6 +276,7 @@ fn open_device(name: &str, mtu: u16) -> anyhow::Result<TunDevice> {
 
 fn run_server(args: ServerArgs, given: &[String]) -> anyhow::Result<()> {
     args.substrate.check(given)?;
+    let multipath = args.multipath.args(args.substrate.substrate)?;
     let pool = AddressPool::new(&args.subnet)?;
     let token = args.packets.token()?;
     if token.is_none() {
@@ -303,6 +351,38 @@ fn run_server(args: ServerArgs, given: &[String]) -> anyhow::Result<()> {
             .collect();
         let serve = async {
             match args.substrate.substrate {
+                Substrate::Kernel if let Some(multipath) = &multipath => {
+                    let addrs: Vec<_> = multipath
+                        .listen_addrs(&args.addr, &args.substrate)?
+                        .into_iter()
+                        .map(|(_, a)| a)
+                        .collect();
+                    let mut ep =
+                        squarepeg::MultipathEndpoint::bind_on(&addrs, config, multipath.options()?)
+                            .await?;
+                    let shown: Vec<String> =
+                        ep.local_addrs().iter().map(ToString::to_string).collect();
+                    eprintln!(
+                        "tunnel server on {} (multipath sessions; device {dev_name}, {}, MTU {})",
+                        shown.join(", "),
+                        subnets.join(", "),
+                        args.tun_mtu
+                    );
+                    let accepting = async {
+                        loop {
+                            match ep.accept().await {
+                                Ok(conn) => accept(conn),
+                                // The listeners stopped: nothing more will come.
+                                Err(e) => return e,
+                            }
+                        }
+                    };
+                    tokio::select! {
+                        r = server.clone().run_device() => r?,
+                        e = accepting => return Err(e.into()),
+                    }
+                    anyhow::Ok(())
+                }
                 Substrate::Kernel => {
                     let ep = squarepeg::Endpoint::bind(&args.addr, config).await?;
                     eprintln!(
@@ -390,11 +470,33 @@ fn client_connection_config(args: &ClientArgs) -> anyhow::Result<ConnectionConfi
 
 fn run_client_side(args: ClientArgs, given: &[String]) -> anyhow::Result<()> {
     args.substrate.check(given)?;
+    let multipath = args.multipath.args(args.substrate.substrate)?;
+    if multipath.is_some() && args.default_route {
+        // The server's other addresses (given, or announced in the session) would be
+        // reached through the tunnel itself.
+        bail!("--default-route is for single-connection tunnels; route subnets with --route");
+    }
     let config = client_connection_config(&args)?;
     let rt = tokio::runtime::Runtime::new()?;
     let quiet = args.substrate.stack.quiet;
     let result = rt.block_on(async {
         match args.substrate.substrate {
+            Substrate::Kernel if let Some(multipath) = &multipath => {
+                let paths: Vec<_> = multipath
+                    .client_paths(&args.addr, &args.substrate)?
+                    .into_iter()
+                    .map(|(_, p)| p)
+                    .collect();
+                let conn = super::connect_within(
+                    &args.addr,
+                    args.connect_timeout,
+                    "is the tunnel server running there (with --multipath)? is a firewall in \
+                     the way?",
+                    Connection::connect_multipath(&paths, config, multipath.options()?),
+                )
+                .await?;
+                client_session(conn, &args).await
+            }
             Substrate::Kernel => {
                 let conn = super::connect_within(
                     &args.addr,
