@@ -29,6 +29,20 @@ fn configs() -> (ConnectionConfig, ConnectionConfig) {
     (server, client)
 }
 
+/// A multipath endpoint on 127.0.0.1 and `second` (any port each), with the server's
+/// configuration; the client's to connect with.
+async fn endpoint_on(second: &str) -> (MultipathEndpoint, ConnectionConfig) {
+    let (server_config, client_config) = configs();
+    let addrs: [SocketAddr; 2] = [
+        "127.0.0.1:0".parse().unwrap(),
+        format!("{second}:0").parse().unwrap(),
+    ];
+    let endpoint = MultipathEndpoint::bind(&addrs, server_config, MultipathOptions::default())
+        .await
+        .unwrap();
+    (endpoint, client_config)
+}
+
 /// Waits (at most 3 s) until `conn` has `n` usable paths.
 async fn wait_for_usable_paths(conn: &Connection, n: usize) {
     for _ in 0..300 {
@@ -46,14 +60,7 @@ fn stream_byte(i: usize) -> u8 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_loopback_paths_carry_one_session() {
-    let (server_config, client_config) = configs();
-    let addrs: [SocketAddr; 2] = [
-        "127.0.0.1:0".parse().unwrap(),
-        "127.0.0.2:0".parse().unwrap(),
-    ];
-    let mut endpoint = MultipathEndpoint::bind(&addrs, server_config, MultipathOptions::default())
-        .await
-        .unwrap();
+    let (mut endpoint, client_config) = endpoint_on("127.0.0.2").await;
     let local = endpoint.local_addrs().to_vec();
     let server = tokio::spawn(async move {
         let conn = endpoint.accept().await.unwrap();
@@ -153,14 +160,7 @@ async fn a_refused_certificate_fails_the_connect() {
 /// opens a second path to it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_client_joins_the_addresses_the_server_announces() {
-    let (server_config, client_config) = configs();
-    let addrs: [SocketAddr; 2] = [
-        "127.0.0.1:0".parse().unwrap(),
-        "127.0.0.3:0".parse().unwrap(),
-    ];
-    let mut endpoint = MultipathEndpoint::bind(&addrs, server_config, MultipathOptions::default())
-        .await
-        .unwrap();
+    let (mut endpoint, client_config) = endpoint_on("127.0.0.3").await;
     let first = endpoint.local_addrs()[0];
     let second = endpoint.local_addrs()[1];
     let accepting = tokio::spawn(async move {
@@ -259,14 +259,7 @@ async fn a_session_keeps_to_the_servers_path_limit() {
 /// close ends both sides cleanly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_session_keeps_its_paths_and_closes_cleanly() {
-    let (server_config, client_config) = configs();
-    let addrs: [SocketAddr; 2] = [
-        "127.0.0.1:0".parse().unwrap(),
-        "127.0.0.4:0".parse().unwrap(),
-    ];
-    let mut endpoint = MultipathEndpoint::bind(&addrs, server_config, MultipathOptions::default())
-        .await
-        .unwrap();
+    let (mut endpoint, client_config) = endpoint_on("127.0.0.4").await;
     let first = endpoint.local_addrs()[0];
     let server = tokio::spawn(async move {
         let conn = endpoint.accept().await.unwrap();
