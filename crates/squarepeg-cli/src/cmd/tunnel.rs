@@ -176,10 +176,10 @@ impl TunnelMultipathArgs {
         if !self.multipath && self.paths.is_empty() {
             return Ok(None);
         }
-        if substrate != Substrate::Kernel {
+        if substrate != Substrate::Kernel || self.paths.iter().any(|p| p.starts_with("utcp:")) {
             bail!(
-                "a multipath tunnel runs over kernel TCP (--substrate kernel): the userspace \
-                 TCP's out-of-order delivery is for single-connection tunnels"
+                "a multipath tunnel runs over kernel TCP (--substrate kernel, no utcp: paths): \
+                 the userspace TCP's out-of-order delivery is for single-connection tunnels"
             );
         }
         Ok(Some(super::multipath::MultipathArgs {
@@ -350,8 +350,8 @@ fn run_server(args: ServerArgs, given: &[String]) -> anyhow::Result<()> {
             .map(|a| format!("{}/{}", a.server, a.prefix_len))
             .collect();
         let serve = async {
-            match args.substrate.substrate {
-                Substrate::Kernel if let Some(multipath) = &multipath => {
+            match (args.substrate.substrate, &multipath) {
+                (Substrate::Kernel, Some(multipath)) => {
                     let addrs: Vec<_> = multipath
                         .listen_addrs(&args.addr, &args.substrate)?
                         .into_iter()
@@ -383,7 +383,7 @@ fn run_server(args: ServerArgs, given: &[String]) -> anyhow::Result<()> {
                     }
                     anyhow::Ok(())
                 }
-                Substrate::Kernel => {
+                (Substrate::Kernel, None) => {
                     let ep = squarepeg::Endpoint::bind(&args.addr, config).await?;
                     eprintln!(
                         "tunnel server on {} (device {dev_name}, {}, MTU {})",
@@ -397,7 +397,7 @@ fn run_server(args: ServerArgs, given: &[String]) -> anyhow::Result<()> {
                     }
                     anyhow::Ok(())
                 }
-                Substrate::Utcp => {
+                (Substrate::Utcp, _) => {
                     let (addr, mut running) = args.substrate.start_listening(&args.addr)?;
                     let r = async {
                         let ep = squarepeg::Endpoint::listen_utcp(running.stack(), addr, config)?;
@@ -480,8 +480,8 @@ fn run_client_side(args: ClientArgs, given: &[String]) -> anyhow::Result<()> {
     let rt = tokio::runtime::Runtime::new()?;
     let quiet = args.substrate.stack.quiet;
     let result = rt.block_on(async {
-        match args.substrate.substrate {
-            Substrate::Kernel if let Some(multipath) = &multipath => {
+        match (args.substrate.substrate, &multipath) {
+            (Substrate::Kernel, Some(multipath)) => {
                 let paths: Vec<_> = multipath
                     .client_paths(&args.addr, &args.substrate)?
                     .into_iter()
@@ -497,7 +497,7 @@ fn run_client_side(args: ClientArgs, given: &[String]) -> anyhow::Result<()> {
                 .await?;
                 client_session(conn, &args).await
             }
-            Substrate::Kernel => {
+            (Substrate::Kernel, None) => {
                 let conn = super::connect_within(
                     &args.addr,
                     args.connect_timeout,
@@ -507,7 +507,7 @@ fn run_client_side(args: ClientArgs, given: &[String]) -> anyhow::Result<()> {
                 .await?;
                 client_session(conn, &args).await
             }
-            Substrate::Utcp => {
+            (Substrate::Utcp, _) => {
                 let (addr, mut running) = args.substrate.start_connecting(&args.addr)?;
                 let r = async {
                     let conn = super::connect_within(

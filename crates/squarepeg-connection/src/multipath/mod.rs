@@ -161,10 +161,11 @@ pub enum PathEvent {
         resent: usize,
     },
     /// The connection got no acknowledgement for a while: its unacknowledged frames were
-    /// copied to another ([`MultipathConfig::reinject`]); it may still recover.
+    /// copied to another ([`MultipathConfig::reinject`]); it may still recover. Once per
+    /// stall (frames bound to it later are copied too, without a new event).
     Suspect {
         path: PathId,
-        /// Frames copied.
+        /// Frames copied then.
         copied: usize,
     },
     /// No connection is left: open one (a join) within `linger`, or the session ends.
@@ -234,8 +235,8 @@ pub struct MultipathStats {
     pub paths_timed_out: u64,
     /// Frames re-sent on another connection after theirs died.
     pub frames_resent: u64,
-    /// Connections found suspect ([`MultipathConfig::reinject`]), and the frames copied
-    /// from them to another.
+    /// Times a connection was found suspect ([`MultipathConfig::reinject`]; once per
+    /// stall), and the frames copied from suspect connections to another.
     pub paths_suspected: u64,
     pub frames_reinjected: u64,
     /// Messages not re-sent because their lifetime had ended.
@@ -1164,6 +1165,9 @@ impl MultipathConnection {
         let Some(p) = self.paths.get_mut(&id) else {
             return;
         };
+        // Frames bound to a path already suspect are copied as they come; the path counts
+        // (and is reported) once per stall.
+        let newly_suspect = p.suspected.is_none();
         p.suspected.get_or_insert(now);
         let mut copied = 0;
         for (copy, kind) in p.log.copy_uncopied() {
@@ -1181,17 +1185,19 @@ impl MultipathConnection {
             }
             copied += 1;
         }
-        self.stats.paths_suspected += 1;
         self.stats.frames_reinjected += copied as u64;
         tracing::debug!("{id} suspect: {copied} frames copied to {target}");
         if copied > 0 && !self.to_wake.contains(&target) {
             self.to_wake.push(target);
         }
-        push_event(
-            &mut self.events,
-            &mut self.event_signal,
-            PathEvent::Suspect { path: id, copied },
-        );
+        if newly_suspect {
+            self.stats.paths_suspected += 1;
+            push_event(
+                &mut self.events,
+                &mut self.event_signal,
+                PathEvent::Suspect { path: id, copied },
+            );
+        }
     }
 
     /// Once the session is drained every path sends close_notify and its FIN: all of them

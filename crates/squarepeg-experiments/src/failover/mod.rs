@@ -1116,17 +1116,16 @@ fn carried(stats: &[EmulatorStats], at_death: Option<&[EmulatorStats]>) -> Vec<P
 }
 
 /// How long after `reaction_s` (the rival's detection or suspicion, seconds from the start)
-/// the download flowed again after the death at `death`: the end of the longest gap between
+/// the download flowed again after the death at `death_s`: the end of the longest gap between
 /// arrivals that ended after the death and began no later than [`REACTION_SLACK`] after the
 /// reaction (the stall the death caused, which may begin just before it — the last bytes
 /// before the death were in flight —; a later, unrelated one does not count). Negative: it
 /// flowed again before the reaction. `None`: nothing arrived after such a gap.
-fn resumed_after(arrivals: &[(Duration, u64)], death: Duration, reaction_s: f64) -> Option<f64> {
-    let death = death.as_secs_f64();
+fn resumed_after(arrivals: &[(Duration, u64)], death_s: f64, reaction_s: f64) -> Option<f64> {
     arrivals
         .windows(2)
         .map(|w| (w[0].0.as_secs_f64(), w[1].0.as_secs_f64()))
-        .filter(|&(from, to)| to > death && from <= reaction_s + REACTION_SLACK)
+        .filter(|&(from, to)| to > death_s && from <= reaction_s + REACTION_SLACK)
         .max_by(|a, b| (a.1 - a.0).total_cmp(&(b.1 - b.0)))
         .map(|(_, end)| end - reaction_s)
 }
@@ -1161,10 +1160,10 @@ pub fn run_failover(
     let mut metrics = failover_metrics(&bulk.arrivals, config.at, config.duration);
     metrics.resumed_after_detection_s = death
         .detected_s
-        .and_then(|at| resumed_after(&bulk.arrivals, config.at, at));
+        .and_then(|at| resumed_after(&bulk.arrivals, death.applied_s, at));
     metrics.resumed_after_suspicion_s = death
         .suspected_s
-        .and_then(|at| resumed_after(&bulk.arrivals, config.at, at));
+        .and_then(|at| resumed_after(&bulk.arrivals, death.applied_s, at));
     if !bulk.intact {
         warnings.push("the download's bytes differ from what was sent".into());
     }
@@ -1299,7 +1298,7 @@ pub fn failover_table(report: &FailoverReport) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<19} {:>9} {:>9} {:>8} {:>10} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6} {:>6} {:>6} {:>9}  failures",
+        "{:<19} {:>9} {:>9} {:>8} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6} {:>6} {:>6} {:>9}  failures",
         "rival",
         "pre Mb/s",
         "post Mb/s",
@@ -1329,7 +1328,7 @@ pub fn failover_table(report: &FailoverReport) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "{:<19} {:>9.1} {:>9.1} {:>7.2}{} {:>10} {:>9} {:>9} {:>8} {:>9} {:>9} {:>9} {:>8} {:>6} {:>6} {:>6} {:>9}  {}",
+            "{:<19} {:>9.1} {:>9.1} {:>7.2}{} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6} {:>6} {:>6} {:>9}  {}",
             r.rival.name(),
             r.metrics.pre_death_mbps,
             r.metrics.after_death_mbps,
@@ -1469,19 +1468,19 @@ mod tests {
         let mut arrivals: Vec<(Duration, u64)> = (1..=202).map(|i| (i * 10 * MS, 1000)).collect();
         arrivals.extend((206..=300).map(|i| (i * 10 * MS, 1000)));
         arrivals.extend((310..=400).map(|i| (i * 10 * MS, 1000)));
-        let after = |reaction: f64| resumed_after(&arrivals, 2000 * MS, reaction).unwrap();
+        let after = |reaction: f64| resumed_after(&arrivals, 2.0, reaction).unwrap();
         // Detected at once (a reset): flowing again 60 ms later, not at 3.1 s.
         assert!((after(2.0) - 0.06).abs() < 1e-9, "{}", after(2.0));
         // Detected late: negative, it flowed before.
         assert!((after(2.2) + 0.14).abs() < 1e-9, "{}", after(2.2));
         // The stall began just before the death (its last bytes were in flight): it counts.
-        let late_death = |reaction: f64| resumed_after(&arrivals, 2030 * MS, reaction).unwrap();
+        let late_death = |reaction: f64| resumed_after(&arrivals, 2.03, reaction).unwrap();
         assert!(
             (late_death(2.03) - 0.03).abs() < 1e-9,
             "{}",
             late_death(2.03)
         );
-        assert_eq!(resumed_after(&arrivals[..150], 2000 * MS, 2.0), None);
+        assert_eq!(resumed_after(&arrivals[..150], 2.0, 2.0), None);
     }
 
     #[test]
