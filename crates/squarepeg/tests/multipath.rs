@@ -295,6 +295,14 @@ async fn an_idle_session_keeps_its_paths_and_closes_cleanly() {
     assert_eq!(got, [vec![0; 10], vec![1; 10], vec![2; 10]], "{reason:?}");
 }
 
+/// The single-connection side's view: the peer closed with PROTOCOL_VIOLATION and said why.
+fn told_not_multipath(seen: squarepeg::ConnectionError) {
+    assert!(
+        matches!(&seen, squarepeg::ConnectionError::PeerError { code: 0x08, reason } if reason.contains("multipath")),
+        "{seen:?}"
+    );
+}
+
 /// A single-connection client at a multipath endpoint, and a multipath client at a
 /// single-connection endpoint: the multipath side sees the peer's first frame is not its
 /// PATH_PROBE and closes with a protocol violation (not a path timeout) that the other side
@@ -322,11 +330,7 @@ async fn single_and_multipath_ends_refuse_each_other_at_once() {
         server.closed().await,
         ConnectionError::ProtocolViolation(ProtocolError::NotMultipath)
     );
-    let seen = plain.closed().await;
-    assert!(
-        matches!(&seen, ConnectionError::PeerError { code: 0x08, reason } if reason.contains("multipath")),
-        "{seen:?}"
-    );
+    told_not_multipath(plain.closed().await);
     // A multipath client, a plain server.
     let (server_config, client_config) = configs();
     let plain_server = Endpoint::bind("127.0.0.1:0", server_config).await.unwrap();
@@ -349,9 +353,5 @@ async fn single_and_multipath_ends_refuse_each_other_at_once() {
         client.closed().await,
         ConnectionError::ProtocolViolation(ProtocolError::NotMultipath)
     );
-    let seen = server.closed().await;
-    assert!(
-        matches!(&seen, ConnectionError::PeerError { code: 0x08, reason } if reason.contains("multipath")),
-        "{seen:?}"
-    );
+    told_not_multipath(server.closed().await);
 }

@@ -32,8 +32,7 @@ const KERNEL_HINT: &str = "is the peer listening there? is a firewall in the way
 
 /// `given`: the stack options given on the command line (they need `--substrate utcp`).
 pub fn run(mut args: ConnectArgs, given: &[String]) -> anyhow::Result<()> {
-    let multipath_stack =
-        args.multipath.enabled() && args.multipath.uses_stack(args.substrate.substrate);
+    let multipath_stack = args.multipath.uses_stack(args.substrate.substrate);
     if !multipath_stack {
         args.substrate.check(given)?;
     }
@@ -75,10 +74,7 @@ pub fn run(mut args: ConnectArgs, given: &[String]) -> anyhow::Result<()> {
             run_peer(conn, args.peer, true).await
         });
         let result = match running.as_mut() {
-            Some(running) => {
-                rt.block_on(running.linger(Duration::from_secs(3)));
-                result.and(rt.block_on(running.finish(quiet)))
-            }
+            Some(running) => result.and(rt.block_on(running.close(quiet))),
             None => result,
         };
         rt.shutdown_background();
@@ -120,9 +116,7 @@ pub fn run(mut args: ConnectArgs, given: &[String]) -> anyhow::Result<()> {
                 }
                 run_peer(conn, args.peer, true).await
             });
-            rt.block_on(running.linger(Duration::from_secs(3)));
-            let finished = rt.block_on(running.finish(quiet));
-            result.and(finished)
+            result.and(rt.block_on(running.close(quiet)))
         }
     };
     // stdin is read on a blocking thread that may still wait for a line.

@@ -149,16 +149,13 @@ pub fn run_failover(args: FailoverLabArgs) -> Result<()> {
     if !squarepeg_lab::net::is_root() {
         bail!("peg lab failover needs root (network namespaces): run it with sudo");
     }
-    let mut rows = Vec::new();
-    for (i, &rival) in rivals.iter().enumerate() {
-        let label = format!("[{}/{}] {}", i + 1, rivals.len(), rival.name());
-        let row = with_progress(&label, args.json, |progress| {
-            failover::run_failover(&config, rival, progress)
-                .with_context(|| format!("running {}", rival.name()))
-        })?;
-        if !args.json {
-            eprintln!(
-                "{label}: stall {:.2} s{}, voice {} late {} lost of {}",
+    let rows = run_rivals(
+        &rivals,
+        args.json,
+        |rival, progress| failover::run_failover(&config, rival, progress),
+        |row| {
+            let summary = format!(
+                "stall {:.2} s{}, voice {} late {} lost of {}",
                 row.metrics.stall_s,
                 if row.metrics.stalled_to_end {
                     " (to the end)"
@@ -169,12 +166,9 @@ pub fn run_failover(args: FailoverLabArgs) -> Result<()> {
                 row.voice.summary.never_delivered,
                 row.voice.summary.messages_sent
             );
-            for w in &row.warnings {
-                eprintln!("warning: {label}: {w}");
-            }
-        }
-        rows.push(row);
-    }
+            (summary, &row.warnings[..])
+        },
+    )?;
     let report = FailoverReport::new(config, rows);
     write_experiment(
         &args.out,
@@ -184,6 +178,32 @@ pub fn run_failover(args: FailoverLabArgs) -> Result<()> {
         || Ok(failover::plot::failover(&args.out, &report)?),
         || failover::failover_table(&report),
     )
+}
+
+/// Runs each rival in turn with a progress line (`[i/n] name`), then prints its one-line
+/// summary and warnings (`describe`) unless the output is JSON.
+fn run_rivals<R>(
+    rivals: &[Rival],
+    json: bool,
+    run: impl Fn(Rival, &dyn Fn(&str)) -> Result<R, squarepeg_experiments::voip::VoipError>,
+    describe: impl Fn(&R) -> (String, &[String]),
+) -> Result<Vec<R>> {
+    let mut rows = Vec::new();
+    for (i, &rival) in rivals.iter().enumerate() {
+        let label = format!("[{}/{}] {}", i + 1, rivals.len(), rival.name());
+        let row = with_progress(&label, json, |progress| {
+            run(rival, progress).with_context(|| format!("running {}", rival.name()))
+        })?;
+        if !json {
+            let (summary, warnings) = describe(&row);
+            eprintln!("{label}: {summary}");
+            for w in warnings {
+                eprintln!("warning: {label}: {w}");
+            }
+        }
+        rows.push(row);
+    }
+    Ok(rows)
 }
 
 /// Runs `peg lab multipath`.
@@ -202,21 +222,15 @@ pub fn run_multipath(args: MultipathLabArgs) -> Result<()> {
     if !squarepeg_lab::net::is_root() {
         bail!("peg lab multipath needs root (network namespaces): run it with sudo");
     }
-    let mut rows = Vec::new();
-    for (i, &rival) in rivals.iter().enumerate() {
-        let label = format!("[{}/{}] {}", i + 1, rivals.len(), rival.name());
-        let row = with_progress(&label, args.json, |progress| {
-            failover::run_multipath(&config, rival, progress)
-                .with_context(|| format!("running {}", rival.name()))
-        })?;
-        if !args.json {
-            eprintln!("{label}: {:.1} Mbit/s steady", row.steady_mbps);
-            for w in &row.warnings {
-                eprintln!("warning: {label}: {w}");
-            }
-        }
-        rows.push(row);
-    }
+    let rows = run_rivals(
+        &rivals,
+        args.json,
+        |rival, progress| failover::run_multipath(&config, rival, progress),
+        |row| {
+            let summary = format!("{:.1} Mbit/s steady", row.steady_mbps);
+            (summary, &row.warnings[..])
+        },
+    )?;
     let report = MultipathReport::new(config, rows);
     write_experiment(
         &args.out,

@@ -1,8 +1,6 @@
 //! `peg listen ADDR`: accept one squarepeg connection and exchange messages
 //! and files with the peer (see `peer`), over kernel TCP or the userspace TCP.
 
-use std::time::Duration;
-
 use clap::Args;
 
 use super::peer::{PeerArgs, run_peer};
@@ -28,8 +26,7 @@ pub struct ListenArgs {
 
 /// `given`: the stack options given on the command line (they need `--substrate utcp`).
 pub fn run(mut args: ListenArgs, given: &[String]) -> anyhow::Result<()> {
-    let multipath_stack =
-        args.multipath.enabled() && args.multipath.uses_stack(args.substrate.substrate);
+    let multipath_stack = args.multipath.uses_stack(args.substrate.substrate);
     if !multipath_stack {
         args.substrate.check(given)?;
     }
@@ -75,10 +72,7 @@ pub fn run(mut args: ListenArgs, given: &[String]) -> anyhow::Result<()> {
             r
         });
         let result = match running.as_mut() {
-            Some(running) => {
-                rt.block_on(running.linger(Duration::from_secs(3)));
-                result.and(rt.block_on(running.finish(quiet)))
-            }
+            Some(running) => result.and(rt.block_on(running.close(quiet))),
             None => result,
         };
         rt.shutdown_background();
@@ -112,9 +106,7 @@ pub fn run(mut args: ListenArgs, given: &[String]) -> anyhow::Result<()> {
                 run_peer(conn, args.peer, false).await
             });
             // The closing handshake runs in the stack after the connection is gone.
-            rt.block_on(running.linger(Duration::from_secs(3)));
-            let finished = rt.block_on(running.finish(quiet));
-            result.and(finished)
+            result.and(rt.block_on(running.close(quiet)))
         }
     };
     // stdin is read on a blocking thread that may still wait for a line.

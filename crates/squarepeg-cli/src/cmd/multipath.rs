@@ -66,14 +66,15 @@ impl MultipathArgs {
         Ok(options)
     }
 
-    /// Whether any address runs over the userspace TCP (the first one with `--substrate
-    /// utcp`).
+    /// Whether this is a multipath session with an address over the userspace TCP (the
+    /// first one with `--substrate utcp`).
     pub fn uses_stack(&self, substrate: Substrate) -> bool {
-        substrate == Substrate::Utcp
-            || self
-                .paths
-                .iter()
-                .any(|p| split_tcp(p).is_ok_and(|(utcp, _)| utcp))
+        self.enabled()
+            && (substrate == Substrate::Utcp
+                || self
+                    .paths
+                    .iter()
+                    .any(|p| split_tcp(p).is_ok_and(|(utcp, _)| utcp)))
     }
 
     /// The addresses, `first` then every --path, each with whether it runs over the

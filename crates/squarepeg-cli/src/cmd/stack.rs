@@ -362,6 +362,13 @@ impl RunningStack {
         }
     }
 
+    /// Ends a command's use of the stack: lets the connections' closing handshakes finish
+    /// (at most 3 s, [`Self::linger`]), then stops it ([`Self::finish`]).
+    pub async fn close(&mut self, quiet: bool) -> anyhow::Result<()> {
+        self.linger(Duration::from_secs(3)).await;
+        self.finish(quiet).await
+    }
+
     /// Stops the stack, reporting the driver's error if it had one. A multipath session's
     /// tasks let go of it as they end; one still holding it after a second leaves it to be
     /// dropped without a report.

@@ -520,8 +520,7 @@ fn run_client_side(args: ClientArgs, given: &[String]) -> anyhow::Result<()> {
                     client_session(conn, &args).await
                 }
                 .await;
-                running.linger(Duration::from_secs(3)).await;
-                r.and(running.finish(quiet).await)
+                r.and(running.close(quiet).await)
             }
         }
     });
