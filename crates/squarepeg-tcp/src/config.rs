@@ -176,6 +176,17 @@ pub struct ConnectionConfig {
     /// it stays that of RFC 5681 / RFC 9438 slow start. The endpoint records path state
     /// either way.
     pub careful_resume: bool,
+    /// A bound on the queue this connection builds in the network ([`crate::delay`]): when
+    /// every sample of a round trip shows a queue more than this above the path's base delay
+    /// (one way, from the TCP timestamps, where both ends tick in milliseconds; else by RTT),
+    /// the window is reduced as for a loss, once per round trip, until the queue is back under
+    /// it. For a sender whose own traffic shares a deep bottleneck buffer with what must stay
+    /// fast (its ACKs for the other direction, real-time messages, a tunnel's inner flows):
+    /// CUBIC alone fills an ADSL modem's seconds-long queue. `None` (the default): the
+    /// controller's loss-based behaviour. Too small a limit leaves the link idle after each
+    /// reduction (CUBIC keeps the link busy from about 0.4 × the base RTT up), and one below
+    /// the peer's delayed-ACK time (40 ms on Linux) may count that delay as a queue.
+    pub queue_delay_limit: Option<Duration>,
 }
 
 impl Default for ConnectionConfig {
@@ -219,6 +230,7 @@ impl Default for ConnectionConfig {
             fast_open: false,
             fast_open_max_pending: 16,
             careful_resume: false,
+            queue_delay_limit: None,
         }
     }
 }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use crate::cc::{AckEvent, CongestionControl, new_controller};
 use crate::config::ConnectionConfig;
 use crate::cwv::PipeAck;
+use crate::delay::{DelayBound, DelaySample, RoundVerdict, SenderState, Stamps};
 use crate::error::{DropReason, Error};
 use crate::recv_buf::RecvBuffer;
 use crate::resume::{Action as ResumeAction, CarefulResume, Observer, PathRecord, ResumeStats};
@@ -158,6 +159,13 @@ pub struct ConnectionStats {
     /// Loss responses that stopped at the initial window because the flow was application
     /// limited (RFC 7661 non-validated phase, see `Connection::congestion_event`).
     pub app_limited_floors: u64,
+    /// Window reductions for a standing queue above
+    /// [`ConnectionConfig::queue_delay_limit`](crate::ConnectionConfig::queue_delay_limit)
+    /// (see [`crate::delay`]).
+    pub queue_delay_reductions: u64,
+    /// Times the bound took the path's base delay to have moved: a reduction shortened no
+    /// queue, or the queue stayed with the window at its floor.
+    pub queue_delay_rebases: u64,
     /// The unordered receive path (zero unless it is on).
     pub unordered: UnorderedStats,
     /// Careful Resume from cached path state (RFC 9959; all zero unless
@@ -188,6 +196,8 @@ struct Counters {
     inconsistent_retransmissions: u64,
     spurious_rtos_undone: u64,
     app_limited_floors: u64,
+    queue_delay_reductions: u64,
+    queue_delay_rebases: u64,
 }
 
 /// Events a connection reports to its endpoint.
@@ -589,6 +599,11 @@ pub struct Connection {
     pipe_ack: PipeAck,
     rtt: RttEstimator,
     cc: Box<dyn CongestionControl>,
+    /// The bound on the queue this connection builds, if configured.
+    delay_bound: Option<DelayBound>,
+    /// The window before the bound's last reduction: given back if the reduction proves to
+    /// have shortened no queue. Every loss response (and timeout) clears it.
+    delay_undo: Option<u64>,
     /// Largest flight since the last ACK (decides whether cwnd limited the sender).
     max_flight_recent: u64,
     /// Careful Resume from cached path state (RFC 9959), while a saved state is in use.
@@ -753,6 +768,8 @@ impl Connection {
             max_flight_recent: 0,
             resume: None,
             observer: Observer::default(),
+            delay_bound: cfg.queue_delay_limit.map(DelayBound::new),
+            delay_undo: None,
             timers: Timers::default(),
             rto_armed_at: n.now,
             persist_backoff: 0,
@@ -1085,6 +1102,8 @@ impl Connection {
             inconsistent_retransmissions: self.counters.inconsistent_retransmissions,
             spurious_rtos_undone: self.counters.spurious_rtos_undone,
             app_limited_floors: self.counters.app_limited_floors,
+            queue_delay_reductions: self.counters.queue_delay_reductions,
+            queue_delay_rebases: self.counters.queue_delay_rebases,
             unordered: self
                 .unordered
                 .as_ref()
@@ -1743,6 +1762,9 @@ impl Connection {
                         self.apply_resume(action);
                     }
                 }
+                // A timeout's response stands: the queue bound gives nothing back over it (and
+                // no verdict until the timeout's recovery is over).
+                self.delay_undo = None;
                 self.rto_count += 1;
                 self.counters.rto_timeouts += 1;
                 // RFC 6298 §5.5: back off the timer.
@@ -2399,6 +2421,9 @@ impl Connection {
                     _ => None,
                 },
             };
+            if let Some((r, _)) = sample {
+                self.delay_sample(now, r, seg.options.timestamps);
+            }
             match sample {
                 Some((r, true)) => self.rtt.on_sample(r),
                 // Millisecond timestamps would put min_RTT at 0 on a sub-millisecond path,
@@ -2481,6 +2506,7 @@ impl Connection {
                     });
                 }
             }
+            self.bound_queue_delay(now, mss, acked_total);
             // Wake a blocked writer once a third of the send buffer is free (Linux's
             // sk_stream_min_wspace), not on every ACK: a writer woken for each few freed bytes
             // writes them at once and, without Nagle, sends them as tiny segments (found by the
@@ -2540,7 +2566,11 @@ impl Connection {
         // rule holds; the receiver acknowledges out-of-order data at once), as Linux takes. It
         // also ends an RTO back-off when no cumulative ACK can (RFC 6298 §5.7 note).
         if !sampled && let Some(sent) = delivered.sacked_sample_sent_at {
-            self.rtt.on_sample(now.saturating_duration_since(sent));
+            let r = now.saturating_duration_since(sent);
+            // Not its timestamps: a duplicate ACK echoes the TSval of the last in-order
+            // segment (RFC 7323 §4.3), so TSval − TSecr would hold the time since the hole.
+            self.delay_sample(now, r, None);
+            self.rtt.on_sample(r);
             sampled = true;
         }
         if sampled {
@@ -2721,6 +2751,22 @@ impl Connection {
     /// is what RFC 5681 §4.1 and RFC 6928 let any sender put into an unknown path without
     /// feedback. A flow that uses its window (validated phase) gets the standard response.
     fn congestion_event(&mut self, now: Instant, flight: u64) {
+        self.window_reduction(now, flight);
+        self.delay_bound_after_loss();
+    }
+
+    /// The queue bound's rounds restart after a loss response: the next round carries what was
+    /// sent before it, and must not cut the same episode again.
+    fn delay_bound_after_loss(&mut self) {
+        if let Some(bound) = self.delay_bound.as_mut() {
+            bound.after_loss_response(self.snd_nxt);
+        }
+        self.delay_undo = None;
+    }
+
+    /// [`Self::congestion_event`]'s window arithmetic; returns the floor an application-limited
+    /// flow's window keeps (0 for a validated flow).
+    fn window_reduction(&mut self, now: Instant, flight: u64) -> u64 {
         let cwnd = self.cc.cwnd();
         let non_validated = self.pipe_ack.non_validated(now, self.rtt.srtt(), cwnd);
         self.cc.on_congestion_event(now, flight);
@@ -2729,13 +2775,91 @@ impl Connection {
             let action = r.on_congestion(floor);
             self.apply_resume(action);
         }
-        if non_validated {
-            let iw = self.effective_mss() as u64 * u64::from(self.cfg.initial_window.max(1));
-            let floor = iw.min(cwnd);
-            if self.cc.cwnd() < floor {
-                self.cc.keep_at_least(floor);
-                self.counters.app_limited_floors += 1;
+        if !non_validated {
+            return 0;
+        }
+        let iw = self.effective_mss() as u64 * u64::from(self.cfg.initial_window.max(1));
+        let floor = iw.min(cwnd);
+        if self.cc.cwnd() < floor {
+            self.cc.keep_at_least(floor);
+            self.counters.app_limited_floors += 1;
+        }
+        floor
+    }
+
+    /// At the end of each round trip, with a [`ConnectionConfig::queue_delay_limit`]: a
+    /// standing queue above the limit takes the controller's loss response (not in loss
+    /// recovery, which has just had one), as an ECN mark would (RFC 3168 §6.1.2: once per
+    /// round trip); see [`crate::delay`].
+    fn bound_queue_delay(&mut self, now: Instant, mss: u64, acked: u64) {
+        let Some(bound) = self.delay_bound.as_mut() else {
+            return;
+        };
+        let sender = SenderState {
+            una: self.snd_una,
+            nxt: self.snd_nxt,
+            // Four segments: the controllers' floor is two; a window this small that still
+            // queues beyond the limit does not own the queue.
+            at_floor: self.cc.cwnd() <= 4 * mss,
+            slow_start: self.cc.cwnd() < self.cc.ssthresh(),
+            // Loss recovery (or a timeout's) has just had its response.
+            may_reduce: self.recovery.is_none() && !self.rto_recovery,
+        };
+        match bound.on_ack(now, acked, sender) {
+            RoundVerdict::Reduce { drained } => {
+                let flight = self.flight().min(self.cc.cwnd());
+                // A reduction out of slow start is not given back: the window then was
+                // doubling past anything the path had carried.
+                self.delay_undo = (!sender.slow_start).then(|| self.cc.cwnd());
+                let app_limited_floor = self.window_reduction(now, flight);
+                self.cc.on_recovery_exit(now);
+                // Far above the limit, one step of the controller's (30 % for CUBIC) per
+                // round trip would take many (long) round trips. Not below the floor an
+                // application-limited flow keeps (RFC 7661, see `congestion_event`).
+                let w = drained.max(4 * mss).max(app_limited_floor);
+                if self.cc.cwnd() > w {
+                    self.cc.set_window(w, w);
+                }
+                self.counters.queue_delay_reductions += 1;
+                self.trace(TraceEvent::QueueDelayReduction);
             }
+            RoundVerdict::Rebased { undo } => {
+                self.counters.queue_delay_rebases += 1;
+                // A reduction that shortened no queue is given back (a loss since would have
+                // cleared `delay_undo`: that response stands).
+                let mut cwnd = self.cc.cwnd();
+                if let Some(before) = self.delay_undo.take()
+                    && undo
+                {
+                    cwnd = cwnd.max(before);
+                }
+                // The path, whose delay moved, is learnt again: slow start from here, rather
+                // than CUBIC's slow climb past a W_max measured on the old path. The bound
+                // ends it on its new base after eight samples of a queue (as it ends every
+                // slow start), or a loss does; verdicts come only outside loss recovery.
+                self.cc.set_window(cwnd, u64::MAX);
+            }
+            RoundVerdict::Clear => {}
+        }
+    }
+
+    /// An RTT sample for the queue bound, with the ACK's timestamps (TSval, TSecr) where
+    /// they were negotiated: the bound measures the forward queue with them.
+    fn delay_sample(&mut self, now: Instant, rtt: Duration, timestamps: Option<(u32, u32)>) {
+        if self.delay_bound.is_none() {
+            return;
+        }
+        let local = self.ts_now(now);
+        let stamps = timestamps
+            .filter(|&(_, ecr)| self.ts_ok && ecr != 0)
+            .map(|(tsval, tsecr)| Stamps {
+                now,
+                local,
+                tsval,
+                tsecr,
+            });
+        if let Some(bound) = self.delay_bound.as_mut() {
+            bound.on_sample(DelaySample { rtt, stamps });
         }
     }
 
@@ -3755,6 +3879,7 @@ impl Connection {
         }
         if timeout {
             self.cc.on_rto(now, self.flight());
+            self.delay_undo = None;
             self.rto_recovery = true;
             self.recover = self.snd_nxt;
         }

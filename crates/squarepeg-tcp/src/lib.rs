@@ -159,6 +159,7 @@ pub mod cc;
 mod config;
 mod conn;
 mod cwv;
+pub mod delay;
 mod endpoint;
 mod error;
 pub mod mem;

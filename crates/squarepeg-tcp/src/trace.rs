@@ -43,6 +43,10 @@ pub enum TraceEvent {
     TailLossProbe { retransmission: bool },
     /// A tail loss probe repaired a loss, with a congestion response (RFC 8985 §7.4).
     TailLossRepaired,
+    /// A round trip's delay samples all showed a queue above
+    /// [`ConnectionConfig::queue_delay_limit`](crate::ConnectionConfig::queue_delay_limit)
+    /// (in slow start, its first eight): the window was reduced as for a loss.
+    QueueDelayReduction,
     /// A retransmission timeout proved spurious and was undone (RFC 3522 / RFC 3708
     /// detection, RFC 4015 response).
     SpuriousRtoUndone,

@@ -96,7 +96,7 @@ pub fn run(mut args: ConnectArgs, given: &[String]) -> anyhow::Result<()> {
             run_peer(conn, args.peer, true).await
         }),
         Substrate::Utcp => {
-            let (addr, mut running) = args.substrate.start_connecting(&args.addr)?;
+            let (addr, mut running) = args.substrate.start_connecting(&args.addr, None)?;
             let quiet = args.peer.quiet;
             let result = rt.block_on(async {
                 let conn = super::connect_within(

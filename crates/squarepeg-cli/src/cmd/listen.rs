@@ -90,7 +90,7 @@ pub fn run(mut args: ListenArgs, given: &[String]) -> anyhow::Result<()> {
             run_peer(conn, args.peer, false).await
         }),
         Substrate::Utcp => {
-            let (addr, mut running) = args.substrate.start_listening(&args.addr)?;
+            let (addr, mut running) = args.substrate.start_listening(&args.addr, None)?;
             let quiet = args.peer.quiet;
             let result = rt.block_on(async {
                 let ep = squarepeg::Endpoint::listen_utcp(running.stack(), addr, config)?;

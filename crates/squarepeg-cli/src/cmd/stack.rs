@@ -65,11 +65,40 @@ pub struct StackArgs {
     /// Seed of the impairments.
     #[arg(long, default_value_t = 1)]
     pub impair_seed: u64,
+    /// Bound the queue each connection builds in the network: when every delay sample of a
+    /// round trip is this much above the path's base delay (one way, from TCP timestamps, where
+    /// the peer sends them; else the RTT), the window shrinks as for a loss (keeps an ADSL
+    /// modem's buffer from filling with this host's own traffic). A duration, or `off`.
+    /// [default: off; `peg tunnel`: 50ms]
+    #[arg(long, value_name = "DURATION|off", value_parser = parse_queue_delay_limit)]
+    pub queue_delay_limit: Option<QueueDelayLimit>,
     /// No progress display.
     // Not a stack option: where the stack's options have a heading of their own (`peg listen`),
     // this one stays with the general options.
     #[arg(short, long, help_heading = None::<&str>)]
     pub quiet: bool,
+}
+
+/// `--queue-delay-limit`: off, or a duration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueDelayLimit {
+    Off,
+    After(Duration),
+}
+
+fn parse_queue_delay_limit(s: &str) -> Result<QueueDelayLimit, String> {
+    if s == "off" {
+        return Ok(QueueDelayLimit::Off);
+    }
+    let d = super::parse_duration_arg(s)?;
+    if d.is_zero() {
+        return Err(
+            "a zero limit would shrink the window at every queued packet: give a \
+                    duration such as 50ms, or `off`"
+                .into(),
+        );
+    }
+    Ok(QueueDelayLimit::After(d))
 }
 
 fn parse_prefixed(s: &str) -> Result<(IpAddr, u8), String> {
@@ -241,6 +270,15 @@ impl StackArgs {
         self.start_with(|_| {})
     }
 
+    /// The connections' queue-delay limit: as given, else the command's `default`.
+    pub fn queue_delay_limit(&self, default: Option<Duration>) -> Option<Duration> {
+        match self.queue_delay_limit {
+            Some(QueueDelayLimit::Off) => None,
+            Some(QueueDelayLimit::After(d)) => Some(d),
+            None => default,
+        }
+    }
+
     /// [`start`](Self::start) with a last say on the stack's configuration.
     pub fn start_with(
         &self,
@@ -319,6 +357,7 @@ impl StackArgs {
         }
         let mut config = StackConfig::new(setup.stack_addresses());
         config.connection.mss = self.mss;
+        config.connection.queue_delay_limit = self.queue_delay_limit(None);
         config.impairment = impairment;
         if let Some(path) = &self.pcap {
             config.capture = Some(squarepeg_lab::stack::pcap_capture(path, self.snaplen)?);

@@ -3,6 +3,7 @@
 //! connection and the same commands.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use clap::{Args, ValueEnum};
@@ -45,21 +46,37 @@ impl SubstrateArgs {
         Ok(())
     }
 
-    /// For `utcp`: checks the address to listen on and starts the stack.
-    pub fn start_listening(&self, addr: &str) -> anyhow::Result<(SocketAddr, RunningStack)> {
+    /// For `utcp`: checks the address to listen on and starts the stack; `queue_delay`: the
+    /// command's default `--queue-delay-limit`.
+    pub fn start_listening(
+        &self,
+        addr: &str,
+        queue_delay: Option<Duration>,
+    ) -> anyhow::Result<(SocketAddr, RunningStack)> {
         let addr: SocketAddr = addr
             .parse()
             .with_context(|| format!("bad address {addr:?}: give IP:PORT"))?;
         self.stack.listen_addrs(addr)?;
-        Ok((addr, self.stack.start()?))
+        Ok((addr, self.start(queue_delay)?))
     }
 
-    /// For `utcp`: checks the address to connect to and starts the stack.
-    pub fn start_connecting(&self, addr: &str) -> anyhow::Result<(SocketAddr, RunningStack)> {
+    /// For `utcp`: checks the address to connect to and starts the stack (`queue_delay` as
+    /// for [`start_listening`](Self::start_listening)).
+    pub fn start_connecting(
+        &self,
+        addr: &str,
+        queue_delay: Option<Duration>,
+    ) -> anyhow::Result<(SocketAddr, RunningStack)> {
         let addr: SocketAddr = addr
             .parse()
             .with_context(|| format!("bad address {addr:?}: give IP:PORT"))?;
         check_target(&self.stack, addr)?;
-        Ok((addr, self.stack.start()?))
+        Ok((addr, self.start(queue_delay)?))
+    }
+
+    fn start(&self, queue_delay: Option<Duration>) -> anyhow::Result<RunningStack> {
+        let limit = self.stack.queue_delay_limit(queue_delay);
+        self.stack
+            .start_with(|c| c.connection.queue_delay_limit = limit)
     }
 }

@@ -19,6 +19,15 @@ use squarepeg_tunnel::{
 
 use super::substrate::{Substrate, SubstrateArgs};
 
+/// The outer userspace-TCP connection's `--queue-delay-limit` unless given: the tunnel's
+/// own upstream must not fill an access link's buffer, or the outer connection's ACKs for
+/// the other direction wait behind it for seconds (an ADSL uplink's 1000 packets are 12 s at
+/// 1 Mbit/s) and the downstream stalls; tunneled flows then see their excess expire in the
+/// tunnel's queue (the packet lifetime) instead, as losses their own congestion control
+/// answers. 50 ms: CUBIC keeps a 70 ms path busy from a queue of about 30 ms up (after a
+/// reduction by 0.7), and a voice packet queued behind 50 ms still makes a 150 ms playout.
+const TUNNEL_QUEUE_DELAY: Duration = Duration::from_millis(50);
+
 /// `peg tunnel`.
 #[derive(Args, Debug)]
 pub struct TunnelArgs {
@@ -176,18 +185,19 @@ impl TunnelMultipathArgs {
         if !self.multipath && self.paths.is_empty() {
             return Ok(None);
         }
-        if substrate != Substrate::Kernel || self.paths.iter().any(|p| p.starts_with("utcp:")) {
+        let args = super::multipath::MultipathArgs {
+            paths: self.paths.clone(),
+            multipath: true,
+            path_timeout: self.path_timeout,
+            ..Default::default()
+        };
+        if args.uses_stack(substrate) {
             bail!(
                 "a multipath tunnel runs over kernel TCP (--substrate kernel, no utcp: paths): \
                  the userspace TCP's out-of-order delivery is for single-connection tunnels"
             );
         }
-        Ok(Some(super::multipath::MultipathArgs {
-            paths: self.paths.clone(),
-            multipath: true,
-            path_timeout: self.path_timeout,
-            ..Default::default()
-        }))
+        Ok(Some(args))
     }
 }
 
@@ -398,7 +408,9 @@ fn run_server(args: ServerArgs, given: &[String]) -> anyhow::Result<()> {
                     anyhow::Ok(())
                 }
                 (Substrate::Utcp, _) => {
-                    let (addr, mut running) = args.substrate.start_listening(&args.addr)?;
+                    let (addr, mut running) = args
+                        .substrate
+                        .start_listening(&args.addr, Some(TUNNEL_QUEUE_DELAY))?;
                     let r = async {
                         let ep = squarepeg::Endpoint::listen_utcp(running.stack(), addr, config)?;
                         eprintln!(
@@ -508,7 +520,9 @@ fn run_client_side(args: ClientArgs, given: &[String]) -> anyhow::Result<()> {
                 client_session(conn, &args).await
             }
             (Substrate::Utcp, _) => {
-                let (addr, mut running) = args.substrate.start_connecting(&args.addr)?;
+                let (addr, mut running) = args
+                    .substrate
+                    .start_connecting(&args.addr, Some(TUNNEL_QUEUE_DELAY))?;
                 let r = async {
                     let conn = super::connect_within(
                         addr,

@@ -266,6 +266,8 @@ pub struct Path {
     ack_now: bool,
     /// Since when frames asking for an acknowledgement wait without progress.
     outstanding_since: Option<Instant>,
+    /// When the next probe falls due; `None` until the first PATH_PROBE is in its log
+    /// (every other frame goes after it): see [`Path::probed`].
     next_probe: Option<Instant>,
     /// A probe fell due: written at the path's next poll (the first one at once).
     probe_now: bool,
@@ -273,8 +275,6 @@ pub struct Path {
     probe: Option<(u64, Instant)>,
     /// A frame came from the peer on it (the first must be the peer's PATH_PROBE).
     peer_frame_seen: bool,
-    /// Its first PATH_PROBE is in its log (every other frame goes after it).
-    probed: bool,
     /// When it was last found suspect, unless acknowledgements came since.
     suspected: Option<Instant>,
     srtt: Option<Duration>,
@@ -318,7 +318,6 @@ impl Path {
             probe_now: true,
             probe: None,
             peer_frame_seen: false,
-            probed: false,
             suspected: None,
             srtt: None,
             fin_sent: false,
@@ -381,13 +380,22 @@ impl Path {
         }
     }
 
-    /// How long without acknowledgement makes the path suspect
-    /// ([`MultipathConfig::reinject`]).
-    fn suspect_after(&self, config: &MultipathConfig) -> Duration {
+    /// Whether its first PATH_PROBE is in its log (probes are scheduled from then on).
+    fn probed(&self) -> bool {
+        self.next_probe.is_some()
+    }
+
+    /// When the path becomes suspect ([`MultipathConfig::reinject`]): after this long
+    /// without acknowledgement while it holds frames without a copy elsewhere.
+    fn suspect_at(&self, config: &MultipathConfig) -> Option<Instant> {
+        if !self.log.has_uncopied() {
+            return None;
+        }
         let rtt_bound = self
             .srtt
             .map_or(Duration::ZERO, |s| s * 2 + config.ack_delay);
-        (config.path_timeout / 2).max(rtt_bound)
+        let after = (config.path_timeout / 2).max(rtt_bound);
+        self.outstanding_since.map(|t| t + after)
     }
 
     fn rtt_sample(&mut self, sample: Duration) {
@@ -969,10 +977,12 @@ impl MultipathConnection {
                 p.log.cut_from(at, &mut self.scratch);
                 for target in [Some(first), second].into_iter().flatten() {
                     let q = self.paths.get_mut(&target).expect("a usable path");
-                    if !q.probed {
-                        write_probe(q, &mut self.body, now, &self.config, &mut self.stats);
-                    }
-                    q.log.push(&self.scratch, kind);
+                    let bound = Bound {
+                        frame: &self.scratch,
+                        kind,
+                        copy: false,
+                    };
+                    bind(q, bound, &mut self.body, now, &self.config, &mut self.stats);
                     if target != id {
                         over |= q.log.unsealed_len() >= UNSEALED_AHEAD;
                         if !self.to_wake.contains(&target) {
@@ -1071,9 +1081,8 @@ impl MultipathConnection {
             at(p.ack_due);
             at(p.next_probe);
             at(p.outstanding_since.map(|t| t + self.config.path_timeout));
-            if reinject && p.log.has_uncopied() {
-                at(p.outstanding_since
-                    .map(|t| t + p.suspect_after(&self.config)));
+            if reinject {
+                at(p.suspect_at(&self.config));
             }
         }
         if !self.session_told_closed {
@@ -1119,11 +1128,7 @@ impl MultipathConnection {
                 .is_some_and(|t| t + self.config.path_timeout <= now)
             {
                 timed_out.push(id);
-            } else if reinject
-                && p.log.has_uncopied()
-                && p.outstanding_since
-                    .is_some_and(|t| t + p.suspect_after(&self.config) <= now)
-            {
+            } else if reinject && p.suspect_at(&self.config).is_some_and(|t| t <= now) {
                 suspects.push(id);
             }
             if poll && !self.to_wake.contains(&id) {
@@ -1176,10 +1181,12 @@ impl MultipathConnection {
                 continue;
             }
             let q = self.paths.get_mut(&target).expect("a usable path");
-            if !q.probed {
-                write_probe(q, &mut self.body, now, &self.config, &mut self.stats);
-            }
-            q.log.push_copy(&copy.bytes, kind);
+            let bound = Bound {
+                frame: &copy.bytes,
+                kind,
+                copy: true,
+            };
+            bind(q, bound, &mut self.body, now, &self.config, &mut self.stats);
             if let Some(n) = copy.message {
                 *self.unacked_messages.entry(n).or_default() += 1;
             }
@@ -1264,10 +1271,37 @@ fn write_probe(
 ) {
     write_local(&mut p.log, body, &ControlFrame::PathProbe, LOCAL_ELICITS);
     p.probe_now = false;
-    p.probed = true;
     p.probe = Some((p.log.end(), now));
     p.next_probe = Some(now + config.probe_interval);
     stats.probes_sent += 1;
+}
+
+/// A session frame bound to a path by another path's poll or by reinjection.
+struct Bound<'a> {
+    frame: &'a [u8],
+    kind: Kind,
+    /// A copy of a frame a suspect path holds.
+    copy: bool,
+}
+
+/// Appends `bound` to path `q`'s log, after the path's PATH_PROBE if it has none yet (a
+/// connection's first frame is its probe, docs/wire.md §7).
+fn bind(
+    q: &mut Path,
+    bound: Bound<'_>,
+    body: &mut Vec<u8>,
+    now: Instant,
+    config: &MultipathConfig,
+    stats: &mut MultipathStats,
+) {
+    if !q.probed() {
+        write_probe(q, body, now, config, stats);
+    }
+    if bound.copy {
+        q.log.push_copy(bound.frame, bound.kind);
+    } else {
+        q.log.push(bound.frame, bound.kind);
+    }
 }
 
 /// Appends a control frame of this layer to a path's log.
