@@ -70,6 +70,9 @@ pub(crate) struct SentLog {
     copied_to: u64,
     /// Where the last session frame that is not a copy ends.
     session_end: u64,
+    /// When the plaintext up to each offset went into a record, one entry per seal, oldest
+    /// first; entries the peer acknowledged leave (bounded as `frames` is).
+    seals: VecDeque<(u64, Instant)>,
 }
 
 impl SentLog {
@@ -140,8 +143,10 @@ impl SentLog {
         &self.bytes[start..]
     }
 
-    pub(crate) fn mark_sealed(&mut self, n: usize) {
+    /// `n` more bytes of the plaintext went into a record at `now`.
+    pub(crate) fn mark_sealed(&mut self, n: usize, now: Instant) {
         self.sealed += n as u64;
+        self.seals.push_back((self.sealed, now));
     }
 
     /// The peer took everything up to `acked`: drops those frames and calls `gone` with
@@ -171,6 +176,9 @@ impl SentLog {
         }
         self.head += (acked - self.base) as usize;
         self.base = acked;
+        while self.seals.front().is_some_and(|&(end, _)| end <= acked) {
+            self.seals.pop_front();
+        }
         if self.head >= 64 * 1024 && self.head * 2 >= self.bytes.len() {
             self.bytes.drain(..self.head);
             self.head = 0;
@@ -190,10 +198,13 @@ impl SentLog {
         let from = self.copied_to;
         self.copied_to = self.end();
         self.session_frames(|f| f.end > from && !f.copy)
+            .into_iter()
+            .map(|(orphan, kind, _)| (orphan, kind))
+            .collect()
     }
 
-    /// The session's frames that are `wanted`, with their bytes.
-    fn session_frames(&self, wanted: impl Fn(&Logged) -> bool) -> Vec<(Orphan, Kind)> {
+    /// The session's frames that are `wanted`, with their bytes and where they end.
+    fn session_frames(&self, wanted: impl Fn(&Logged) -> bool) -> Vec<(Orphan, Kind, u64)> {
         let mut out = Vec::new();
         let mut start = self.base;
         for f in &self.frames {
@@ -209,6 +220,7 @@ impl SentLog {
                         message,
                     },
                     f.kind,
+                    f.end,
                 ));
             }
             start = f.end;
@@ -217,11 +229,40 @@ impl SentLog {
     }
 
     /// Everything unacknowledged that the session still wants and that has no copy
-    /// elsewhere, in the order sent; `copied` hears of each session frame that has one. The
-    /// log is emptied (the connection is gone).
-    pub(crate) fn take_orphans(&mut self, mut copied: impl FnMut(Kind)) -> Vec<(Orphan, Kind)> {
+    /// elsewhere; `copied` hears of each session frame that has one. The log is emptied
+    /// (the connection is gone).
+    ///
+    /// In the order sent, except that frames sealed at or before `arrived_before` (those
+    /// the peer most likely took, though their acknowledgement did not come back) go after
+    /// the others, each group in the order sent: after a sudden death the frames the peer
+    /// is missing lead the re-send instead of waiting behind a round trip of frames it has.
+    /// Also returns how many went after the others.
+    pub(crate) fn take_orphans(
+        &mut self,
+        arrived_before: Option<Instant>,
+        mut copied: impl FnMut(Kind),
+    ) -> (Vec<(Orphan, Kind)>, usize) {
         let has_copy = |f: &Logged| f.end <= self.copied_to && !f.copy;
-        let out = self.session_frames(|f| !has_copy(f));
+        let frames = self.session_frames(|f| !has_copy(f));
+        // A frame was sealed when the first seal reaching its end was (never, if none did).
+        let mut seals = self.seals.iter().peekable();
+        let mut missing = Vec::with_capacity(frames.len());
+        let mut arrived = Vec::new();
+        for (orphan, kind, end) in frames {
+            while seals.next_if(|&&(sealed, _)| sealed < end).is_some() {}
+            let sealed_at = seals.peek().map(|&&(_, at)| at);
+            if sealed_at
+                .zip(arrived_before)
+                .is_some_and(|(at, cutoff)| at <= cutoff)
+            {
+                arrived.push((orphan, kind));
+            } else {
+                missing.push((orphan, kind));
+            }
+        }
+        let deferred = arrived.len();
+        missing.append(&mut arrived);
+        let out = (missing, deferred);
         for f in &self.frames {
             if has_copy(f) && matches!(f.kind, Kind::Session { .. }) {
                 copied(f.kind);
@@ -236,6 +277,7 @@ impl SentLog {
         self.sealed = end;
         self.copied_to = end;
         self.session_end = end;
+        self.seals.clear();
         out
     }
 }
@@ -257,7 +299,7 @@ mod tests {
         log.push(b"bb", ACK);
         log.push(b"cccccc", S);
         assert_eq!(log.unsealed(), b"aaaabbcccccc");
-        log.mark_sealed(6);
+        log.mark_sealed(6, Instant::now());
         assert_eq!(
             log.ack(12, |_| {}),
             Err(BadAck::BeyondSent { acked: 12, sent: 6 })
@@ -269,7 +311,7 @@ mod tests {
         assert_eq!(log.ack(4, |_| {}), Ok(false));
         assert!(log.awaits_ack());
         assert_eq!(log.unsealed(), b"cccccc");
-        let orphans = log.take_orphans(|_| panic!("nothing was copied"));
+        let (orphans, _) = log.take_orphans(None, |_| panic!("nothing was copied"));
         assert_eq!(orphans.len(), 1);
         assert_eq!(orphans[0].0.bytes, b"cccccc");
         assert_eq!(log.held(), 0);
@@ -282,7 +324,7 @@ mod tests {
         log.push(b"aaaa", S);
         log.push(b"bb", ACK);
         log.push(b"ccc", S);
-        log.mark_sealed(9);
+        log.mark_sealed(9, Instant::now());
         assert!(log.has_uncopied());
         let copies = log.copy_uncopied();
         let bytes: Vec<&[u8]> = copies.iter().map(|(o, _)| &o.bytes[..]).collect();
@@ -298,7 +340,7 @@ mod tests {
         assert!(log.has_uncopied());
         assert_eq!(log.ack(4, |_| {}), Ok(true));
         let mut copied = 0;
-        let orphans = log.take_orphans(|_| copied += 1);
+        let (orphans, _) = log.take_orphans(None, |_| copied += 1);
         assert_eq!(copied, 1, "ccc has its copy");
         let bytes: Vec<&[u8]> = orphans.iter().map(|(o, _)| &o.bytes[..]).collect();
         assert_eq!(
@@ -307,5 +349,36 @@ mod tests {
             "a copy's original may be gone too"
         );
         assert!(!log.has_uncopied());
+    }
+
+    #[test]
+    fn frames_the_peer_most_likely_has_are_orphaned_last() {
+        let t0 = Instant::now();
+        let ms = std::time::Duration::from_millis;
+        let mut log = SentLog::default();
+        log.push(b"aa", S);
+        log.push(b"bb", S);
+        log.mark_sealed(4, t0);
+        log.push(b"k", ACK);
+        log.push(b"cc", S);
+        log.mark_sealed(3, t0 + ms(10));
+        log.push(b"dd", S);
+        log.mark_sealed(1, t0 + ms(20));
+        log.push(b"ee", S);
+        assert_eq!(log.ack(2, |_| {}), Ok(true));
+        // Sealed by 10 ms: bb and cc; dd was only partly sealed then, ee never.
+        let (orphans, deferred) = log.take_orphans(Some(t0 + ms(10)), |_| {});
+        let bytes: Vec<&[u8]> = orphans.iter().map(|(o, _)| &o.bytes[..]).collect();
+        assert_eq!(bytes, [&b"dd"[..], b"ee", b"bb", b"cc"]);
+        assert_eq!(deferred, 2);
+        // Without a cutoff, the order sent.
+        let mut log = SentLog::default();
+        log.push(b"aa", S);
+        log.push(b"bb", S);
+        log.mark_sealed(2, t0);
+        let (orphans, deferred) = log.take_orphans(None, |_| {});
+        let bytes: Vec<&[u8]> = orphans.iter().map(|(o, _)| &o.bytes[..]).collect();
+        assert_eq!(bytes, [&b"aa"[..], b"bb"]);
+        assert_eq!(deferred, 0);
     }
 }

@@ -110,6 +110,12 @@ pub struct MultipathConfig {
     /// retransmission timeout) costs duplicates, which the receiver drops (MPTCP's
     /// opportunistic reinjection does the same for a window-limited subflow).
     pub reinject: bool,
+    /// When a connection dies suddenly (reset, or closed while acknowledgements flowed),
+    /// re-send the frames the peer is most likely missing first and those it most likely
+    /// took (sealed more than its one-way trip before, their acknowledgement lost with the
+    /// connection) after them, so that the stream's hole is filled first. Off: in the order
+    /// sent. Nothing on the wire changes.
+    pub resend_missing_first: bool,
 }
 
 impl Default for MultipathConfig {
@@ -124,6 +130,7 @@ impl Default for MultipathConfig {
             probe_interval: Duration::from_millis(250),
             linger: Duration::from_secs(30),
             reinject: true,
+            resend_missing_first: true,
         }
     }
 }
@@ -235,6 +242,10 @@ pub struct MultipathStats {
     pub paths_timed_out: u64,
     /// Frames re-sent on another connection after theirs died.
     pub frames_resent: u64,
+    /// Of those, frames the peer most likely had (sealed more than a one-way trip before a
+    /// sudden death, their acknowledgement lost with the connection): re-sent after the
+    /// others.
+    pub resends_deferred: u64,
     /// Times a connection was found suspect ([`MultipathConfig::reinject`]; once per
     /// stall), and the frames copied from suspect connections to another.
     pub paths_suspected: u64,
@@ -278,6 +289,14 @@ pub struct Path {
     /// When it was last found suspect, unless acknowledgements came since.
     suspected: Option<Instant>,
     srtt: Option<Duration>,
+    /// The lowest RTT sample: twice the path's one-way delay, without its queues.
+    min_rtt: Option<Duration>,
+    /// How much the RTT samples vary around `srtt` (RFC 6298's RTTVAR).
+    rttvar: Duration,
+    /// The last RTT sample.
+    latest_rtt: Duration,
+    /// When the last PATH_ACK came.
+    last_ack_at: Option<Instant>,
     fin_sent: bool,
     closed: bool,
     /// A client's join: refused unless its handshake resumed (a server that did not take
@@ -320,6 +339,10 @@ impl Path {
             peer_frame_seen: false,
             suspected: None,
             srtt: None,
+            min_rtt: None,
+            rttvar: Duration::ZERO,
+            latest_rtt: Duration::ZERO,
+            last_ack_at: None,
             fin_sent: false,
             closed: false,
             must_resume: false,
@@ -398,10 +421,43 @@ impl Path {
         self.outstanding_since.map(|t| t + after)
     }
 
+    /// At its death: frames sealed before this most likely reached the peer, though their
+    /// acknowledgement did not come back — if the death was sudden (a reset or a FIN while
+    /// acknowledgements flowed; not a timeout or a stall, after which the frames sent before
+    /// it are as lost as the last ones). A frame sealed at `t` reached the peer by `t` + its
+    /// wait in the socket + the path's queue + the one-way delay, i.e. `t` + RTT − min_rtt/2
+    /// (the probes' RTT includes the socket's queue: they wait in it too), with the RTT the
+    /// larger of the smoothed one and the latest sample (a queue that just grew) and a margin
+    /// of a quarter of it or RFC 6298's RTTVAR, whichever is larger. The death is taken to be
+    /// `now`, or `ack_delay` after the last PATH_ACK if that is earlier (a driver that saw the
+    /// reset late). The error costs are lopsided, hence the margins: a frame the peer has,
+    /// re-sent early, costs its own transmission time; a frame it is missing, put last,
+    /// holds the stream until everything else is re-sent.
+    fn arrived_before(
+        &self,
+        now: Instant,
+        reason: TransportError,
+        ack_delay: Duration,
+    ) -> Option<Instant> {
+        if reason == TransportError::TimedOut || self.suspected.is_some() {
+            return None;
+        }
+        let (srtt, min_rtt) = self.srtt.zip(self.min_rtt)?;
+        let died = self.last_ack_at?.checked_add(ack_delay)?.min(now);
+        let rtt = srtt.max(self.latest_rtt);
+        died.checked_sub(rtt.saturating_sub(min_rtt / 2) + (srtt / 4).max(self.rttvar))
+    }
+
     fn rtt_sample(&mut self, sample: Duration) {
+        self.min_rtt = Some(self.min_rtt.map_or(sample, |m| m.min(sample)));
+        self.latest_rtt = sample;
+        // RFC 6298 §2.2-2.3's smoothing (the variation first, from the old srtt).
+        self.rttvar = match self.srtt {
+            None => sample / 2,
+            Some(s) => (self.rttvar * 3 + s.abs_diff(sample)) / 4,
+        };
         self.srtt = Some(match self.srtt {
             None => sample,
-            // RFC 6298 §2.3's smoothing.
             Some(s) => (s * 7 + sample) / 8,
         });
     }
@@ -671,6 +727,7 @@ impl MultipathConnection {
                             // does not advance is a peer that cannot read now (its session's
                             // receive queue is full) keeping the path.
                             p.outstanding_since = p.log.awaits_ack().then_some(now);
+                            p.last_ack_at = Some(now);
                             if let Some((end, sent)) = p.probe
                                 && received >= end
                             {
@@ -766,7 +823,16 @@ impl MultipathConnection {
         self.stats.paths_closed += 1;
         let mut resent = 0;
         let unacked = &mut self.unacked_messages;
-        for (orphan, kind) in p.log.take_orphans(|kind| forget_message(unacked, kind)) {
+        let arrived_before = self
+            .config
+            .resend_missing_first
+            .then(|| p.arrived_before(now, reason, self.config.ack_delay))
+            .flatten();
+        let (orphans, deferred) = p
+            .log
+            .take_orphans(arrived_before, |kind| forget_message(unacked, kind));
+        self.stats.resends_deferred += deferred as u64;
+        for (orphan, kind) in orphans {
             if orphan.deadline.is_some_and(|d| d <= now) {
                 // A message past its lifetime is not worth a second try (partial
                 // reliability): it is lost with its connection.
@@ -1024,7 +1090,7 @@ impl MultipathConnection {
         if seal_len > 0 {
             let result = p.tls.seal(&p.log.unsealed()[..seal_len], out);
             match result {
-                Ok(()) => p.log.mark_sealed(seal_len),
+                Ok(()) => p.log.mark_sealed(seal_len, now),
                 Err(e) => {
                     p.tls_failed = Some(tls_transport_error(&e));
                     p.tls.poll_output(out);

@@ -69,6 +69,9 @@ pub enum Rival {
     /// The same with the call's messages sent redundantly on both connections (the
     /// receiver takes the first copy).
     SquarepegRedundant,
+    /// [`Rival::Squarepeg`] re-sending a dead connection's frames in the order sent
+    /// (`MultipathConfig::resend_missing_first` off): the comparison for that choice.
+    SquarepegResendInOrder,
 }
 
 /// What a rival must open.
@@ -201,12 +204,13 @@ impl BulkReceiver for StreamBulk {
 
 impl Rival {
     /// Every rival.
-    pub const ALL: [Rival; 5] = [
+    pub const ALL: [Rival; 6] = [
         Rival::Tcp { path: 0 },
         Rival::Tcp { path: 1 },
         Rival::Mptcp,
         Rival::Squarepeg,
         Rival::SquarepegRedundant,
+        Rival::SquarepegResendInOrder,
     ];
     /// The failover experiment's default rows: TCP on the path that dies, MPTCP, squarepeg
     /// (the call on the lowest-RTT connection, and redundant).
@@ -231,6 +235,7 @@ impl Rival {
             Rival::Mptcp => "mptcp".to_owned(),
             Rival::Squarepeg => "squarepeg".to_owned(),
             Rival::SquarepegRedundant => "squarepeg-redundant".to_owned(),
+            Rival::SquarepegResendInOrder => "squarepeg-resend-in-order".to_owned(),
         }
     }
 
@@ -254,6 +259,7 @@ impl Rival {
             Rival::Mptcp => "kernel MPTCP (IPPROTO_MPTCP, in-kernel path manager): initial subflow on path 0, a second from the client's path-1 address".to_owned(),
             Rival::Squarepeg => "squarepeg multipath session (TLS 1.3, a kernel TCP connection per path, joined by resumption; path timeout 200 ms, probes every 50 ms): the call as messages on the lowest-RTT connection, the download as a stream over both".to_owned(),
             Rival::SquarepegRedundant => "squarepeg as above, the call's messages sent on both connections (redundant steering: first copy wins, the receiver drops the second)".to_owned(),
+            Rival::SquarepegResendInOrder => "squarepeg as above (the call on the lowest-RTT connection), a dead connection's frames re-sent in the order sent rather than those the peer is most likely missing first".to_owned(),
         }
     }
 
@@ -262,7 +268,10 @@ impl Rival {
     pub fn single_path(self) -> Option<usize> {
         match self {
             Rival::Tcp { path } => Some(path),
-            Rival::Mptcp | Rival::Squarepeg | Rival::SquarepegRedundant => None,
+            Rival::Mptcp
+            | Rival::Squarepeg
+            | Rival::SquarepegRedundant
+            | Rival::SquarepegResendInOrder => None,
         }
     }
 
@@ -272,11 +281,27 @@ impl Rival {
         match self {
             Rival::Tcp { path } => open_tcp(lab, path, request),
             Rival::Mptcp => open_mptcp(lab, request),
-            Rival::Squarepeg => {
-                super::squarepeg::open_squarepeg(lab, request, squarepeg::PathPolicy::LowestRtt)
-            }
-            Rival::SquarepegRedundant => {
-                super::squarepeg::open_squarepeg(lab, request, squarepeg::PathPolicy::Redundant)
+            Rival::Squarepeg => super::squarepeg::open_squarepeg(
+                lab,
+                request,
+                squarepeg::PathPolicy::LowestRtt,
+                super::squarepeg::options(),
+            ),
+            Rival::SquarepegRedundant => super::squarepeg::open_squarepeg(
+                lab,
+                request,
+                squarepeg::PathPolicy::Redundant,
+                super::squarepeg::options(),
+            ),
+            Rival::SquarepegResendInOrder => {
+                let mut options = super::squarepeg::options();
+                options.core.resend_missing_first = false;
+                super::squarepeg::open_squarepeg(
+                    lab,
+                    request,
+                    squarepeg::PathPolicy::LowestRtt,
+                    options,
+                )
             }
         }
     }

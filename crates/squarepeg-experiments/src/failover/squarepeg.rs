@@ -70,12 +70,14 @@ fn wait<T: Send + 'static>(
         .map_err(|e| VoipError::Transport(format!("squarepeg: task failed: {e}")))
 }
 
-/// Opens the session over both paths of `lab` and the flows `request` asks for, the call's
-/// messages steered by `voice`.
+/// Opens the session over both paths of `lab` (both ends with `options`, as [`options`]
+/// makes them or varied) and the flows `request` asks for, the call's messages steered by
+/// `voice`.
 pub fn open_squarepeg(
     lab: &Lab,
     request: &OpenRequest,
     voice: PathPolicy,
+    options: MultipathOptions,
 ) -> Result<RivalEnds, VoipError> {
     let tls = |e: squarepeg::TlsError| VoipError::Config(format!("TLS: {e}"));
     let cert = config::self_signed(&[NAME.to_owned()]).map_err(tls)?;
@@ -95,8 +97,9 @@ pub fn open_squarepeg(
     }
     let server_rt = runtime_in(lab.server(), "sq-server")?;
     let client_rt = runtime_in(lab.client(), "sq-client")?;
+    let server_options = options.clone();
     let mut endpoint = wait(&server_rt, OPEN_TIMEOUT, async move {
-        MultipathEndpoint::bind(&listen, server_config, options()).await
+        MultipathEndpoint::bind(&listen, server_config, server_options).await
     })?
     .map_err(|e| transport("bind")(e.to_string()))?;
     let paths: Vec<PathAddress> = endpoint
@@ -106,7 +109,7 @@ pub fn open_squarepeg(
         .map(|(&remote, &local)| PathAddress::from_local(local, remote))
         .collect();
     let client = wait(&client_rt, OPEN_TIMEOUT, async move {
-        Connection::connect_multipath(&paths, client_config, options()).await
+        Connection::connect_multipath(&paths, client_config, options).await
     })?
     .map_err(|e| transport("connect")(e.to_string()))?;
     let server = server_rt
