@@ -15,7 +15,8 @@
 //! figure the median over rounds, per MiB of application data.
 //!
 //! `cargo bench -p squarepeg-tls --bench out_of_order [-- --json] [--rounds N] [--mib N]`
-//! (`--only late|in-order|process`: one way alone, for a profiler)
+//! (`--only late|in-order|process`: one way alone, for a profiler; `--size N`: only messages
+//! of N bytes)
 
 use squarepeg_tls::config::{self, Trust};
 use squarepeg_tls::rustls::crypto::ring::cipher_suite;
@@ -217,8 +218,12 @@ fn main() {
             "in-order" => Way::InOrder,
             _ => Way::Late,
         });
+    let sizes = match value("--size", 0) {
+        0 => vec![200, 1200],
+        size => vec![size],
+    };
     let mut all = Vec::new();
-    for size in [200, 1200] {
+    for size in sizes {
         let (mut process, mut in_order, mut late) = (Vec::new(), Vec::new(), Vec::new());
         let mut out_of_order_records = 0;
         let mut records = 0;
