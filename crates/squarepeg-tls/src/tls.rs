@@ -1,6 +1,6 @@
 //! [`Tls`]: one TLS 1.3 connection over an in-order byte stream, sans-IO.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::mem;
 use std::sync::Arc;
@@ -235,7 +235,7 @@ struct OutOfOrder {
     config: OutOfOrderConfig,
     store: SegmentStore,
     /// Records delivered out of order that the in-order stream has not reached, by offset.
-    delivered: BTreeMap<u64, Delivered>,
+    delivered: DeliveredRecords,
     /// A copy of the candidate being opened (the ciphertext stays intact for the in-order
     /// path if it is not delivered).
     scratch: Vec<u8>,
@@ -253,10 +253,105 @@ struct OutOfOrder {
 /// a window of that many padding records).
 const MAX_REPLACED_RANGES: usize = 4096;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Delivered {
     wire_len: usize,
     number: u64,
+}
+
+/// Records delivered out of order that the in-order stream has not reached, by offset. Most
+/// are delivered in stream order: those join the back of a queue (adding one, finding the
+/// last and taking the first need no search); any other goes to a map, so that no order of
+/// arrival makes an operation cost more than a search.
+#[derive(Debug, Default)]
+struct DeliveredRecords {
+    /// By increasing offset.
+    queue: VecDeque<(u64, Delivered)>,
+    others: BTreeMap<u64, Delivered>,
+}
+
+impl DeliveredRecords {
+    fn insert(&mut self, offset: u64, delivered: Delivered) {
+        if self.queue.back().is_none_or(|&(last, _)| last < offset) {
+            match self.others.get_mut(&offset) {
+                Some(d) => *d = delivered,
+                None => self.queue.push_back((offset, delivered)),
+            }
+        } else if let Ok(i) = self.queue.binary_search_by_key(&offset, |&(at, _)| at) {
+            self.queue[i].1 = delivered;
+        } else {
+            self.others.insert(offset, delivered);
+        }
+    }
+
+    fn get(&self, offset: u64) -> Option<&Delivered> {
+        let in_queue = match self.queue.back() {
+            Some((last, d)) if *last == offset => return Some(d),
+            Some(&(last, _)) if last > offset => self
+                .queue
+                .binary_search_by_key(&offset, |&(at, _)| at)
+                .ok()
+                .map(|i| &self.queue[i].1),
+            _ => None,
+        };
+        if in_queue.is_some() || self.others.is_empty() {
+            return in_queue;
+        }
+        self.others.get(&offset)
+    }
+
+    /// The one with the greatest offset below `offset`.
+    fn before(&self, offset: u64) -> Option<(u64, &Delivered)> {
+        let i = self.queue.partition_point(|&(at, _)| at < offset);
+        let queued = i
+            .checked_sub(1)
+            .map(|i| (self.queue[i].0, &self.queue[i].1));
+        let other = self
+            .others
+            .range(..offset)
+            .next_back()
+            .map(|(&at, d)| (at, d));
+        match (queued, other) {
+            (Some(q), Some(o)) => Some(if q.0 > o.0 { q } else { o }),
+            (q, o) => q.or(o),
+        }
+    }
+
+    /// Forgets those below `floor` (the in-order stream passed them).
+    fn drop_below(&mut self, floor: u64) {
+        if self.queue.front().is_none_or(|&(at, _)| at >= floor) && self.others.is_empty() {
+            return;
+        }
+        while self.queue.front().is_some_and(|&(at, _)| at < floor) {
+            self.queue.pop_front();
+        }
+        while let Some(first) = self.others.first_entry()
+            && *first.key() < floor
+        {
+            first.remove();
+        }
+    }
+
+    /// Takes the one at `offset` (the in-order stream's), forgetting those below it.
+    #[inline]
+    fn take_at(&mut self, offset: u64) -> Option<Delivered> {
+        if self.queue.is_empty() && self.others.is_empty() {
+            return None;
+        }
+        self.drop_below(offset);
+        if self.queue.front().is_some_and(|&(at, _)| at == offset) {
+            return self.queue.pop_front().map(|(_, d)| d);
+        }
+        match self.others.first_entry() {
+            Some(first) if *first.key() == offset => Some(first.remove()),
+            _ => None,
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.queue.len() + self.others.len()
+    }
 }
 
 /// Records between numbered-record candidates with this many numbers near the limit start
@@ -971,14 +1066,7 @@ impl Tls {
             };
             let available = &mut self.inbox.buf[self.inbox.head..];
             if let Some(ooo) = &mut self.ooo {
-                // Those below the in-order offset are dropped as it passes them: the record
-                // here, if delivered, is usually the first.
-                let skipped = match ooo.delivered.first_key_value() {
-                    Some((&first, _)) if first == offset => ooo.delivered.pop_first().map(|e| e.1),
-                    Some((&first, _)) if first < offset => ooo.delivered.remove(&offset),
-                    _ => None,
-                };
-                if let Some(d) = skipped {
+                if let Some(d) = ooo.delivered.take_at(offset) {
                     // Opened and delivered out of order already (the same bytes: the store
                     // keeps one copy of every range). A positional record must be the one
                     // the stream expects here.
@@ -1141,7 +1229,7 @@ impl Tls {
             return false;
         }
         ooo.store.drop_below(end);
-        ooo.delivered = ooo.delivered.split_off(&end);
+        ooo.delivered.drop_below(end);
         ooo.held = None;
         self.inbox.clear();
         self.inbox.consumed = end;
@@ -1803,7 +1891,7 @@ impl Tls {
         self.ooo = Some(Box::new(OutOfOrder {
             config,
             store: SegmentStore::new(config.window.saturating_add(MAX_RECORD_LEN)),
-            delivered: BTreeMap::new(),
+            delivered: DeliveredRecords::default(),
             scratch: Vec::new(),
             seen_len: (0, 0),
             held: None,
@@ -1932,11 +2020,7 @@ impl Tls {
             ooo.store.drop_below(floor);
             // Records delivered out of order that the in-order path passed without meeting
             // them at a record boundary cannot be met any more.
-            while let Some(first) = ooo.delivered.first_entry()
-                && *first.key() < consumed
-            {
-                first.remove();
-            }
+            ooo.delivered.drop_below(consumed);
         }
         self.scan_out_of_order(touched, deliver);
         Ok(())
@@ -2163,7 +2247,7 @@ struct Scan<'a> {
     traffic: &'a mut Traffic,
     numbering: Numbering,
     config: OutOfOrderConfig,
-    delivered: &'a mut BTreeMap<u64, Delivered>,
+    delivered: &'a mut DeliveredRecords,
     scratch: &'a mut Vec<u8>,
     stats: &'a mut TlsStats,
     in_order_end: u64,
@@ -2199,7 +2283,7 @@ impl Scan<'_> {
                 return;
             }
             let offset = start + pos as u64;
-            if let Some(d) = delivered_at(self.delivered, offset) {
+            if let Some(d) = self.delivered.get(offset) {
                 f.cursor += d.wire_len;
                 f.at_boundary = true;
                 f.hint = Some(d.number + 1);
@@ -2277,9 +2361,8 @@ impl Scan<'_> {
     fn estimate_number(&self, offset: u64) -> u64 {
         let (next, known_end) = self
             .delivered
-            .range(..offset)
-            .next_back()
-            .map(|(&at, d)| (d.number + 1, at + d.wire_len as u64))
+            .before(offset)
+            .map(|(at, d)| (d.number + 1, at + d.wire_len as u64))
             .filter(|&(_, end)| (self.in_order_record..=offset).contains(&end))
             .unwrap_or((self.traffic.rx.seq, self.in_order_record));
         next.saturating_add(offset.saturating_sub(known_end) / self.mean_record_len)
@@ -2341,9 +2424,8 @@ impl Scan<'_> {
         // fragments between, and misses.)
         let (next, known_end) = self
             .delivered
-            .range(..offset)
-            .next_back()
-            .map(|(&at, d)| (d.number + 1, at + d.wire_len as u64))
+            .before(offset)
+            .map(|(at, d)| (d.number + 1, at + d.wire_len as u64))
             .filter(|&(_, end)| (self.in_order_end..=offset).contains(&end))
             .unwrap_or((self.traffic.rx.seq, self.in_order_end));
         let gap = offset.saturating_sub(known_end);
@@ -2403,7 +2485,7 @@ type InOrderRecord = Option<(u8, usize, usize)>;
 /// to skip.
 fn hand_out(
     stats: &mut TlsStats,
-    delivered: &mut BTreeMap<u64, Delivered>,
+    delivered: &mut DeliveredRecords,
     record: OutOfOrderRecord<'_>,
     deliver: &mut dyn FnMut(OutOfOrderRecord<'_>),
 ) -> Candidate {
@@ -2445,16 +2527,6 @@ fn find_byte(bytes: &[u8], needle: u8) -> Option<usize> {
         .iter()
         .position(|&b| b == needle)
         .map(|i| at + i)
-}
-
-/// The record delivered out of order at `offset`, if any. Records are mostly delivered in
-/// stream order: one past the last is looked up without a search.
-fn delivered_at(delivered: &BTreeMap<u64, Delivered>, offset: u64) -> Option<&Delivered> {
-    match delivered.last_key_value() {
-        Some((&last, d)) if last == offset => Some(d),
-        Some((&last, _)) if last > offset => delivered.get(&offset),
-        _ => None,
-    }
 }
 
 /// Opens the in-order record `record` (header included) as the stream's next positional
@@ -2645,6 +2717,43 @@ impl fmt::Debug for Tls {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn delivered_records_in_any_order() {
+        let d = |number| Delivered {
+            wire_len: 10,
+            number,
+        };
+        let mut r = DeliveredRecords::default();
+        for at in [100, 110, 120, 300, 50, 115, 400, 110] {
+            r.insert(at, d(at));
+        }
+        assert_eq!(r.len(), 7, "110 was replaced, not added");
+        assert_eq!(r.others.len(), 2, "50 and 115 came out of order");
+        for at in [50, 100, 110, 115, 120, 300, 400] {
+            assert_eq!(r.get(at), Some(&d(at)));
+        }
+        for at in [0, 60, 111, 299, 401] {
+            assert_eq!(r.get(at), None);
+        }
+        assert_eq!(r.before(50), None);
+        assert_eq!(r.before(51), Some((50, &d(50))));
+        assert_eq!(r.before(116), Some((115, &d(115))));
+        assert_eq!(r.before(120), Some((115, &d(115))));
+        assert_eq!(r.before(121), Some((120, &d(120))));
+        assert_eq!(r.before(u64::MAX), Some((400, &d(400))));
+        // The in-order stream takes them in order, forgetting those it passed.
+        assert_eq!(r.take_at(100), Some(d(100)));
+        assert_eq!(r.get(50), None);
+        assert_eq!(r.take_at(112), None);
+        assert_eq!(r.get(110), None);
+        assert_eq!(r.take_at(115), Some(d(115)));
+        assert_eq!(r.take_at(120), Some(d(120)));
+        r.drop_below(350);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r.take_at(400), Some(d(400)));
+        assert_eq!(r.len(), 0);
+    }
 
     #[test]
     fn find_byte_finds_the_first() {
