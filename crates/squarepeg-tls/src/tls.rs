@@ -1,6 +1,6 @@
 //! [`Tls`]: one TLS 1.3 connection over an in-order byte stream, sans-IO.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::mem;
 use std::sync::Arc;
@@ -26,8 +26,8 @@ use crate::record::{
     TAG_LEN, content_type,
 };
 use crate::unordered::{
-    Fragment, NUMBER_PREFIX_LEN, OutOfOrderConfig, OutOfOrderRecord, ReplayWindow, SegmentStore,
-    encode_prefix, number_flag, prefix_flags,
+    Fragment, MAX_SPARE, NUMBER_PREFIX_LEN, OutOfOrderConfig, OutOfOrderRecord, ReplayWindow,
+    SegmentStore, encode_prefix, number_flag, prefix_flags,
 };
 
 /// Handshake message types the record layer handles after the handshake (RFC 8446 §4).
@@ -235,7 +235,7 @@ struct OutOfOrder {
     config: OutOfOrderConfig,
     store: SegmentStore,
     /// Records delivered out of order that the in-order stream has not reached, by offset.
-    delivered: BTreeMap<u64, Delivered>,
+    delivered: DeliveredRecords,
     /// A copy of the candidate being opened (the ciphertext stays intact for the in-order
     /// path if it is not delivered).
     scratch: Vec<u8>,
@@ -253,10 +253,105 @@ struct OutOfOrder {
 /// a window of that many padding records).
 const MAX_REPLACED_RANGES: usize = 4096;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Delivered {
     wire_len: usize,
     number: u64,
+}
+
+/// Records delivered out of order that the in-order stream has not reached, by offset. Most
+/// are delivered in stream order: those join the back of a queue (adding one, finding the
+/// last and taking the first need no search); any other goes to a map, so that no order of
+/// arrival makes an operation cost more than a search.
+#[derive(Debug, Default)]
+struct DeliveredRecords {
+    /// By increasing offset.
+    queue: VecDeque<(u64, Delivered)>,
+    others: BTreeMap<u64, Delivered>,
+}
+
+impl DeliveredRecords {
+    fn insert(&mut self, offset: u64, delivered: Delivered) {
+        if self.queue.back().is_none_or(|&(last, _)| last < offset) {
+            match self.others.get_mut(&offset) {
+                Some(d) => *d = delivered,
+                None => self.queue.push_back((offset, delivered)),
+            }
+        } else if let Ok(i) = self.queue.binary_search_by_key(&offset, |&(at, _)| at) {
+            self.queue[i].1 = delivered;
+        } else {
+            self.others.insert(offset, delivered);
+        }
+    }
+
+    fn get(&self, offset: u64) -> Option<&Delivered> {
+        let in_queue = match self.queue.back() {
+            Some((last, d)) if *last == offset => return Some(d),
+            Some(&(last, _)) if last > offset => self
+                .queue
+                .binary_search_by_key(&offset, |&(at, _)| at)
+                .ok()
+                .map(|i| &self.queue[i].1),
+            _ => None,
+        };
+        if in_queue.is_some() || self.others.is_empty() {
+            return in_queue;
+        }
+        self.others.get(&offset)
+    }
+
+    /// The one with the greatest offset below `offset`.
+    fn before(&self, offset: u64) -> Option<(u64, &Delivered)> {
+        let i = self.queue.partition_point(|&(at, _)| at < offset);
+        let queued = i
+            .checked_sub(1)
+            .map(|i| (self.queue[i].0, &self.queue[i].1));
+        let other = self
+            .others
+            .range(..offset)
+            .next_back()
+            .map(|(&at, d)| (at, d));
+        match (queued, other) {
+            (Some(q), Some(o)) => Some(if q.0 > o.0 { q } else { o }),
+            (q, o) => q.or(o),
+        }
+    }
+
+    /// Forgets those below `floor` (the in-order stream passed them).
+    fn drop_below(&mut self, floor: u64) {
+        if self.queue.front().is_none_or(|&(at, _)| at >= floor) && self.others.is_empty() {
+            return;
+        }
+        while self.queue.front().is_some_and(|&(at, _)| at < floor) {
+            self.queue.pop_front();
+        }
+        while let Some(first) = self.others.first_entry()
+            && *first.key() < floor
+        {
+            first.remove();
+        }
+    }
+
+    /// Takes the one at `offset` (the in-order stream's), forgetting those below it.
+    #[inline]
+    fn take_at(&mut self, offset: u64) -> Option<Delivered> {
+        if self.queue.is_empty() && self.others.is_empty() {
+            return None;
+        }
+        self.drop_below(offset);
+        if self.queue.front().is_some_and(|&(at, _)| at == offset) {
+            return self.queue.pop_front().map(|(_, d)| d);
+        }
+        match self.others.first_entry() {
+            Some(first) if *first.key() == offset => Some(first.remove()),
+            _ => None,
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.queue.len() + self.others.len()
+    }
 }
 
 /// Records between numbered-record candidates with this many numbers near the limit start
@@ -971,7 +1066,7 @@ impl Tls {
             };
             let available = &mut self.inbox.buf[self.inbox.head..];
             if let Some(ooo) = &mut self.ooo {
-                if let Some(d) = ooo.delivered.remove(&offset) {
+                if let Some(d) = ooo.delivered.take_at(offset) {
                     // Opened and delivered out of order already (the same bytes: the store
                     // keeps one copy of every range). A positional record must be the one
                     // the stream expects here.
@@ -1134,7 +1229,7 @@ impl Tls {
             return false;
         }
         ooo.store.drop_below(end);
-        ooo.delivered = ooo.delivered.split_off(&end);
+        ooo.delivered.drop_below(end);
         ooo.held = None;
         self.inbox.clear();
         self.inbox.consumed = end;
@@ -1796,7 +1891,7 @@ impl Tls {
         self.ooo = Some(Box::new(OutOfOrder {
             config,
             store: SegmentStore::new(config.window.saturating_add(MAX_RECORD_LEN)),
-            delivered: BTreeMap::new(),
+            delivered: DeliveredRecords::default(),
             scratch: Vec::new(),
             seen_len: (0, 0),
             held: None,
@@ -1877,7 +1972,11 @@ impl Tls {
         let direct = ooo.held.is_none()
             && offset <= in_order_before
             && end > in_order_before
-            && ooo.store.fragments.range(..end).next().is_none();
+            && ooo
+                .store
+                .fragments
+                .first_key_value()
+                .is_none_or(|(&first, _)| first >= end);
         if !direct {
             let refused = ooo.store.insert(in_order_before, offset, data);
             self.stats.segment_bytes_refused += refused as u64;
@@ -1907,7 +2006,7 @@ impl Tls {
             let Some(bytes) = ooo.store.take_at(at) else {
                 break;
             };
-            self.feed_in_order(&bytes, in_order)?;
+            self.feed_fragment(bytes, in_order)?;
         }
         let floor = self.in_order_offset();
         if floor != in_order_before {
@@ -1921,7 +2020,7 @@ impl Tls {
             ooo.store.drop_below(floor);
             // Records delivered out of order that the in-order path passed without meeting
             // them at a record boundary cannot be met any more.
-            ooo.delivered = ooo.delivered.split_off(&consumed);
+            ooo.delivered.drop_below(consumed);
         }
         self.scan_out_of_order(touched, deliver);
         Ok(())
@@ -1951,6 +2050,84 @@ impl Tls {
             }
         }
         Ok(())
+    }
+
+    /// Opens `bytes`, a fragment taken from the store at the in-order offset, in order, as
+    /// [`Tls::feed_in_order`] does, copying as little as it can: only what completes the
+    /// record in progress goes through [`Tls::push_ciphertext`]; once no byte waits in the
+    /// inbox, the fragment itself becomes the inbox's buffer and its records are opened (or,
+    /// if delivered out of order already, skipped) where they lie. The record layer sees the
+    /// same bytes in the same order either way. The buffer given up goes back to the store.
+    fn feed_fragment(
+        &mut self,
+        mut bytes: Vec<u8>,
+        in_order: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), TlsError> {
+        let mut pos = 0;
+        while pos < bytes.len() && !self.peer_closed {
+            let traffic = matches!(self.phase, Phase::Traffic(_));
+            if traffic && self.failed.is_none() && self.inbox.unconsumed() == 0 {
+                debug_assert_eq!(self.inbox.exposed, 0);
+                let mut old = mem::replace(&mut self.inbox.buf, bytes);
+                old.clear();
+                self.inbox.head = pos;
+                let result = self.process_with(in_order);
+                // A buffer that held a long fragment does not stay the inbox's: the record
+                // in progress (the rest of it, less than a record) moves to the old one.
+                let rest = self.inbox.unconsumed();
+                if self.inbox.buf.capacity() > MAX_SPARE && rest <= MAX_RECORD_LEN {
+                    old.extend_from_slice(&self.inbox.buf[self.inbox.head..]);
+                    self.inbox.head = 0;
+                    old = mem::replace(&mut self.inbox.buf, old);
+                }
+                if let Some(ooo) = self.ooo.as_mut() {
+                    ooo.store.recycle(old);
+                }
+                return result;
+            }
+            // Only what completes the record in progress (its header first), when the inbox
+            // can tell; otherwise as much as it takes.
+            let want = if traffic {
+                self.inbox_wants()
+            } else {
+                usize::MAX
+            };
+            let rest_at = self.in_order_offset();
+            let rest = &bytes[pos..];
+            let taken = self.push_ciphertext(&rest[..want.min(rest.len())]);
+            pos += taken;
+            self.process_with(in_order)?;
+            if let Some(ooo) = self.ooo.as_mut()
+                && ooo.held.is_some()
+            {
+                let refused = ooo
+                    .store
+                    .insert(rest_at, rest_at + taken as u64, &bytes[pos..]);
+                if refused > 0 {
+                    return Err(self.fail_with_alert(TlsError::Decrypt));
+                }
+                break;
+            }
+        }
+        bytes.clear();
+        if let Some(ooo) = self.ooo.as_mut() {
+            ooo.store.recycle(bytes);
+        }
+        Ok(())
+    }
+
+    /// Bytes that complete the header, else the record, in progress in the inbox; `usize::MAX`
+    /// if that is not known (an invalid header: the record layer then fails or holds).
+    fn inbox_wants(&self) -> usize {
+        let have = self.inbox.unconsumed();
+        if have < HEADER_LEN {
+            return HEADER_LEN - have;
+        }
+        record::protected_record_len(&self.inbox.buf[self.inbox.head..])
+            .ok()
+            .and_then(|len| len.checked_sub(have))
+            .filter(|&n| n > 0)
+            .unwrap_or(usize::MAX)
     }
 
     /// The peer replaced the stream range `range` (its announcement, docs/wire.md §5.1): an
@@ -2021,36 +2198,37 @@ impl Tls {
         let Some(ooo) = self.ooo.as_deref_mut() else {
             return;
         };
+        if ooo.store.fragments.is_empty() {
+            return;
+        }
         let numbering = self.numbering;
+        let mean_record_len = match ooo.seen_len {
+            (_, 0) => MAX_RECORD_LEN as u64,
+            (sum, count) => (sum / count).max(MIN_RECORD as u64),
+        };
+        let mut scan = Scan {
+            traffic,
+            numbering,
+            config: ooo.config,
+            delivered: &mut ooo.delivered,
+            scratch: &mut ooo.scratch,
+            stats: &mut self.stats,
+            in_order_end,
+            in_order_record: self.inbox.consumed,
+            mean_record_len,
+        };
         // Fragments neither overlap nor touch: those overlapping the range are the last ones
-        // starting before its end.
-        let starts: Vec<u64> = ooo
-            .store
-            .fragments
-            .range(..touched.end)
-            .rev()
-            .take_while(|(s, f)| **s + f.bytes.len() as u64 > touched.start)
-            .map(|(s, _)| *s)
-            .collect();
-        for start in starts {
-            let Some(mut fragment) = ooo.store.fragments.remove(&start) else {
-                continue;
-            };
-            let mut scan = Scan {
-                traffic,
-                numbering,
-                config: ooo.config,
-                delivered: &mut ooo.delivered,
-                scratch: &mut ooo.scratch,
-                stats: &mut self.stats,
-                in_order_end,
-                mean_record_len: match ooo.seen_len {
-                    (_, 0) => MAX_RECORD_LEN as u64,
-                    (sum, count) => (sum / count).max(MIN_RECORD as u64),
-                },
-            };
-            scan.fragment(start, &mut fragment, deliver);
-            ooo.store.fragments.insert(start, fragment);
+        // starting before its end. Scanning changes no fragment's extent.
+        let mut below = touched.end;
+        while let Some((&start, fragment)) = ooo.store.fragments.range_mut(..below).next_back()
+            && start + fragment.bytes.len() as u64 > touched.start
+        {
+            scan.fragment(start, fragment, deliver);
+            if start <= touched.start {
+                // Those before end before it.
+                break;
+            }
+            below = start;
         }
     }
 
@@ -2069,10 +2247,12 @@ struct Scan<'a> {
     traffic: &'a mut Traffic,
     numbering: Numbering,
     config: OutOfOrderConfig,
-    delivered: &'a mut BTreeMap<u64, Delivered>,
+    delivered: &'a mut DeliveredRecords,
     scratch: &'a mut Vec<u8>,
     stats: &'a mut TlsStats,
     in_order_end: u64,
+    /// Stream offset of the record the in-order stream reads next (number `rx.seq`).
+    in_order_record: u64,
     mean_record_len: u64,
 }
 
@@ -2103,7 +2283,7 @@ impl Scan<'_> {
                 return;
             }
             let offset = start + pos as u64;
-            if let Some(d) = self.delivered.get(&offset) {
+            if let Some(d) = self.delivered.get(offset) {
                 f.cursor += d.wire_len;
                 f.at_boundary = true;
                 f.hint = Some(d.number + 1);
@@ -2118,9 +2298,7 @@ impl Scan<'_> {
                 // Not a record start: on to the next byte that could begin a header.
                 f.at_boundary = false;
                 f.hint = None;
-                f.cursor = f.bytes[pos + 1..]
-                    .iter()
-                    .position(|&b| b == content_type::APPLICATION_DATA)
+                f.cursor = find_byte(&f.bytes[pos + 1..], content_type::APPLICATION_DATA)
                     .map_or(f.bytes.len(), |i| pos + 1 + i);
                 continue;
             }
@@ -2157,7 +2335,11 @@ impl Scan<'_> {
         deliver: &mut dyn FnMut(OutOfOrderRecord<'_>),
     ) -> Candidate {
         if self.numbering.accept
-            && let Some(found) = find_number(self.traffic, record, hint)
+            && let Some(found) = find_number(
+                self.traffic,
+                record,
+                Some(hint.unwrap_or_else(|| self.estimate_number(offset))),
+            )
         {
             return self.open_numbered(offset, record, found, deliver);
         }
@@ -2170,6 +2352,20 @@ impl Scan<'_> {
         } else {
             Candidate::Untried
         }
+    }
+
+    /// The likely number of a record at `offset` found by a pattern scan (the first one after
+    /// a hole): counted from the nearest record known before it (one delivered out of order,
+    /// else the in-order stream's next), a record of mean length apart. Only the order in
+    /// which numbers are tried depends on it.
+    fn estimate_number(&self, offset: u64) -> u64 {
+        let (next, known_end) = self
+            .delivered
+            .before(offset)
+            .map(|(at, d)| (d.number + 1, at + d.wire_len as u64))
+            .filter(|&(_, end)| (self.in_order_record..=offset).contains(&end))
+            .unwrap_or((self.traffic.rx.seq, self.in_order_record));
+        next.saturating_add(offset.saturating_sub(known_end) / self.mean_record_len)
     }
 
     fn open_numbered(
@@ -2228,9 +2424,8 @@ impl Scan<'_> {
         // fragments between, and misses.)
         let (next, known_end) = self
             .delivered
-            .range(..offset)
-            .next_back()
-            .map(|(&at, d)| (d.number + 1, at + d.wire_len as u64))
+            .before(offset)
+            .map(|(at, d)| (d.number + 1, at + d.wire_len as u64))
             .filter(|&(_, end)| (self.in_order_end..=offset).contains(&end))
             .unwrap_or((self.traffic.rx.seq, self.in_order_end));
         let gap = offset.saturating_sub(known_end);
@@ -2290,7 +2485,7 @@ type InOrderRecord = Option<(u8, usize, usize)>;
 /// to skip.
 fn hand_out(
     stats: &mut TlsStats,
-    delivered: &mut BTreeMap<u64, Delivered>,
+    delivered: &mut DeliveredRecords,
     record: OutOfOrderRecord<'_>,
     deliver: &mut dyn FnMut(OutOfOrderRecord<'_>),
 ) -> Candidate {
@@ -2308,6 +2503,30 @@ fn hand_out(
     );
     deliver(record);
     Candidate::Delivered(number)
+}
+
+/// Index of the first byte of `bytes` equal to `needle`, eight bytes at a time.
+fn find_byte(bytes: &[u8], needle: u8) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let pattern = ONES * u64::from(needle);
+    let mut chunks = bytes.chunks_exact(8);
+    let mut at = 0;
+    for chunk in &mut chunks {
+        let x = u64::from_le_bytes(chunk.try_into().expect("8 bytes")) ^ pattern;
+        // The lowest byte flagged is the first zero byte of `x` (a borrow only flags bytes
+        // above a zero one).
+        let zero = x.wrapping_sub(ONES) & !x & HIGHS;
+        if zero != 0 {
+            return Some(at + (zero.trailing_zeros() / 8) as usize);
+        }
+        at += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|&b| b == needle)
+        .map(|i| at + i)
 }
 
 /// Opens the in-order record `record` (header included) as the stream's next positional
@@ -2498,6 +2717,72 @@ impl fmt::Debug for Tls {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn delivered_records_in_any_order() {
+        let d = |number| Delivered {
+            wire_len: 10,
+            number,
+        };
+        let mut r = DeliveredRecords::default();
+        for at in [100, 110, 120, 300, 50, 115, 400, 110] {
+            r.insert(at, d(at));
+        }
+        assert_eq!(r.len(), 7, "110 was replaced, not added");
+        assert_eq!(r.others.len(), 2, "50 and 115 came out of order");
+        for at in [50, 100, 110, 115, 120, 300, 400] {
+            assert_eq!(r.get(at), Some(&d(at)));
+        }
+        for at in [0, 60, 111, 299, 401] {
+            assert_eq!(r.get(at), None);
+        }
+        assert_eq!(r.before(50), None);
+        assert_eq!(r.before(51), Some((50, &d(50))));
+        assert_eq!(r.before(116), Some((115, &d(115))));
+        assert_eq!(r.before(120), Some((115, &d(115))));
+        assert_eq!(r.before(121), Some((120, &d(120))));
+        assert_eq!(r.before(u64::MAX), Some((400, &d(400))));
+        // The in-order stream takes them in order, forgetting those it passed.
+        assert_eq!(r.take_at(100), Some(d(100)));
+        assert_eq!(r.get(50), None);
+        assert_eq!(r.take_at(112), None);
+        assert_eq!(r.get(110), None);
+        assert_eq!(r.take_at(115), Some(d(115)));
+        assert_eq!(r.take_at(120), Some(d(120)));
+        r.drop_below(350);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r.take_at(400), Some(d(400)));
+        assert_eq!(r.len(), 0);
+    }
+
+    #[test]
+    fn find_byte_finds_the_first() {
+        let mut bytes = vec![0u8; 40];
+        assert_eq!(find_byte(&bytes, 0x17), None);
+        for at in [39, 17, 8, 7, 0] {
+            bytes[at] = 0x17;
+            assert_eq!(find_byte(&bytes, 0x17), Some(at));
+            assert_eq!(find_byte(&bytes[..at], 0x17), None);
+        }
+        // Bytes one above or below the needle (borrows) are not taken for it.
+        let near = [0x16, 0x18, 0x16, 0x97, 0x16, 0x18, 0x17, 0x16, 0x18, 0x17];
+        assert_eq!(find_byte(&near, 0x17), Some(6));
+        assert_eq!(find_byte(&near[7..], 0x17), Some(2));
+        assert_eq!(find_byte(&[], 0x17), None);
+        // Against a plain search, over bytes near the needle.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..2000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let len = (x % 40) as usize;
+            let bytes: Vec<u8> = (0..len)
+                .map(|i| [0x16, 0x17, 0x18, 0x97, 0x00, 0xff, 0x01][(x >> (i % 60)) as usize % 7])
+                .collect();
+            let plain = bytes.iter().position(|&b| b == 0x17);
+            assert_eq!(find_byte(&bytes, 0x17), plain, "{bytes:x?}");
+        }
+    }
 
     #[test]
     fn tls_is_send() {

@@ -224,12 +224,24 @@ pub(crate) struct Fragment {
 /// Ciphertext fragments ahead of the in-order stream, by stream offset: non-overlapping and
 /// non-adjacent (adjacent ones are merged). Where two copies of a range differ, the first to
 /// arrive is kept. Holds at most `limit` bytes.
+///
+/// Bytes that continue a fragment are appended to it (the common case: segments arriving in
+/// order behind a hole); an emptied buffer handed back ([`SegmentStore::recycle`]) starts the
+/// next fragment. The fragments' buffers hold at most twice `limit` plus what their growth
+/// (doubling) adds: a recycled buffer starts a fragment only within that bound.
 #[derive(Debug)]
 pub(crate) struct SegmentStore {
     pub(crate) fragments: BTreeMap<u64, Fragment>,
     bytes: usize,
     limit: usize,
+    /// Capacity of the fragments' buffers.
+    capacity: usize,
+    /// An empty buffer for the next fragment.
+    spare: Vec<u8>,
 }
+
+/// Largest buffer kept for reuse.
+pub(crate) const MAX_SPARE: usize = 64 * 1024;
 
 impl SegmentStore {
     pub(crate) fn new(limit: usize) -> Self {
@@ -237,12 +249,38 @@ impl SegmentStore {
             fragments: BTreeMap::new(),
             bytes: 0,
             limit,
+            capacity: 0,
+            spare: Vec::new(),
         }
     }
 
     /// Bytes held.
     pub(crate) fn len(&self) -> usize {
         self.bytes
+    }
+
+    /// Keeps `buffer` (emptied) for a fragment to come, if it is larger than the one kept and
+    /// not larger than [`MAX_SPARE`].
+    pub(crate) fn recycle(&mut self, mut buffer: Vec<u8>) {
+        if buffer.capacity() > self.spare.capacity() && buffer.capacity() <= MAX_SPARE {
+            buffer.clear();
+            self.spare = buffer;
+        }
+    }
+
+    /// A buffer holding `piece`: the spare one if the fragments' buffers stay within twice
+    /// the limit with it.
+    fn buffer_for(&mut self, piece: &[u8]) -> Vec<u8> {
+        let spare = self.spare.capacity();
+        let mut buffer = if spare >= piece.len()
+            && self.capacity.saturating_add(spare) <= self.limit.saturating_mul(2)
+        {
+            std::mem::take(&mut self.spare)
+        } else {
+            Vec::with_capacity(piece.len())
+        };
+        buffer.extend_from_slice(piece);
+        buffer
     }
 
     /// Adds `data` at stream `offset`, ignoring what lies below `floor` (already in order)
@@ -256,18 +294,28 @@ impl SegmentStore {
         let mut refused = 0;
         let mut pos = start;
         while pos < end {
-            if let Some((&s, f)) = self.fragments.range(..=pos).next_back()
-                && s + f.bytes.len() as u64 > pos
-            {
-                pos = s + f.bytes.len() as u64;
-                continue;
-            }
-            let next = self
+            // The fragment that holds `pos`, or the one that ends exactly there, and the next
+            // one; at or past the end of the last one (bytes arriving in order behind a
+            // hole) without a search.
+            let last_end = self
                 .fragments
-                .range(pos + 1..)
-                .next()
-                .map_or(end, |(&s, _)| s)
-                .min(end);
+                .last_key_value()
+                .map(|(&s, f)| s + f.bytes.len() as u64);
+            let (appending, following) = if last_end.is_none_or(|e| pos >= e) {
+                (last_end == Some(pos), None)
+            } else {
+                let appending = match self.fragments.range(..=pos).next_back() {
+                    Some((&s, f)) if s + f.bytes.len() as u64 > pos => {
+                        pos = s + f.bytes.len() as u64;
+                        continue;
+                    }
+                    Some((&s, f)) => s + f.bytes.len() as u64 == pos,
+                    None => false,
+                };
+                let following = self.fragments.range(pos + 1..).next().map(|(&s, _)| s);
+                (appending, following)
+            };
+            let next = following.map_or(end, |s| s.min(end));
             let piece = &data[(pos - offset) as usize..(next - offset) as usize];
             let room = self.limit.saturating_sub(self.bytes);
             if piece.len() > room {
@@ -279,67 +327,76 @@ impl SegmentStore {
             }
             let piece = &piece[..piece.len().min(room)];
             self.bytes += piece.len();
-            self.fragments.insert(
-                pos,
-                Fragment {
-                    bytes: piece.to_vec(),
-                    cursor: 0,
-                    at_boundary: false,
-                    hint: None,
-                },
-            );
+            let at = if appending {
+                let (s, f) = if following.is_none() {
+                    let last = self.fragments.last_entry().expect("present");
+                    (*last.key(), last.into_mut())
+                } else {
+                    let (&s, f) = self
+                        .fragments
+                        .range_mut(..pos)
+                        .next_back()
+                        .expect("present");
+                    (s, f)
+                };
+                let before = f.bytes.capacity();
+                f.bytes.extend_from_slice(piece);
+                self.capacity = self.capacity - before + f.bytes.capacity();
+                s
+            } else {
+                let bytes = self.buffer_for(piece);
+                self.capacity += bytes.capacity();
+                self.fragments.insert(
+                    pos,
+                    Fragment {
+                        bytes,
+                        cursor: 0,
+                        at_boundary: false,
+                        hint: None,
+                    },
+                );
+                pos
+            };
+            if following == Some(pos + piece.len() as u64) {
+                self.merge(at, pos + piece.len() as u64);
+            }
             pos = next;
         }
-        self.merge_around(start, end);
         refused
     }
 
-    /// Merges contiguous fragments from the one at or before `from` up to `to`.
-    fn merge_around(&mut self, from: u64, to: u64) {
-        // The fragment ending at or after `from` that starts before it, else the first
-        // starting at or after it.
-        let before = self
-            .fragments
-            .range(..from)
-            .next_back()
-            .filter(|(s, f)| **s + f.bytes.len() as u64 >= from);
-        let first = before.or_else(|| self.fragments.range(from..).next());
-        let Some((&first, _)) = first else {
+    /// Appends the fragment at `next` to the one at `at`, which ends there.
+    fn merge(&mut self, at: u64, next: u64) {
+        let Some(b) = self.fragments.remove(&next) else {
             return;
         };
-        let mut at = first;
-        loop {
-            let next = at + self.fragments[&at].bytes.len() as u64;
-            if next > to {
-                return;
+        let a = self.fragments.get_mut(&at).expect("present");
+        let a_len = a.bytes.len();
+        debug_assert_eq!(at + a_len as u64, next);
+        if a.cursor >= a_len {
+            // Everything of `a` was scanned: go on where `b` was.
+            a.cursor = a_len + b.cursor;
+            if !(a.at_boundary && b.cursor == 0) {
+                a.at_boundary = b.at_boundary;
+                a.hint = b.hint;
             }
-            let Some(b) = self.fragments.remove(&next) else {
-                match self.fragments.range(next..).next() {
-                    Some((&s, _)) if s <= to => {
-                        at = s;
-                        continue;
-                    }
-                    _ => return,
-                }
-            };
-            let a = self.fragments.get_mut(&at).expect("present");
-            let a_len = a.bytes.len();
-            if a.cursor >= a_len {
-                // Everything of `a` was scanned: go on where `b` was.
-                a.cursor = a_len + b.cursor;
-                if !(a.at_boundary && b.cursor == 0) {
-                    a.at_boundary = b.at_boundary;
-                    a.hint = b.hint;
-                }
-            }
-            a.bytes.extend_from_slice(&b.bytes);
         }
+        let before = a.bytes.capacity();
+        a.bytes.extend_from_slice(&b.bytes);
+        self.capacity = self.capacity - before + a.bytes.capacity() - b.bytes.capacity();
+        self.recycle(b.bytes);
     }
 
     /// Removes and returns the fragment that starts exactly at `offset`.
     pub(crate) fn take_at(&mut self, offset: u64) -> Option<Vec<u8>> {
-        let f = self.fragments.remove(&offset)?;
+        // Called at the in-order offset, below which nothing is held: the first fragment.
+        let f = match self.fragments.first_key_value() {
+            Some((&first, _)) if first == offset => self.fragments.pop_first()?.1,
+            Some((&first, _)) if first < offset => self.fragments.remove(&offset)?,
+            _ => return None,
+        };
         self.bytes -= f.bytes.len();
+        self.capacity -= f.bytes.capacity();
         Some(f.bytes)
     }
 
@@ -364,6 +421,8 @@ impl SegmentStore {
                 self.fragments.insert(floor, f);
                 return;
             }
+            self.capacity -= f.bytes.capacity();
+            self.recycle(f.bytes);
         }
     }
 }
@@ -437,6 +496,131 @@ mod tests {
         s.insert(0, 10, &[2; 10]);
         assert_eq!(s.fragments.len(), 1);
         assert_eq!(s.fragments[&0].bytes.len(), 30);
+    }
+
+    impl SegmentStore {
+        /// The bookkeeping matches the fragments.
+        fn check(&self) {
+            let bytes: usize = self.fragments.values().map(|f| f.bytes.len()).sum();
+            let capacity: usize = self.fragments.values().map(|f| f.bytes.capacity()).sum();
+            assert_eq!((self.bytes, self.capacity), (bytes, capacity));
+            let mut end = None;
+            for (&s, f) in &self.fragments {
+                assert!(!f.bytes.is_empty());
+                assert!(end.is_none_or(|e| e < s), "overlapping or adjacent");
+                end = Some(s + f.bytes.len() as u64);
+            }
+        }
+    }
+
+    #[test]
+    fn store_appends_behind_a_hole_keeping_the_scan_state() {
+        let mut s = SegmentStore::new(10_000);
+        s.insert(0, 100, &[1; 10]);
+        {
+            let f = s.fragments.get_mut(&100).unwrap();
+            f.cursor = 4;
+            f.at_boundary = true;
+            f.hint = Some(7);
+        }
+        for (i, at) in [110u64, 120, 130].into_iter().enumerate() {
+            assert_eq!(s.insert(0, at, &[2 + i as u8; 10]), 0);
+            s.check();
+        }
+        // Overlapping the end: only the new bytes are appended.
+        assert_eq!(s.insert(0, 135, &[9; 10]), 0);
+        s.check();
+        assert_eq!(s.fragments.len(), 1);
+        let f = &s.fragments[&100];
+        assert_eq!(f.bytes.len(), 45);
+        assert_eq!(&f.bytes[30..35], &[4; 5]);
+        assert_eq!(&f.bytes[40..], &[9; 5]);
+        assert_eq!((f.cursor, f.at_boundary, f.hint), (4, true, Some(7)));
+        // Filling a gap before it merges the two, keeping the bytes held first.
+        assert_eq!(s.insert(0, 80, &[5; 25]), 0);
+        s.check();
+        assert_eq!(s.fragments.len(), 1);
+        assert_eq!(s.fragments[&80].bytes.len(), 65);
+        assert_eq!(&s.fragments[&80].bytes[..20], &[5; 20]);
+        assert_eq!(&s.fragments[&80].bytes[20..30], &[1; 10]);
+        assert_eq!(s.take_at(80).map(|b| b.len()), Some(65));
+        s.check();
+        assert_eq!(s.len(), 0);
+    }
+
+    #[test]
+    fn store_appends_up_to_its_limit() {
+        let mut s = SegmentStore::new(25);
+        assert_eq!(s.insert(0, 0, &[1; 10]), 0);
+        assert_eq!(s.insert(0, 10, &[2; 10]), 0);
+        assert_eq!(s.insert(0, 20, &[3; 10]), 5);
+        s.check();
+        assert_eq!(s.len(), 25);
+        assert_eq!(s.fragments[&0].bytes.len(), 25);
+        assert_eq!(s.insert(0, 25, &[4; 10]), 10);
+        s.check();
+    }
+
+    #[test]
+    fn store_reuses_a_recycled_buffer_within_its_bound() {
+        let mut s = SegmentStore::new(10_000);
+        let buffer = vec![7u8; 4096];
+        let ptr = buffer.as_ptr();
+        s.recycle(buffer);
+        s.insert(0, 50, &[1; 100]);
+        s.check();
+        let f = &s.fragments[&50];
+        assert_eq!(
+            f.bytes.as_ptr(),
+            ptr,
+            "the recycled buffer holds the fragment"
+        );
+        assert_eq!(f.bytes, vec![1; 100], "and nothing that was in it before");
+        assert_eq!(s.spare.capacity(), 0);
+        // The next fragment gets a buffer of its own.
+        s.insert(0, 500, &[2; 10]);
+        s.check();
+        assert_eq!(s.fragments[&500].bytes.capacity(), 10);
+        // A taken fragment's buffer comes back; one larger than MAX_SPARE does not stay.
+        let taken = s.take_at(50).unwrap();
+        s.recycle(taken);
+        assert_eq!(s.spare.capacity(), 4096);
+        s.recycle(Vec::with_capacity(MAX_SPARE + 1));
+        assert_eq!(s.spare.capacity(), 4096);
+        // Dropped fragments' buffers are kept too (the largest one).
+        s.drop_below(1000);
+        s.check();
+        assert_eq!(s.len(), 0);
+        assert_eq!(s.spare.capacity(), 4096);
+    }
+
+    #[test]
+    fn store_does_not_reuse_a_buffer_beyond_twice_its_limit() {
+        // Many small fragments each in a large recycled buffer would hold far more memory
+        // than the bytes they keep.
+        let mut s = SegmentStore::new(1000);
+        s.recycle(Vec::with_capacity(4096));
+        s.insert(0, 0, &[1; 10]);
+        s.check();
+        assert_eq!(s.fragments[&0].bytes.capacity(), 10);
+        assert_eq!(s.spare.capacity(), 4096);
+        let mut s = SegmentStore::new(3000);
+        s.recycle(Vec::with_capacity(4096));
+        s.insert(0, 0, &[1; 10]);
+        s.check();
+        assert_eq!(s.fragments[&0].bytes.capacity(), 4096);
+    }
+
+    #[test]
+    fn store_takes_only_a_fragment_that_starts_there() {
+        let mut s = SegmentStore::new(1000);
+        s.insert(0, 10, &[1; 10]);
+        s.insert(0, 30, &[2; 10]);
+        assert_eq!(s.take_at(5), None);
+        assert_eq!(s.take_at(15), None);
+        assert_eq!(s.take_at(30), Some(vec![2; 10]));
+        assert_eq!(s.take_at(10), Some(vec![1; 10]));
+        s.check();
     }
 
     #[test]
