@@ -2359,13 +2359,20 @@ impl Scan<'_> {
     /// else the in-order stream's next), a record of mean length apart. Only the order in
     /// which numbers are tried depends on it.
     fn estimate_number(&self, offset: u64) -> u64 {
-        let (next, known_end) = self
-            .delivered
+        let (next, known_end) = self.nearest_known(offset, self.in_order_record);
+        next.saturating_add(offset.saturating_sub(known_end) / self.mean_record_len)
+    }
+
+    /// The number after the nearest record known before `offset` and where that record
+    /// ends: the last one delivered out of order that ends between `in_order` (where the
+    /// in-order stream's next record, number `rx.seq`, is taken to start) and `offset`, else
+    /// the in-order stream's.
+    fn nearest_known(&self, offset: u64, in_order: u64) -> (u64, u64) {
+        self.delivered
             .before(offset)
             .map(|(at, d)| (d.number + 1, at + d.wire_len as u64))
-            .filter(|&(_, end)| (self.in_order_record..=offset).contains(&end))
-            .unwrap_or((self.traffic.rx.seq, self.in_order_record));
-        next.saturating_add(offset.saturating_sub(known_end) / self.mean_record_len)
+            .filter(|&(_, end)| (in_order..=offset).contains(&end))
+            .unwrap_or((self.traffic.rx.seq, in_order))
     }
 
     fn open_numbered(
@@ -2422,12 +2429,7 @@ impl Scan<'_> {
         // order that ends before it, else the in-order stream. (From the in-order stream
         // alone, a record beyond a second hole is guessed across every record of the
         // fragments between, and misses.)
-        let (next, known_end) = self
-            .delivered
-            .before(offset)
-            .map(|(at, d)| (d.number + 1, at + d.wire_len as u64))
-            .filter(|&(_, end)| (self.in_order_end..=offset).contains(&end))
-            .unwrap_or((self.traffic.rx.seq, self.in_order_end));
+        let (next, known_end) = self.nearest_known(offset, self.in_order_end);
         let gap = offset.saturating_sub(known_end);
         // Records between here and the in-order stream: at least one per longest record, at
         // most one per shortest.
