@@ -295,7 +295,7 @@ pub struct Path {
     rttvar: Duration,
     /// The last RTT sample.
     latest_rtt: Duration,
-    /// When the last PATH_ACK came.
+    /// When the last PATH_ACK that acknowledged something new came.
     last_ack_at: Option<Instant>,
     fin_sent: bool,
     closed: bool,
@@ -429,8 +429,9 @@ impl Path {
     /// (the probes' RTT includes the socket's queue: they wait in it too), with the RTT the
     /// larger of the smoothed one and the latest sample (a queue that just grew) and a margin
     /// of a quarter of it or RFC 6298's RTTVAR, whichever is larger. The death is taken to be
-    /// `now`, or `ack_delay` after the last PATH_ACK if that is earlier (a driver that saw the
-    /// reset late). The error costs are lopsided, hence the margins: a frame the peer has,
+    /// `now`, or `ack_delay` after the last PATH_ACK that acknowledged something new if that
+    /// is earlier (a driver that saw the reset late; a peer that stopped taking data, whose
+    /// acknowledgements only keep the path). The error costs are lopsided, hence the margins: a frame the peer has,
     /// re-sent early, costs its own transmission time; a frame it is missing, put last,
     /// holds the stream until everything else is re-sent.
     fn arrived_before(
@@ -722,12 +723,14 @@ impl MultipathConnection {
                             self.stats.acks_received += 1;
                             if progress {
                                 p.suspected = None;
+                                // Only an acknowledgement that moved shows the peer taking
+                                // data then (`Path::arrived_before`).
+                                p.last_ack_at = Some(now);
                             }
                             // Any acknowledgement shows the path and the peer alive: one that
                             // does not advance is a peer that cannot read now (its session's
                             // receive queue is full) keeping the path.
                             p.outstanding_since = p.log.awaits_ack().then_some(now);
-                            p.last_ack_at = Some(now);
                             if let Some((end, sent)) = p.probe
                                 && received >= end
                             {
@@ -831,8 +834,9 @@ impl MultipathConnection {
         let (orphans, deferred) = p
             .log
             .take_orphans(arrived_before, |kind| forget_message(unacked, kind));
-        self.stats.resends_deferred += deferred as u64;
-        for (orphan, kind) in orphans {
+        // The deferred frames are the last ones.
+        let first_deferred = orphans.len() - deferred;
+        for (i, (orphan, kind)) in orphans.into_iter().enumerate() {
             if orphan.deadline.is_some_and(|d| d <= now) {
                 // A message past its lifetime is not worth a second try (partial
                 // reliability): it is lost with its connection.
@@ -841,6 +845,9 @@ impl MultipathConnection {
                 continue;
             }
             resent += 1;
+            if i >= first_deferred {
+                self.stats.resends_deferred += 1;
+            }
             self.orphan_bytes += orphan.bytes.len();
             self.orphans.push_back(orphan);
         }
