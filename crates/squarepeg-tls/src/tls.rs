@@ -2035,21 +2035,39 @@ impl Tls {
         in_order: &mut dyn FnMut(&[u8]),
     ) -> Result<(), TlsError> {
         while !rest.is_empty() && !self.peer_closed {
-            let rest_at = self.in_order_offset();
-            let taken = self.push_ciphertext(rest);
+            let (taken, held) = self.feed_step(rest, usize::MAX, in_order)?;
             rest = &rest[taken..];
-            self.process_with(in_order)?;
-            if let Some(ooo) = self.ooo.as_mut()
-                && ooo.held.is_some()
-            {
-                let refused = ooo.store.insert(rest_at, rest_at + taken as u64, rest);
-                if refused > 0 {
-                    return Err(self.fail_with_alert(TlsError::Decrypt));
-                }
+            if held {
                 break;
             }
         }
         Ok(())
+    }
+
+    /// One step of [`Tls::feed_in_order`]: pushes at most `limit` bytes of `rest` and opens
+    /// what is complete. Returns the bytes taken and whether the stream got held on the way
+    /// (`hold_or_fail`), in which case the rest of `rest` went back to the store.
+    fn feed_step(
+        &mut self,
+        rest: &[u8],
+        limit: usize,
+        in_order: &mut dyn FnMut(&[u8]),
+    ) -> Result<(usize, bool), TlsError> {
+        let rest_at = self.in_order_offset();
+        let taken = self.push_ciphertext(&rest[..limit.min(rest.len())]);
+        self.process_with(in_order)?;
+        if let Some(ooo) = self.ooo.as_mut()
+            && ooo.held.is_some()
+        {
+            let refused = ooo
+                .store
+                .insert(rest_at, rest_at + taken as u64, &rest[taken..]);
+            if refused > 0 {
+                return Err(self.fail_with_alert(TlsError::Decrypt));
+            }
+            return Ok((taken, true));
+        }
+        Ok((taken, false))
     }
 
     /// Opens `bytes`, a fragment taken from the store at the in-order offset, in order, as
@@ -2092,20 +2110,9 @@ impl Tls {
             } else {
                 usize::MAX
             };
-            let rest_at = self.in_order_offset();
-            let rest = &bytes[pos..];
-            let taken = self.push_ciphertext(&rest[..want.min(rest.len())]);
+            let (taken, held) = self.feed_step(&bytes[pos..], want, in_order)?;
             pos += taken;
-            self.process_with(in_order)?;
-            if let Some(ooo) = self.ooo.as_mut()
-                && ooo.held.is_some()
-            {
-                let refused = ooo
-                    .store
-                    .insert(rest_at, rest_at + taken as u64, &bytes[pos..]);
-                if refused > 0 {
-                    return Err(self.fail_with_alert(TlsError::Decrypt));
-                }
+            if held {
                 break;
             }
         }
