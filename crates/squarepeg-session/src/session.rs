@@ -506,7 +506,20 @@ impl Session {
         payload: impl Into<Bytes>,
         props: MessageProps,
     ) -> Result<MessageNumber, SendError> {
-        self.queue_message(now, payload.into(), props)
+        self.queue_message(now, payload.into(), props, true)
+    }
+
+    /// [`Session::send_message`] for a message the caller admitted against the send queue's
+    /// limit already (a driver that takes messages queued by the application into a staging
+    /// queue of its own, which counted them against the same limit): no `QueueFull`, so the
+    /// numbers the caller handed out stay the session's. The other checks stay.
+    pub fn send_admitted_message(
+        &mut self,
+        now: Instant,
+        payload: impl Into<Bytes>,
+        props: MessageProps,
+    ) -> Result<MessageNumber, SendError> {
+        self.queue_message(now, payload.into(), props, false)
     }
 
     fn queue_message(
@@ -514,6 +527,7 @@ impl Session {
         now: Instant,
         payload: Bytes,
         props: MessageProps,
+        check_room: bool,
     ) -> Result<MessageNumber, SendError> {
         match &self.state {
             State::Open => {}
@@ -526,7 +540,7 @@ impl Session {
                 max: MAX_MESSAGE_SIZE,
             });
         }
-        if !self.message_queue_has_room(payload.len()) {
+        if check_room && !self.message_queue_has_room(payload.len()) {
             return Err(SendError::QueueFull {
                 queued: self.queued_message_bytes,
                 limit: self.config.message_send_queue,

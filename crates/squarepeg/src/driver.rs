@@ -275,6 +275,7 @@ impl<W: Wire> Driver<W> {
             let mut st = self.shared.lock();
             let slice_end = (self.out.len() + LOCK_SLICE).min(batch);
             let more = self.wire.fill(&mut st.conn, now, &mut self.out, slice_end);
+            self.shared.note_transmitted(&st);
             drop(st);
             if !more || self.out.len() >= batch {
                 break;

@@ -140,6 +140,7 @@ mod endpoint;
 mod fast_open;
 mod kernel;
 pub mod multipath;
+mod staging;
 mod stream;
 pub mod transaction;
 mod unsent;

@@ -695,3 +695,179 @@ async fn switch_to_an_unannounced_format_is_rejected() {
         ));
     }
 }
+
+/// Several tasks send at once through one connection, mixing messages the application's
+/// outbox numbers (plain ones) with messages the session must number itself (a dependency,
+/// a squash key) and `try_send_message` against a small send queue: every message arrives
+/// once, under the number its send returned, and each task's messages in the order sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_senders_keep_numbers_and_order() {
+    const TASKS: u32 = 3;
+    const PER_TASK: u32 = 3000;
+    let mut cc = ConnectionConfig::default();
+    // Small: the outbox's room check and the session's both come into play.
+    cc.session.message_send_queue = 16 * 1024;
+    let (client, server) = pair_with("127.0.0.1:0", cc, ConnectionConfig::default()).await;
+    let mut senders = Vec::new();
+    for task in 0..TASKS {
+        let client = client.clone();
+        senders.push(tokio::spawn(async move {
+            let mut sent = Vec::new();
+            let mut previous = None;
+            for seq in 0..PER_TASK {
+                let mut payload = pattern(40 + (seq as usize * 7) % 300, seq as u8);
+                payload[..4].copy_from_slice(&task.to_be_bytes());
+                payload[4..8].copy_from_slice(&seq.to_be_bytes());
+                let props = match seq % 5 {
+                    // The session numbers these itself.
+                    1 => MessageProps {
+                        depends_on: previous,
+                        ..Default::default()
+                    },
+                    2 => MessageProps {
+                        squash_key: Some(u64::from(task) << 32 | u64::from(seq)),
+                        ..Default::default()
+                    },
+                    _ => MessageProps::default(),
+                };
+                let number = if seq % 7 == 3 {
+                    loop {
+                        match client.try_send_message(payload.clone(), props.clone()) {
+                            Ok(n) => break n,
+                            Err(SendError::QueueFull { .. }) => tokio::task::yield_now().await,
+                            Err(e) => panic!("try_send_message: {e}"),
+                        }
+                    }
+                } else {
+                    client.send_message(payload.clone(), props).await.unwrap()
+                };
+                previous = Some(number);
+                sent.push((number, payload));
+            }
+            sent
+        }));
+    }
+    let mut expected = HashMap::new();
+    for s in senders {
+        for (number, payload) in no_hang(s).await.unwrap() {
+            assert!(
+                expected.insert(number, payload).is_none(),
+                "number {number} handed out twice"
+            );
+        }
+    }
+    assert_eq!(expected.len(), (TASKS * PER_TASK) as usize);
+    let mut next_seq = [0u32; TASKS as usize];
+    for _ in 0..TASKS * PER_TASK {
+        let m = no_hang(server.recv_message()).await.unwrap();
+        let want = expected
+            .remove(&m.number)
+            .unwrap_or_else(|| panic!("message {} unknown or delivered twice", m.number));
+        assert_eq!(&m.payload[..], &want[..], "message {}", m.number);
+        let task = u32::from_be_bytes(want[..4].try_into().unwrap()) as usize;
+        let seq = u32::from_be_bytes(want[4..8].try_into().unwrap());
+        assert_eq!(seq, next_seq[task], "task {task}'s messages out of order");
+        next_seq[task] += 1;
+    }
+    assert!(expected.is_empty());
+    client.close().await;
+}
+
+/// Every message a send accepted ends with exactly one status, also when the peer goes
+/// away while messages wait to be sent (they are discarded then), and nothing is accepted
+/// once the connection closed. A few rounds: where the abort lands among the sends varies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_accepted_message_gets_one_status_when_the_peer_aborts() {
+    for _ in 0..6 {
+        accepted_messages_get_one_status_each().await;
+    }
+}
+
+async fn accepted_messages_get_one_status_each() {
+    let mut cc = ConnectionConfig::default();
+    // Room for a status per message the loop below may send (runs of them, in memory).
+    cc.status_queue = 4_000_000;
+    let (client, server) = pair_with("127.0.0.1:0", cc, ConnectionConfig::default()).await;
+    let sender = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let mut accepted = Vec::new();
+            // Bounded: the abort below usually ends it before (if not, every message was
+            // accepted, which the checks below cover as well).
+            for i in 0..500_000u32 {
+                if i % 64 == 0 {
+                    // Let the receiving side run: the abort should land among the sends.
+                    tokio::task::yield_now().await;
+                }
+                match client
+                    .send_message(i.to_be_bytes().to_vec(), MessageProps::default())
+                    .await
+                {
+                    Ok(n) => accepted.push(n),
+                    Err(SendError::Connection(_) | SendError::Closing) => return accepted,
+                    Err(e) => panic!("unexpected error {e}"),
+                }
+            }
+            accepted
+        })
+    };
+    // Let the sender get going, then end the connection from the other side.
+    for _ in 0..1000 {
+        no_hang(server.recv_message()).await.unwrap();
+    }
+    server.abort(7, b"enough");
+    let accepted = no_hang(sender).await.unwrap();
+    assert!(accepted.len() >= 1000);
+    let _ = no_hang(client.closed()).await;
+    let mut statuses = HashMap::new();
+    while let Some((number, status)) = client.try_next_message_status() {
+        assert!(
+            statuses.insert(number, status).is_none(),
+            "two statuses for message {number}"
+        );
+    }
+    assert_eq!(client.stats().statuses_lagged, 0);
+    for n in &accepted {
+        let status = statuses.remove(n);
+        assert!(
+            matches!(status, Some(MessageStatus::Sent | MessageStatus::Discarded)),
+            "message {n}: {status:?}"
+        );
+    }
+    assert!(statuses.is_empty(), "statuses for messages never accepted");
+    assert!(matches!(
+        client.send_message(vec![1], MessageProps::default()).await,
+        Err(SendError::Connection(_))
+    ));
+}
+
+/// After `close`, sends fail at once (the outbox learns it with the session).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_after_close_fail() {
+    let (client, server) = pair("127.0.0.1:0").await;
+    let n = client
+        .send_message(vec![1, 2, 3], MessageProps::default())
+        .await
+        .unwrap();
+    let closing = {
+        let client = client.clone();
+        tokio::spawn(async move { client.close().await })
+    };
+    let m = no_hang(server.recv_message()).await.unwrap();
+    assert_eq!(m.number, n);
+    no_hang(closing).await.unwrap();
+    for _ in 0..3 {
+        assert!(
+            client
+                .send_message(vec![4], MessageProps::default())
+                .await
+                .is_err()
+        );
+        assert!(
+            client
+                .try_send_message(vec![5], MessageProps::default())
+                .is_err()
+        );
+    }
+    assert!(no_hang(server.recv_message()).await.is_err());
+}
