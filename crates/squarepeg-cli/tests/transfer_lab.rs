@@ -174,3 +174,86 @@ fn lab_transfer_with_fast_open_and_a_warm_up() {
         saved(2)
     );
 }
+
+/// The namespaces of process `pid`'s labs.
+fn labs_of(pid: u32) -> Vec<String> {
+    squarepeg_lab::net::lab_namespaces()
+        .into_iter()
+        .filter(|(_, owner, _)| *owner == pid)
+        .map(|(name, _, _)| name)
+        .collect()
+}
+
+/// Kills the experiment and removes what it left however the test ends.
+struct Experiment(std::process::Child);
+
+impl Drop for Experiment {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        let _ = squarepeg_lab::net::cleanup_leftovers();
+    }
+}
+
+/// Ctrl-C in the middle of an experiment: it exits with 130 and leaves no namespace behind
+/// (before, its labs stayed until the next lab or `peg lab cleanup` removed them).
+#[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
+fn an_interrupted_experiment_removes_its_labs() {
+    if !can_run() {
+        return;
+    }
+    let dir = TempDir::new("lab-interrupt");
+    // Long enough to be interrupted: 64 MB at 10 Mbit/s.
+    let child = std::process::Command::new(common::PEG)
+        .args([
+            "lab", "transfer", "--size", "64mb", "--rate", "10mbit", "--rtt", "20ms",
+        ])
+        .args(["--substrate", "kernel-cubic", "--no-plots", "--out"])
+        .arg(&dir.0)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run peg");
+    let mut experiment = Experiment(child);
+    let pid = experiment.0.id();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while labs_of(pid).len() < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the experiment built no lab"
+        );
+        assert!(
+            experiment.0.try_wait().expect("try_wait").is_none(),
+            "the experiment ended early"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // SAFETY: kill(2) on our own child, not yet reaped.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
+    let status = loop {
+        if let Some(status) = experiment.0.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the experiment did not stop on SIGINT"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    if let Some(mut e) = experiment.0.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
+    }
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert_eq!(labs_of(pid), Vec::<String>::new(), "{stderr}");
+    let interfaces: Vec<String> = std::fs::read_dir("/sys/class/net")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| n.contains(&pid.to_string()) && n.starts_with("sqpg"))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(interfaces.is_empty(), "{interfaces:?}");
+}

@@ -206,6 +206,18 @@ struct LabState {
 
 /// Runs a `peg lab` verb.
 pub fn run(args: LabArgs) -> Result<()> {
+    if matches!(
+        args.verb,
+        Verb::Voip(_)
+            | Verb::Priority(_)
+            | Verb::Tunnel(_)
+            | Verb::Transfer(_)
+            | Verb::Failover(_)
+            | Verb::Multipath(_)
+    ) {
+        // The experiments build labs of their own; the daemon (`up`) handles its signals.
+        super::interrupt::remove_labs_on_signal();
+    }
     match args.verb {
         Verb::Up(up) => cmd_up(up),
         Verb::Down(name) => cmd_down(&name.name),

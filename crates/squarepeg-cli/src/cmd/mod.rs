@@ -4,6 +4,7 @@ pub mod bench;
 pub mod connect;
 pub mod demo;
 pub mod failover_lab;
+mod interrupt;
 pub mod lab;
 pub mod listen;
 pub mod multipath;

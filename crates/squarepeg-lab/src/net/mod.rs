@@ -110,7 +110,7 @@ pub(crate) use topology::write_sysctl;
 pub use topology::{
     Addresses, CleanupReport, Interfaces, MAX_NAME_LEN, MAX_PATHS, PATH_TABLE_BASE, PREFIX,
     PathInfo, Role, Topology, TopologyInfo, cleanup_leftovers, lab_namespaces, namespace_name,
-    parse_namespace_name, validate_name,
+    parse_namespace_name, remove_labs_of, validate_name,
 };
 
 /// True when running as root, which the network lab needs.

@@ -26,6 +26,19 @@ pub fn pid_alive(pid: u32) -> bool {
     rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// Kills process `pid` (SIGKILL); a process already gone is not an error.
+pub fn kill(pid: u32) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    if pid <= 0 {
+        return;
+    }
+    // SAFETY: kill(2) with a positive pid signals that one process only; at worst it is gone
+    // already (ESRCH).
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+}
+
 /// Moves the calling thread into the network namespace `ns` (an open `/run/netns/<name>`).
 /// Only this thread moves; sockets it creates afterwards belong to that namespace for their
 /// whole life, wherever they are used.

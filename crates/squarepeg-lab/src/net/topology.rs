@@ -729,12 +729,12 @@ fn wait_until_up(ns: &str, dev: &str) -> Result<(), NetError> {
     }
 }
 
-/// What [`cleanup_leftovers`] removed.
+/// What [`cleanup_leftovers`] or [`remove_labs_of`] removed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct CleanupReport {
-    /// Namespaces of dead owners removed.
+    /// Namespaces removed.
     pub namespaces: Vec<String>,
-    /// Interfaces of dead owners removed from this process's namespace.
+    /// Interfaces removed from this process's namespace.
     pub interfaces: Vec<String>,
     /// Leftovers that could not be removed, with the reason.
     pub failed: Vec<String>,
@@ -760,9 +760,39 @@ pub fn lab_namespaces() -> Vec<(String, u32, bool)> {
 /// Removes the namespaces and interfaces of labs whose owner process is gone (a crashed
 /// test, a killed `peg lab` daemon). Labs of living processes are left alone.
 pub fn cleanup_leftovers() -> CleanupReport {
+    remove_labs_where(|pid| !sys::pid_alive(pid))
+}
+
+/// Removes every lab of process `owner` at once, with the processes it started in them (an
+/// OpenVPN, say) — for an owner about to exit on a signal, whose labs' `Drop` will not run.
+/// Processes inside the namespaces are killed (SIGKILL) first: a namespace lives on while a
+/// process is in it. The owner itself is spared.
+pub fn remove_labs_of(owner: u32) -> CleanupReport {
+    for (ns, pid, _) in lab_namespaces() {
+        if pid != owner {
+            continue;
+        }
+        let Ok(pids) = cmd::ip(&["netns", "pids", &ns]) else {
+            continue;
+        };
+        for inside in pids
+            .split_whitespace()
+            .filter_map(|p| p.parse::<u32>().ok())
+        {
+            if inside != owner {
+                sys::kill(inside);
+            }
+        }
+    }
+    remove_labs_where(|pid| pid == owner)
+}
+
+/// Removes the lab namespaces and stray host-side lab interfaces whose owner pid `doomed`
+/// picks.
+fn remove_labs_where(doomed: impl Fn(u32) -> bool) -> CleanupReport {
     let mut report = CleanupReport::default();
-    for (ns, _, alive) in lab_namespaces() {
-        if alive {
+    for (ns, pid, _) in lab_namespaces() {
+        if !doomed(pid) {
             continue;
         }
         match remove_namespace(&ns) {
@@ -780,7 +810,7 @@ pub fn cleanup_leftovers() -> CleanupReport {
             let Some(pid) = parse_interface_name(&name) else {
                 continue;
             };
-            if sys::pid_alive(pid) {
+            if !doomed(pid) {
                 continue;
             }
             match cmd::ip(&["link", "del", &name]) {
