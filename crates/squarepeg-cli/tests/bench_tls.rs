@@ -34,7 +34,12 @@ fn bench_tls_json_has_every_contender_with_both_ratios() {
             row["gbit_per_second"].as_f64().is_some_and(|g| g > 0.0),
             "{row}"
         );
-        for rival in ["ratio_to_rustls", "ratio_to_quinn"] {
+        for rival in [
+            "ratio_to_rustls",
+            "ratio_to_quinn",
+            "paired_to_rustls",
+            "paired_to_quinn",
+        ] {
             for what in ["throughput", "cpu"] {
                 let ratio = row[rival][what].as_f64();
                 assert!(ratio.is_some_and(|r| r > 0.0), "{rival}.{what} in {row}");
@@ -44,4 +49,7 @@ fn bench_tls_json_has_every_contender_with_both_ratios() {
     // Each rival against itself.
     assert_eq!(rows[1]["ratio_to_rustls"]["throughput"], 1.0);
     assert_eq!(rows[2]["ratio_to_quinn"]["cpu"], 1.0);
+    assert_eq!(rows[1]["paired_to_rustls"]["throughput"], 1.0);
+    // One round: the paired ratio is the ratio of the two runs.
+    assert_eq!(rows[0]["paired_to_rustls"], rows[0]["ratio_to_rustls"]);
 }

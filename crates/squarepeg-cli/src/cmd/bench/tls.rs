@@ -515,27 +515,70 @@ async fn quinn_transfer(
 
 // ------------------------------------------------------------------ report
 
-/// A contender's best runs: throughput and CPU per GiB, each at its best.
+/// A contender's runs, in round order: throughput and CPU per GiB of each.
+#[derive(Clone, Default)]
+struct Runs(Vec<Best>);
+
+/// One run's figures, or a contender's best (throughput and CPU per GiB, each at its best).
 #[derive(Clone, Copy)]
 struct Best {
     bytes_per_second: f64,
     cpu_seconds_per_gib: f64,
 }
 
-impl Best {
-    fn new() -> Self {
-        Self {
-            bytes_per_second: 0.0,
-            cpu_seconds_per_gib: f64::INFINITY,
+impl Runs {
+    fn add(&mut self, run: Run, bytes: u64) {
+        let gib = bytes as f64 / f64::from(1u32 << 30);
+        self.0.push(Best {
+            bytes_per_second: bytes as f64 / run.elapsed.as_secs_f64(),
+            cpu_seconds_per_gib: run.cpu.as_secs_f64() / gib,
+        });
+    }
+
+    fn best(&self) -> Best {
+        Best {
+            bytes_per_second: self
+                .0
+                .iter()
+                .map(|b| b.bytes_per_second)
+                .fold(0.0, f64::max),
+            cpu_seconds_per_gib: self
+                .0
+                .iter()
+                .map(|b| b.cpu_seconds_per_gib)
+                .fold(f64::INFINITY, f64::min),
         }
     }
 
-    fn add(&mut self, run: Run, bytes: u64) {
-        let gib = bytes as f64 / f64::from(1u32 << 30);
-        self.bytes_per_second = self
-            .bytes_per_second
-            .max(bytes as f64 / run.elapsed.as_secs_f64());
-        self.cpu_seconds_per_gib = self.cpu_seconds_per_gib.min(run.cpu.as_secs_f64() / gib);
+    /// The median over rounds of this contender's ratio to `rival` in the same round: load
+    /// on the machine that changes from one minute to the next hits both sides of each
+    /// ratio alike, which the ratio of two bests does not cancel.
+    fn paired(&self, rival: &Runs) -> Option<Ratio> {
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            let n = v.len();
+            (n > 0).then(|| {
+                if n % 2 == 1 {
+                    v[n / 2]
+                } else {
+                    (v[n / 2 - 1] + v[n / 2]) / 2.0
+                }
+            })
+        };
+        let pairs = self.0.iter().zip(&rival.0);
+        Some(Ratio {
+            throughput: median(
+                pairs
+                    .clone()
+                    .map(|(a, b)| a.bytes_per_second / b.bytes_per_second)
+                    .collect(),
+            )?,
+            cpu: median(
+                pairs
+                    .map(|(a, b)| b.cpu_seconds_per_gib / a.cpu_seconds_per_gib)
+                    .collect(),
+            )?,
+        })
     }
 }
 
@@ -558,6 +601,10 @@ struct Row {
     cpu_seconds_per_gib: f64,
     ratio_to_rustls: Option<Ratio>,
     ratio_to_quinn: Option<Ratio>,
+    /// The median over rounds of the ratio within each round (both contenders run back to
+    /// back in every round).
+    paired_to_rustls: Option<Ratio>,
+    paired_to_quinn: Option<Ratio>,
 }
 
 #[derive(Debug, Serialize)]
@@ -578,11 +625,15 @@ struct Report {
 }
 
 const RATIOS: &str = "ratio_to_rustls and ratio_to_quinn: throughput is the row's over the rival's, \
-                      cpu is the rival's CPU seconds per GiB over the row's; above 1 favours the row";
+                      cpu is the rival's CPU seconds per GiB over the row's, each of the best runs; \
+                      paired_to_rustls and paired_to_quinn: the median over rounds of the same \
+                      ratios within a round; above 1 favours the row";
 
 impl Report {
-    fn new(a: &TlsBenchArgs, bests: &[(Contender, Best)]) -> Report {
+    fn new(a: &TlsBenchArgs, runs: &[(Contender, Runs)]) -> Report {
+        let bests: Vec<(Contender, Best)> = runs.iter().map(|(c, r)| (*c, r.best())).collect();
         let rival = |who: Contender| bests.iter().find(|(c, _)| *c == who).map(|(_, b)| *b);
+        let rival_runs = |who: Contender| runs.iter().find(|(c, _)| *c == who).map(|(_, r)| r);
         let ratio = |row: &Best, rival: Option<Best>| {
             rival.map(|r| Ratio {
                 throughput: row.bytes_per_second / r.bytes_per_second,
@@ -592,7 +643,8 @@ impl Report {
         let (rustls, quinn) = (rival(Contender::TokioRustls), rival(Contender::Quinn));
         let rows = bests
             .iter()
-            .map(|(c, b)| Row {
+            .zip(runs)
+            .map(|((c, b), (_, own))| Row {
                 contender: *c,
                 label: c.label(a.squarepeg_bulk),
                 bytes_per_second: b.bytes_per_second,
@@ -600,6 +652,8 @@ impl Report {
                 cpu_seconds_per_gib: b.cpu_seconds_per_gib,
                 ratio_to_rustls: ratio(b, rustls),
                 ratio_to_quinn: ratio(b, quinn),
+                paired_to_rustls: rival_runs(Contender::TokioRustls).and_then(|r| own.paired(r)),
+                paired_to_quinn: rival_runs(Contender::Quinn).and_then(|r| own.paired(r)),
             })
             .collect();
         Report {
@@ -635,6 +689,24 @@ impl Report {
                 show(r.ratio_to_quinn.map(|x| x.cpu)),
             );
         }
+        if self.runs > 1 && self.rows.iter().any(|r| r.paired_to_rustls.is_some()) {
+            println!(
+                "paired: the median over the {} rounds of the ratio within each round",
+                self.runs
+            );
+            for r in &self.rows {
+                println!(
+                    "{:<34} {:>7} {:>9} | {:>8} {:>8} | {:>8} {:>8}",
+                    r.label,
+                    "",
+                    "",
+                    show(r.paired_to_rustls.map(|x| x.throughput)),
+                    show(r.paired_to_quinn.map(|x| x.throughput)),
+                    show(r.paired_to_rustls.map(|x| x.cpu)),
+                    show(r.paired_to_quinn.map(|x| x.cpu)),
+                );
+            }
+        }
         println!(
             "{}, {} bytes per transfer over loopback, best of {} runs, {} CPUs, {} tokio \
              workers; {}-byte writes, {}-byte reads. CPU is the whole process's (both ends). ÷rustls, ÷quinn: throughput \
@@ -661,15 +733,15 @@ pub fn run(a: TlsBenchArgs) -> anyhow::Result<()> {
         .build()?;
     let tls = Arc::new(TlsConfigs::new(a.suite.suite())?);
     let pattern = Arc::new(Pattern::new());
-    let mut bests: Vec<(Contender, Best)> = Vec::new();
+    let mut runs: Vec<(Contender, Runs)> = Vec::new();
     for &c in &a.contenders {
-        if !bests.iter().any(|(seen, _)| *seen == c) {
-            bests.push((c, Best::new()));
+        if !runs.iter().any(|(seen, _)| *seen == c) {
+            runs.push((c, Runs::default()));
         }
     }
     // The contenders in turn within each round, so that load on the machine hits all alike.
     for round in 1..=a.runs {
-        for (contender, best) in bests.iter_mut() {
+        for (contender, done) in runs.iter_mut() {
             let label = contender.label(a.squarepeg_bulk);
             let bar = bytes_bar(a.quiet, a.bytes, format!("{label}, run {round}/{}", a.runs));
             let (contender, bytes, bulk) = (*contender, a.bytes, a.squarepeg_bulk);
@@ -689,14 +761,54 @@ pub fn run(a: TlsBenchArgs) -> anyhow::Result<()> {
             });
             let run = rt.block_on(transfer)?;
             bar.finish_and_clear();
-            best.add(run.with_context(|| label.to_string())?, a.bytes);
+            done.add(run.with_context(|| label.to_string())?, a.bytes);
         }
     }
-    let report = Report::new(&a, &bests);
+    let report = Report::new(&a, &runs);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         report.print();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runs(figures: &[(f64, f64)]) -> Runs {
+        Runs(
+            figures
+                .iter()
+                .map(|&(bytes_per_second, cpu_seconds_per_gib)| Best {
+                    bytes_per_second,
+                    cpu_seconds_per_gib,
+                })
+                .collect(),
+        )
+    }
+
+    /// The paired ratio is the median of the rounds' own ratios, not the ratio of the bests:
+    /// a round where the machine was quiet for one contender only does not decide it.
+    #[test]
+    fn paired_ratio_is_the_median_of_each_rounds_ratio() {
+        let row = runs(&[(9.0, 1.0), (5.0, 2.0), (8.0, 1.0)]);
+        let rival = runs(&[(10.0, 1.0), (5.0, 1.0), (16.0, 0.5)]);
+        let best = row.best();
+        assert_eq!(
+            (best.bytes_per_second, best.cpu_seconds_per_gib),
+            (9.0, 1.0)
+        );
+        let paired = row.paired(&rival).expect("rounds");
+        // Throughput ratios 0.9, 1.0, 0.5; CPU (rival over row) 1.0, 0.5, 0.5.
+        assert_eq!(paired.throughput, 0.9);
+        assert_eq!(paired.cpu, 0.5);
+        // Even count: the mean of the middle two.
+        let paired = runs(&[(1.0, 1.0), (3.0, 1.0)])
+            .paired(&runs(&[(1.0, 1.0), (1.0, 1.0)]))
+            .expect("rounds");
+        assert_eq!(paired.throughput, 2.0);
+        assert!(Runs::default().paired(&rival).is_none());
+    }
 }
