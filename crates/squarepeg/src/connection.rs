@@ -235,6 +235,22 @@ impl Shared {
         self.outbox.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Sends a message through the outbox, waking the driver if it must be; hands the
+    /// payload back if the message needs the session (see [`Staging::Locked`]).
+    fn stage(&self, payload: Bytes, props: &MessageProps) -> Result<MessageNumber, Bytes> {
+        // The outbox's lock ends with this statement, before the wake-up.
+        let staged = self.outbox().stage(payload, props, queue_time(props));
+        match staged {
+            Staging::Staged { number, wake } => {
+                if wake {
+                    self.wake_driver();
+                }
+                Ok(number)
+            }
+            Staging::Locked(payload) => Err(payload),
+        }
+    }
+
     /// Queues the messages taken from the outbox in the session (`st` locked).
     fn move_staged(&self, st: &mut State) {
         let mut discarded = false;
@@ -635,15 +651,9 @@ impl Connection {
         if spend_budget(&sh.send_budget, payload.len()) {
             tokio::task::coop::consume_budget().await;
         }
-        let staged = sh.outbox().stage(payload, &props, queue_time(&props));
-        let mut payload = match staged {
-            Staging::Staged { number, wake } => {
-                if wake {
-                    sh.wake_driver();
-                }
-                return Ok(number);
-            }
-            Staging::Locked(payload) => Some(payload),
+        let mut payload = match sh.stage(payload, &props) {
+            Ok(number) => return Ok(number),
+            Err(payload) => Some(payload),
         };
         let (result, wake_driver) = sh
             .wait(
@@ -678,17 +688,9 @@ impl Connection {
         props: MessageProps,
     ) -> Result<MessageNumber, SendError> {
         let sh = self.shared();
-        let payload = match sh
-            .outbox()
-            .stage(payload.into(), &props, queue_time(&props))
-        {
-            Staging::Staged { number, wake } => {
-                if wake {
-                    sh.wake_driver();
-                }
-                return Ok(number);
-            }
-            Staging::Locked(payload) => payload,
+        let payload = match sh.stage(payload.into(), &props) {
+            Ok(number) => return Ok(number),
+            Err(payload) => payload,
         };
         let mut st = sh.lock();
         let wake_driver = st.driver_needs_wake(&props);
