@@ -526,8 +526,9 @@ impl StatusQueue {
     }
 }
 
-/// Whether a call that moved a message of `len` bytes spends a unit of its task's
-/// cooperative budget (`counter`: bytes since it last did). An application that sends or
+/// Whether a call about to move a message of `len` bytes spends a unit of its task's
+/// cooperative budget (`counter`: bytes since it last did; a receive call passes 0 and adds
+/// the length after it took a message). An application that sends or
 /// receives in a tight loop never waits, so without the budget the driver it wakes (in the
 /// worker's unstealable LIFO slot) would not run until the loop ends; but a yield per 128
 /// messages, tokio's budget, let the driver take at most 128 messages per batch — 9 KB
@@ -715,14 +716,16 @@ impl Connection {
     /// already received are still returned, then the error.
     pub async fn recv_message(&self) -> Result<Message, ConnectionError> {
         let sh = self.shared();
+        // The budget is spent before a message is taken, never after: a call dropped at this
+        // await (a `select!` that took another branch) has taken nothing.
+        if spend_budget(&sh.recv_budget, 0) {
+            tokio::task::coop::consume_budget().await;
+        }
         let cached = sh.received().pop();
         if let Some(m) = cached {
-            if spend_budget(&sh.recv_budget, m.payload.len()) {
-                tokio::task::coop::consume_budget().await;
-            }
+            sh.recv_budget.fetch_add(m.payload.len(), Ordering::Relaxed);
             return Ok(m);
         }
-        tokio::task::coop::consume_budget().await;
         let r = sh
             .wait(
                 |s| &s.messages,
@@ -735,6 +738,7 @@ impl Connection {
             )
             .await;
         let (m, was_blocked) = r?;
+        sh.recv_budget.fetch_add(m.payload.len(), Ordering::Relaxed);
         if was_blocked {
             // Room in the receive queue lets the driver read again.
             sh.wake_driver();

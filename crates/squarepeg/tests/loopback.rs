@@ -871,3 +871,62 @@ async fn sends_after_close_fail() {
     }
     assert!(no_hang(server.recv_message()).await.is_err());
 }
+
+/// `recv_message` is cancel-safe: a call dropped before it completed (here whenever it is
+/// not ready at its first poll, as when tokio's cooperative budget runs out) has taken no
+/// message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_receive_takes_no_message() {
+    const COUNT: u64 = 20_000;
+    let (client, server) = pair("127.0.0.1:0").await;
+    let sender = tokio::spawn(async move {
+        for _ in 0..COUNT {
+            client
+                .send_message(vec![7u8; 100], MessageProps::default())
+                .await
+                .unwrap();
+        }
+        client
+    });
+    // Everything sent before the receiving starts: the loop below then takes messages for
+    // long stretches without waiting, and runs out of budget in the middle of them.
+    let client = no_hang(sender).await.unwrap();
+    // In a task of the runtime (whose polls carry tokio's budget). Each receive is polled
+    // once and dropped if it is not ready (a combinator that, unlike `tokio::select!`, does
+    // not check the budget itself).
+    let receiver = tokio::spawn(async move {
+        let mut next = 0;
+        let mut dropped = 0u64;
+        while next < COUNT {
+            let polled_once = {
+                let recv = server.recv_message();
+                tokio::pin!(recv);
+                std::future::poll_fn(|cx| {
+                    std::task::Poll::Ready(match recv.as_mut().poll(cx) {
+                        std::task::Poll::Ready(m) => Some(m),
+                        std::task::Poll::Pending => None,
+                    })
+                })
+                .await
+            };
+            match polled_once {
+                Some(m) => {
+                    assert_eq!(m.unwrap().number, next, "a message went missing");
+                    next += 1;
+                }
+                None => {
+                    dropped += 1;
+                    // Let the runtime run (and refill the task's budget).
+                    tokio::task::yield_now().await;
+                }
+            }
+        }
+        dropped
+    });
+    let dropped = no_hang(receiver).await.unwrap();
+    assert!(
+        dropped > 0,
+        "no receive was ever dropped: the test proves nothing"
+    );
+    client.close().await;
+}
