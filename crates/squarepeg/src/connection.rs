@@ -109,6 +109,7 @@ impl Shared {
             session.queued_message_bytes(),
             session.config().message_send_queue,
             conn.sends_tagged(),
+            !multipath,
         );
         Self {
             multipath,
@@ -1035,7 +1036,7 @@ mod tests {
     /// to the session.
     #[test]
     fn outbox_admits_by_the_send_queue_limit() {
-        let mut ob = Outbox::new(10, 0, 100, false);
+        let mut ob = Outbox::new(10, 0, 100, false, true);
         let now = Instant::now();
         let plain = MessageProps::default();
         // An empty queue takes any message, as the session's does.
@@ -1087,7 +1088,7 @@ mod tests {
             Staging::Staged { number: 12, .. }
         ));
         let too_large = vec![0; squarepeg_session::MAX_MESSAGE_SIZE + 1];
-        let mut big = Outbox::new(0, 0, usize::MAX, false);
+        let mut big = Outbox::new(0, 0, usize::MAX, false, true);
         assert!(matches!(
             big.stage(too_large.into(), &plain, now),
             Staging::Locked(_)
