@@ -76,7 +76,8 @@ pub struct TlsStats {
     /// Segment bytes refused because the out-of-order store was full (they come again).
     pub segment_bytes_refused: u64,
     /// Records skipped in the in-order stream because their number was already delivered
-    /// (a copy of a record placed elsewhere: a replay, or a retransmission's copy).
+    /// (from a copy placed elsewhere, or a replacement's copy); an older record out of its
+    /// place stops the stream instead (docs/wire.md §5).
     pub duplicates_skipped: u64,
     /// Whether this side seals numbered records (docs/wire.md §5).
     pub sending_numbered: bool,
@@ -1061,6 +1062,7 @@ impl Tls {
             if available_len < record_len {
                 break;
             }
+            let in_replaced = self.in_replaced_range(offset);
             let Phase::Traffic(traffic) = &mut self.phase else {
                 return Ok(());
             };
@@ -1096,14 +1098,24 @@ impl Tls {
                 open_positional(traffic, record_bytes)
             };
             let (kind, skip, content_len) = match opened {
-                Ok(Some(opened)) => opened,
-                Ok(None) => {
-                    // A copy of a record already delivered (its number is spent): the same
-                    // plaintext, since no number is ever sealed twice.
+                Ok(InOrderRecord::Opened(kind, skip, len)) => (kind, skip, len),
+                Ok(InOrderRecord::Spent(number)) if number >= traffic.rx.seq || in_replaced => {
+                    // A copy of a record already delivered: the same plaintext, since no
+                    // number is ever sealed twice. In its place in the sequence (a copy of it
+                    // elsewhere was opened out of order first), or inside a range the peer
+                    // replaced (a replacement may carry copies of records in flight,
+                    // docs/wire.md §5.1).
+                    traffic.rx.seq = traffic.rx.seq.max(number + 1);
                     self.stats.duplicates_skipped += 1;
                     self.inbox.consume(record_len);
                     continue;
                 }
+                // An older record anywhere else took the place of the one that belongs there
+                // (a genuine record replayed from earlier in the flow): skipping it would lose
+                // that one without a word. It stops the stream as bytes that do not
+                // authenticate do (an announcement of a replacement may still come), else
+                // fails it.
+                Ok(InOrderRecord::Spent(_)) => return self.hold_or_fail(TlsError::Decrypt),
                 Err(e) if self.numbering.receive_on => return self.hold_or_fail(e),
                 Err(e) => return Err(self.fail_with_alert(e)),
             };
@@ -1197,6 +1209,16 @@ impl Tls {
         ooo.held = Some(at);
         self.stats.records_held += 1;
         Ok(())
+    }
+
+    /// Whether `offset` lies in a range the peer announced replaced.
+    fn in_replaced_range(&self, offset: u64) -> bool {
+        self.ooo.as_ref().is_some_and(|ooo| {
+            ooo.replaced
+                .range(..=offset)
+                .next_back()
+                .is_some_and(|(_, &end)| end > offset)
+        })
     }
 
     /// Whether a record of `record_len` bytes at `offset` reaches past the end of a range
@@ -2486,9 +2508,13 @@ impl Scan<'_> {
     }
 }
 
-/// What opening an in-order record gave: its content type, where its content starts after
-/// the header and its length; `None` for a record whose number was already delivered.
-type InOrderRecord = Option<(u8, usize, usize)>;
+/// What opening an in-order record gave.
+enum InOrderRecord {
+    /// Its content type, where its content starts after the header and its length.
+    Opened(u8, usize, usize),
+    /// A record whose number (this one, under the current key) was already delivered.
+    Spent(u64),
+}
 
 /// Delivers a record opened out of order, counts it, and remembers it for the in-order path
 /// to skip.
@@ -2548,24 +2574,23 @@ fn open_positional(traffic: &mut Traffic, record: &mut [u8]) -> Result<InOrderRe
     }
     if traffic.rx_replay.seen(seq) {
         // Delivered out of order already, from a copy elsewhere in the stream.
-        traffic.rx.seq += 1;
-        return Ok(None);
+        return Ok(InOrderRecord::Spent(seq));
     }
     let (kind, content) = traffic.rx.keys.open_in_place(seq, record)?;
     let len = content.len();
     traffic.rx.seq += 1;
     traffic.rx_replay.insert(seq);
-    Ok(Some((kind, 0, len)))
+    Ok(InOrderRecord::Opened(kind, 0, len))
 }
 
 /// Opens the in-order numbered record `record`: its number is found from its prefix
 /// (docs/wire.md §5) under the current receive key, or the one before a KeyUpdate.
 fn open_numbered(traffic: &mut Traffic, record: &mut [u8]) -> Result<InOrderRecord, TlsError> {
     let Some(found) = find_number(traffic, record, None) else {
-        if is_spent_number(traffic, record) {
-            return Ok(None);
-        }
-        return Err(TlsError::Decrypt);
+        return match spent_number(traffic, record) {
+            Some(n) => Ok(InOrderRecord::Spent(n)),
+            None => Err(TlsError::Decrypt),
+        };
     };
     let (keys, replay, hint) = match found.epoch {
         NumberEpoch::Current => (
@@ -2591,19 +2616,22 @@ fn open_numbered(traffic: &mut Traffic, record: &mut [u8]) -> Result<InOrderReco
     }
     replay.insert(found.number);
     *hint = found.number + 1;
-    Ok(Some((kind, NUMBER_PREFIX_LEN, len - NUMBER_PREFIX_LEN)))
+    Ok(InOrderRecord::Opened(
+        kind,
+        NUMBER_PREFIX_LEN,
+        len - NUMBER_PREFIX_LEN,
+    ))
 }
 
-/// Whether `record`'s prefix names a number already opened under the current key (a copy of
-/// a record delivered before: a retransmission's copy, or bytes replayed elsewhere).
-fn is_spent_number(traffic: &Traffic, record: &[u8]) -> bool {
-    let Some(ciphertext) = prefix_ciphertext(record) else {
-        return false;
-    };
+/// The number already opened under the current key that `record`'s prefix names, if any (a
+/// copy of a record delivered before: a replacement's copy, a record whose copy elsewhere was
+/// delivered out of order first, or bytes replayed from elsewhere).
+fn spent_number(traffic: &Traffic, record: &[u8]) -> Option<u64> {
+    let ciphertext = prefix_ciphertext(record)?;
     traffic
         .rx_replay
         .seen_numbers()
-        .any(|n| names_number(&traffic.rx.keys, ciphertext, n).is_some())
+        .find(|&n| names_number(&traffic.rx.keys, ciphertext, n).is_some())
 }
 
 /// The encrypted prefix of a numbered record (header included), if it is long enough to be one.

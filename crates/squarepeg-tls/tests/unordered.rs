@@ -524,6 +524,36 @@ fn a_replayed_record_is_not_delivered_twice() {
 }
 
 #[test]
+fn an_older_record_replayed_in_place_of_another_fails_the_stream() {
+    // An attacker puts a genuine record from earlier in the flow (same length) where another
+    // one belongs: its number is spent, and skipping it as a copy would lose the record it
+    // displaced without a word. The stream fails there instead (this receiver does not
+    // expect replacements); nothing from or after it is delivered in order.
+    let setup = default_setup();
+    let (mut client, mut server, base) = connected(&setup, true, 0);
+    let mut rng = 9;
+    let writes = seal_messages(&mut client, 0..20, &mut rng);
+    let records: Vec<&Vec<u8>> = writes
+        .iter()
+        .filter(|w| w.priority != i32::MAX)
+        .map(|w| &w.bytes)
+        .collect();
+    assert_eq!(records[3].len(), records[10].len());
+    let mut stream = Vec::new();
+    for w in &writes {
+        let replayed = std::ptr::eq(&w.bytes, records[10]);
+        stream.extend_from_slice(if replayed { records[3] } else { &w.bytes });
+    }
+    let (got, result) = receive(&mut server, &[(base, stream)]);
+    assert!(result.is_err(), "{got:?} {:?}", server.stats());
+    assert_eq!(got.garbage, 0);
+    for id in 0..10 {
+        assert_eq!(got.counts.get(&id), Some(&1), "message {id}: {got:?}");
+    }
+    assert_eq!(got.counts.len(), 10, "{got:?}");
+}
+
+#[test]
 fn an_in_order_segment_is_taken_whole_whatever_the_window() {
     // In-order bytes are not held ahead: a segment longer than the window that continues the
     // stream goes straight to the record layer, nothing refused, nothing held.
