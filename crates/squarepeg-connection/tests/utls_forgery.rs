@@ -238,6 +238,25 @@ fn a_flipped_retransmission_fails_the_connection_never_the_data() {
     completes_or_fails_on_tls(&out);
 }
 
+/// A case the property test below found: the forger put a genuine record from earlier in
+/// the flow where another belonged, and the in-order reader skipped it as a copy already
+/// delivered — the connection completed with the displaced message missing.
+#[test]
+fn a_genuine_record_spliced_over_another_fails_the_connection() {
+    let forge = ForgeConfig {
+        seed: 11_785_770_023_359_564_623,
+        directions: DirectionFilter::LeftToRight,
+        inject: 0.01,
+        flip: 0.0,
+        splice: 0.01,
+        span: 45_624,
+        ..ForgeConfig::default()
+    };
+    let out = run(forge, 11_641_635_665_923_847_200, 34);
+    assert!(!out.forger.contains("(\"forge_spliced\", 0)"), "{out:?}");
+    completes_or_fails_on_tls(&out);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 12, .. ProptestConfig::default() })]
 

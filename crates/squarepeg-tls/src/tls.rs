@@ -76,8 +76,8 @@ pub struct TlsStats {
     /// Segment bytes refused because the out-of-order store was full (they come again).
     pub segment_bytes_refused: u64,
     /// Records skipped in the in-order stream because their number was already delivered
-    /// (from a copy placed elsewhere, or a replacement's copy); an older record out of its
-    /// place stops the stream instead (docs/wire.md §5).
+    /// (a replacement's copy, or the original of one, from a peer that replaces records;
+    /// from any other peer such a record fails the stream, docs/wire.md §5).
     pub duplicates_skipped: u64,
     /// Whether this side seals numbered records (docs/wire.md §5).
     pub sending_numbered: bool,
@@ -1063,6 +1063,7 @@ impl Tls {
                 break;
             }
             let in_replaced = self.in_replaced_range(offset);
+            let replacing = self.numbering.replacements_expected;
             let Phase::Traffic(traffic) = &mut self.phase else {
                 return Ok(());
             };
@@ -1099,23 +1100,23 @@ impl Tls {
             };
             let (kind, skip, content_len) = match opened {
                 Ok(InOrderRecord::Opened(kind, skip, len)) => (kind, skip, len),
-                Ok(InOrderRecord::Spent(number)) if number >= traffic.rx.seq || in_replaced => {
+                Ok(InOrderRecord::Spent(number)) if replacing || in_replaced => {
                     // A copy of a record already delivered: the same plaintext, since no
-                    // number is ever sealed twice. In its place in the sequence (a copy of it
-                    // elsewhere was opened out of order first), or inside a range the peer
-                    // replaced (a replacement may carry copies of records in flight,
-                    // docs/wire.md §5.1).
+                    // number is ever sealed twice. A peer that replaces records puts copies
+                    // of records in flight in the ranges it replaces (docs/wire.md §5.1), so
+                    // either copy may come first.
                     traffic.rx.seq = traffic.rx.seq.max(number + 1);
                     self.stats.duplicates_skipped += 1;
                     self.inbox.consume(record_len);
                     continue;
                 }
-                // An older record anywhere else took the place of the one that belongs there
-                // (a genuine record replayed from earlier in the flow): skipping it would lose
-                // that one without a word. It stops the stream as bytes that do not
-                // authenticate do (an announcement of a replacement may still come), else
-                // fails it.
-                Ok(InOrderRecord::Spent(_)) => return self.hold_or_fail(TlsError::Decrypt),
+                // A peer that never replaces records puts each one in the stream once: a
+                // record whose number was delivered from elsewhere was put here by someone
+                // else, in place of the record that belongs here. Skipping it would lose that
+                // one without a word; fail as for bytes that do not authenticate.
+                Ok(InOrderRecord::Spent(_)) => {
+                    return Err(self.fail_with_alert(TlsError::Decrypt));
+                }
                 Err(e) if self.numbering.receive_on => return self.hold_or_fail(e),
                 Err(e) => return Err(self.fail_with_alert(e)),
             };
