@@ -1064,6 +1064,7 @@ impl Tls {
             }
             let in_replaced = self.in_replaced_range(offset);
             let replacing = self.numbering.replacements_expected;
+            let numbered = self.numbering.receive_on;
             let Phase::Traffic(traffic) = &mut self.phase else {
                 return Ok(());
             };
@@ -1073,7 +1074,6 @@ impl Tls {
                     // Opened and delivered out of order already (the same bytes: the store
                     // keeps one copy of every range). A positional record must be the one
                     // the stream expects here.
-                    let numbered = self.numbering.receive_on;
                     if d.wire_len != record_len || (!numbered && d.number != traffic.rx.seq) {
                         return Err(self.fail_with_alert(TlsError::Decrypt));
                     }
@@ -1105,7 +1105,10 @@ impl Tls {
                     // number is ever sealed twice. A peer that replaces records puts copies
                     // of records in flight in the ranges it replaces (docs/wire.md §5.1), so
                     // either copy may come first.
-                    traffic.rx.seq = traffic.rx.seq.max(number + 1);
+                    if !numbered {
+                        // A positional record's number is its place: the next one follows.
+                        traffic.rx.seq = number + 1;
+                    }
                     self.stats.duplicates_skipped += 1;
                     self.inbox.consume(record_len);
                     continue;
