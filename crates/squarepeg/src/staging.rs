@@ -8,7 +8,8 @@
 //! application call that finds the lock taken sleeps on a futex and is woken by a system call
 //! — measured with `message_profile peg 64`, half the context switches of a transfer and a
 //! fifth of its CPU. With the two boxes, the application's per-message calls take only a
-//! lock held for a few instructions.
+//! lock held for a few instructions. A multipath session does not use the outbox (see
+//! [`Outbox::new`]); it does use the inbox.
 //!
 //! Invariants:
 //! - Messages in the outbox are newer than every message in the session, and are numbered
