@@ -8,15 +8,19 @@
 //! experiment's child processes, which must still stop on SIGTERM. A second signal while the
 //! cleanup runs exits at once.
 
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::time::Duration;
 
 use squarepeg_lab::net;
 
 /// The pipe's write end, for the handler (-1: not installed).
 static PIPE: AtomicI32 = AtomicI32::new(-1);
 
+/// A signal came: the cleanup runs, and ends the process.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
 /// The exit status after a signal: 128 + SIGINT, as a shell reports an interrupted command.
-const INTERRUPTED: i32 = 130;
+const EXIT_INTERRUPTED: i32 = 130;
 
 extern "C" fn on_signal(_signal: libc::c_int) {
     let fd = PIPE.load(Ordering::Relaxed);
@@ -52,16 +56,23 @@ pub fn remove_labs_on_signal() {
     }
     std::thread::spawn(move || {
         wait_for_signal(read_end);
+        INTERRUPTED.store(true, Ordering::SeqCst);
         std::thread::spawn(move || {
             wait_for_signal(read_end);
-            std::process::exit(INTERRUPTED);
+            std::process::exit(EXIT_INTERRUPTED);
         });
         eprintln!("\ninterrupted: removing this run's labs");
-        let report = net::remove_labs_of(std::process::id());
+        let own = std::process::id();
+        let _ = net::remove_labs_of(own);
+        // The experiment's thread may have been building a lab meanwhile (its commands fail
+        // once their namespace is gone, and it then waits in `exit_if_interrupted`): once
+        // more, after it had a moment.
+        std::thread::sleep(Duration::from_millis(200));
+        let report = net::remove_labs_of(own);
         for failed in &report.failed {
             eprintln!("could not remove {failed} (peg lab cleanup retries)");
         }
-        std::process::exit(INTERRUPTED);
+        std::process::exit(EXIT_INTERRUPTED);
     });
     for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: sigaction with a zeroed struct, an empty mask and a handler that only
@@ -72,6 +83,17 @@ pub fn remove_labs_on_signal() {
             action.sa_flags = libc::SA_RESTART;
             libc::sigemptyset(&mut action.sa_mask);
             libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+    }
+}
+
+/// After the experiment returned (an error, often: its lab's commands were killed): if a signal
+/// came, waits for the cleanup, which ends the process with status 130, instead of returning
+/// (and exiting with the experiment's error).
+pub fn exit_if_interrupted() {
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        loop {
+            std::thread::park();
         }
     }
 }

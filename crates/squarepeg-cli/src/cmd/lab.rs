@@ -218,6 +218,12 @@ pub fn run(args: LabArgs) -> Result<()> {
         // The experiments build labs of their own; the daemon (`up`) handles its signals.
         super::interrupt::remove_labs_on_signal();
     }
+    let result = run_verb(args);
+    super::interrupt::exit_if_interrupted();
+    result
+}
+
+fn run_verb(args: LabArgs) -> Result<()> {
     match args.verb {
         Verb::Up(up) => cmd_up(up),
         Verb::Down(name) => cmd_down(&name.name),
