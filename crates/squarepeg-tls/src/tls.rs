@@ -2205,15 +2205,10 @@ impl Tls {
     /// next [`Tls::push_segment`] skips to the range's end before anything else, so the
     /// in-order plaintext it appends starts a new unit (a frame reader restarts there).
     pub fn can_skip_held(&self) -> bool {
-        let Some(ooo) = &self.ooo else {
-            return false;
-        };
-        ooo.held.is_some_and(|at| {
-            ooo.replaced
-                .range(..=at)
-                .next_back()
-                .is_some_and(|(_, &end)| end > at)
-        })
+        self.ooo
+            .as_ref()
+            .and_then(|o| o.held)
+            .is_some_and(|at| self.in_replaced_range(at))
     }
 
     /// Looks for complete records ahead of the in-order stream in the fragments that overlap

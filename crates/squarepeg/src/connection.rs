@@ -216,6 +216,10 @@ impl Shared {
         // state; carrying on with it is still better than poisoning every
         // later call of the application.
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if self.multipath {
+            // Its outbox is off (`Outbox::new`): nothing to move.
+            return st;
+        }
         let moved = {
             let st = &mut *st;
             let mut outbox = self.outbox();
