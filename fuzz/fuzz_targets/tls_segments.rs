@@ -37,6 +37,9 @@ const MESSAGE_HEADER: usize = 6;
 struct Input {
     numbered: bool,
     reorder: bool,
+    /// The receiver expects replacements (docs/wire.md §5.1): records found again in order
+    /// may be skipped as copies, and bytes that do not authenticate hold the stream.
+    replacing: bool,
     key_updates: u8,
     window_sel: u8,
     predictions: u8,
@@ -202,6 +205,9 @@ fuzz_target!(|input: Input| {
     if numbered {
         server.accept_numbered_records();
         client.send_numbered_records();
+        if input.replacing {
+            server.expect_replacements();
+        }
         if input.key_updates > 0 {
             client.set_key_update_threshold(u64::from(input.key_updates % 16) + 2);
         }
@@ -472,6 +478,13 @@ fuzz_target!(|input: Input| {
             "summary: numbered {numbered} messages {count} delivered {all} out of order {ooo} clean {} failed {}",
             run.clean, run.failed
         );
+    }
+    if !run.failed && !run.server.is_held() && run.server.in_order_records_end() >= end {
+        // Whatever was done to the stream: read in order to its end, neither failed nor
+        // held, it delivered every message (a replay that displaced one must not be
+        // skipped as a copy).
+        let missing: Vec<usize> = (0..count).filter(|&i| !run.check.delivered[i]).collect();
+        assert!(missing.is_empty(), "messages {missing:?} lost without an error");
     }
     if run.clean {
         assert!(!run.failed);

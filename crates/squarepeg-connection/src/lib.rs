@@ -611,7 +611,7 @@ impl Connection {
             for range in self.session.take_records_replaced() {
                 t.tls.note_replaced(range);
             }
-            let resume = t.tls.can_skip_held();
+            let resume = t.tls.can_resume_held();
             self.update_numbering();
             if let Err(e) = result {
                 self.tls_failed(now, &e);
@@ -620,8 +620,8 @@ impl Connection {
             if !resume {
                 return;
             }
-            // Held inside a range the peer just announced: skip it now, not at the next
-            // segment (there may be none for a while).
+            // Held inside a range the peer just announced, or on a copy it may have just
+            // explained: move on now, not at the next segment (there may be none for a while).
             let RecordLayer::Tls(t) = &self.record else {
                 return;
             };

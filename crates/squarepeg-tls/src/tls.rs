@@ -246,18 +246,83 @@ struct OutOfOrder {
     /// numbered records, a late copy of original bytes spliced with their replacement, until
     /// the sender's announcement of the replaced range lets it skip them (docs/wire.md §5.1).
     held: Option<u64>,
-    /// Ranges the peer replaced (start -> end), ahead of the in-order stream.
+    /// Ranges the peer replaced (start -> end), ahead of the in-order stream and up to a
+    /// window behind it (where copies of records found ahead were read).
     replaced: BTreeMap<u64, u64>,
+    /// From a peer that replaces records: where the records the in-order stream passed were
+    /// (opened, delivered out of order before, or skipped as copies), at most a window
+    /// behind. A record found again in order is a copy only where these say so.
+    places: VecDeque<Place>,
+    /// The stream is held on a record already delivered elsewhere, and ranges were announced
+    /// since: the next [`Tls::push_segment`] looks at it again.
+    recheck_hold: bool,
 }
 
-/// Replaced ranges kept ahead of the in-order stream, at most (more are in flight only with
-/// a window of that many padding records).
-const MAX_REPLACED_RANGES: usize = 4096;
+/// Where a numbered record was read in the stream.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    epoch: u64,
+    number: u64,
+    offset: u64,
+}
+
+/// Places kept at most (a window of the smallest records).
+const MAX_PLACES: usize = 16_384;
+
+impl OutOfOrder {
+    /// How far behind the in-order stream a copy's other place may lie: the window the
+    /// sender's records in flight fit in, plus a record.
+    fn reach(&self) -> u64 {
+        self.config.window.saturating_add(MAX_RECORD_LEN) as u64
+    }
+
+    /// The in-order stream passed record `number` (of receive key `epoch`) at `offset`.
+    fn note_place(&mut self, epoch: u64, number: u64, offset: u64) {
+        let floor = offset.saturating_sub(self.reach());
+        while self
+            .places
+            .front()
+            .is_some_and(|p| p.offset < floor || self.places.len() >= MAX_PLACES)
+        {
+            self.places.pop_front();
+        }
+        self.places.push_back(Place {
+            epoch,
+            number,
+            offset,
+        });
+    }
+
+    /// Every place record `number` of key `epoch` is known at: passed by the in-order
+    /// stream, or delivered out of order ahead of it.
+    fn places_of(&self, epoch: u64, number: u64) -> impl Iterator<Item = u64> + '_ {
+        let passed = self
+            .places
+            .iter()
+            .filter(move |p| p.epoch == epoch && p.number == number)
+            .map(|p| p.offset);
+        let ahead = self
+            .delivered
+            .queue
+            .iter()
+            .map(|(at, d)| (*at, d))
+            .chain(self.delivered.others.iter().map(|(at, d)| (*at, d)))
+            .filter(move |(_, d)| d.epoch == epoch && d.number == number)
+            .map(|(at, _)| at);
+        passed.chain(ahead)
+    }
+}
+
+/// Replaced ranges kept (ahead of the in-order stream and up to a window behind it), at most:
+/// more are in flight only with a window of that many padding records.
+const MAX_REPLACED_RANGES: usize = 8192;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Delivered {
     wire_len: usize,
     number: u64,
+    /// The receive key it was opened under ([`KeyEpoch::epoch`]).
+    epoch: u64,
 }
 
 /// Records delivered out of order that the in-order stream has not reached, by offset. Most
@@ -1065,6 +1130,8 @@ impl Tls {
             let in_replaced = self.in_replaced_range(offset);
             let replacing = self.numbering.replacements_expected;
             let numbered = self.numbering.receive_on;
+            // Where records were, for telling a replacement's copy from a replay (below).
+            let track_places = replacing && numbered;
             let Phase::Traffic(traffic) = &mut self.phase else {
                 return Ok(());
             };
@@ -1076,6 +1143,9 @@ impl Tls {
                     // the stream expects here.
                     if d.wire_len != record_len || (!numbered && d.number != traffic.rx.seq) {
                         return Err(self.fail_with_alert(TlsError::Decrypt));
+                    }
+                    if track_places {
+                        ooo.note_place(d.epoch, d.number, offset);
                     }
                     traffic.rx.seq = d.number + 1;
                     self.stats.records_opened += 1;
@@ -1099,19 +1169,46 @@ impl Tls {
                 open_positional(traffic, record_bytes)
             };
             let (kind, skip, content_len) = match opened {
-                Ok(InOrderRecord::Opened(kind, skip, len)) => (kind, skip, len),
-                Ok(InOrderRecord::Spent(number)) if replacing || in_replaced => {
+                Ok(InOrderRecord::Opened {
+                    kind,
+                    skip,
+                    len,
+                    epoch,
+                    number,
+                }) => {
+                    if track_places && let Some(ooo) = &mut self.ooo {
+                        ooo.note_place(epoch, number, offset);
+                    }
+                    (kind, skip, len)
+                }
+                Ok(InOrderRecord::Spent(number))
+                    if (replacing || in_replaced)
+                        && (!track_places || self.is_copy(number, offset)) =>
+                {
                     // A copy of a record already delivered: the same plaintext, since no
                     // number is ever sealed twice. A peer that replaces records puts copies
                     // of records in flight in the ranges it replaces (docs/wire.md §5.1), so
                     // either copy may come first.
+                    let Phase::Traffic(traffic) = &mut self.phase else {
+                        return Ok(());
+                    };
                     if !numbered {
                         // A positional record's number is its place: the next one follows.
                         traffic.rx.seq = number + 1;
                     }
+                    let epoch = traffic.rx.epoch;
+                    if track_places && let Some(ooo) = &mut self.ooo {
+                        ooo.note_place(epoch, number, offset);
+                    }
                     self.stats.duplicates_skipped += 1;
                     self.inbox.consume(record_len);
                     continue;
+                }
+                // From a peer that replaces records, a copy outside what it announced
+                // replaced so far: the announcement may still be on its way. The stream
+                // waits for it (bytes that do not authenticate wait the same way).
+                Ok(InOrderRecord::Spent(_)) if track_places => {
+                    return self.hold_or_fail(TlsError::Decrypt);
                 }
                 // A peer that never replaces records puts each one in the stream once: a
                 // record whose number was delivered from elsewhere was put here by someone
@@ -1215,6 +1312,32 @@ impl Tls {
         Ok(())
     }
 
+    /// Whether record `number` of the current receive key, found again at `offset` (in
+    /// order) after it was delivered from elsewhere, is a copy its sender put there: a
+    /// replacing sender puts copies of records in flight only inside the ranges it replaces
+    /// (docs/wire.md §5.1), so either this place is in one, or every other place the record
+    /// was read from is (this one is then its original). Anything else — a second place
+    /// outside every replaced range, or a place not known — is a record put here by someone
+    /// else, in place of the one that belongs here, or a copy whose range is not announced
+    /// yet: not skipped.
+    fn is_copy(&self, number: u64, offset: u64) -> bool {
+        if self.in_replaced_range(offset) {
+            return true;
+        }
+        let (Some(ooo), Phase::Traffic(traffic)) = (&self.ooo, &self.phase) else {
+            return false;
+        };
+        let epoch = traffic.rx.epoch;
+        let mut found = false;
+        for at in ooo.places_of(epoch, number) {
+            if at != offset && !self.in_replaced_range(at) {
+                return false;
+            }
+            found = true;
+        }
+        found
+    }
+
     /// Whether `offset` lies in a range the peer announced replaced.
     fn in_replaced_range(&self, offset: u64) -> bool {
         self.ooo.as_ref().is_some_and(|ooo| {
@@ -1257,6 +1380,7 @@ impl Tls {
         ooo.store.drop_below(end);
         ooo.delivered.drop_below(end);
         ooo.held = None;
+        ooo.recheck_hold = false;
         self.inbox.clear();
         self.inbox.consumed = end;
         self.stats.spliced_bytes_skipped += end - at;
@@ -1922,12 +2046,21 @@ impl Tls {
             seen_len: (0, 0),
             held: None,
             replaced: BTreeMap::new(),
+            places: VecDeque::new(),
+            recheck_hold: false,
         }));
     }
 
     /// Stream offset just past the bytes taken in order.
     pub fn in_order_offset(&self) -> u64 {
         self.inbox.consumed + self.inbox.unconsumed() as u64
+    }
+
+    /// Stream offset just past the last record read in order (opened, or passed as one
+    /// delivered out of order or as a copy): [`Tls::in_order_offset`] less the part of a
+    /// record still incomplete.
+    pub fn in_order_records_end(&self) -> u64 {
+        self.inbox.consumed
     }
 
     /// Bytes held ahead of the in-order stream.
@@ -1986,6 +2119,13 @@ impl Tls {
         // A skip only ever comes first, before any plaintext of this call: the caller's
         // frame reader restarts there (see `Tls::can_skip_held`).
         self.skip_held_range();
+        if let Some(ooo) = &mut self.ooo
+            && mem::take(&mut ooo.recheck_hold)
+        {
+            // Ranges were announced since the stream stopped on a record delivered from
+            // elsewhere: its bytes, in the store, are read again and it may now be a copy.
+            ooo.held = None;
+        }
         let in_order_before = self.in_order_offset();
         let Some(ooo) = &mut self.ooo else {
             return Ok(());
@@ -2041,7 +2181,13 @@ impl Tls {
         let consumed = self.inbox.consumed;
         if let Some(ooo) = &mut self.ooo {
             if floor != in_order_before {
-                ooo.replaced.retain(|_, end| *end > floor);
+                // Kept a window behind: a copy's original read later may need its range.
+                let kept = floor.saturating_sub(ooo.reach());
+                while let Some(first) = ooo.replaced.first_entry()
+                    && *first.get() <= kept
+                {
+                    first.remove();
+                }
             }
             ooo.store.drop_below(floor);
             // Records delivered out of order that the in-order path passed without meeting
@@ -2166,19 +2312,25 @@ impl Tls {
     /// The peer replaced the stream range `range` (its announcement, docs/wire.md §5.1): an
     /// in-order stream held inside it may skip to its end — at the next
     /// [`Tls::push_segment`] (with no bytes, if none are coming: see
-    /// [`Tls::can_skip_held`]). Ranges already passed are ignored; at most
+    /// [`Tls::can_skip_held`]); a stream held on a record delivered from elsewhere looks at it
+    /// again ([`Tls::can_resume_held`]). Ranges more than a window behind are ignored; at most
     /// [`MAX_REPLACED_RANGES`] are kept.
     pub fn note_replaced(&mut self, range: std::ops::Range<u64>) {
-        let floor = self.inbox.consumed;
+        let consumed = self.inbox.consumed;
         let Some(ooo) = &mut self.ooo else {
             return;
         };
+        // Ranges a window behind still count: a copy read there tells a record met later
+        // at its original place from a replay.
+        let floor = consumed.saturating_sub(ooo.reach());
         if range.end <= floor || range.start >= range.end {
             return;
         }
         if ooo.replaced.len() < MAX_REPLACED_RANGES {
             let end = ooo.replaced.entry(range.start).or_insert(range.end);
             *end = (*end).max(range.end);
+            // A stream held on a copy may now see it is one.
+            ooo.recheck_hold = ooo.held.is_some();
         } else {
             self.stats.replaced_ranges_dropped += 1;
         }
@@ -2209,6 +2361,14 @@ impl Tls {
             .as_ref()
             .and_then(|o| o.held)
             .is_some_and(|at| self.in_replaced_range(at))
+    }
+
+    /// Whether the next [`Tls::push_segment`] (with no bytes, if none are coming) moves a held
+    /// in-order stream on, or looks at it again: it is held inside a range the peer announced
+    /// replaced ([`Tls::can_skip_held`]), or on a record delivered from elsewhere and ranges
+    /// were announced since (the record may be a copy in one of them, docs/wire.md §5.1).
+    pub fn can_resume_held(&self) -> bool {
+        self.can_skip_held() || self.ooo.as_ref().is_some_and(|o| o.recheck_hold)
     }
 
     /// Looks for complete records ahead of the in-order stream in the fragments that overlap
@@ -2415,20 +2575,21 @@ impl Scan<'_> {
             self.stats.candidates_left_in_order += 1;
             return Candidate::Record(found.number);
         }
-        let (keys, replay) = match found.epoch {
-            NumberEpoch::Current => (&self.traffic.rx.keys, &mut self.traffic.rx_replay),
+        let (key, replay) = match found.epoch {
+            NumberEpoch::Current => (&self.traffic.rx, &mut self.traffic.rx_replay),
             NumberEpoch::Previous => {
                 let (prev, replay) = self.traffic.rx_prev.as_mut().expect("found under it");
-                (&prev.keys, replay)
+                (&*prev, replay)
             }
             NumberEpoch::Next => {
                 let (next, replay) = self.traffic.rx_next.as_mut().expect("found under it");
-                (&next.keys, replay)
+                (&*next, replay)
             }
         };
+        let epoch = key.epoch;
         self.scratch.clear();
         self.scratch.extend_from_slice(record);
-        let Ok((kind, content)) = keys.open_in_place(found.number, self.scratch) else {
+        let Ok((kind, content)) = key.keys.open_in_place(found.number, self.scratch) else {
             return Candidate::NotARecord;
         };
         if kind != content_type::APPLICATION_DATA || content.len() < NUMBER_PREFIX_LEN {
@@ -2441,7 +2602,7 @@ impl Scan<'_> {
             number: found.number,
             content: &content[NUMBER_PREFIX_LEN..],
         };
-        hand_out(self.stats, self.delivered, record, deliver)
+        hand_out(self.stats, self.delivered, epoch, record, deliver)
     }
 
     /// A positional record (a stock sender): its number lies between what the bytes before
@@ -2501,7 +2662,8 @@ impl Scan<'_> {
                 number: n,
                 content,
             };
-            return hand_out(self.stats, self.delivered, record, deliver);
+            let epoch = self.traffic.rx.epoch;
+            return hand_out(self.stats, self.delivered, epoch, record, deliver);
         }
         Candidate::NotARecord
     }
@@ -2509,8 +2671,15 @@ impl Scan<'_> {
 
 /// What opening an in-order record gave.
 enum InOrderRecord {
-    /// Its content type, where its content starts after the header and its length.
-    Opened(u8, usize, usize),
+    /// Its content type, where its content starts after the header and its length; the key
+    /// ([`KeyEpoch::epoch`]) and number it was opened under.
+    Opened {
+        kind: u8,
+        skip: usize,
+        len: usize,
+        epoch: u64,
+        number: u64,
+    },
     /// A record whose number (this one, under the current key) was already delivered.
     Spent(u64),
 }
@@ -2520,6 +2689,7 @@ enum InOrderRecord {
 fn hand_out(
     stats: &mut TlsStats,
     delivered: &mut DeliveredRecords,
+    epoch: u64,
     record: OutOfOrderRecord<'_>,
     deliver: &mut dyn FnMut(OutOfOrderRecord<'_>),
 ) -> Candidate {
@@ -2533,6 +2703,7 @@ fn hand_out(
         Delivered {
             wire_len: record.wire_len,
             number,
+            epoch,
         },
     );
     deliver(record);
@@ -2579,7 +2750,13 @@ fn open_positional(traffic: &mut Traffic, record: &mut [u8]) -> Result<InOrderRe
     let len = content.len();
     traffic.rx.seq += 1;
     traffic.rx_replay.insert(seq);
-    Ok(InOrderRecord::Opened(kind, 0, len))
+    Ok(InOrderRecord::Opened {
+        kind,
+        skip: 0,
+        len,
+        epoch: traffic.rx.epoch,
+        number: seq,
+    })
 }
 
 /// Opens the in-order numbered record `record`: its number is found from its prefix
@@ -2591,22 +2768,18 @@ fn open_numbered(traffic: &mut Traffic, record: &mut [u8]) -> Result<InOrderReco
             None => Err(TlsError::Decrypt),
         };
     };
-    let (keys, replay, hint) = match found.epoch {
-        NumberEpoch::Current => (
-            &traffic.rx.keys,
-            &mut traffic.rx_replay,
-            &mut traffic.rx.seq,
-        ),
+    let (key, replay) = match found.epoch {
+        NumberEpoch::Current => (&mut traffic.rx, &mut traffic.rx_replay),
         NumberEpoch::Previous => {
             let (prev, replay) = traffic.rx_prev.as_mut().expect("found under it");
-            (&prev.keys, replay, &mut prev.seq)
+            (prev, replay)
         }
         NumberEpoch::Next => {
             let (next, replay) = traffic.rx_next.as_mut().expect("found under it");
-            (&next.keys, replay, &mut next.seq)
+            (next, replay)
         }
     };
-    let (kind, content) = keys.open_in_place(found.number, record)?;
+    let (kind, content) = key.keys.open_in_place(found.number, record)?;
     let len = content.len();
     if len < NUMBER_PREFIX_LEN
         || (found.flags & number_flag::CONTROL != 0) != (kind != content_type::APPLICATION_DATA)
@@ -2614,12 +2787,14 @@ fn open_numbered(traffic: &mut Traffic, record: &mut [u8]) -> Result<InOrderReco
         return Err(TlsError::BadRecord);
     }
     replay.insert(found.number);
-    *hint = found.number + 1;
-    Ok(InOrderRecord::Opened(
+    key.seq = found.number + 1;
+    Ok(InOrderRecord::Opened {
         kind,
-        NUMBER_PREFIX_LEN,
-        len - NUMBER_PREFIX_LEN,
-    ))
+        skip: NUMBER_PREFIX_LEN,
+        len: len - NUMBER_PREFIX_LEN,
+        epoch: key.epoch,
+        number: found.number,
+    })
 }
 
 /// The number already opened under the current key that `record`'s prefix names, if any (a
@@ -2759,6 +2934,7 @@ mod tests {
         let d = |number| Delivered {
             wire_len: 10,
             number,
+            epoch: 0,
         };
         let mut r = DeliveredRecords::default();
         for at in [100, 110, 120, 300, 50, 115, 400, 110] {

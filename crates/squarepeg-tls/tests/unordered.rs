@@ -525,8 +525,12 @@ fn a_replayed_record_is_not_delivered_twice() {
         assert_eq!(all.garbage + got.garbage, 0);
         if replacing {
             // From a peer that replaces records a second copy may be its own (docs/wire.md
-            // §5.1): the in-order stream skips it and reads on.
+            // §5.1), but only inside a range it replaced: outside every announced range the
+            // in-order stream waits for an announcement that explains it, and none comes.
             result.unwrap();
+            assert!(server.is_held(), "{:?}", server.stats());
+            assert_eq!(server.in_order_offset(), base);
+            assert!(server.ends_held(), "an unexplained copy fails at the end");
         } else {
             // From any other peer it was put there by someone else: the stream fails at the
             // first record delivered from the copy.
@@ -563,6 +567,123 @@ fn an_older_record_replayed_in_place_of_another_fails_the_stream() {
         assert_eq!(got.counts.get(&id), Some(&1), "message {id}: {got:?}");
     }
     assert_eq!(got.counts.len(), 10, "{got:?}");
+}
+
+/// The message records of `writes` (the client's control writes left out), and the stream of
+/// all writes in order with the record at each `(at, from)` replaced by record `from`
+/// (message records are all one length).
+fn stream_with_records_at(writes: &[Write], places: &[(usize, usize)]) -> (Vec<u8>, Vec<usize>) {
+    let records: Vec<&Vec<u8>> = writes
+        .iter()
+        .filter(|w| w.priority != i32::MAX)
+        .map(|w| &w.bytes)
+        .collect();
+    let mut stream = Vec::new();
+    let mut starts = Vec::new();
+    for w in writes.iter().filter(|w| w.priority == i32::MAX) {
+        stream.extend_from_slice(&w.bytes);
+    }
+    for (i, r) in records.iter().enumerate() {
+        starts.push(stream.len());
+        let put = places
+            .iter()
+            .find(|&&(at, _)| at == i)
+            .map_or(*r, |&(_, from)| records[from]);
+        assert_eq!(put.len(), r.len());
+        stream.extend_from_slice(put);
+    }
+    (stream, starts)
+}
+
+#[test]
+fn a_record_replayed_in_place_of_another_holds_a_replacing_peers_stream() {
+    // From a peer that replaces records, a record whose number was delivered already may be
+    // its own copy, but only if one of its places lies in a range the peer replaced. An
+    // attacker's replay of record 3 in place of record 10 lies in none: the in-order stream
+    // stops there (everything after it is still delivered out of order) instead of losing
+    // message 10 without a word, an announcement of some other range does not move it, and
+    // the stream's end fails it.
+    let setup = default_setup();
+    let (mut client, mut server, base) = connected(&setup, true, 0);
+    server.expect_replacements();
+    let mut rng = 9;
+    let writes = seal_messages(&mut client, 0..20, &mut rng);
+    let (stream, starts) = stream_with_records_at(&writes, &[(10, 3)]);
+    let (mut got, result) = receive(&mut server, &[(base, stream.clone())]);
+    result.unwrap();
+    assert!(server.is_held(), "{:?}", server.stats());
+    assert_eq!(server.in_order_offset(), base + starts[10] as u64);
+    let elsewhere = base + starts[15] as u64;
+    server.note_replaced(elsewhere..elsewhere + 10);
+    assert!(server.can_resume_held() && !server.can_skip_held());
+    let (again, result) = receive(&mut server, &[(base + stream.len() as u64, Vec::new())]);
+    result.unwrap();
+    got.garbage += again.garbage;
+    for (id, n) in again.counts {
+        *got.counts.entry(id).or_default() += n;
+    }
+    assert!(server.is_held(), "still unexplained: {:?}", server.stats());
+    assert!(!server.can_resume_held());
+    assert_eq!(server.in_order_offset(), base + starts[10] as u64);
+    assert_eq!(got.garbage, 0);
+    assert_eq!(got.counts.get(&10), None, "{got:?}");
+    for id in (0..20).filter(|&id| id != 10) {
+        assert_eq!(got.counts.get(&id), Some(&1), "message {id}: {got:?}");
+    }
+    assert!(server.ends_held());
+}
+
+#[test]
+fn a_copy_in_a_replaced_range_lets_its_original_pass_once() {
+    // A replacing sender's retransmission of record 5's range carries a copy of record 12,
+    // in flight (docs/wire.md §5.1): read in order there first, it is delivered; record 12 met
+    // again at its own place is the original of a copy inside a replaced range and is
+    // skipped — once the range is announced, before or after the stream reaches it. A third
+    // copy (an attacker's, in place of record 16) has a second place outside every range
+    // and stops the stream.
+    for announced_first in [true, false] {
+        let setup = default_setup();
+        let (mut client, mut server, base) = connected(&setup, true, 0);
+        server.expect_replacements();
+        let mut rng = 12;
+        let writes = seal_messages(&mut client, 0..20, &mut rng);
+        let (stream, starts) = stream_with_records_at(&writes, &[(5, 12), (16, 12)]);
+        let replaced = base + starts[5] as u64..base + starts[6] as u64;
+        if announced_first {
+            server.note_replaced(replaced.clone());
+        }
+        let (mut got, result) = receive(&mut server, &[(base, stream.clone())]);
+        result.unwrap();
+        assert!(server.is_held());
+        if !announced_first {
+            // Held at record 12's own place until the announcement explains it.
+            assert_eq!(server.in_order_offset(), base + starts[12] as u64);
+            server.note_replaced(replaced.clone());
+            assert!(server.can_resume_held());
+            let (more, result) = receive(&mut server, &[(base + stream.len() as u64, vec![])]);
+            result.unwrap();
+            got.garbage += more.garbage;
+            for (id, n) in more.counts {
+                *got.counts.entry(id).or_default() += n;
+            }
+        }
+        assert!(server.is_held(), "{:?}", server.stats());
+        assert_eq!(
+            server.in_order_offset(),
+            base + starts[16] as u64,
+            "the original passed, the third copy stops the stream"
+        );
+        assert_eq!(server.stats().duplicates_skipped, 1);
+        assert_eq!(got.garbage, 0);
+        for id in 0..20 {
+            let want = match id {
+                // Replaced by the copy; displaced by the attacker's.
+                5 | 16 => None,
+                _ => Some(&1),
+            };
+            assert_eq!(got.counts.get(&id), want, "message {id}: {got:?}");
+        }
+    }
 }
 
 #[test]
