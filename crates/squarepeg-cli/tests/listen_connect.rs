@@ -224,3 +224,98 @@ fn listen_gives_up_on_a_silent_peer_after_the_idle_timeout() {
     assert!(!status.success(), "{rest}");
     assert!(rest.contains("--idle-timeout"), "{rest}");
 }
+
+/// `peg connect` to something that is not the squarepeg it expects never reports success:
+/// a TLS listener without `--tls` on the connecting side, a cleartext listener with it, and
+/// a TCP server that takes the bytes and closes without a word. Each side says why.
+#[test]
+fn connect_to_the_wrong_kind_of_peer_fails_and_says_why() {
+    let peg = env!("CARGO_BIN_EXE_peg");
+    let connect = |addr: &str, tls: bool| {
+        let mut args = vec!["connect", addr];
+        if tls {
+            args.extend(["--tls", "--insecure"]);
+        }
+        let mut child = Command::new(peg)
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(b"hello\n").unwrap();
+        let out = child.wait_with_output().unwrap();
+        (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    for listener_tls in [true, false] {
+        let mut args = vec!["listen", "127.0.0.1:0", "--no-stdin", "--quiet"];
+        if listener_tls {
+            args.push("--tls");
+        }
+        let (mut listener, mut err, addr) = if listener_tls {
+            // The fingerprint line comes first.
+            let (l, mut e, _) = spawn_listener_after_fingerprint(&args);
+            let mut line = String::new();
+            e.read_line(&mut line).unwrap();
+            let addr = line.trim().strip_prefix("listening on ").unwrap().to_string();
+            (l, e, addr)
+        } else {
+            spawn_listener(&args)
+        };
+        let (status, says) = connect(&addr, !listener_tls);
+        assert!(!status.success(), "{says}");
+        let want = if listener_tls {
+            "the peer runs TLS"
+        } else {
+            "does not speak TLS"
+        };
+        assert!(
+            says.contains(want) || says.contains("not a squarepeg peer"),
+            "{says}"
+        );
+        let mut rest = String::new();
+        err.read_to_string(&mut rest).unwrap();
+        let status = listener.0.take().unwrap().wait().unwrap();
+        assert!(!status.success(), "{rest}");
+        let want = if listener_tls {
+            "does not speak TLS"
+        } else {
+            "the peer runs TLS"
+        };
+        assert!(rest.contains(want), "{rest}");
+    }
+    // A TCP server that reads everything and closes without sending a byte.
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = server.local_addr().unwrap().to_string();
+    let sink = std::thread::spawn(move || {
+        let (mut s, _) = server.accept().unwrap();
+        let mut all = Vec::new();
+        let _ = s.read_to_end(&mut all);
+    });
+    let (status, says) = connect(&addr, false);
+    sink.join().unwrap();
+    assert!(!status.success(), "{says}");
+    assert!(says.contains("not a squarepeg peer"), "{says}");
+}
+
+/// As [`spawn_listener`] for `peg listen --tls`, whose first stderr line is the certificate's
+/// fingerprint: returns the child, its stderr after that line, and the line.
+fn spawn_listener_after_fingerprint(
+    args: &[&str],
+) -> (Reaper, BufReader<std::process::ChildStderr>, String) {
+    let mut listener = Reaper(Some(
+        Command::new(env!("CARGO_BIN_EXE_peg"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
+    let l = listener.0.as_mut().unwrap();
+    let mut err = BufReader::new(l.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert!(line.contains("fingerprint"), "unexpected: {line}");
+    (listener, err, line)
+}

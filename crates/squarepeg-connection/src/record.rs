@@ -243,6 +243,7 @@ pub(crate) fn tls_transport_error(e: &TlsError) -> TransportError {
         ) => TlsFailure::Certificate,
         TlsError::Alert { description } => TlsFailure::AlertReceived(*description),
         TlsError::Decrypt => TlsFailure::Decrypt,
+        TlsError::NotTls => TlsFailure::NotTls,
         TlsError::BadRecord
         | TlsError::UnexpectedMessage
         | TlsError::RecordOverflow

@@ -252,8 +252,9 @@ impl StreamDecoder {
                         self.mode = Mode::Frame;
                         self.scanned = self.start + 1;
                     } else {
+                        let first = &self.buf[self.start..self.filled];
                         self.found
-                            .push(Found::Error(FrameError::GarbageBeforeMarker));
+                            .push(Found::Error(FrameError::before_first_marker(first)));
                         self.mode = Mode::Skip;
                     }
                 }
@@ -593,6 +594,22 @@ mod tests {
         }
         assert_eq!(held.len(), 2000);
         assert!(held.iter().all(|f| f.payload[..] == [1u8; 500]));
+    }
+
+    #[test]
+    fn a_tls_record_before_the_first_marker_is_named() {
+        // A ClientHello's record header (RFC 8446 §5.1), an alert's, and anything else.
+        for (first, want) in [
+            (&[0x16, 0x03, 0x01, 0x02, 0x00][..], FrameError::TlsRecord),
+            (&[0x15, 0x03, 0x03, 0x00, 0x02][..], FrameError::TlsRecord),
+            (&[0x16][..], FrameError::TlsRecord),
+            (&[0x16, 0x04][..], FrameError::GarbageBeforeMarker),
+            (&b"GET / HTTP/1.1"[..], FrameError::GarbageBeforeMarker),
+        ] {
+            let mut d = StreamDecoder::new(1024);
+            d.push(first);
+            assert_eq!(d.next_frame(), Some(Err(want)), "{first:?}");
+        }
     }
 
     #[test]

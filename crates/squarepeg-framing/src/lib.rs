@@ -118,4 +118,23 @@ pub enum FrameError {
     OffsetOverflow,
     #[error("bytes before the first frame marker")]
     GarbageBeforeMarker,
+    /// The stream begins with what a TLS record begins with (RFC 8446 §5.1: type handshake
+    /// or alert, legacy version 3.x) where the first frame marker was due: the peer runs TLS
+    /// and this side does not.
+    #[error("a TLS record where the first frame was due: the peer runs TLS, this side does not")]
+    TlsRecord,
+}
+
+impl FrameError {
+    /// The error for a stream whose first bytes, `first` (not empty), are not a frame
+    /// marker: [`FrameError::TlsRecord`] if they start like a TLS record (a ClientHello, a
+    /// ServerHello or an alert), else [`FrameError::GarbageBeforeMarker`].
+    pub fn before_first_marker(first: &[u8]) -> Self {
+        const HANDSHAKE: u8 = 0x16;
+        const ALERT: u8 = 0x15;
+        match first {
+            [HANDSHAKE | ALERT] | [HANDSHAKE | ALERT, 0x03, ..] => Self::TlsRecord,
+            _ => Self::GarbageBeforeMarker,
+        }
+    }
 }

@@ -514,7 +514,7 @@ impl Reassembler {
                 &mut self.ready,
                 &mut self.stats,
                 0,
-                FrameError::GarbageBeforeMarker,
+                FrameError::before_first_marker(new),
             );
         }
         let mut zeros = memchr::memchr_iter(0, new);
@@ -688,7 +688,7 @@ impl Reassembler {
                 &mut self.ready,
                 &mut self.stats,
                 0,
-                FrameError::GarbageBeforeMarker,
+                FrameError::before_first_marker(data),
             );
         }
 

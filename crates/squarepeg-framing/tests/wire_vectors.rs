@@ -90,6 +90,7 @@ fn error_name(e: &FrameError) -> &'static str {
         FrameError::Oversize { .. } => "oversize",
         FrameError::OffsetOverflow => "offset-overflow",
         FrameError::GarbageBeforeMarker => "garbage-before-marker",
+        FrameError::TlsRecord => "tls-record",
     }
 }
 

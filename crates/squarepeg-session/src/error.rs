@@ -126,6 +126,14 @@ pub enum TransportError {
     /// The peer ended its byte stream (TCP FIN) without a CLOSE frame.
     #[error("the peer closed the TCP connection without a CLOSE frame")]
     PeerClosed,
+    /// The peer ended its byte stream after this side closed, without having sent a single
+    /// frame (every squarepeg session opens with PARAMS, docs/wire.md §2.2): nothing sent
+    /// reached a squarepeg session. Another protocol, or a squarepeg peer running TLS
+    /// while this side does not.
+    #[error(
+        "the peer closed the TCP connection without sending a frame: not a squarepeg peer (or one running TLS)"
+    )]
+    NothingReceived,
     /// The peer reset the connection (TCP RST).
     #[error("connection reset by the peer")]
     Reset,
@@ -169,6 +177,10 @@ pub enum TlsFailure {
     /// The peer sent this fatal alert (its description, RFC 8446 §6).
     #[error("the peer sent alert {0}")]
     AlertReceived(u8),
+    /// The peer does not run TLS: its first bytes were not a TLS record (a squarepeg peer
+    /// without TLS, or another protocol).
+    #[error("the peer does not speak TLS (its first bytes are not a TLS record)")]
+    NotTls,
 }
 
 impl TransportError {

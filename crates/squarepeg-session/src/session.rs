@@ -1239,14 +1239,24 @@ impl Session {
     /// The transport ended (EOF, reset or error) for `reason`. After our own
     /// CLOSE (or the peer's) any end of the transport just ends the drain.
     pub fn handle_transport_closed(&mut self, now: Instant, reason: TransportError) {
+        let silent = self.stats.frames_received == 0;
         match &mut self.state {
             State::Closed {
+                error,
                 peer_done,
                 close_frame,
                 ..
             } => {
                 *peer_done = true;
                 *close_frame = None;
+                if silent && matches!(error, ConnectionError::LocallyClosed) {
+                    // Closed gracefully, but the peer never sent even PARAMS: whatever
+                    // this side sent, no squarepeg session took it.
+                    *error = ConnectionError::Transport(match reason {
+                        TransportError::PeerClosed => TransportError::NothingReceived,
+                        other => other,
+                    });
+                }
             }
             _ => self.enter_closed(now, ConnectionError::Transport(reason), None, true),
         }

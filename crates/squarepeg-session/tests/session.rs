@@ -713,6 +713,28 @@ fn graceful_close_flushes_then_both_ends_see_it() {
 }
 
 #[test]
+fn a_graceful_close_the_peer_never_answered_is_an_error() {
+    // The peer never sent a frame, not even PARAMS (it is no squarepeg session, or one that
+    // runs TLS while this side does not): when its end arrives after this side's graceful
+    // close, the close does not count as clean — nothing sent here was taken.
+    for (reason, want) in [
+        (TransportError::PeerClosed, TransportError::NothingReceived),
+        (TransportError::Reset, TransportError::Reset),
+    ] {
+        let now = Instant::now();
+        let mut a = session(Role::Client);
+        a.send_message(now, b"hello".to_vec(), MessageProps::default())
+            .unwrap();
+        a.close(0, b"");
+        assert!(!drain(&mut a, now).is_empty());
+        assert_eq!(a.error(), Some(&ConnectionError::LocallyClosed));
+        a.handle_transport_closed(now, reason);
+        assert!(a.is_drained());
+        assert_eq!(a.error(), Some(&ConnectionError::Transport(want)));
+    }
+}
+
+#[test]
 fn abort_discards_and_reports() {
     let mut p = Pair::new();
     p.settle();

@@ -65,6 +65,11 @@ pub enum TlsError {
     /// peer closed during the handshake.
     #[error("TLS connection closed")]
     Closed,
+    /// The peer's first bytes are not a TLS record (RFC 8446 §5.1: a handshake or alert
+    /// record, legacy version 3.x): it does not run TLS (a squarepeg peer without TLS sends
+    /// frames in the clear). An unexpected_message alert goes back in the clear.
+    #[error("the peer does not speak TLS: its first bytes are not a TLS record")]
+    NotTls,
     /// A configuration that cannot be used (bad PEM, no certificate, a server name that is
     /// not one, secret extraction disabled, ...).
     #[error("TLS configuration: {0}")]
@@ -84,6 +89,7 @@ impl TlsError {
             TlsError::Handshake(_)
             | TlsError::Alert { .. }
             | TlsError::NotReady
+            | TlsError::NotTls
             | TlsError::Closed
             | TlsError::Config(_) => None,
         }

@@ -998,6 +998,23 @@ impl Tls {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
+        if self.inbox.consumed == 0
+            && matches!(self.phase, Phase::Client(_) | Phase::Server(_))
+            && !starts_like_tls(&self.inbox.buf[self.inbox.head..])
+        {
+            // Before any key, an alert goes in the clear (RFC 8446 §6): a squarepeg peer
+            // without TLS reads it as a TLS record where its first frame was due.
+            self.control.extend_from_slice(&[
+                content_type::ALERT,
+                0x03,
+                0x03,
+                0,
+                2,
+                2,
+                alert::UNEXPECTED_MESSAGE,
+            ]);
+            return Err(self.fail(TlsError::NotTls, None));
+        }
         // rustls hands out application data only from its own buffers during the handshake.
         let mut handshake_plaintext = Vec::new();
         self.early.half_rtt_ready = false;
@@ -2708,6 +2725,18 @@ fn hand_out(
     );
     deliver(record);
     Candidate::Delivered(number)
+}
+
+/// Whether the first bytes of a peer's stream, `first` (as many as arrived), may begin a
+/// TLS record of the first flight (RFC 8446 §5.1): a handshake record (ClientHello,
+/// ServerHello) or an alert, legacy record version 3.0–3.4.
+fn starts_like_tls(first: &[u8]) -> bool {
+    let kind = first
+        .first()
+        .is_none_or(|&t| t == content_type::HANDSHAKE || t == content_type::ALERT);
+    let major = first.get(1).is_none_or(|&v| v == 0x03);
+    let minor = first.get(2).is_none_or(|&v| v <= 0x04);
+    kind && major && minor
 }
 
 /// Index of the first byte of `bytes` equal to `needle`, eight bytes at a time.

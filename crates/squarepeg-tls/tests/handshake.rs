@@ -229,6 +229,50 @@ fn a_handshake_failure_sends_rustls_alert() {
     assert_eq!(err, TlsError::Alert { description: 49 });
 }
 
+#[test]
+fn a_peer_that_does_not_speak_tls_fails_at_its_first_bytes() {
+    // A squarepeg session's first bytes in the clear (a uCOBS frame marker, then PARAMS), an
+    // HTTP request, and a record of a type no first flight has: each fails at once — byte by
+    // byte, as soon as one byte rules TLS out — and an unexpected_message alert goes back in
+    // the clear. A real first flight is not mistaken for one.
+    let setup = default_setup();
+    for (bytes, fails_after) in [
+        (&[0x00, 0x02, 0x14, 0x04, 0x01, 0x81][..], 1),
+        (&b"GET / HTTP/1.1\r\n"[..], 1),
+        (&[0x16, 0x02, 0x00][..], 2),
+        (&[0x17, 0x03, 0x03, 0x00, 0x10][..], 1),
+    ] {
+        for server_side in [true, false] {
+            let mut tls = if server_side {
+                Tls::server(setup.server.clone()).unwrap()
+            } else {
+                let mut client = Tls::client(setup.client.clone(), SERVER_NAME).unwrap();
+                client.poll_output(&mut Vec::new());
+                client
+            };
+            for i in 0..bytes.len() {
+                let result = feed(&mut tls, &bytes[i..i + 1], 1);
+                if i + 1 < fails_after {
+                    result.unwrap();
+                } else {
+                    assert_eq!(result, Err(TlsError::NotTls), "{bytes:?} at {i}");
+                    break;
+                }
+            }
+            let mut alert = Vec::new();
+            tls.poll_output(&mut alert);
+            assert_eq!(alert, [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 10]);
+        }
+    }
+    let mut client = Tls::client(setup.client.clone(), SERVER_NAME).unwrap();
+    let mut server = Tls::server(setup.server.clone()).unwrap();
+    let mut hello = Vec::new();
+    client.poll_output(&mut hello);
+    feed(&mut server, &hello, 1).unwrap();
+    pump(&mut client, &mut server).unwrap();
+    assert!(!client.is_handshaking() && !server.is_handshaking());
+}
+
 /// A key update or a close asked for during the handshake goes out once it completes.
 #[test]
 fn key_update_and_close_asked_for_during_the_handshake() {

@@ -220,3 +220,61 @@ async fn a_tls_side_that_does_not_fit_is_refused() {
         Err(ConnectError::Config(_))
     ));
 }
+
+#[tokio::test]
+async fn a_tls_side_and_a_cleartext_side_tell_why_they_cannot_talk() {
+    // A TLS client to a cleartext server: the server's first frame is not a TLS record (the
+    // client fails the connect with `NotTls`), and the server sees a TLS record where its
+    // first frame was due.
+    no_hang(async {
+        let (client_config, _) = configs(true);
+        let ep = Endpoint::bind("127.0.0.1:0", ConnectionConfig::default())
+            .await
+            .unwrap();
+        let addr = ep.local_addr().unwrap();
+        let (client, server) = tokio::join!(Connection::connect(addr, client_config), ep.accept());
+        match client {
+            Err(ConnectError::Transport(TransportError::Tls(TlsFailure::NotTls))) => {}
+            other => panic!("{other:?}"),
+        }
+        let server = server.unwrap();
+        match server.closed().await {
+            ConnectionError::ProtocolViolation(ProtocolError::Frame(FrameError::TlsRecord)) => {}
+            other => panic!("{other:?}"),
+        }
+    })
+    .await;
+    // A cleartext client to a TLS server: the server fails with `NotTls` and answers with an
+    // alert in the clear; the client sends a message and closes gracefully, and learns that
+    // nothing it sent reached a session — from the alert (a TLS record where the first frame
+    // was due), or, if its close came first, from the server's end without a single frame.
+    // Never a clean close.
+    no_hang(async {
+        let (_, server_config) = configs(true);
+        let ep = Endpoint::bind("127.0.0.1:0", server_config).await.unwrap();
+        let addr = ep.local_addr().unwrap();
+        let (client, server) = tokio::join!(
+            Connection::connect(addr, ConnectionConfig::default()),
+            ep.accept()
+        );
+        let client = client.unwrap();
+        client
+            .send_message(b"hello".to_vec(), MessageProps::default())
+            .await
+            .unwrap();
+        client.close().await;
+        match client.close_reason() {
+            Some(
+                ConnectionError::ProtocolViolation(ProtocolError::Frame(FrameError::TlsRecord))
+                | ConnectionError::Transport(TransportError::NothingReceived),
+            ) => {}
+            other => panic!("{other:?}"),
+        }
+        let server = server.unwrap();
+        match server.established().await {
+            Err(ConnectionError::Transport(TransportError::Tls(TlsFailure::NotTls))) => {}
+            other => panic!("{other:?}"),
+        }
+    })
+    .await;
+}

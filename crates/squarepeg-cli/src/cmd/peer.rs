@@ -149,8 +149,11 @@ pub async fn run_peer(conn: Connection, args: PeerArgs, initiator: bool) -> anyh
         }
         _ = conn.closed() => {}
     }
-    // The printer ends after the last message that arrived before the close.
-    let reason = printer.await?;
+    // The printer ends after the last message that arrived before the close. The reason is
+    // the connection's final one: a graceful close may still turn into an error when the
+    // peer's end shows it never took part (`TransportError::NothingReceived`).
+    let printed = printer.await?;
+    let reason = conn.close_reason().unwrap_or(printed);
     let files = acceptor.await?;
     statuses.await?;
     if let Some(w) = watchdog {

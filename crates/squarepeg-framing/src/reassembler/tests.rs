@@ -203,6 +203,27 @@ fn bad_checksum_is_reported_with_offset_and_does_not_block() {
 }
 
 #[test]
+fn a_tls_record_before_the_first_marker_is_named() {
+    for in_order in [true, false] {
+        let mut r = new(1 << 16);
+        let hello = [0x16, 0x03, 0x01, 0x00, 0x20, 7, 7, 7];
+        if in_order {
+            r.insert(0, &hello).unwrap();
+        } else {
+            r.insert(3, &hello[3..]).unwrap();
+            r.insert(0, &hello[..3]).unwrap();
+        }
+        assert_eq!(
+            drain(&mut r),
+            vec![Err(RejectedFrame {
+                offset: 0,
+                error: FrameError::TlsRecord
+            })]
+        );
+    }
+}
+
+#[test]
 fn garbage_before_the_first_marker() {
     let mut r = new(1 << 16);
     r.insert(0, b"junk").unwrap();
