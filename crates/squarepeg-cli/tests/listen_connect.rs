@@ -245,7 +245,10 @@ fn connect_to_the_wrong_kind_of_peer_fails_and_says_why() {
             .unwrap();
         child.stdin.take().unwrap().write_all(b"hello\n").unwrap();
         let out = child.wait_with_output().unwrap();
-        (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     for listener_tls in [true, false] {
         let mut args = vec!["listen", "127.0.0.1:0", "--no-stdin", "--quiet"];
@@ -257,7 +260,11 @@ fn connect_to_the_wrong_kind_of_peer_fails_and_says_why() {
             let (l, mut e, _) = spawn_listener_after_fingerprint(&args);
             let mut line = String::new();
             e.read_line(&mut line).unwrap();
-            let addr = line.trim().strip_prefix("listening on ").unwrap().to_string();
+            let addr = line
+                .trim()
+                .strip_prefix("listening on ")
+                .unwrap()
+                .to_string();
             (l, e, addr)
         } else {
             spawn_listener(&args)
@@ -318,4 +325,56 @@ fn spawn_listener_after_fingerprint(
     err.read_line(&mut line).unwrap();
     assert!(line.contains("fingerprint"), "unexpected: {line}");
     (listener, err, line)
+}
+
+/// A file the receiver cannot store is reported on both sides, not "sent" on one and lost
+/// on the other: the receiver says why on the file's stream; the sender fails with that
+/// reason — for a small file, and for one it is still writing when the receiver stops it.
+/// A `--recv-dir` that is not a directory is refused before anything listens.
+#[test]
+fn a_file_the_receiver_cannot_store_fails_on_both_sides() {
+    let peg = env!("CARGO_BIN_EXE_peg");
+    let dir = TempDir::new("refused");
+    let recv = dir.0.join("recv");
+    std::fs::create_dir_all(&recv).unwrap();
+    let out = Command::new(peg)
+        .args(["listen", "127.0.0.1:0", "--no-stdin", "--recv-dir"])
+        .arg(dir.0.join("missing"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let says = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        says.contains("--recv-dir") && says.contains("not a directory"),
+        "{says}"
+    );
+    for (name, size) in [("small.bin", 1000usize), ("large.bin", 20_000_000)] {
+        let file = dir.0.join(name);
+        std::fs::write(&file, vec![7u8; size]).unwrap();
+        // A directory where the file would go: creating it fails.
+        std::fs::create_dir_all(recv.join(name)).unwrap();
+        let recv_arg = recv.to_str().unwrap();
+        let (mut listener, mut err, bound) = spawn_listener(&[
+            "listen",
+            "127.0.0.1:0",
+            "--quiet",
+            "--no-stdin",
+            "--recv-dir",
+            recv_arg,
+        ]);
+        let out = Command::new(peg)
+            .args(["connect", &bound, "--quiet", "--no-stdin", "--send-file"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let says = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{says}");
+        assert!(says.contains(&format!("could not take {name}")), "{says}");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("sent "));
+        let mut rest = String::new();
+        err.read_to_string(&mut rest).unwrap();
+        let status = listener.0.take().unwrap().wait().unwrap();
+        assert!(!status.success(), "{rest}");
+        assert!(rest.contains("receiving a file failed"), "{rest}");
+    }
 }

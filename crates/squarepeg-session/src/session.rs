@@ -301,6 +301,9 @@ pub struct Session {
     // Control frames waiting to go, coalesced: flags and sets, not a queue
     // of frames, so repeated credit updates cost one frame.
     params_pending: bool,
+    /// A frame from the peer arrived, in any state (one that comes while this side drains
+    /// counts too): the peer runs a squarepeg session.
+    peer_frame_seen: bool,
     max_data_pending: bool,
     max_streams_pending: bool,
     max_stream_data_pending: BTreeSet<StreamId>,
@@ -365,6 +368,7 @@ impl Session {
             peer_record_numbers: None,
             records_replaced: VecDeque::new(),
             params_pending: true,
+            peer_frame_seen: false,
             max_data_pending: false,
             max_streams_pending: false,
             max_stream_data_pending: BTreeSet::new(),
@@ -1239,7 +1243,7 @@ impl Session {
     /// The transport ended (EOF, reset or error) for `reason`. After our own
     /// CLOSE (or the peer's) any end of the transport just ends the drain.
     pub fn handle_transport_closed(&mut self, now: Instant, reason: TransportError) {
-        let silent = self.stats.frames_received == 0;
+        let silent = !self.peer_frame_seen;
         match &mut self.state {
             State::Closed {
                 error,
@@ -1283,6 +1287,7 @@ impl Session {
     /// Processes one frame from the peer. Frames may come in any order and
     /// more than once.
     pub fn handle_frame(&mut self, now: Instant, frame: Frame) {
+        self.peer_frame_seen = true;
         if let State::Closed { .. } = self.state {
             return;
         }
@@ -1539,7 +1544,14 @@ impl Session {
     /// the scheduler's choice; expired messages are dropped first.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut Vec<u8>) -> Option<Transmit> {
         if let State::Closed { close_frame, .. } = &mut self.state {
-            let frame = close_frame.take()?;
+            // PARAMS opens every stream, also one that closes before it sent anything (the
+            // peer's CLOSE came first): the peer learns a squarepeg session took its bytes
+            // (docs/wire.md §2.5).
+            let frame = if std::mem::take(&mut self.params_pending) {
+                self.params_frame()
+            } else {
+                close_frame.take()?
+            };
             return self.transmit_control(&frame, buf);
         }
         self.expire(now);

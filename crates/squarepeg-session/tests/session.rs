@@ -732,6 +732,18 @@ fn a_graceful_close_the_peer_never_answered_is_an_error() {
         assert!(a.is_drained());
         assert_eq!(a.error(), Some(&ConnectionError::Transport(want)));
     }
+    // The peer's PARAMS arriving only while this side drains: it answered, the close is
+    // clean.
+    let now = Instant::now();
+    let mut a = session(Role::Client);
+    let mut b = session(Role::Server);
+    a.close(0, b"");
+    assert!(!drain(&mut a, now).is_empty());
+    for (frame, _) in drain(&mut b, now) {
+        a.handle_frame(now, frame);
+    }
+    a.handle_transport_closed(now, TransportError::PeerClosed);
+    assert_eq!(a.error(), Some(&ConnectionError::LocallyClosed));
 }
 
 #[test]

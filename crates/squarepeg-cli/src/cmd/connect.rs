@@ -37,6 +37,7 @@ pub fn run(mut args: ConnectArgs, given: &[String]) -> anyhow::Result<()> {
         args.substrate.check(given)?;
     }
     args.peer.quiet = args.substrate.stack.quiet;
+    args.peer.check()?;
     let rt = tokio::runtime::Runtime::new()?;
     let config = args.tls.apply(args.peer.connection_config(), &args.addr)?;
     args.peer.steer = args.multipath.steer;

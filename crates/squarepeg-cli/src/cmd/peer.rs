@@ -4,7 +4,10 @@
 //! progress bar and their SHA-256 printed on both ends.
 //!
 //! A file stream carries `name length (u16, big-endian) ‖ name (UTF-8) ‖
-//! size (u64, big-endian) ‖ bytes`, then FIN.
+//! size (u64, big-endian) ‖ bytes`, then FIN. The receiver answers on the same
+//! stream with one line, `ok SHA256-HEX` once the file is stored (or hashed),
+//! or `error REASON` (then it stops reading), and FIN: the sender reports
+//! success only for a matching `ok`.
 //!
 //! The connecting side closes the connection gracefully once stdin ends and
 //! its file is sent; the listening side stops sending at the end of its
@@ -61,6 +64,26 @@ pub struct PeerArgs {
 }
 
 impl PeerArgs {
+    /// Refuses, before any connection, a file to send that cannot be read and a directory
+    /// for received files that is not one.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if let Some(path) = &self.send_file {
+            std::fs::File::open(path).with_context(|| format!("--send-file {}", path.display()))?;
+            if !path.is_file() {
+                bail!("--send-file {}: not a regular file", path.display());
+            }
+        }
+        if let Some(dir) = &self.recv_dir
+            && !dir.is_dir()
+        {
+            bail!(
+                "--recv-dir {}: not a directory (create it first)",
+                dir.display()
+            );
+        }
+        Ok(())
+    }
+
     pub fn connection_config(&self) -> ConnectionConfig {
         let mut config = ConnectionConfig::default();
         config.notsent_lowat = (self.notsent_lowat > 0).then_some(self.notsent_lowat);
@@ -256,17 +279,70 @@ async fn send_file(
     header.extend_from_slice(&size.to_be_bytes());
     stream.write_all(&header).await?;
     let bar = progress(size, quiet, format!("sending {name}"));
-    let (sent, digest) = super::copy_hashing(&mut file, &mut stream, &bar).await?;
-    stream.shutdown().await?;
+    let copied = super::copy_hashing(&mut file, &mut stream, &bar).await;
+    let copied = match copied {
+        Ok(c) => stream
+            .shutdown()
+            .await
+            .map(|()| c)
+            .map_err(anyhow::Error::from),
+        Err(e) => Err(e),
+    };
+    // The receiver's verdict, also after a failed write (it stops reading when it cannot
+    // store the file, and says why first).
+    let verdict = read_verdict(&mut stream).await;
     bar.finish_and_clear();
+    if let Ok(Verdict::Refused(why)) = &verdict {
+        bail!("the peer could not take {name}: {why}");
+    }
+    let (sent, digest) = copied?;
     if sent != size {
         bail!(
             "{} changed while being sent ({sent} of {size} bytes)",
             path.display()
         );
     }
-    println!("sent {name} ({sent} bytes) sha256 {}", hex::encode(digest));
+    let digest = hex::encode(digest);
+    match verdict {
+        Ok(Verdict::Taken(theirs)) if theirs == digest => {}
+        Ok(Verdict::Taken(theirs)) => {
+            bail!("the peer received {name} with sha256 {theirs}, sent {digest}")
+        }
+        Ok(Verdict::Refused(_)) => unreachable!("handled above"),
+        Err(e) => return Err(e.context(format!("the peer did not confirm {name}"))),
+    }
+    println!("sent {name} ({sent} bytes) sha256 {digest}");
     Ok(())
+}
+
+/// What the receiver of a file says back on its stream once it has it (or cannot take it):
+/// `ok SHA256-HEX` or `error REASON`, one line.
+enum Verdict {
+    Taken(String),
+    Refused(String),
+}
+
+/// Longest verdict line read.
+const MAX_VERDICT: u64 = 4096;
+
+async fn read_verdict(stream: &mut Stream) -> anyhow::Result<Verdict> {
+    let mut line = Vec::new();
+    stream
+        .take(MAX_VERDICT)
+        .read_to_end(&mut line)
+        .await
+        .context("reading the receiver's verdict")?;
+    let line = String::from_utf8_lossy(&line);
+    let line = line.trim_end();
+    if let Some(digest) = line.strip_prefix("ok ") {
+        Ok(Verdict::Taken(digest.to_string()))
+    } else if let Some(why) = line.strip_prefix("error ") {
+        Ok(Verdict::Refused(why.to_string()))
+    } else if line.is_empty() {
+        bail!("the stream ended without a verdict")
+    } else {
+        bail!("unexpected verdict {line:?}")
+    }
 }
 
 async fn accept_files(conn: Connection, dir: Option<PathBuf>, quiet: bool) -> anyhow::Result<()> {
@@ -285,7 +361,32 @@ async fn accept_files(conn: Connection, dir: Option<PathBuf>, quiet: bool) -> an
     result
 }
 
+/// Receives one file and tells the sender how it went (see [`Verdict`]).
 async fn receive_file(mut stream: Stream, dir: Option<PathBuf>, quiet: bool) -> anyhow::Result<()> {
+    let result = store_file(&mut stream, dir, quiet).await;
+    let verdict = match &result {
+        Ok(digest) => format!("ok {digest}\n"),
+        Err(e) => format!("error {e:#}\n"),
+    };
+    // Best effort: the sender may be gone.
+    let _ = stream.write_all(verdict.as_bytes()).await;
+    if result.is_err() {
+        // Nothing more is read: the sender's writes fail, and it reads the verdict.
+        let _ = stream.stop(FILE_REFUSED);
+    }
+    let _ = stream.shutdown().await;
+    result.map(|_| ())
+}
+
+/// The STOP_SENDING code of a file the receiver could not take.
+const FILE_REFUSED: u64 = 1;
+
+/// Reads a file from `stream` into `dir` (or hashes it); returns its SHA-256 in hex.
+async fn store_file(
+    stream: &mut Stream,
+    dir: Option<PathBuf>,
+    quiet: bool,
+) -> anyhow::Result<String> {
     let name_len = stream.read_u16().await.context("file header")?;
     let mut name = vec![0u8; usize::from(name_len)];
     stream.read_exact(&mut name).await.context("file header")?;
@@ -299,25 +400,29 @@ async fn receive_file(mut stream: Stream, dir: Option<PathBuf>, quiet: bool) -> 
         .with_context(|| format!("unusable file name {name:?}"))?
         .to_string();
     let mut file = match &dir {
-        Some(d) => Some(tokio::fs::File::create(d.join(&safe)).await?),
+        Some(d) => {
+            let path = d.join(&safe);
+            let file = tokio::fs::File::create(&path)
+                .await
+                .with_context(|| format!("creating {}", path.display()))?;
+            Some(file)
+        }
         None => None,
     };
     let bar = progress(size, quiet, format!("receiving {safe}"));
     let (got, digest) = match &mut file {
         Some(f) => {
-            let copied = super::copy_hashing(&mut stream, f, &bar).await?;
+            let copied = super::copy_hashing(&mut *stream, f, &bar).await?;
             f.flush().await?;
             copied
         }
-        None => super::copy_hashing(&mut stream, &mut tokio::io::sink(), &bar).await?,
+        None => super::copy_hashing(&mut *stream, &mut tokio::io::sink(), &bar).await?,
     };
     bar.finish_and_clear();
     if got != size {
         bail!("{safe}: received {got} of {size} bytes");
     }
-    println!(
-        "received {safe} ({got} bytes) sha256 {}",
-        hex::encode(digest)
-    );
-    Ok(())
+    let digest = hex::encode(digest);
+    println!("received {safe} ({got} bytes) sha256 {digest}");
+    Ok(digest)
 }
