@@ -378,3 +378,34 @@ fn a_file_the_receiver_cannot_store_fails_on_both_sides() {
         assert!(rest.contains("receiving a file failed"), "{rest}");
     }
 }
+
+/// A `peg connect` that gives up (a stdin line longer than a message may be) aborts the
+/// connection with its reason, and the reason reaches the listener before the process ends.
+#[test]
+fn a_local_failure_reaches_the_peer_with_its_reason() {
+    let peg = env!("CARGO_BIN_EXE_peg");
+    let (mut listener, mut err, addr) =
+        spawn_listener(&["listen", "127.0.0.1:0", "--quiet", "--no-stdin"]);
+    let mut child = Command::new(peg)
+        .args(["connect", &addr, "--quiet"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = vec![b'a'; 2 << 20];
+    line.push(b'\n');
+    let _ = child.stdin.take().unwrap().write_all(&line);
+    let out = child.wait_with_output().unwrap();
+    let says = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{says}");
+    assert!(says.contains("exceeds the maximum"), "{says}");
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    let status = listener.0.take().unwrap().wait().unwrap();
+    assert!(!status.success(), "{rest}");
+    assert!(
+        rest.contains("application code 1") && rest.contains("exceeds the maximum"),
+        "{rest}"
+    );
+}

@@ -344,8 +344,9 @@ impl Connection {
     /// Whether the driver should read: the session has room for what arrives, and the
     /// substrate has not ended.
     pub fn wants_read(&self) -> bool {
-        let record_failed = matches!(&self.record, RecordLayer::Tls(t) if t.failed);
-        !self.transport_closed && !record_failed && !self.session.receive_blocked()
+        // After a TLS failure the peer's bytes are still read, and dropped, while the session
+        // drains (`Session::handle_transport_failed`).
+        !self.transport_closed && !self.session.receive_blocked()
     }
 
     /// In-order bytes from the substrate (copied into the frame reader).
@@ -472,7 +473,16 @@ impl Connection {
     /// past the last full record wait for the next call while the session has more to send
     /// (so that records are full); a call may then append records and return 0.
     pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>, limit: usize) -> usize {
-        if !matches!(self.send, SendPath::ByteStream) || self.fin_sent || self.transport_closed {
+        if !matches!(self.send, SendPath::ByteStream) || self.fin_sent {
+            return 0;
+        }
+        if self.transport_closed {
+            // The peer's end does not end this side's stream: a TLS alert (or close_notify)
+            // queued before it still goes out — e.g. the alert for a peer that does not
+            // speak TLS, whose FIN came with its first bytes.
+            if let RecordLayer::Tls(t) = &mut self.record {
+                t.tls.poll_output(out);
+            }
             return 0;
         }
         let RecordLayer::Tls(t) = &mut self.record else {
@@ -676,14 +686,17 @@ impl Connection {
     }
 
     /// TLS failed: the session ends with the reason; the alert saying why still goes out
-    /// ([`Self::poll_transmit`]), then the FIN; nothing more is read.
+    /// ([`Self::poll_transmit`]), then the FIN; what the peer still sends is read and dropped
+    /// until its end or the drain timeout.
     fn tls_failed(&mut self, now: Instant, e: &TlsError) {
         tracing::debug!("TLS failed: {e}");
         if let RecordLayer::Tls(t) = &mut self.record {
             t.failed = true;
         }
+        // The alert goes out, then the FIN; the peer's bytes still coming are read and
+        // dropped until its end (or the drain timeout), so that no reset overtakes the alert.
         self.session
-            .handle_transport_closed(now, tls_transport_error(e));
+            .handle_transport_failed(now, tls_transport_error(e));
     }
 
     /// The next tagged write, on a tagged-write substrate: it stays the next one until

@@ -1266,6 +1266,16 @@ impl Session {
         }
     }
 
+    /// The layer below failed and told the peer itself (a TLS alert): the session ends with
+    /// `reason` and sends nothing more, but drains like a graceful close — it waits for the
+    /// peer's end, or the drain timeout — so that the driver goes on reading (and
+    /// discarding) the peer's bytes in flight instead of closing the socket on them: a
+    /// socket closed with unread bytes answers with a reset, which may destroy the alert
+    /// before the peer reads it.
+    pub fn handle_transport_failed(&mut self, now: Instant, reason: TransportError) {
+        self.enter_closed(now, ConnectionError::Transport(reason), None, false);
+    }
+
     /// A frame failed to decode. Over an in-order substrate this is a
     /// protocol violation (the stream is reliable, so the peer sent it).
     pub fn handle_decode_error(&mut self, now: Instant, err: FrameError) {

@@ -119,7 +119,12 @@ pub fn run(mut args: ListenArgs, given: &[String]) -> anyhow::Result<()> {
 /// says what it settled.
 async fn report_tls(conn: &squarepeg::Connection, tls: bool) -> anyhow::Result<()> {
     if tls {
-        conn.established().await?;
+        if let Err(e) = conn.established().await {
+            // The alert saying why goes out before this process ends and closes the socket
+            // (with the peer's bytes unread, which would send a reset instead).
+            let _ = tokio::time::timeout(super::peer::ABORT_FLUSH, conn.closed()).await;
+            return Err(e.into());
+        }
         if let Some(tls) = super::tls::describe(conn) {
             eprintln!("{tls}");
         }

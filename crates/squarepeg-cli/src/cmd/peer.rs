@@ -115,6 +115,9 @@ fn progress(len: u64, quiet: bool, what: String) -> ProgressBar {
     bar
 }
 
+/// How long an abort may take to reach the peer before the process exits anyway.
+pub const ABORT_FLUSH: Duration = Duration::from_secs(2);
+
 /// Whether a close is a normal end of the conversation.
 fn normal_close(e: &ConnectionError) -> bool {
     matches!(
@@ -164,6 +167,9 @@ pub async fn run_peer(conn: Connection, args: PeerArgs, initiator: bool) -> anyh
         r = local => {
             if let Err(e) = r {
                 conn.abort(1, format!("{e:#}").as_bytes());
+                // The abort (with why) reaches the peer before this process ends, which
+                // would otherwise close the socket with it still queued.
+                let _ = tokio::time::timeout(ABORT_FLUSH, conn.closed()).await;
                 return Err(e);
             }
             if initiator {
