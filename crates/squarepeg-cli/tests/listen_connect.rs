@@ -193,6 +193,23 @@ fn bad_substrate_input_is_refused_with_what_to_change() {
             &["connect", "127.0.0.1:1", "--connect-timeout", "soon"],
             "invalid value 'soon'",
         ),
+        // A PEM file without a certificate: the message names the files.
+        (
+            &[
+                "listen",
+                "127.0.0.1:0",
+                "--tls",
+                "--cert",
+                "Cargo.toml",
+                "--key",
+                "Cargo.toml",
+            ],
+            "TLS certificate Cargo.toml and key Cargo.toml",
+        ),
+        (
+            &["connect", "127.0.0.1:1", "--send-file", "no-such-file"],
+            "--send-file no-such-file",
+        ),
     ];
     for (args, says) in cases {
         let out = common::peg(args);

@@ -73,7 +73,15 @@ impl ListenTlsArgs {
                 (made.cert_pem.into_bytes(), made.key_pem.into_bytes())
             }
         };
-        let server = config::server_config(&cert, &key).context("TLS certificate and key")?;
+        let what = match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => format!(
+                "TLS certificate {} and key {}",
+                cert.display(),
+                key.display()
+            ),
+            _ => "the self-signed TLS certificate".to_string(),
+        };
+        let server = config::server_config(&cert, &key).context(what)?;
         Ok(config.with_tls_server(server))
     }
 }
