@@ -298,9 +298,11 @@ async fn send_file(
     // store the file, and says why first).
     let verdict = read_verdict(&mut stream).await;
     bar.finish_and_clear();
-    if let Ok(Verdict::Refused(why)) = &verdict {
-        bail!("the peer could not take {name}: {why}");
-    }
+    let theirs = match verdict {
+        Ok(Verdict::Refused(why)) => bail!("the peer could not take {name}: {why}"),
+        Ok(Verdict::Taken(theirs)) => Ok(theirs),
+        Err(e) => Err(e.context(format!("the peer did not confirm {name}"))),
+    };
     let (sent, digest) = copied?;
     if sent != size {
         bail!(
@@ -309,13 +311,9 @@ async fn send_file(
         );
     }
     let digest = hex::encode(digest);
-    match verdict {
-        Ok(Verdict::Taken(theirs)) if theirs == digest => {}
-        Ok(Verdict::Taken(theirs)) => {
-            bail!("the peer received {name} with sha256 {theirs}, sent {digest}")
-        }
-        Ok(Verdict::Refused(_)) => unreachable!("handled above"),
-        Err(e) => return Err(e.context(format!("the peer did not confirm {name}"))),
+    let theirs = theirs?;
+    if theirs != digest {
+        bail!("the peer received {name} with sha256 {theirs}, sent {digest}");
     }
     println!("sent {name} ({sent} bytes) sha256 {digest}");
     Ok(())
