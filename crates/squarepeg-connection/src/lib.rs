@@ -200,7 +200,7 @@ impl Connection {
         substrate: Substrate,
     ) -> Result<Self, NewConnectionError> {
         config.validate()?;
-        let record = match &config.tls {
+        let mut record = match &config.tls {
             None => RecordLayer::Cleartext,
             Some(setup) => {
                 if setup.is_client() != (role == Role::Client) {
@@ -257,6 +257,11 @@ impl Connection {
             Send::ByteStream => SendPath::ByteStream,
             Send::TaggedWrites => SendPath::Tagged(Box::default()),
         };
+        if let (RecordLayer::Tls(t), SendPath::ByteStream) = (&mut record, &send) {
+            // Every byte the record layer hands out goes on the stream in order: a numbered
+            // close_notify can say where it starts (docs/wire.md §5).
+            t.tls.set_output_in_order(true);
+        }
         let uses_utcp =
             !matches!(receive, ReceivePath::InOrder(_)) || matches!(send, SendPath::Tagged(_));
         let mut session = Session::new(role, config.session)?;

@@ -214,6 +214,20 @@ pub struct Tls {
     padding: Option<PaddingSealer>,
     /// Early data (0-RTT) and 0.5-RTT data.
     early: Early,
+    /// Bytes handed out for the wire so far ([`Tls::poll_output`], [`Tls::seal`],
+    /// [`Tls::seal_half_rtt`]): the stream offset of the next byte when the caller writes
+    /// them in order ([`Tls::set_output_in_order`]).
+    bytes_out: u64,
+    /// The caller writes every byte it is given to a byte stream, in order: a numbered
+    /// close_notify then says where it starts (docs/wire.md §5).
+    output_in_order: bool,
+}
+
+/// Where a call's output starts: `out[start]` goes on the wire at stream offset `offset`.
+#[derive(Clone, Copy)]
+struct OutputOrigin {
+    start: usize,
+    offset: u64,
 }
 
 /// Numbered records (docs/wire.md §5), both directions.
@@ -940,6 +954,8 @@ impl Tls {
             numbering: Numbering::default(),
             ooo: None,
             early: Early::default(),
+            bytes_out: 0,
+            output_in_order: false,
         }
     }
 
@@ -1272,9 +1288,19 @@ impl Tls {
                     continue;
                 }
                 content_type::ALERT => {
-                    // RFC 8446 §5.1: one alert per record, never fragmented.
-                    let &[_level, description] = content else {
-                        return Err(self.fail_with_alert(TlsError::BadRecord));
+                    // RFC 8446 §5.1: one alert per record, never fragmented. A numbered
+                    // close_notify may say where it starts (docs/wire.md §5): read anywhere
+                    // else, it was moved there — the stream before it cut short.
+                    let description = match *content {
+                        [_level, description] => description,
+                        [_level, alert::CLOSE_NOTIFY, ref at @ ..] if numbered && at.len() == 8 => {
+                            let at = u64::from_be_bytes(at.try_into().expect("8 bytes"));
+                            if at != offset {
+                                return Err(self.fail_with_alert(TlsError::Decrypt));
+                            }
+                            alert::CLOSE_NOTIFY
+                        }
+                        _ => return Err(self.fail_with_alert(TlsError::BadRecord)),
                     };
                     match description {
                         alert::CLOSE_NOTIFY => self.peer_closed = true,
@@ -1515,6 +1541,33 @@ impl Tls {
     /// Appends the bytes to send that are not application data: handshake records, a
     /// KeyUpdate (ours or the answer to the peer's), a fatal alert, close_notify.
     pub fn poll_output(&mut self, out: &mut Vec<u8>) {
+        let origin = self.output_origin(out);
+        self.poll_output_at(out, origin);
+        self.note_output(out, origin);
+    }
+
+    /// The caller writes every byte this side hands out to one byte stream, in order (kernel
+    /// TCP; not a queue that may reorder or drop writes): a numbered close_notify then carries
+    /// the stream offset it starts at, and a receiver that reads it anywhere else fails — an
+    /// on-path attacker cannot truncate the stream by moving the genuine close_notify forward,
+    /// which numbered records (read by number, not by place) would otherwise allow
+    /// (docs/wire.md §5).
+    pub fn set_output_in_order(&mut self, on: bool) {
+        self.output_in_order = on;
+    }
+
+    fn output_origin(&self, out: &[u8]) -> OutputOrigin {
+        OutputOrigin {
+            start: out.len(),
+            offset: self.bytes_out,
+        }
+    }
+
+    fn note_output(&mut self, out: &[u8], origin: OutputOrigin) {
+        self.bytes_out = origin.offset + out.len().saturating_sub(origin.start) as u64;
+    }
+
+    fn poll_output_at(&mut self, out: &mut Vec<u8>, origin: OutputOrigin) {
         if self.early.hello_pending {
             // The error stays in `failed`; its alert (none before a ClientHello) is queued.
             let _ = self.start_client(&[]);
@@ -1546,7 +1599,13 @@ impl Tls {
                 return;
             }
             // RFC 8446 §6.1: close_notify (level is ignored in TLS 1.3; warning as usual).
-            self.seal_record(content_type::ALERT, &[1, alert::CLOSE_NOTIFY], 0, out);
+            // Numbered, on an in-order stream: with the offset it starts at.
+            let mut content = vec![1, alert::CLOSE_NOTIFY];
+            if self.numbering.send_on && self.output_in_order {
+                let at = origin.offset + (out.len() - origin.start) as u64;
+                content.extend_from_slice(&at.to_be_bytes());
+            }
+            self.seal_record(content_type::ALERT, &content, 0, out);
             self.close_sent = true;
         }
     }
@@ -1560,6 +1619,18 @@ impl Tls {
     /// Errors: [`TlsError::NotReady`] during the handshake; [`TlsError::Closed`] after
     /// [`Tls::send_close_notify`] or a fatal error.
     pub fn seal(&mut self, plaintext: &[u8], out: &mut Vec<u8>) -> Result<(), TlsError> {
+        let origin = self.output_origin(out);
+        let result = self.seal_at(plaintext, out, origin);
+        self.note_output(out, origin);
+        result
+    }
+
+    fn seal_at(
+        &mut self,
+        plaintext: &[u8],
+        out: &mut Vec<u8>,
+        origin: OutputOrigin,
+    ) -> Result<(), TlsError> {
         if self.failed.is_some() || self.close_requested || self.close_sent {
             return Err(TlsError::Closed);
         }
@@ -1570,7 +1641,7 @@ impl Tls {
             || self.pending_key_update.is_some()
             || (self.numbering.send_requested && !self.numbering.send_on)
         {
-            self.poll_output(out);
+            self.poll_output_at(out, origin);
         }
         let chunk_len = self.chunk_len();
         let chunks = plaintext.len().div_ceil(chunk_len);
@@ -1796,6 +1867,13 @@ impl Tls {
     /// the hand-over), appended to `out` behind anything [`Tls::poll_output`] has pending.
     /// Returns `Ok(false)`, appending nothing of `plaintext`, when that is not possible now.
     pub fn seal_half_rtt(&mut self, plaintext: &[u8], out: &mut Vec<u8>) -> Result<bool, TlsError> {
+        let origin = self.output_origin(out);
+        let result = self.seal_half_rtt_at(plaintext, out);
+        self.note_output(out, origin);
+        result
+    }
+
+    fn seal_half_rtt_at(&mut self, plaintext: &[u8], out: &mut Vec<u8>) -> Result<bool, TlsError> {
         if !self.may_seal_half_rtt() {
             return Ok(false);
         }

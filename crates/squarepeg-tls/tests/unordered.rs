@@ -687,6 +687,53 @@ fn a_copy_in_a_replaced_range_lets_its_original_pass_once() {
 }
 
 #[test]
+fn a_close_notify_moved_forward_does_not_cut_the_stream_short() {
+    // A sender whose output goes on one byte stream in order says in its numbered
+    // close_notify where it starts. Read there, it closes the stream cleanly; moved forward
+    // by an attacker that withheld the records before it (numbered records are opened by
+    // number, not by place), it fails the stream instead of ending it early.
+    for moved in [false, true] {
+        let setup = default_setup();
+        let (mut client, mut server, base) = connected(&setup, true, 0);
+        client.set_output_in_order(true);
+        let mut rng = 21;
+        let stream = client_stream(&mut client, 0..20, false, &mut rng);
+        client.send_close_notify();
+        let mut close = Vec::new();
+        client.poll_output(&mut close);
+        assert!(!close.is_empty());
+        let (got, result) = if moved {
+            // The first 10 messages' records go through, then the close in place of the rest.
+            let cut = {
+                let mut at = 0;
+                let mut records = 0;
+                while records < 12 {
+                    at += 5 + usize::from(u16::from_be_bytes([stream[at + 3], stream[at + 4]]));
+                    records += 1;
+                }
+                at
+            };
+            let mut forged = stream[..cut].to_vec();
+            forged.extend_from_slice(&close);
+            receive(&mut server, &[(base, forged)])
+        } else {
+            let mut whole = stream.clone();
+            whole.extend_from_slice(&close);
+            receive(&mut server, &[(base, whole)])
+        };
+        assert_eq!(got.garbage, 0);
+        if moved {
+            assert_eq!(result, Err(TlsError::Decrypt), "{:?}", server.stats());
+            assert!(!server.peer_closed());
+        } else {
+            result.unwrap();
+            assert!(server.peer_closed());
+            exactly_once(&got, 0..20);
+        }
+    }
+}
+
+#[test]
 fn an_in_order_segment_is_taken_whole_whatever_the_window() {
     // In-order bytes are not held ahead: a segment longer than the window that continues the
     // stream goes straight to the record layer, nothing refused, nothing held.
