@@ -837,6 +837,11 @@ impl Connection {
     /// timeout passed) and the socket is closed. Blocks as long as queued
     /// stream data waits for the peer's flow-control credit; use
     /// [`Connection::abort`] after a timeout of your choice if needed.
+    /// [`Connection::close_reason`] then says how it ended:
+    /// [`ConnectionError::LocallyClosed`] for a clean close;
+    /// `Transport(TransportError::NothingReceived)` if the peer ended the
+    /// connection without ever having sent a frame (nothing sent reached a
+    /// squarepeg session).
     pub async fn close(&self) {
         {
             let mut st = self.shared().lock();
