@@ -285,7 +285,7 @@ fn connect_to_the_wrong_kind_of_peer_fails_and_says_why() {
             "does not speak TLS"
         };
         assert!(
-            says.contains(want) || says.contains("not a squarepeg peer"),
+            says.contains(want) || says.contains("does not run squarepeg"),
             "{says}"
         );
         let mut rest = String::new();
@@ -310,7 +310,7 @@ fn connect_to_the_wrong_kind_of_peer_fails_and_says_why() {
     let (status, says) = connect(&addr, false);
     sink.join().unwrap();
     assert!(!status.success(), "{says}");
-    assert!(says.contains("not a squarepeg peer"), "{says}");
+    assert!(says.contains("does not run squarepeg"), "{says}");
 }
 
 /// A file the receiver cannot store is reported on both sides, not "sent" on one and lost

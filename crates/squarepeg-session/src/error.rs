@@ -126,12 +126,12 @@ pub enum TransportError {
     /// The peer ended its byte stream (TCP FIN) without a CLOSE frame.
     #[error("the peer closed the TCP connection without a CLOSE frame")]
     PeerClosed,
-    /// The peer ended its byte stream after this side closed, without having sent a single
-    /// frame (every squarepeg session opens with PARAMS, docs/wire.md §2.2): nothing sent
-    /// reached a squarepeg session. Another protocol, or a squarepeg peer running TLS
-    /// while this side does not.
+    /// This side closed gracefully, and the peer ended its byte stream (or let the drain
+    /// timeout pass) without ever having sent a frame (every squarepeg session opens with
+    /// PARAMS, docs/wire.md §2.2): nothing sent reached a squarepeg session. Another
+    /// protocol, or a squarepeg peer running TLS while this side does not.
     #[error(
-        "the peer closed the TCP connection without sending a frame: not a squarepeg peer (or one running TLS)"
+        "the peer never sent a frame: it does not run squarepeg (or TLS is on at one end only)"
     )]
     NothingReceived,
     /// The peer reset the connection (TCP RST).

@@ -1859,16 +1859,22 @@ impl Session {
 
     /// Runs timers: message expiry and the drain timer.
     pub fn handle_timeout(&mut self, now: Instant) {
+        let silent = !self.peer_frame_seen;
         match &mut self.state {
             State::Closed {
+                error,
                 drain_deadline,
                 peer_done,
                 close_frame,
-                ..
             } => {
                 if drain_deadline.is_some_and(|t| t <= now) {
                     *peer_done = true;
                     *close_frame = None;
+                    if silent && matches!(error, ConnectionError::LocallyClosed) {
+                        // As at the transport's end (`handle_transport_closed`): the peer
+                        // never answered, not even with PARAMS.
+                        *error = ConnectionError::Transport(TransportError::NothingReceived);
+                    }
                 }
             }
             _ => self.expire(now),

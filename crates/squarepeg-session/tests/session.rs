@@ -732,6 +732,18 @@ fn a_graceful_close_the_peer_never_answered_is_an_error() {
         assert!(a.is_drained());
         assert_eq!(a.error(), Some(&ConnectionError::Transport(want)));
     }
+    // A peer that neither answers nor ends the connection: the same, at the drain timeout.
+    let now = Instant::now();
+    let mut a = session(Role::Client);
+    a.close(0, b"");
+    assert!(!drain(&mut a, now).is_empty());
+    let deadline = a.poll_timeout().expect("the drain timer");
+    a.handle_timeout(deadline);
+    assert!(a.is_drained());
+    assert_eq!(
+        a.error(),
+        Some(&ConnectionError::Transport(TransportError::NothingReceived))
+    );
     // The peer's PARAMS arriving only while this side drains: it answered, the close is
     // clean.
     let now = Instant::now();

@@ -840,8 +840,8 @@ impl Connection {
     /// [`Connection::close_reason`] then says how it ended:
     /// [`ConnectionError::LocallyClosed`] for a clean close;
     /// `Transport(TransportError::NothingReceived)` if the peer ended the
-    /// connection without ever having sent a frame (nothing sent reached a
-    /// squarepeg session).
+    /// connection, or let the drain timeout pass, without ever having sent a
+    /// frame (nothing sent reached a squarepeg session).
     pub async fn close(&self) {
         {
             let mut st = self.shared().lock();
