@@ -1253,13 +1253,8 @@ impl Session {
             } => {
                 *peer_done = true;
                 *close_frame = None;
-                if silent && matches!(error, ConnectionError::LocallyClosed) {
-                    // Closed gracefully, but the peer never sent even PARAMS: whatever
-                    // this side sent, no squarepeg session took it.
-                    *error = ConnectionError::Transport(match reason {
-                        TransportError::PeerClosed => TransportError::NothingReceived,
-                        other => other,
-                    });
+                if silent {
+                    note_unanswered_close(error, reason);
                 }
             }
             _ => self.enter_closed(now, ConnectionError::Transport(reason), None, true),
@@ -1870,14 +1865,24 @@ impl Session {
                 if drain_deadline.is_some_and(|t| t <= now) {
                     *peer_done = true;
                     *close_frame = None;
-                    if silent && matches!(error, ConnectionError::LocallyClosed) {
-                        // As at the transport's end (`handle_transport_closed`): the peer
-                        // never answered, not even with PARAMS.
-                        *error = ConnectionError::Transport(TransportError::NothingReceived);
+                    if silent {
+                        note_unanswered_close(error, TransportError::PeerClosed);
                     }
                 }
             }
             _ => self.expire(now),
         }
+    }
+}
+
+/// A graceful close ended — by the transport's end for `reason`, or by the drain timeout
+/// (as `PeerClosed`) — and the peer never sent a frame, not even PARAMS: whatever this side
+/// sent, no squarepeg session took it, so `error` (the close's `LocallyClosed`) says so.
+fn note_unanswered_close(error: &mut ConnectionError, reason: TransportError) {
+    if matches!(error, ConnectionError::LocallyClosed) {
+        *error = ConnectionError::Transport(match reason {
+            TransportError::PeerClosed => TransportError::NothingReceived,
+            other => other,
+        });
     }
 }

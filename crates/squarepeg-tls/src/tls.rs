@@ -1020,10 +1020,11 @@ impl Tls {
         {
             // Before any key, an alert goes in the clear (RFC 8446 §6): a squarepeg peer
             // without TLS reads it as a TLS record where its first frame was due.
+            let [major, minor] = record::LEGACY_RECORD_VERSION;
             self.control.extend_from_slice(&[
                 content_type::ALERT,
-                0x03,
-                0x03,
+                major,
+                minor,
                 0,
                 2,
                 2,
