@@ -257,9 +257,10 @@ impl Connection {
             Send::ByteStream => SendPath::ByteStream,
             Send::TaggedWrites => SendPath::Tagged(Box::default()),
         };
-        if let (RecordLayer::Tls(t), SendPath::ByteStream) = (&mut record, &send) {
-            // Every byte the record layer hands out goes on the stream in order: a numbered
-            // close_notify can say where it starts (docs/wire.md §5).
+        if let RecordLayer::Tls(t) = &mut record {
+            // Every byte the record layer hands out goes on the stream in order, or (tagged
+            // writes) the TCP queue's reports say which did not and where the rest went: a
+            // numbered close_notify can say where it starts (docs/wire.md §5).
             t.tls.set_output_in_order(true);
         }
         let uses_utcp =
@@ -431,6 +432,10 @@ impl Connection {
     pub fn handle_report(&mut self, report: MessageReport) {
         if let SendPath::Tagged(t) = &mut self.send {
             t.handle_report(report, self.utcp.get_or_insert_default());
+            let withdrawn = t.take_withdrawn();
+            if let RecordLayer::Tls(layer) = &mut self.record {
+                layer.tls.withdraw_output(withdrawn);
+            }
         }
     }
 
@@ -804,8 +809,11 @@ impl Connection {
                 && !t.tls.is_handshaking()
                 && !t.failed
                 && self.session.is_send_finished()
+                && t.close_placement_due(sender.placement())
             {
-                // The session's last frame went out: close_notify, then the FIN.
+                // The session's last frame went out, and every message before it was sent or
+                // dropped (the stream offset of what follows is known; or it never will be):
+                // close_notify, then the FIN.
                 t.tls.send_close_notify();
                 t.close_notify_requested = true;
                 t.tls.poll_output(&mut t.control);

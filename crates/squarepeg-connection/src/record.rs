@@ -134,6 +134,22 @@ impl TlsLayer {
         self.close_notify_out || self.alert_out
     }
 
+    /// Over tagged writes, the session done: whether close_notify may be sealed now, given
+    /// where the TCP queue put the messages written before it. It waits while some are
+    /// neither sent nor dropped: its stream offset (docs/wire.md §5) is known only then (the
+    /// session's drain timeout bounds the wait). Where that can no longer be learnt (the
+    /// reports stopped), it goes without the offset.
+    pub(crate) fn close_placement_due(&mut self, placement: crate::send::Placement) -> bool {
+        match placement {
+            crate::send::Placement::Known => true,
+            crate::send::Placement::Pending => false,
+            crate::send::Placement::Lost => {
+                self.tls.set_output_in_order(false);
+                true
+            }
+        }
+    }
+
     /// Client, ClientHello not made yet: makes it, with the session's early frames (PARAMS
     /// and the messages marked safely replayable) offered as early data (0-RTT). They are
     /// the first bytes of this side's plaintext stream either way: what the server does not

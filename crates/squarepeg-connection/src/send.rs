@@ -18,8 +18,9 @@ const CONTROL_PRIORITY: i32 = 9;
 /// What the TCP queue has said about a message written to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum InTcp {
-    /// Not yet transmitted.
-    Queued { deadline: bool },
+    /// Not yet transmitted: it may still be dropped, or placed in the range of messages
+    /// already sent. `len`: its bytes as written (sealed, under TLS).
+    Queued { deadline: bool, len: usize },
     /// Transmitted; a verdict (acknowledged or replaced) is still to come.
     Transmitted,
 }
@@ -42,6 +43,25 @@ pub(crate) struct TaggedSender {
     in_tcp: HashMap<MessageNumber, InTcp>,
     /// Statuses decided here, ahead of the session's events.
     events: VecDeque<Event>,
+    /// Messages in `in_tcp` not yet transmitted: where they go in the stream, if anywhere,
+    /// is still open.
+    unplaced: usize,
+    /// Bytes written that did not extend the stream (dropped unsent, or sent inside a range
+    /// already sent), not yet taken by [`Self::take_withdrawn`].
+    withdrawn: u64,
+    /// Messages were settled without a report of where they went.
+    placement_lost: bool,
+}
+
+/// Where the TCP queue put the messages written to it, as far as its reports tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Placement {
+    /// Each was sent or dropped: the stream offset of the next write is known.
+    Known,
+    /// Some were neither yet.
+    Pending,
+    /// Some were settled without a report: the offset will never be known.
+    Lost,
 }
 
 impl TaggedSender {
@@ -67,6 +87,11 @@ impl TaggedSender {
             let mut tag = self.next_frame(now, session)?;
             if !protect(&mut self.frame, &mut tag) {
                 return None;
+            }
+            if let Some(id) = tag.message_id
+                && let Some(InTcp::Queued { len, .. }) = self.in_tcp.get_mut(&id)
+            {
+                *len = self.frame.len();
             }
             self.pending = Some(tag);
         }
@@ -110,12 +135,16 @@ impl TaggedSender {
             } => {
                 // From here the TCP queue decides its status (set before the session's
                 // `Sent` can be polled).
-                self.in_tcp.insert(
+                let before = self.in_tcp.insert(
                     number,
                     InTcp::Queued {
                         deadline: deadline.is_some(),
+                        len: self.frame.len(),
                     },
                 );
+                if !matches!(before, Some(InTcp::Queued { .. })) {
+                    self.unplaced += 1;
+                }
                 WriteTag {
                     priority,
                     squash_key,
@@ -175,6 +204,24 @@ impl TaggedSender {
         !self.in_tcp.is_empty()
     }
 
+    /// Whether the stream offset of a write after everything written so far is known.
+    pub(crate) fn placement(&self) -> Placement {
+        if self.placement_lost {
+            Placement::Lost
+        } else if self.unplaced > 0 {
+            Placement::Pending
+        } else {
+            Placement::Known
+        }
+    }
+
+    /// Bytes written since the last call that will not extend the TCP stream: messages
+    /// dropped unsent, and messages the queue sent inside the range of expired ones
+    /// (inconsistent retransmissions, Hollywood §4.2).
+    pub(crate) fn take_withdrawn(&mut self) -> u64 {
+        std::mem::take(&mut self.withdrawn)
+    }
+
     fn status(&mut self, number: MessageNumber, status: MessageStatus) {
         self.events
             .push_back(Event::MessageStatus { number, status });
@@ -186,12 +233,26 @@ impl TaggedSender {
         let Some(&state) = self.in_tcp.get(&id) else {
             return;
         };
+        if let InTcp::Queued { len, .. } = state {
+            // Dropped, or sent in place of expired messages: no stream bytes of its own.
+            if matches!(
+                report,
+                MessageReport::Sent {
+                    replacement: true,
+                    ..
+                } | MessageReport::Expired { .. }
+                    | MessageReport::Squashed { .. }
+            ) {
+                self.withdrawn += len as u64;
+            }
+            self.unplaced -= 1;
+        }
         match report {
             MessageReport::Sent { replacement, .. } => {
                 if replacement {
                     stats.sent_as_replacement += 1;
                 }
-                if state == (InTcp::Queued { deadline: true }) {
+                if matches!(state, InTcp::Queued { deadline: true, .. }) {
                     self.in_tcp.insert(id, InTcp::Transmitted);
                 } else {
                     self.in_tcp.remove(&id);
@@ -222,6 +283,8 @@ impl TaggedSender {
 
     /// The connection ended: messages still waiting for a verdict get their last status.
     pub(crate) fn settle_all(&mut self) {
+        self.placement_lost |= self.unplaced > 0;
+        self.unplaced = 0;
         let mut left: Vec<(MessageNumber, InTcp)> = self.in_tcp.drain().collect();
         left.sort_unstable_by_key(|&(n, _)| n);
         for (n, state) in left {

@@ -283,6 +283,7 @@ fn records_behind_a_loss_are_delivered_before_the_hole_fills() {
     );
     eprintln!("server record layer: {server:?}");
     assert!(out.statuses.values().all(|s| *s == MessageStatus::Sent));
+    closed_at_its_offset(&out);
     no_nonce_twice(&out.client);
 }
 
@@ -315,6 +316,8 @@ fn priorities_and_lifetimes_work_inside_records() {
     );
     let server = out.server.stats().tls.unwrap();
     assert!(server.records_out_of_order > 0, "{server:?}");
+    assert!(out.client.stats().utcp.unwrap().expired_in_tcp > 0);
+    closed_at_its_offset(&out);
     no_nonce_twice(&out.client);
 }
 
@@ -348,7 +351,21 @@ fn check_replacement_run(out: &Outcome, count: u32) {
             ),
         "client {client:?}, server {server:?}"
     );
+    closed_at_its_offset(out);
     no_nonce_twice(&out.client);
+}
+
+/// The client's close_notify said where in the stream it starts, and the server read it
+/// there: the TCP queue's reports accounted for every message it dropped or sent in place of
+/// expired ones (docs/wire.md §5).
+fn closed_at_its_offset(out: &Outcome) {
+    let (client, server) = (
+        out.client.stats().tls.unwrap(),
+        out.server.stats().tls.unwrap(),
+    );
+    assert!(client.close_sent_at_offset, "{client:?}");
+    assert!(server.close_received_at_offset, "{server:?}");
+    assert!(out.server.tls().unwrap().peer_closed());
 }
 
 #[test]
@@ -452,5 +469,111 @@ fn corrupted_bytes_no_announcement_covers_fail_the_connection_not_stall_it() {
             Some(ConnectionError::Transport(TransportError::Tls(_)))
         ),
         "{error:?}"
+    );
+}
+
+/// A client on tagged writes whose writes the test carries to a server reading one byte
+/// stream, in the order handed out; the TCP queue's reports (`Sent` for every message) are
+/// given to the client only with `reports`. What the client writes from its close on reaches
+/// the server with its FIN (a slow path: the server cannot answer the CLOSE before). Returns
+/// both ends after the close and the time the client's close_notify took to go.
+fn close_over_tagged_writes(reports: bool) -> (Connection, Connection, Duration) {
+    let start = Instant::now();
+    let mut now = start;
+    let (client_tls, server_tls) = common::tls_setups();
+    let mut config = Config::default();
+    config.tls = Some(client_tls);
+    let window = ConnectionConfig::default().recv_buffer;
+    let mut client = Connection::new(Role::Client, config, Substrate::utcp(window)).unwrap();
+    let mut config = Config::default();
+    config.tls = Some(server_tls);
+    let mut server = Connection::new(Role::Server, config, Substrate::byte_stream()).unwrap();
+    let (mut down_offset, mut sent, mut closed_at, mut close_out) = (0u64, 0u32, None, None);
+    let mut on_the_path = Vec::new();
+    for _ in 0..30_000 {
+        while let Some(w) = client.poll_write(now) {
+            let (bytes, id) = (w.frame.to_vec(), w.tag.message_id);
+            client.write_done();
+            if closed_at.is_some() {
+                on_the_path.extend_from_slice(&bytes);
+            } else {
+                server.handle_bytes(now, &bytes);
+            }
+            if let (Some(id), true) = (id, reports) {
+                client.handle_report(squarepeg_tcp::MessageReport::Sent {
+                    id,
+                    replacement: false,
+                });
+            }
+        }
+        if client.poll_shutdown() {
+            close_out.get_or_insert(now);
+            server.handle_bytes(now, &on_the_path);
+            server.handle_transport_closed(now, TransportError::PeerClosed);
+        }
+        let mut down = Vec::new();
+        server.poll_transmit(now, &mut down, 64 * 1024);
+        if !down.is_empty() {
+            client.handle_segment(now, down_offset, &down);
+            down_offset += down.len() as u64;
+        }
+        if server.poll_shutdown() {
+            client.handle_transport_closed(now, TransportError::PeerClosed);
+        }
+        while server.session_mut().poll_message().is_some() {}
+        while server.poll_event().is_some() {}
+        while client.poll_event().is_some() {}
+        if client.is_established() && sent < 50 {
+            client
+                .session_mut()
+                .send_message(now, payload(sent), MessageProps::default())
+                .unwrap();
+            sent += 1;
+        } else if sent == 50 && closed_at.is_none() {
+            client.session_mut().close(0, b"done");
+            closed_at = Some(now);
+        }
+        if client.is_drained() && server.is_drained() {
+            break;
+        }
+        now += Duration::from_millis(1);
+        client.handle_timeout(now);
+        server.handle_timeout(now);
+    }
+    let took = close_out.expect("the client ended its stream") - closed_at.unwrap();
+    (client, server, took)
+}
+
+#[test]
+fn over_tagged_writes_close_notify_waits_for_the_queue_to_place_what_is_before_it() {
+    // With the reports, every message before the close has its place at once: close_notify
+    // carries its stream offset and the server reads it there.
+    let (client, server, took) = close_over_tagged_writes(true);
+    let (c, s) = (client.stats().tls.unwrap(), server.stats().tls.unwrap());
+    assert!(
+        c.close_sent_at_offset && s.close_received_at_offset,
+        "{c:?} {s:?}"
+    );
+    assert!(server.tls().unwrap().peer_closed());
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    // Without them (a report queue that overflowed) the offset is not known: close_notify
+    // waits, and once the session's drain timeout settles the messages without a report, it
+    // goes without the offset (never with one that may be wrong). The close is still clean.
+    let (client, server, took) = close_over_tagged_writes(false);
+    let (c, s) = (client.stats().tls.unwrap(), server.stats().tls.unwrap());
+    assert!(
+        !c.close_sent_at_offset && !s.close_received_at_offset,
+        "{c:?} {s:?}"
+    );
+    assert!(server.tls().unwrap().peer_closed());
+    let drain = squarepeg_session::Config::default().drain_timeout;
+    assert!(took >= drain, "{took:?}");
+    assert!(
+        matches!(
+            server.session().error(),
+            Some(ConnectionError::ApplicationClosed { code: 0, .. })
+        ),
+        "{:?}",
+        server.session().error()
     );
 }

@@ -106,6 +106,12 @@ pub struct TlsStats {
     /// Server: plaintext bytes sealed before the client's Finished (0.5-RTT data, RFC 8446
     /// §4.4.4), by rustls under the first application traffic key.
     pub half_rtt_sealed: u64,
+    /// This side's close_notify carried the stream offset it starts at (numbered records,
+    /// docs/wire.md §5).
+    pub close_sent_at_offset: bool,
+    /// The peer's close_notify carried its stream offset, and was read there: nothing before
+    /// it was cut out of the stream.
+    pub close_received_at_offset: bool,
 }
 
 /// What became of TLS 1.3 early data (0-RTT, RFC 8446 §2.3 and §4.2.10) on a connection.
@@ -215,10 +221,10 @@ pub struct Tls {
     /// Early data (0-RTT) and 0.5-RTT data.
     early: Early,
     /// Bytes handed out for the wire so far ([`Tls::poll_output`], [`Tls::seal`],
-    /// [`Tls::seal_half_rtt`]): the stream offset of the next byte when the caller writes
-    /// them in order ([`Tls::set_output_in_order`]).
+    /// [`Tls::seal_half_rtt`]), less those withdrawn ([`Tls::withdraw_output`]): the stream
+    /// offset of the next byte when the caller knows it ([`Tls::set_output_in_order`]).
     bytes_out: u64,
-    /// The caller writes every byte it is given to a byte stream, in order: a numbered
+    /// The caller knows the stream offset of every byte it is given: a numbered
     /// close_notify then says where it starts (docs/wire.md §5).
     output_in_order: bool,
 }
@@ -1299,6 +1305,7 @@ impl Tls {
                             if at != offset {
                                 return Err(self.fail_with_alert(TlsError::Decrypt));
                             }
+                            self.stats.close_received_at_offset = true;
                             alert::CLOSE_NOTIFY
                         }
                         _ => return Err(self.fail_with_alert(TlsError::BadRecord)),
@@ -1547,14 +1554,23 @@ impl Tls {
         self.note_output(out, origin);
     }
 
-    /// The caller writes every byte this side hands out to one byte stream, in order (kernel
-    /// TCP; not a queue that may reorder or drop writes): a numbered close_notify then carries
-    /// the stream offset it starts at, and a receiver that reads it anywhere else fails — an
-    /// on-path attacker cannot truncate the stream by moving the genuine close_notify forward,
-    /// which numbered records (read by number, not by place) would otherwise allow
-    /// (docs/wire.md §5).
+    /// The caller knows the stream offset of every byte this side hands out: it writes them
+    /// to one byte stream in order (kernel TCP), or to a queue that may reorder or drop
+    /// writes (the userspace TCP's tagged writes) and then withdraws what did not extend the
+    /// stream ([`Tls::withdraw_output`]) and asks for close_notify only once every write
+    /// before it has its place. A numbered close_notify then carries the stream offset it
+    /// starts at, and a receiver that reads it anywhere else fails — an on-path attacker
+    /// cannot truncate the stream by moving the genuine close_notify forward, which numbered
+    /// records (read by number, not by place) would otherwise allow (docs/wire.md §5).
     pub fn set_output_in_order(&mut self, on: bool) {
         self.output_in_order = on;
+    }
+
+    /// `len` bytes handed out earlier never extend the stream: a write dropped unsent, or
+    /// sent inside a range already sent (inconsistent retransmissions). The offset of what
+    /// follows is that much lower ([`Tls::set_output_in_order`]).
+    pub fn withdraw_output(&mut self, len: u64) {
+        self.bytes_out = self.bytes_out.saturating_sub(len);
     }
 
     fn output_origin(&self, out: &[u8]) -> OutputOrigin {
@@ -1605,6 +1621,7 @@ impl Tls {
             if self.numbering.send_on && self.output_in_order {
                 let at = origin.offset + (out.len() - origin.start) as u64;
                 content.extend_from_slice(&at.to_be_bytes());
+                self.stats.close_sent_at_offset = true;
             }
             self.seal_record(content_type::ALERT, &content, 0, out);
             self.close_sent = true;

@@ -215,11 +215,12 @@ async fn exchange(conn: Connection, me: Plan, peer: Plan) -> Received {
     // messages with lifetimes waits for the peer's close.
     let (delivered, out_of_order) = if me.lifetime.is_some() {
         tokio::time::sleep(Duration::from_millis(400)).await;
-        let stats = conn.stats();
         conn.close().await;
         let r = receiver.await.expect("receiver");
         let stream_sha = reader.await.expect("reader");
         let close = conn.closed().await;
+        // After the close: its records count too.
+        let stats = conn.stats();
         return Received {
             messages: r.0.len() as u32,
             out_of_order: r.1,
@@ -233,11 +234,11 @@ async fn exchange(conn: Connection, me: Plan, peer: Plan) -> Received {
         receiver.await.expect("receiver")
     };
     let stream_sha = reader.await.expect("reader");
-    let stats = conn.stats();
     if peer.lifetime.is_none() {
         conn.close().await;
     }
     let close = conn.closed().await;
+    let stats = conn.stats();
     Received {
         messages: delivered.len() as u32,
         out_of_order,
@@ -751,6 +752,12 @@ fn tls_over_utcp_both_ends_through_lossy_lab() {
             "numbered records both ways: {tls:?}"
         );
         assert!(tls.records_sealed > 0 && tls.records_opened > 0, "{tls:?}");
+        // Each end's close_notify said where in the stream it starts, and was read there
+        // (docs/wire.md §5): the tagged queue's reports placed everything before it.
+        assert!(
+            tls.close_sent_at_offset && tls.close_received_at_offset,
+            "{tls:?}"
+        );
         assert!(r.stats.utcp.expect("uTCP stats").segments_read > 0);
     }
     let out_of_order: u64 = [&ra, &rb]
