@@ -479,9 +479,10 @@ impl Connection {
     /// Appends frames to `out` (a byte stream's output) until it holds at least `limit`
     /// bytes or nothing is left to send now; returns the number of frames taken from the
     /// session. Ask only when the substrate can take more, so that the scheduler decides as
-    /// late as possible. Over TLS the frames go out sealed in records, and the frames' bytes
-    /// past the last full record wait for the next call while the session has more to send
-    /// (so that records are full); a call may then append records and return 0.
+    /// late as possible. Over TLS the frames go out sealed in records, each filled up to its
+    /// room while the session has more to send (stream chunks cut to fit; a frame that
+    /// overflows a record continues in the next), and sealed where they were written; a call
+    /// may append records and return 0 (what overflowed the last call's records).
     pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>, limit: usize) -> usize {
         if !matches!(self.send, SendPath::ByteStream) || self.fin_sent {
             return 0;
@@ -538,37 +539,69 @@ impl Connection {
         }
         if let Some(rest) = t.early_not_taken() {
             // What the server did not take of the early data goes first.
-            t.staging.splice(0..0, rest);
+            t.staging.splice(t.carry_pos..t.carry_pos, rest);
         }
-        // Frames for whole records, the records' overhead aside (about 22 bytes per 16 KiB
-        // record); while the session has more, the bytes past the last full record stay in
-        // `staging` for the next call (`record::seal_len`).
-        let record = t.tls.max_record_plaintext();
-        let wanted = limit.saturating_sub(out.len()).div_ceil(record) * record;
-        let frames = self
-            .session
-            .poll_transmit_batch(now, &mut t.staging, wanted);
-        let seal_len = record::seal_len(
-            t.staging.len(),
-            wanted,
-            record,
-            !self.session.is_send_finished(),
-        );
-        let sealed = if seal_len == 0 {
-            Ok(())
-        } else {
-            t.tls.seal(&t.staging[..seal_len], out)
-        };
-        t.staging.drain(..seal_len);
-        match sealed {
-            Ok(()) if self.session.is_send_finished() => {
+        // Frames are written straight into the records' places in `out` and sealed there
+        // (no copy); the session cuts stream chunks to each record's room, so bulk data
+        // fills records exactly. What overflows a record (a frame longer than the room left,
+        // a control frame) is carried into the next one.
+        let room = t.tls.record_room();
+        let mut frames = 0;
+        let mut failure = None;
+        while out.len() < limit {
+            let slot = match t.tls.begin_record(out) {
+                Ok(slot) => slot,
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            };
+            let content = slot.content_start();
+            let starts_inside = t.carry_pos < t.staging.len() && t.carry_cut;
+            let carried = room.min(t.staging.len() - t.carry_pos);
+            out.extend_from_slice(&t.staging[t.carry_pos..t.carry_pos + carried]);
+            t.carry_pos += carried;
+            let mut ends_inside = false;
+            let mut full = true;
+            if t.carry_pos < t.staging.len() {
+                // Still carrying: whether the record ends on a frame's end is not known here.
+                ends_inside = true;
+            } else {
+                t.staging.clear();
+                t.carry_pos = 0;
+                t.carry_cut = false;
+                if carried < room {
+                    let batch =
+                        self.session
+                            .poll_transmit_fitted(now, out, room - carried, carried == 0);
+                    frames += batch.frames;
+                    let len = out.len() - content;
+                    full = len >= room || batch.next_does_not_fit;
+                    if len > room {
+                        t.staging.extend_from_slice(&out[content + room..]);
+                        out.truncate(content + room);
+                        t.carry_cut = true;
+                        ends_inside = true;
+                    }
+                }
+            }
+            let empty = out.len() == content;
+            t.tls.finish_record(out, slot, starts_inside, ends_inside);
+            if empty || !full {
+                // The session has nothing more now.
+                break;
+            }
+        }
+        let carrying = t.carry_pos < t.staging.len();
+        match failure {
+            None if self.session.is_send_finished() && !carrying => {
                 // The session's last frame is out: close_notify, then the FIN (RFC 8446 §6.1).
                 t.tls.send_close_notify();
                 t.tls.poll_output(out);
                 t.close_notify_out = true;
             }
-            Ok(()) => {}
-            Err(e) => self.tls_failed(now, &e),
+            None => {}
+            Some(e) => self.tls_failed(now, &e),
         }
         frames
     }

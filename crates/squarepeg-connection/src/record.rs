@@ -8,9 +8,10 @@
 //!
 //! - **handshake**: rustls's flights go out first; the session's frames wait in the session
 //!   (where the scheduler still orders them) until the handshake is done;
-//! - **send (byte stream)**: the session writes frames into a plaintext staging buffer, and
-//!   the layer seals it into TLS records (`0x17 0x03 0x03 len`) in the driver's output: a
-//!   batch of small messages becomes one small record (latency), bulk becomes 16 KiB records.
+//! - **send (byte stream)**: the session writes frames into the driver's output behind room
+//!   for a record header, cut to the record's room, and the layer seals them there into TLS
+//!   records (`0x17 0x03 0x03 len`; `Tls::begin_record`/`finish_record`, no copy): a batch of
+//!   small messages becomes one small record (latency), bulk becomes 16 KiB records.
 //!   Inside records, frames need no byte stuffing (records delimit, the AEAD authenticates),
 //!   so both directions use plain frames from the first byte (docs/wire.md §4);
 //! - **receive (byte stream)**: the driver's bytes are opened record by record and the
@@ -87,8 +88,14 @@ pub(crate) enum RecordLayer {
 /// TLS with its scratch buffers.
 pub(crate) struct TlsLayer {
     pub(crate) tls: Tls,
-    /// The session's frames, on their way to be sealed.
+    /// The session's frames, on their way to be sealed: over a byte stream, what
+    /// overflowed the last record, from `carry_pos` on.
     pub(crate) staging: Vec<u8>,
+    /// Over a byte stream: where the carried bytes not yet sealed start in `staging`.
+    pub(crate) carry_pos: usize,
+    /// Over a byte stream: the carried bytes begin inside a frame (its start went in the
+    /// last record).
+    pub(crate) carry_cut: bool,
     /// close_notify was handed out (the FIN may follow).
     pub(crate) close_notify_out: bool,
     /// Over tagged writes: close_notify was asked of the TLS layer.
@@ -186,6 +193,8 @@ impl TlsLayer {
         Self {
             tls,
             staging: Vec::new(),
+            carry_pos: 0,
+            carry_cut: false,
             close_notify_out: false,
             close_notify_requested: false,
             control: Vec::new(),

@@ -337,3 +337,85 @@ fn a_tls_side_that_does_not_match_the_role_is_refused() {
     // On the uTCP interface too (tests/utls.rs): the role is what is checked.
     assert!(Connection::new(Role::Client, config, Substrate::utcp(65536)).is_ok());
 }
+
+#[test]
+fn frames_of_any_size_are_sealed_where_they_are_written() {
+    // Records are filled in place, stream chunks cut to each record's room, frames longer
+    // than the room left carried into the next record: messages of every size around and
+    // beyond a record's 16 KiB, and a stream, arrive intact and in order.
+    let (c, s) = setups(false);
+    let mut p = Pair::new(c, s);
+    p.pump();
+    assert!(p.client.is_established() && p.server.is_established());
+    let handshake_up = p.wire_up.len();
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let stream = p.client.session_mut().open_stream().unwrap();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    let mut written = 0;
+    let mut sent = Vec::new();
+    for round in 0..400 {
+        match next(4) {
+            0 | 1 => {
+                let len = match next(4) {
+                    0 => next(64) as usize,
+                    1 => 16_300 + next(200) as usize,
+                    2 => next(70_000) as usize,
+                    _ => next(2_000) as usize,
+                };
+                let m: Vec<u8> = (0..len).map(|i| (i as u64 + round) as u8).collect();
+                if p.client
+                    .session_mut()
+                    .send_message(p.now, m.clone(), MessageProps::default())
+                    .is_ok()
+                {
+                    sent.push(m);
+                }
+            }
+            2 if written < data.len() => {
+                let end = (written + next(100_000) as usize).min(data.len());
+                written += p
+                    .client
+                    .session_mut()
+                    .stream_write(stream, &data[written..end])
+                    .unwrap();
+            }
+            _ => p.pump(),
+        }
+    }
+    p.pump();
+    assert_eq!(messages(&mut p.server), sent);
+    let incoming = p.server.session_mut().accept_stream().unwrap();
+    let mut read = Vec::new();
+    let mut buf = vec![0; 65536];
+    // Reading frees flow-control credit for the rest.
+    for _ in 0..100 {
+        while let Ok(ReadOutcome::Data(n)) = p.server.session_mut().stream_read(incoming, &mut buf)
+        {
+            read.extend_from_slice(&buf[..n]);
+        }
+        if read.len() == written {
+            break;
+        }
+        p.pump();
+    }
+    assert_eq!(read.len(), written);
+    assert!(read == data[..written], "the stream's bytes differ");
+
+    // Every record within TLS 1.3's limit; most of the bulk in full ones.
+    let up = records(&p.wire_up[handshake_up..]);
+    assert!(up.iter().all(|&(_, _, len)| len <= 16384 + 256));
+    let stats = p.client.stats().tls.unwrap();
+    let full = up.iter().filter(|&&(_, _, len)| len >= 16384).count();
+    assert!(
+        full as u64 * 16384 * 10 >= stats.bytes_sealed * 8,
+        "{full} full records of {} for {} bytes",
+        up.len(),
+        stats.bytes_sealed
+    );
+}

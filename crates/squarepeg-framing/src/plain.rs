@@ -65,6 +65,36 @@ impl FrameFormat {
             Self::Plain => encode_plain_frame(header, payload, out),
         }
     }
+
+    /// The length of the frame [`Self::encode`] makes of `header` and `payload_len` payload
+    /// bytes, where known without encoding (plain frames; `None` for uCOBS, whose length
+    /// depends on the bytes, or for a frame that does not encode).
+    pub fn frame_len(self, header: &FrameHeader, payload_len: usize) -> Option<usize> {
+        match self {
+            Self::Ucobs => None,
+            Self::Plain => {
+                let body = header.encoded_len().ok()? + payload_len;
+                Some(varint::len(body as u64)? + body)
+            }
+        }
+    }
+
+    /// The most payload bytes a frame with `header` can carry in `room` bytes (`None`: not
+    /// even the header fits, or uCOBS, whose length depends on the bytes).
+    pub fn payload_room(self, header: &FrameHeader, room: usize) -> Option<usize> {
+        match self {
+            Self::Ucobs => None,
+            Self::Plain => {
+                let head = header.encoded_len().ok()?;
+                // The length prefix counts header and payload: its shortest form that fits.
+                [1, 2, 4, 8].into_iter().find_map(|len_len| {
+                    let body = room.checked_sub(len_len)?;
+                    let payload = body.checked_sub(head)?;
+                    (varint::len(body as u64)? <= len_len).then_some(payload)
+                })
+            }
+        }
+    }
 }
 
 /// Appends `varint(len) ‖ header ‖ payload` to `out` (`len` = header and payload bytes) and
@@ -245,5 +275,58 @@ impl Fill for PlainDecoder {
     }
     fn take(&mut self, n: usize) {
         self.filled(n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_len_and_payload_room_match_what_encode_writes() {
+        let headers = [
+            FrameHeader::StreamChunk {
+                stream: 3,
+                offset: 0,
+                fin: false,
+            },
+            FrameHeader::StreamChunk {
+                stream: 1 << 40,
+                offset: (1 << 40) + 5,
+                fin: true,
+            },
+            FrameHeader::Message {
+                substream: 0,
+                number: 70_000,
+            },
+        ];
+        let payload = vec![7u8; 20_000];
+        let mut out = Vec::new();
+        for header in &headers {
+            for len in [0, 1, 40, 63, 64, 16_300, 16_383, 16_384, 20_000] {
+                out.clear();
+                let n = FrameFormat::Plain
+                    .encode(header, &payload[..len], &mut out)
+                    .unwrap();
+                assert_eq!(FrameFormat::Plain.frame_len(header, len), Some(n));
+            }
+            // The room's largest payload fits, one byte more does not.
+            for room in (0..17_000).step_by(7) {
+                match FrameFormat::Plain.payload_room(header, room) {
+                    Some(p) => {
+                        let len = FrameFormat::Plain.frame_len(header, p).unwrap();
+                        assert!(len <= room, "room {room}: {p} bytes make {len}");
+                        let more = FrameFormat::Plain.frame_len(header, p + 1).unwrap();
+                        assert!(more > room, "room {room}: {} bytes fit too", p + 1);
+                    }
+                    None => assert!(
+                        FrameFormat::Plain.frame_len(header, 0).unwrap() > room,
+                        "room {room}: the header fits"
+                    ),
+                }
+            }
+        }
+        assert_eq!(FrameFormat::Ucobs.frame_len(&headers[0], 10), None);
+        assert_eq!(FrameFormat::Ucobs.payload_room(&headers[0], 100), None);
     }
 }

@@ -75,7 +75,8 @@ pub use error::{
     transport_code,
 };
 pub use session::{
-    Event, Message, MessageProps, MessageStatus, Role, Session, Stats, Transmit, TransmitContent,
+    Event, FittedBatch, Message, MessageProps, MessageStatus, Role, Session, Stats, Transmit,
+    TransmitContent,
 };
 pub use stream::ReadOutcome;
 

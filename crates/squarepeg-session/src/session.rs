@@ -120,6 +120,27 @@ pub struct Transmit {
     pub path: PathPolicy,
 }
 
+/// What [`Session::poll_transmit_fitted`] appended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FittedBatch {
+    /// Frames appended.
+    pub frames: usize,
+    /// It stopped at a frame longer than the room left (not at an empty queue): there is
+    /// more to send now.
+    pub next_does_not_fit: bool,
+}
+
+/// The room of a [`Session::poll_transmit_fitted`] call, for the frame being made.
+#[derive(Clone, Copy, Debug)]
+struct Fit {
+    room: usize,
+    /// A message longer than `room` is not taken.
+    must_fit: bool,
+    /// The scheduler's next frame did not fit: it waits, its flow still active.
+    blocked: bool,
+}
+
 /// What a transmitted frame carries.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TransmitContent {
@@ -352,6 +373,8 @@ pub struct Session {
     conn_consumed: u64,
 
     scheduler: Scheduler,
+    /// During [`Session::poll_transmit_fitted`]: the room left for frames.
+    fit: Option<Fit>,
 }
 
 impl Session {
@@ -399,6 +422,7 @@ impl Session {
             conn_recv_highest: 0,
             conn_consumed: 0,
             scheduler: Scheduler::new(config.chunk_size),
+            fit: None,
             config,
         })
     }
@@ -1630,6 +1654,66 @@ impl Session {
         frames
     }
 
+    /// Appends frames to `buf` that fit in `room` bytes, for a record layer that seals them
+    /// where they are (one TLS record's plaintext): stream chunks are cut to the room left,
+    /// and a message frame longer than the room left is not taken (it goes first in the next
+    /// call) — except, with `first_may_overflow`, the first frame, which is appended whatever
+    /// its length (a frame longer than a whole record must go somehow; the caller carries
+    /// what overflows). Control frames are short and taken as they come, so they may
+    /// overflow the room by a few bytes. Frames are the ones repeated
+    /// [`Session::poll_transmit`] calls would append, in the same order.
+    pub fn poll_transmit_fitted(
+        &mut self,
+        now: Instant,
+        buf: &mut Vec<u8>,
+        room: usize,
+        first_may_overflow: bool,
+    ) -> FittedBatch {
+        let end = buf.len() + room;
+        let mut batch = FittedBatch::default();
+        while buf.len() < end {
+            self.fit = Some(Fit {
+                room: end - buf.len(),
+                must_fit: batch.frames > 0 || !first_may_overflow,
+                blocked: false,
+            });
+            let t = self.poll_transmit(now, buf);
+            if self.fit.is_some_and(|f| f.blocked) {
+                batch.next_does_not_fit = true;
+            }
+            let Some(t) = t else {
+                break;
+            };
+            batch.frames += 1;
+            let (Some(priority), TransmitContent::Message { substream, .. }) =
+                (t.priority, t.content)
+            else {
+                continue;
+            };
+            // As in `poll_transmit_batch`: the same message flow while it would be picked.
+            let flow = Flow::Messages { substream };
+            while buf.len() < end && self.scheduler.would_pick_again(priority, flow) {
+                self.fit = Some(Fit {
+                    room: end - buf.len(),
+                    must_fit: true,
+                    blocked: false,
+                });
+                let Some(t) = self.transmit_message(priority, substream, buf) else {
+                    batch.next_does_not_fit = self.fit.is_some_and(|f| f.blocked);
+                    break;
+                };
+                self.scheduler.charge(priority, flow, t.len);
+                self.stats.frames_sent += 1;
+                batch.frames += 1;
+            }
+            if batch.next_does_not_fit {
+                break;
+            }
+        }
+        self.fit = None;
+        batch
+    }
+
     /// Appends what may go as TLS 1.3 early data (0-RTT), until `buf` holds at least
     /// `limit` bytes: PARAMS, which opens the stream, then messages marked
     /// [`MessageProps::safely_replayable`], the most urgent class first, each flow's
@@ -1738,6 +1822,8 @@ impl Session {
                     self.scheduler.charge(priority, flow, t.len);
                     return Some(t);
                 }
+                // The flow's next frame is for the next record: it stays active.
+                None if self.fit.is_some_and(|f| f.blocked) => return None,
                 None => self.scheduler.deactivate(priority, flow),
             }
         }
@@ -1756,6 +1842,19 @@ impl Session {
         let key = (priority, substream);
         let flow = self.message_flows.get_mut(&key)?;
         let number = flow.front(|n| messages.contains(n))?;
+        let header = FrameHeader::Message { substream, number };
+        if let Some(fit) = &mut self.fit
+            && fit.must_fit
+            && let Some(msg) = messages.get(number)
+            && self
+                .stats
+                .send_format
+                .frame_len(&header, msg.payload.len())
+                .is_some_and(|len| len > fit.room)
+        {
+            fit.blocked = true;
+            return None;
+        }
         flow.remove(number, |_| true);
         if flow.live == 0 {
             self.message_flows.remove(&key);
@@ -1763,7 +1862,6 @@ impl Session {
         let msg = self.messages.remove(number)?;
         self.forget_message(number, &msg, MessageStatus::Sent);
         self.pin_dependencies(msg.depends_on);
-        let header = FrameHeader::Message { substream, number };
         // Message numbers and sub-streams below 2^62 always encode.
         let len = self
             .stats
@@ -1791,11 +1889,30 @@ impl Session {
         buf: &mut Vec<u8>,
     ) -> Option<Transmit> {
         let conn_credit = self.conn_send_max - self.conn_sent;
-        let chunk_size = self.config.chunk_size;
+        let mut chunk_size = self.config.chunk_size;
         let limit = self.config.stream_send_buffer;
+        let format = self.stats.send_format;
         let s = self.streams.get_mut(&id)?;
         if s.send.priority != priority {
             return None;
+        }
+        if let Some(fit) = &mut self.fit {
+            // Cut to the room left (a chunk of the stream's end may be empty: it carries
+            // the FIN).
+            let header = FrameHeader::StreamChunk {
+                stream: id,
+                offset: s.send.offset,
+                fin: false,
+            };
+            match format.payload_room(&header, fit.room) {
+                Some(room) if room > 0 || (s.send.unsent() == 0 && fit.room >= 16) => {
+                    chunk_size = chunk_size.min(room);
+                }
+                _ => {
+                    fit.blocked = true;
+                    return None;
+                }
+            }
         }
         let Some((n, fin)) = s.send.next_chunk(conn_credit, chunk_size) else {
             if s.send.unsent() > 0 && conn_credit == 0 && !s.send.blocked_on_stream_credit() {

@@ -40,7 +40,7 @@ pub use join::{
     SessionId,
 };
 pub use padding::PaddingSealer;
-pub use tls::{EarlyData, Tls, TlsStats};
+pub use tls::{EarlyData, RecordSlot, Tls, TlsStats};
 pub use unordered::{OutOfOrderConfig, OutOfOrderRecord};
 
 /// rustls, as this crate uses it (for its configuration and certificate types).

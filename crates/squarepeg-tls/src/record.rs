@@ -200,7 +200,31 @@ impl RecordKeys {
         padding: usize,
         out: &mut Vec<u8>,
     ) {
-        let inner_len = prefix.len() + plaintext.len() + 1 + padding;
+        let start = out.len();
+        out.reserve(HEADER_LEN + prefix.len() + plaintext.len() + 1 + padding + TAG_LEN);
+        out.extend_from_slice(&[0; HEADER_LEN]);
+        out.extend_from_slice(prefix);
+        out.extend_from_slice(plaintext);
+        self.seal_in_place(seq, content_type, padding, out, start);
+    }
+
+    /// Seals the record that starts at `out[start]` where it is: `out[start..start + 5]` is
+    /// room for its header (overwritten), everything after it the content; appends the
+    /// content type, `padding` zero bytes and the tag. The record's plaintext is not copied.
+    ///
+    /// # Panics
+    /// If `out` is shorter than `start + 5`, or the inner plaintext (the content, the type
+    /// byte and `padding`) is longer than 2^14 + 1 bytes.
+    pub fn seal_in_place(
+        &self,
+        seq: u64,
+        content_type: u8,
+        padding: usize,
+        out: &mut Vec<u8>,
+        start: usize,
+    ) {
+        let body_start = start + HEADER_LEN;
+        let inner_len = out.len() - body_start + 1 + padding;
         assert!(
             inner_len <= MAX_INNER_PLAINTEXT_LEN,
             "TLS inner plaintext of {inner_len} bytes exceeds 2^14 + 1"
@@ -214,11 +238,8 @@ impl RecordKeys {
             len.to_be_bytes()[0],
             len.to_be_bytes()[1],
         ];
-        out.reserve(HEADER_LEN + fragment_len);
-        out.extend_from_slice(&header);
-        let body_start = out.len();
-        out.extend_from_slice(prefix);
-        out.extend_from_slice(plaintext);
+        out[start..body_start].copy_from_slice(&header);
+        out.reserve(1 + padding + TAG_LEN);
         out.push(content_type);
         out.resize(out.len() + padding, 0);
         let tag = self

@@ -229,8 +229,26 @@ pub struct Tls {
     output_in_order: bool,
 }
 
+/// An application data record being sealed in place ([`Tls::begin_record`]).
+#[derive(Debug)]
+#[must_use = "the record is sealed by `Tls::finish_record`"]
+pub struct RecordSlot {
+    /// Where its header goes.
+    start: usize,
+    /// Where its plaintext starts.
+    content: usize,
+    origin: OutputOrigin,
+}
+
+impl RecordSlot {
+    /// The offset in `out` where the record's plaintext starts.
+    pub fn content_start(&self) -> usize {
+        self.content
+    }
+}
+
 /// Where a call's output starts: `out[start]` goes on the wire at stream offset `offset`.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 struct OutputOrigin {
     start: usize,
     offset: u64,
@@ -1643,12 +1661,76 @@ impl Tls {
         result
     }
 
-    fn seal_at(
+    /// Starts one application data record at the end of `out`, to be sealed where its
+    /// plaintext is written (no copy, unlike [`Tls::seal`]): appends what [`Tls::seal`]
+    /// would first (pending [`Tls::poll_output`] bytes, a KeyUpdate due), then room for the
+    /// record's header (and number). The caller appends the plaintext — at most
+    /// [`Tls::record_room`] bytes, nothing else — and calls [`Tls::finish_record`].
+    ///
+    /// Errors as [`Tls::seal`].
+    pub fn begin_record(&mut self, out: &mut Vec<u8>) -> Result<RecordSlot, TlsError> {
+        let origin = self.output_origin(out);
+        let result = self.seal_prologue(out, origin).and_then(|()| {
+            if self.needs_key_update() {
+                self.send_key_update(false, out)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = result {
+            self.note_output(out, origin);
+            return Err(e);
+        }
+        let start = out.len();
+        out.resize(start + HEADER_LEN + self.prefix_len(), 0);
+        Ok(RecordSlot {
+            start,
+            content: out.len(),
+            origin,
+        })
+    }
+
+    /// The most plaintext bytes one application data record sealed now carries.
+    pub fn record_room(&self) -> usize {
+        self.chunk_len()
+    }
+
+    /// Seals the record [`Tls::begin_record`] started, over the plaintext appended to `out`
+    /// since; with none, takes its room back and seals nothing. `starts_inside`: its first
+    /// bytes continue a frame begun in the record before; `ends_inside`: its last frame
+    /// continues in the next (an out-of-order receiver delivers only records of whole frames
+    /// at once, docs/wire.md §5). Plaintext beyond [`Tls::record_room`] is sealed into
+    /// further records (copied, as [`Tls::seal`] does).
+    pub fn finish_record(
         &mut self,
-        plaintext: &[u8],
         out: &mut Vec<u8>,
-        origin: OutputOrigin,
-    ) -> Result<(), TlsError> {
+        slot: RecordSlot,
+        starts_inside: bool,
+        ends_inside: bool,
+    ) {
+        let content_len = out.len().saturating_sub(slot.content);
+        if content_len == 0 {
+            out.truncate(slot.start);
+        } else if content_len > self.chunk_len() || !matches!(self.phase, Phase::Traffic(_)) {
+            // Not what the caller was to write: sealed as `seal` would.
+            let plaintext = out.split_off(slot.content);
+            out.truncate(slot.start);
+            let _ = self.seal_at(&plaintext, out, slot.origin);
+        } else {
+            let mut unit_flags = 0;
+            if starts_inside {
+                unit_flags |= number_flag::STARTS_INSIDE;
+            }
+            if ends_inside {
+                unit_flags |= number_flag::ENDS_INSIDE;
+            }
+            self.seal_record_in_place(content_type::APPLICATION_DATA, unit_flags, out, slot.start);
+            self.stats.bytes_sealed += content_len as u64;
+        }
+        self.note_output(out, slot.origin);
+    }
+
+    /// What [`Tls::seal`] checks and appends before its records.
+    fn seal_prologue(&mut self, out: &mut Vec<u8>, origin: OutputOrigin) -> Result<(), TlsError> {
         if self.failed.is_some() || self.close_requested || self.close_sent {
             return Err(TlsError::Closed);
         }
@@ -1661,6 +1743,16 @@ impl Tls {
         {
             self.poll_output_at(out, origin);
         }
+        Ok(())
+    }
+
+    fn seal_at(
+        &mut self,
+        plaintext: &[u8],
+        out: &mut Vec<u8>,
+        origin: OutputOrigin,
+    ) -> Result<(), TlsError> {
+        self.seal_prologue(out, origin)?;
         let chunk_len = self.chunk_len();
         let chunks = plaintext.len().div_ceil(chunk_len);
         for (i, chunk) in plaintext.chunks(chunk_len).enumerate() {
@@ -1779,29 +1871,40 @@ impl Tls {
     /// Numbered (docs/wire.md §5) once the switch marker is out, with `unit_flags`
     /// ([`number_flag::STARTS_INSIDE`], [`number_flag::ENDS_INSIDE`]) for application data.
     fn seal_record(&mut self, kind: u8, content: &[u8], unit_flags: u8, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.reserve(HEADER_LEN + NUMBER_PREFIX_LEN + content.len());
+        out.resize(start + HEADER_LEN + self.prefix_len(), 0);
+        out.extend_from_slice(content);
+        self.seal_record_in_place(kind, unit_flags, out, start);
+    }
+
+    /// Seals the record at `out[start..]` where it is: room for the header and the number
+    /// prefix, then the content (see [`RecordKeys::seal_in_place`]).
+    fn seal_record_in_place(&mut self, kind: u8, unit_flags: u8, out: &mut Vec<u8>, start: usize) {
         let prefix_len = self.prefix_len();
-        let padding = self.padding_for(prefix_len + content.len());
+        let content_len = out.len() - start - HEADER_LEN - prefix_len;
+        let padding = self.padding_for(prefix_len + content_len);
         let Phase::Traffic(traffic) = &mut self.phase else {
+            out.truncate(start);
             return;
         };
         let seq = traffic.tx.seq;
         if let Some(nonces) = &mut self.nonces {
             nonces.push((traffic.tx.epoch, traffic.tx.keys.nonce(seq)));
         }
-        let prefix = if prefix_len > 0 {
+        if prefix_len > 0 {
             let flags = if kind == content_type::APPLICATION_DATA {
                 unit_flags & (number_flag::STARTS_INSIDE | number_flag::ENDS_INSIDE)
             } else {
                 number_flag::CONTROL
             };
-            encode_prefix(seq, flags)
-        } else {
-            [0; NUMBER_PREFIX_LEN]
-        };
+            out[start + HEADER_LEN..start + HEADER_LEN + prefix_len]
+                .copy_from_slice(&encode_prefix(seq, flags)[..prefix_len]);
+        }
         traffic
             .tx
             .keys
-            .seal_prefixed(seq, kind, &prefix[..prefix_len], content, padding, out);
+            .seal_in_place(seq, kind, padding, out, start);
         traffic.tx.seq += 1;
         self.stats.records_sealed += 1;
     }
