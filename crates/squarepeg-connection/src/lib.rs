@@ -375,6 +375,24 @@ impl Connection {
         self.take_frames(now);
     }
 
+    /// [`Self::handle_bytes`] for a read of `len` bytes into `buf`, which the connection may
+    /// keep: under TLS the records are opened where they were read (no copy) and `buf` is
+    /// then another buffer, at least as long, for the next read.
+    pub fn handle_read(&mut self, now: Instant, buf: &mut Vec<u8>, len: usize) {
+        let len = len.min(buf.len());
+        let (RecordLayer::Tls(t), ReceivePath::InOrder(Some(r))) =
+            (&mut self.record, &mut self.receive)
+        else {
+            self.handle_bytes(now, &buf[..len]);
+            return;
+        };
+        if t.failed {
+            return;
+        }
+        let result = record::open_buffer_into(&mut t.tls, r, buf, len);
+        self.after_tls_bytes(now, result);
+    }
+
     /// Lends the in-order receiver, so that the driver reads and decodes without holding the
     /// connection; give it back with [`Self::return_receiver`]. `None` on a segment
     /// substrate, or while it is lent.
@@ -618,6 +636,11 @@ impl Connection {
             return;
         }
         let result = record::open_into(&mut t.tls, r, data);
+        self.after_tls_bytes(now, result);
+    }
+
+    /// After in-order ciphertext was opened: its frames to the session, then any failure.
+    fn after_tls_bytes(&mut self, now: Instant, result: Result<(), TlsError>) {
         self.take_frames(now);
         self.update_numbering();
         if let Err(e) = result {

@@ -227,12 +227,40 @@ pub(crate) fn open_into(
     r: &mut crate::Receiver,
     mut data: &[u8],
 ) -> Result<(), TlsError> {
-    // Each record's plaintext is copied from where it was opened straight into the frame
-    // reader's buffer, and the frame reader decodes once for all of `data`: decoding after
-    // every record would move the partial frame at its end (most of a frame: a 16 KiB
-    // stream chunk's frame barely overruns a record) to a new chunk each time.
+    deliver_into(r, |deliver| {
+        loop {
+            let taken = tls.push_ciphertext(data);
+            data = &data[taken..];
+            let result = tls.process_with(deliver);
+            if result.is_err() || data.is_empty() {
+                break result;
+            }
+        }
+    })
+}
+
+/// [`open_into`] for a read of `len` bytes into `buf`, opened where they lie where possible
+/// ([`Tls::process_buffer`]: no copy into the record layer); `buf` is then a buffer for the
+/// next read.
+pub(crate) fn open_buffer_into(
+    tls: &mut Tls,
+    r: &mut crate::Receiver,
+    buf: &mut Vec<u8>,
+    len: usize,
+) -> Result<(), TlsError> {
+    deliver_into(r, |deliver| tls.process_buffer(buf, len, deliver))
+}
+
+/// Runs `open` with a sink that copies each opened record's plaintext from where it was
+/// opened straight into the frame reader's buffer; the frame reader decodes once for all of
+/// it: decoding after every record would move the partial frame at its end to a new chunk
+/// each time.
+fn deliver_into(
+    r: &mut crate::Receiver,
+    open: impl FnOnce(&mut dyn FnMut(&[u8])) -> Result<(), TlsError>,
+) -> Result<(), TlsError> {
     let mut unread = 0;
-    let mut deliver = |plaintext: &[u8]| {
+    let result = open(&mut |plaintext: &[u8]| {
         if unread > 0 && r.buffer().len() - unread < plaintext.len() {
             r.filled(unread);
             unread = 0;
@@ -245,15 +273,7 @@ pub(crate) fn open_into(
             // A read buffer smaller than a record.
             None => r.push(plaintext),
         }
-    };
-    let result = loop {
-        let taken = tls.push_ciphertext(data);
-        data = &data[taken..];
-        let result = tls.process_with(&mut deliver);
-        if result.is_err() || data.is_empty() {
-            break result;
-        }
-    };
+    });
     if unread > 0 {
         r.filled(unread);
     }

@@ -532,11 +532,13 @@ struct Session {
     handshake_kind: Option<HandshakeKind>,
 }
 
-/// The peer's bytes not yet consumed: `buf[head..]`.
+/// The peer's bytes not yet consumed: `buf[head..end]`. `buf` beyond `end` is room already
+/// initialised (a buffer read into is not zeroed again; see [`Tls::process_buffer`]).
 #[derive(Default)]
 struct Inbox {
     buf: Vec<u8>,
     head: usize,
+    end: usize,
     /// Stream offset of `buf[head]`: bytes consumed so far.
     consumed: u64,
     /// During the handshake: `buf[head..head + exposed]` has been given to rustls, which may
@@ -546,29 +548,57 @@ struct Inbox {
 
 impl Inbox {
     fn unconsumed(&self) -> usize {
-        self.buf.len() - self.head
+        self.end - self.head
+    }
+
+    /// The bytes not yet consumed.
+    fn data(&self) -> &[u8] {
+        &self.buf[self.head..self.end]
+    }
+
+    fn data_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[self.head..self.end]
     }
 
     fn consume(&mut self, n: usize) {
         self.head += n;
         self.consumed += n as u64;
         self.exposed = self.exposed.saturating_sub(n);
-        if self.head == self.buf.len() {
-            self.buf.clear();
+        if self.head == self.end {
             self.head = 0;
+            self.end = 0;
         }
     }
 
     fn compact(&mut self) {
         if self.head > 0 {
-            self.buf.drain(..self.head);
+            self.buf.copy_within(self.head..self.end, 0);
+            self.end -= self.head;
             self.head = 0;
         }
     }
 
+    /// Appends `data` (after [`Inbox::compact`]).
+    fn append(&mut self, data: &[u8]) {
+        let end = self.end + data.len();
+        if self.buf.len() < end {
+            self.buf.resize(end, 0);
+        }
+        self.buf[self.end..end].copy_from_slice(data);
+        self.end = end;
+    }
+
+    /// Makes `bytes[..len]` the inbox's bytes, from `head` on; returns the buffer it held.
+    fn replace(&mut self, bytes: Vec<u8>, head: usize, len: usize) -> Vec<u8> {
+        debug_assert!(head <= len && len <= bytes.len());
+        self.head = head;
+        self.end = len;
+        mem::replace(&mut self.buf, bytes)
+    }
+
     fn clear(&mut self) {
-        self.buf.clear();
         self.head = 0;
+        self.end = 0;
         self.exposed = 0;
     }
 
@@ -576,7 +606,7 @@ impl Inbox {
     /// that rustls reports the error). Returns whether anything new was exposed.
     fn expose_next_record(&mut self) -> bool {
         let start = self.head + self.exposed;
-        let available = self.buf.len() - start;
+        let available = self.end - start;
         if available < HEADER_LEN {
             return false;
         }
@@ -1015,8 +1045,55 @@ impl Tls {
         self.inbox.compact();
         let room = (self.inbox.exposed + MAX_RECORD_LEN).saturating_sub(self.inbox.unconsumed());
         let taken = room.min(data.len());
-        self.inbox.buf.extend_from_slice(&data[..taken]);
+        self.inbox.append(&data[..taken]);
         taken
+    }
+
+    /// [`Tls::push_ciphertext`] and [`Tls::process_with`] for the in-order bytes
+    /// `buf[..len]` (a read), without copying them where it can: once nothing is pending in
+    /// the inbox, `buf` becomes the inbox's buffer and its whole records are opened where they
+    /// lie; only what completes a record begun in an earlier read is copied. On return `buf`
+    /// is a buffer at least as long as before (the inbox's former one, not zeroed again) for
+    /// the next read. Errors as [`Tls::process_with`].
+    pub fn process_buffer(
+        &mut self,
+        buf: &mut Vec<u8>,
+        len: usize,
+        deliver: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), TlsError> {
+        let read_len = buf.len();
+        let len = len.min(read_len);
+        let mut pos = 0;
+        let mut result = Ok(());
+        while pos < len && result.is_ok() && !self.peer_closed {
+            let traffic = matches!(self.phase, Phase::Traffic(_));
+            if traffic && self.inbox.unconsumed() == 0 && self.inbox.exposed == 0 {
+                let read = mem::take(buf);
+                *buf = self.inbox.replace(read, pos, len);
+                result = self.process_with(deliver);
+                break;
+            }
+            // Only what completes the record in progress (its header first), when the inbox
+            // can tell; otherwise (the handshake) as much as it takes.
+            let want = if traffic {
+                self.inbox_wants()
+            } else {
+                usize::MAX
+            };
+            let end = pos + want.min(len - pos);
+            let taken = self.push_ciphertext(&buf[pos..end]);
+            pos += taken;
+            result = self.process_with(deliver);
+            if taken == 0 && result.is_ok() {
+                // The inbox took nothing and opened nothing: never drop the rest silently.
+                debug_assert!(false, "the inbox is stuck");
+                result = Err(self.fail_with_alert(TlsError::BadRecord));
+            }
+        }
+        if buf.len() < read_len {
+            buf.resize(read_len, 0);
+        }
+        result
     }
 
     /// Runs the handshake and opens every complete record pushed so far, appending
@@ -1040,7 +1117,7 @@ impl Tls {
         }
         if self.inbox.consumed == 0
             && matches!(self.phase, Phase::Client(_) | Phase::Server(_))
-            && !starts_like_tls(&self.inbox.buf[self.inbox.head..])
+            && !starts_like_tls(self.inbox.data())
         {
             // Before any key, an alert goes in the clear (RFC 8446 §6): a squarepeg peer
             // without TLS reads it as a TLS record where its first frame was due.
@@ -1174,8 +1251,7 @@ impl Tls {
                 break;
             }
             let offset = self.inbox.consumed;
-            let record_len = match record::protected_record_len(&self.inbox.buf[self.inbox.head..])
-            {
+            let record_len = match record::protected_record_len(self.inbox.data()) {
                 Ok(len) => len,
                 Err(e) => return self.hold_or_fail(e),
             };
@@ -1193,7 +1269,7 @@ impl Tls {
             let Phase::Traffic(traffic) = &mut self.phase else {
                 return Ok(());
             };
-            let available = &mut self.inbox.buf[self.inbox.head..];
+            let available = self.inbox.data_mut();
             if let Some(ooo) = &mut self.ooo {
                 if let Some(d) = ooo.delivered.take_at(offset) {
                     // Opened and delivered out of order already (the same bytes: the store
@@ -1371,7 +1447,7 @@ impl Tls {
             return Err(self.fail_with_alert(e));
         };
         let at = self.inbox.consumed;
-        let refused = ooo.store.insert(at, at, &self.inbox.buf[self.inbox.head..]);
+        let refused = ooo.store.insert(at, at, self.inbox.data());
         self.inbox.clear();
         if refused > 0 {
             return Err(self.fail_with_alert(e));
@@ -2474,17 +2550,16 @@ impl Tls {
             let traffic = matches!(self.phase, Phase::Traffic(_));
             if traffic && self.failed.is_none() && self.inbox.unconsumed() == 0 {
                 debug_assert_eq!(self.inbox.exposed, 0);
-                let mut old = mem::replace(&mut self.inbox.buf, bytes);
+                let len = bytes.len();
+                let mut old = self.inbox.replace(bytes, pos, len);
                 old.clear();
-                self.inbox.head = pos;
                 let result = self.process_with(in_order);
                 // A buffer that held a long fragment does not stay the inbox's: the record
                 // in progress (the rest of it, less than a record) moves to the old one.
                 let rest = self.inbox.unconsumed();
                 if self.inbox.buf.capacity() > MAX_SPARE && rest <= MAX_RECORD_LEN {
-                    old.extend_from_slice(&self.inbox.buf[self.inbox.head..]);
-                    self.inbox.head = 0;
-                    old = mem::replace(&mut self.inbox.buf, old);
+                    old.extend_from_slice(self.inbox.data());
+                    old = self.inbox.replace(old, 0, rest);
                 }
                 if let Some(ooo) = self.ooo.as_mut() {
                     ooo.store.recycle(old);
@@ -2518,7 +2593,7 @@ impl Tls {
         if have < HEADER_LEN {
             return HEADER_LEN - have;
         }
-        record::protected_record_len(&self.inbox.buf[self.inbox.head..])
+        record::protected_record_len(self.inbox.data())
             .ok()
             .and_then(|len| len.checked_sub(have))
             .filter(|&n| n > 0)

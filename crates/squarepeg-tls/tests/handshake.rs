@@ -294,3 +294,64 @@ fn key_update_and_close_asked_for_during_the_handshake() {
     let wire = sealed(&mut client, &up);
     assert_eq!(feed(&mut server, &wire, usize::MAX).unwrap(), up);
 }
+
+/// Feeds `wire` to `tls` through [`Tls::process_buffer`] in reads of the sizes `sizes`
+/// cycles through, each into the buffer the previous call left; returns the plaintext.
+fn feed_reads(tls: &mut Tls, wire: &[u8], sizes: &[usize]) -> Result<Vec<u8>, TlsError> {
+    let mut plaintext = Vec::new();
+    let mut buf = vec![0u8; 70_000];
+    let mut at = 0;
+    for &size in sizes.iter().cycle() {
+        if at == wire.len() {
+            break;
+        }
+        let n = size.min(wire.len() - at).min(buf.len());
+        buf[..n].copy_from_slice(&wire[at..at + n]);
+        // Bytes past the read are not the record layer's: it must not read them.
+        buf[n..].fill(0xa5);
+        at += n;
+        let before = buf.len();
+        tls.process_buffer(&mut buf, n, &mut |p| plaintext.extend_from_slice(p))?;
+        assert!(
+            buf.len() >= before,
+            "the buffer left for the next read shrank"
+        );
+    }
+    Ok(plaintext)
+}
+
+#[test]
+fn reads_opened_where_they_lie_deliver_the_same_plaintext() {
+    // The handshake and the records after it, in reads of every size: records whole in a
+    // read are opened in the read's buffer (which becomes the record layer's), records cut
+    // by a read's end are completed from the next.
+    let setup = default_setup();
+    for sizes in [
+        &[1usize][..],
+        &[5, 16_389, 7],
+        &[65_536],
+        &[100, 40_000, 3],
+        &[16_405],
+    ] {
+        let mut client = Tls::client(setup.client.clone(), SERVER_NAME).unwrap();
+        let mut server = Tls::server(setup.server.clone()).unwrap();
+        let mut hello = Vec::new();
+        client.poll_output(&mut hello);
+        assert!(feed_reads(&mut server, &hello, sizes).unwrap().is_empty());
+        let mut flight = Vec::new();
+        server.poll_output(&mut flight);
+        assert!(feed_reads(&mut client, &flight, sizes).unwrap().is_empty());
+        // The server reads the client's Finished and its first records together.
+        let mut finished = Vec::new();
+        client.poll_output(&mut finished);
+        let up = data(300_000, 9);
+        for piece in up.chunks(33_333) {
+            client.seal(piece, &mut finished).unwrap();
+        }
+        assert_eq!(feed_reads(&mut server, &finished, sizes).unwrap(), up);
+        assert!(!client.is_handshaking() && !server.is_handshaking());
+        let down = data(150_000, 3);
+        let wire = sealed(&mut server, &down);
+        assert_eq!(feed_reads(&mut client, &wire, sizes).unwrap(), down);
+    }
+}

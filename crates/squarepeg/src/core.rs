@@ -216,4 +216,13 @@ impl Core {
             (Core::Multi(_), Port::Single) => {}
         }
     }
+
+    /// [`Self::handle_bytes`] for a read of `len` bytes into `buf`, which a single
+    /// connection's record layer may keep, leaving another buffer (`Connection::handle_read`).
+    pub(crate) fn handle_read(&mut self, port: Port, now: Instant, buf: &mut Vec<u8>, len: usize) {
+        match self {
+            Core::Single(c) => c.handle_read(now, buf, len),
+            Core::Multi(_) => self.handle_bytes(port, now, &buf[..len]),
+        }
+    }
 }

@@ -139,7 +139,9 @@ impl<S: ByteStream> Wire for KernelWire<S> {
                 core.return_receiver(now, r);
             }
         } else if self.ciphertext_len > 0 {
-            core.handle_bytes(self.port, now, &self.ciphertext[..self.ciphertext_len]);
+            // The records are opened where they were read; `ciphertext` may come back as
+            // another buffer of at least the same length.
+            core.handle_read(self.port, now, &mut self.ciphertext, self.ciphertext_len);
             self.ciphertext_len = 0;
         }
     }
