@@ -1905,7 +1905,7 @@ impl Session {
                 fin: false,
             };
             match format.payload_room(&header, fit.room) {
-                Some(room) if room > 0 || (s.send.unsent() == 0 && fit.room >= 16) => {
+                Some(room) if room > 0 || s.send.unsent() == 0 => {
                     chunk_size = chunk_size.min(room);
                 }
                 _ => {

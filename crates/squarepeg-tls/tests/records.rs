@@ -585,4 +585,56 @@ proptest! {
         prop_assert!(plaintext.is_empty());
         server.poll_output(&mut Vec::new());
     }
+
+    /// Reads opened where they lie (`Tls::process_buffer`): whatever the read sizes, and with
+    /// bytes changed or cut anywhere after the handshake, what is delivered is a prefix of
+    /// what was sent (authenticated records only); unchanged, all of it.
+    #[test]
+    fn reads_opened_in_place_deliver_only_a_prefix_of_what_was_sent(
+        pieces in proptest::collection::vec(0usize..40_000, 1..12),
+        reads in proptest::collection::vec(1usize..70_000, 1..8),
+        changes in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..3),
+        cut in proptest::option::of(any::<usize>()),
+    ) {
+        let setup = default_setup();
+        let (mut client, mut server) = connected(&setup);
+        let mut sent = Vec::new();
+        let mut wire = Vec::new();
+        for (i, len) in pieces.iter().enumerate() {
+            let piece = data(*len, i as u8);
+            client.seal(&piece, &mut wire).unwrap();
+            sent.extend_from_slice(&piece);
+        }
+        let intact = changes.is_empty() && cut.is_none();
+        for (at, byte) in &changes {
+            let at = at % wire.len().max(1);
+            if let Some(b) = wire.get_mut(at) {
+                *b ^= byte | 1;
+            }
+        }
+        if let Some(cut) = cut {
+            wire.truncate(cut % (wire.len() + 1));
+        }
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 1024];
+        let mut at = 0;
+        let mut result = Ok(());
+        for &size in reads.iter().cycle() {
+            if at == wire.len() || result.is_err() {
+                break;
+            }
+            let n = size.min(wire.len() - at);
+            if buf.len() < n {
+                buf.resize(n, 0);
+            }
+            buf[..n].copy_from_slice(&wire[at..at + n]);
+            at += n;
+            result = server.process_buffer(&mut buf, n, &mut |p| got.extend_from_slice(p));
+        }
+        prop_assert!(got.len() <= sent.len() && got[..] == sent[..got.len()]);
+        if intact {
+            prop_assert!(result.is_ok());
+            prop_assert_eq!(got.len(), sent.len());
+        }
+    }
 }
