@@ -1629,29 +1629,7 @@ impl Session {
     /// `now` is fixed, so no message expires, and only the peer's frames or
     /// the application's calls create control frames or flows).
     pub fn poll_transmit_batch(&mut self, now: Instant, buf: &mut Vec<u8>, limit: usize) -> usize {
-        let mut frames = 0;
-        while buf.len() < limit {
-            let Some(t) = self.poll_transmit(now, buf) else {
-                break;
-            };
-            frames += 1;
-            let (Some(priority), TransmitContent::Message { substream, .. }) =
-                (t.priority, t.content)
-            else {
-                continue;
-            };
-            let flow = Flow::Messages { substream };
-            while buf.len() < limit && self.scheduler.would_pick_again(priority, flow) {
-                let Some(t) = self.transmit_message(priority, substream, buf) else {
-                    // The flow is empty: `poll_transmit` retires it.
-                    break;
-                };
-                self.scheduler.charge(priority, flow, t.len);
-                self.stats.frames_sent += 1;
-                frames += 1;
-            }
-        }
-        frames
+        self.transmit_batch(now, buf, limit, None).frames
     }
 
     /// Appends frames to `buf` that fit in `room` bytes, for a record layer that seals them
@@ -1670,9 +1648,21 @@ impl Session {
         first_may_overflow: bool,
     ) -> FittedBatch {
         let end = buf.len() + room;
+        self.transmit_batch(now, buf, end, Some(first_may_overflow))
+    }
+
+    /// Frames until `buf` holds `end` bytes; `fitted`: within that room
+    /// ([`Session::poll_transmit_fitted`], with its `first_may_overflow`).
+    fn transmit_batch(
+        &mut self,
+        now: Instant,
+        buf: &mut Vec<u8>,
+        end: usize,
+        fitted: Option<bool>,
+    ) -> FittedBatch {
         let mut batch = FittedBatch::default();
         while buf.len() < end {
-            self.fit = Some(Fit {
+            self.fit = fitted.map(|first_may_overflow| Fit {
                 room: end - buf.len(),
                 must_fit: batch.frames > 0 || !first_may_overflow,
                 blocked: false,
@@ -1690,15 +1680,18 @@ impl Session {
             else {
                 continue;
             };
-            // As in `poll_transmit_batch`: the same message flow while it would be picked.
             let flow = Flow::Messages { substream };
             while buf.len() < end && self.scheduler.would_pick_again(priority, flow) {
-                self.fit = Some(Fit {
-                    room: end - buf.len(),
-                    must_fit: true,
-                    blocked: false,
-                });
+                if let Some(fit) = &mut self.fit {
+                    *fit = Fit {
+                        room: end - buf.len(),
+                        must_fit: true,
+                        blocked: false,
+                    };
+                }
                 let Some(t) = self.transmit_message(priority, substream, buf) else {
+                    // The flow is empty (`poll_transmit` retires it), or its next message is
+                    // for the next record.
                     batch.next_does_not_fit = self.fit.is_some_and(|f| f.blocked);
                     break;
                 };
