@@ -582,8 +582,10 @@ impl Connection {
             let mut ends_inside = false;
             let mut full = true;
             if t.carry_pos < t.staging.len() {
-                // Still carrying: whether the record ends on a frame's end is not known here.
+                // Still carrying: whether the record ends on a frame's end is not known here,
+                // so this record may end, and the next begin, inside one.
                 ends_inside = true;
+                t.carry_cut = true;
             } else {
                 t.staging.clear();
                 t.carry_pos = 0;

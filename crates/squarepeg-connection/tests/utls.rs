@@ -577,3 +577,90 @@ fn over_tagged_writes_close_notify_waits_for_the_queue_to_place_what_is_before_i
         server.session().error()
     );
 }
+
+#[test]
+fn records_sealed_in_place_are_delivered_out_of_order_only_whole() {
+    // A byte-stream (kernel-TCP) sender seals frames where it writes them, cutting a frame
+    // that overflows a record into the next and flagging both (docs/wire.md §5); a receiver
+    // reading segments out of order delivers a record at once only if it holds whole frames.
+    // Segments reordered in groups: every message arrives once and intact, some early.
+    let mut now = Instant::now();
+    let (client_tls, server_tls) = common::tls_setups();
+    let mut config = Config::default();
+    config.tls = Some(client_tls);
+    let mut client = Connection::new(Role::Client, config, Substrate::byte_stream()).unwrap();
+    let mut config = Config::default();
+    config.tls = Some(server_tls);
+    let window = ConnectionConfig::default().recv_buffer;
+    let mut server = Connection::new(Role::Server, config, Substrate::utcp(window)).unwrap();
+    let (mut up_offset, mut sent) = (0u64, 0u32);
+    let mut received: HashMap<u32, u32> = HashMap::new();
+    // Client bytes cut into segments, delivered with each group of four reversed.
+    let mut segments: Vec<(u64, Vec<u8>)> = Vec::new();
+    let deliver = |server: &mut Connection, segments: &mut Vec<(u64, Vec<u8>)>, now, all| {
+        while segments.len() >= 4 || (all && !segments.is_empty()) {
+            let group: Vec<_> = segments.drain(..segments.len().min(4)).collect();
+            for (offset, bytes) in group.into_iter().rev() {
+                server.handle_segment(now, offset, &bytes);
+            }
+        }
+    };
+    // Sizes around a record's room and beyond it: frames cut across records.
+    let size = |i: u32| [100usize, 16_370, 16_390, 40_000, 3, 9_000][i as usize % 6];
+    let message = |i: u32| {
+        let mut m = i.to_be_bytes().to_vec();
+        m.extend((0..size(i)).map(|k| (k as u32 ^ i) as u8));
+        m
+    };
+    for _ in 0..5_000 {
+        let mut up = Vec::new();
+        client.poll_transmit(now, &mut up, 64 * 1024);
+        for piece in up.chunks(1448) {
+            segments.push((up_offset, piece.to_vec()));
+            up_offset += piece.len() as u64;
+        }
+        deliver(
+            &mut server,
+            &mut segments,
+            now,
+            !client.is_established() || sent == 120,
+        );
+        while let Some(w) = server.poll_write(now) {
+            let bytes = w.frame.to_vec();
+            server.write_done();
+            client.handle_bytes(now, &bytes);
+        }
+        while let Some(m) = server.session_mut().poll_message() {
+            let id = u32::from_be_bytes(m.payload[..4].try_into().unwrap());
+            assert_eq!(m.payload[..], message(id)[..], "message {id} altered");
+            *received.entry(id).or_default() += 1;
+        }
+        while server.poll_event().is_some() {}
+        while client.poll_event().is_some() {}
+        assert!(
+            server.session().error().is_none(),
+            "{:?}",
+            server.session().error()
+        );
+        if client.is_established() && sent < 120 {
+            for _ in 0..6 {
+                client
+                    .session_mut()
+                    .send_message(now, message(sent), MessageProps::default())
+                    .unwrap();
+                sent += 1;
+            }
+        }
+        if sent == 120 && received.len() == 120 {
+            break;
+        }
+        now += Duration::from_millis(1);
+        client.handle_timeout(now);
+        server.handle_timeout(now);
+    }
+    for id in 0..120 {
+        assert_eq!(received.get(&id), Some(&1), "message {id}");
+    }
+    let tls = server.stats().tls.unwrap();
+    assert!(tls.records_out_of_order > 0, "{tls:?}");
+}
