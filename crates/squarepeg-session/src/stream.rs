@@ -7,7 +7,7 @@
 //! and drops duplicates, because over the out-of-order substrate chunks
 //! arrive in any order and more than once (Minion §4.1, §5.2).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
 
@@ -23,10 +23,9 @@ pub(crate) fn initiated_by_client(id: u64) -> bool {
 /// The send half: bytes written but not yet handed to the transport.
 #[derive(Debug)]
 pub(crate) struct SendHalf {
-    buf: Vec<u8>,
-    /// Start of the unsent bytes in `buf`.
-    pos: usize,
-    /// Stream offset of `buf[pos]`: bytes handed to the transport so far.
+    /// The unsent bytes: a ring, so that bytes handed out leave it without moving the rest.
+    buf: VecDeque<u8>,
+    /// Stream offset of `buf[0]`: bytes handed to the transport so far.
     pub(crate) offset: u64,
     /// The peer's credit: we may send up to this offset.
     pub(crate) max_data: u64,
@@ -45,8 +44,7 @@ pub(crate) struct SendHalf {
 impl SendHalf {
     pub(crate) fn new(max_data: u64) -> Self {
         Self {
-            buf: Vec::new(),
-            pos: 0,
+            buf: VecDeque::new(),
             offset: 0,
             max_data,
             fin_requested: false,
@@ -59,19 +57,13 @@ impl SendHalf {
     }
 
     pub(crate) fn unsent(&self) -> usize {
-        self.buf.len() - self.pos
+        self.buf.len()
     }
 
     /// Buffers up to `limit - unsent` bytes of `data`; returns how many.
     pub(crate) fn write(&mut self, data: &[u8], limit: usize) -> usize {
         let n = data.len().min(limit.saturating_sub(self.unsent()));
-        if n > 0 {
-            if self.pos > 0 && self.pos * 2 >= self.buf.len() {
-                self.buf.drain(..self.pos);
-                self.pos = 0;
-            }
-            self.buf.extend_from_slice(&data[..n]);
-        }
+        self.buf.extend(&data[..n]);
         n
     }
 
@@ -82,33 +74,30 @@ impl SendHalf {
             return None;
         }
         let credit = self.max_data.saturating_sub(self.offset).min(conn_credit);
-        let n = (self.unsent() as u64).min(credit).min(chunk as u64) as usize;
+        // A chunk is contiguous in the ring: one that would wrap stops at its end.
+        let contiguous = self.buf.as_slices().0.len();
+        let n = (contiguous as u64).min(credit).min(chunk as u64) as usize;
         let fin = self.fin_requested && n == self.unsent();
         (n > 0 || fin).then_some((n, fin))
     }
 
     /// Bytes of the next chunk (call after `next_chunk`).
     pub(crate) fn peek(&self, len: usize) -> &[u8] {
-        &self.buf[self.pos..self.pos + len]
+        &self.buf.as_slices().0[..len]
     }
 
     /// Marks `len` bytes (and FIN) as handed to the transport.
     pub(crate) fn advance(&mut self, len: usize, fin: bool) {
-        self.pos += len;
+        self.buf.drain(..len);
         self.offset += len as u64;
         if fin {
             self.fin_sent = true;
-        }
-        if self.pos == self.buf.len() {
-            self.buf.clear();
-            self.pos = 0;
         }
     }
 
     /// Drops unsent bytes (reset); returns the final size.
     pub(crate) fn discard(&mut self) -> u64 {
-        self.buf = Vec::new();
-        self.pos = 0;
+        self.buf = VecDeque::new();
         self.offset
     }
 
@@ -334,6 +323,42 @@ mod tests {
             out.extend_from_slice(&buf[..n]);
         }
         out
+    }
+
+    proptest! {
+        /// Whatever the writes, chunk sizes and credit, the send half hands out the bytes
+        /// written, in order, each once, and the FIN with the last.
+        #[test]
+        fn the_send_half_hands_out_what_was_written(
+            steps in proptest::collection::vec((0usize..3000, 1usize..2000), 1..60),
+            limit in 1usize..5000,
+        ) {
+            let mut s = SendHalf::new(u64::MAX);
+            let (mut written, mut out) = (Vec::new(), Vec::new());
+            let mut next = 0u8;
+            for (write, chunk) in steps {
+                let data: Vec<u8> = (0..write).map(|_| { next = next.wrapping_add(7); next }).collect();
+                let n = s.write(&data, limit);
+                prop_assert!(s.unsent() <= limit);
+                written.extend_from_slice(&data[..n]);
+                if let Some((len, fin)) = s.next_chunk(u64::MAX, chunk) {
+                    prop_assert!(len <= chunk && !fin);
+                    out.extend_from_slice(s.peek(len));
+                    s.advance(len, fin);
+                }
+            }
+            s.fin_requested = true;
+            while let Some((len, fin)) = s.next_chunk(u64::MAX, 1000) {
+                out.extend_from_slice(s.peek(len));
+                s.advance(len, fin);
+                if fin {
+                    break;
+                }
+            }
+            prop_assert!(s.is_closed() && s.unsent() == 0);
+            prop_assert_eq!(s.offset, written.len() as u64);
+            prop_assert_eq!(out, written);
+        }
     }
 
     #[test]
