@@ -19,17 +19,17 @@
 //! no error, and after a final in-order pass every message has been delivered exactly once.
 #![no_main]
 
+#[path = "common/tls.rs"]
+mod tls_setup;
+
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use squarepeg_tls::config::{self, Trust};
 use squarepeg_tls::record::MAX_RECORD_LEN;
-use squarepeg_tls::rustls::{ClientConfig, ServerConfig};
 use squarepeg_tls::{OutOfOrderConfig, Tls};
+use tls_setup::{SERVER_NAME, configs};
 
-const SERVER_NAME: &str = "peg.test";
 /// Message header: id (4 bytes), total length (2 bytes); then filler derived from the id.
 const MESSAGE_HEADER: usize = 6;
 
@@ -73,17 +73,6 @@ enum Op {
     BadLength { r: u8, len: u16 },
     /// The `back`-th segment pushed before, again.
     Repeat { back: u8 },
-}
-
-fn configs() -> &'static (Arc<ClientConfig>, Arc<ServerConfig>) {
-    static CONFIGS: OnceLock<(Arc<ClientConfig>, Arc<ServerConfig>)> = OnceLock::new();
-    CONFIGS.get_or_init(|| {
-        let cert = config::self_signed(&[SERVER_NAME.to_string()]).unwrap();
-        let client = config::client_config(Trust::PinnedSha256(cert.fingerprint)).unwrap();
-        let server =
-            config::server_config(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes()).unwrap();
-        (client, server)
-    })
 }
 
 fn message(id: u32, len: usize) -> Vec<u8> {
@@ -484,7 +473,10 @@ fuzz_target!(|input: Input| {
         // held, it delivered every message (a replay that displaced one must not be
         // skipped as a copy).
         let missing: Vec<usize> = (0..count).filter(|&i| !run.check.delivered[i]).collect();
-        assert!(missing.is_empty(), "messages {missing:?} lost without an error");
+        assert!(
+            missing.is_empty(),
+            "messages {missing:?} lost without an error"
+        );
     }
     if run.clean {
         assert!(!run.failed);

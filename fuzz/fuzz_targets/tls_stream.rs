@@ -13,15 +13,13 @@
 //! did not authenticate is ever delivered). Unchanged: no error, and all of it.
 #![no_main]
 
-use std::sync::{Arc, OnceLock};
+#[path = "common/tls.rs"]
+mod tls_setup;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use squarepeg_tls::Tls;
-use squarepeg_tls::config::{self, Trust};
-use squarepeg_tls::rustls::{ClientConfig, ServerConfig};
-
-const SERVER_NAME: &str = "peg.test";
+use tls_setup::{SERVER_NAME, configs};
 
 #[derive(Arbitrary, Debug)]
 struct Input {
@@ -32,17 +30,6 @@ struct Input {
     flips: Vec<(u32, u8)>,
     cut: Option<u32>,
     insert: Option<(u32, Vec<u8>)>,
-}
-
-fn configs() -> &'static (Arc<ClientConfig>, Arc<ServerConfig>) {
-    static CONFIGS: OnceLock<(Arc<ClientConfig>, Arc<ServerConfig>)> = OnceLock::new();
-    CONFIGS.get_or_init(|| {
-        let cert = config::self_signed(&[SERVER_NAME.to_string()]).unwrap();
-        let client = config::client_config(Trust::PinnedSha256(cert.fingerprint)).unwrap();
-        let server =
-            config::server_config(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes()).unwrap();
-        (client, server)
-    })
 }
 
 /// Moves handshake bytes until neither side has anything to say.

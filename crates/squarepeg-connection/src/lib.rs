@@ -380,17 +380,11 @@ impl Connection {
     /// then another buffer, at least as long, for the next read.
     pub fn handle_read(&mut self, now: Instant, buf: &mut Vec<u8>, len: usize) {
         let len = len.min(buf.len());
-        let (RecordLayer::Tls(t), ReceivePath::InOrder(Some(r))) =
-            (&mut self.record, &mut self.receive)
-        else {
+        if let RecordLayer::Cleartext = self.record {
             self.handle_bytes(now, &buf[..len]);
             return;
-        };
-        if t.failed {
-            return;
         }
-        let result = record::open_buffer_into(&mut t.tls, r, buf, len);
-        self.after_tls_bytes(now, result);
+        self.open_tls(now, |tls, r| record::open_buffer_into(tls, r, buf, len));
     }
 
     /// Lends the in-order receiver, so that the driver reads and decodes without holding the
@@ -449,8 +443,7 @@ impl Connection {
     /// A report of the TCP's tagged queue about a message this connection wrote.
     pub fn handle_report(&mut self, report: MessageReport) {
         if let SendPath::Tagged(t) = &mut self.send {
-            t.handle_report(report, self.utcp.get_or_insert_default());
-            let withdrawn = t.take_withdrawn();
+            let withdrawn = t.handle_report(report, self.utcp.get_or_insert_default());
             if let RecordLayer::Tls(layer) = &mut self.record {
                 layer.tls.withdraw_output(withdrawn);
             }
@@ -628,6 +621,16 @@ impl Connection {
 
     /// In-order ciphertext: opened record by record into the frame reader.
     fn handle_tls_bytes(&mut self, now: Instant, data: &[u8]) {
+        self.open_tls(now, |tls, r| record::open_into(tls, r, data));
+    }
+
+    /// In-order ciphertext opened by `open` into the frame reader; then its frames to the
+    /// session, and any failure.
+    fn open_tls(
+        &mut self,
+        now: Instant,
+        open: impl FnOnce(&mut Tls, &mut Receiver) -> Result<(), TlsError>,
+    ) {
         let (RecordLayer::Tls(t), ReceivePath::InOrder(Some(r))) =
             (&mut self.record, &mut self.receive)
         else {
@@ -637,12 +640,7 @@ impl Connection {
         if t.failed {
             return;
         }
-        let result = record::open_into(&mut t.tls, r, data);
-        self.after_tls_bytes(now, result);
-    }
-
-    /// After in-order ciphertext was opened: its frames to the session, then any failure.
-    fn after_tls_bytes(&mut self, now: Instant, result: Result<(), TlsError>) {
+        let result = open(&mut t.tls, r);
         self.take_frames(now);
         self.update_numbering();
         if let Err(e) = result {

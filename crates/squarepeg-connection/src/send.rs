@@ -46,9 +46,6 @@ pub(crate) struct TaggedSender {
     /// Messages in `in_tcp` not yet transmitted: where they go in the stream, if anywhere,
     /// is still open.
     unplaced: usize,
-    /// Bytes written that did not extend the stream (dropped unsent, or sent inside a range
-    /// already sent), not yet taken by [`Self::take_withdrawn`].
-    withdrawn: u64,
     /// Messages were settled without a report of where they went.
     placement_lost: bool,
 }
@@ -215,24 +212,20 @@ impl TaggedSender {
         }
     }
 
-    /// Bytes written since the last call that will not extend the TCP stream: messages
-    /// dropped unsent, and messages the queue sent inside the range of expired ones
-    /// (inconsistent retransmissions, Hollywood §4.2).
-    pub(crate) fn take_withdrawn(&mut self) -> u64 {
-        std::mem::take(&mut self.withdrawn)
-    }
-
     fn status(&mut self, number: MessageNumber, status: MessageStatus) {
         self.events
             .push_back(Event::MessageStatus { number, status });
     }
 
-    /// A report of the TCP queue about a message written to it.
-    pub(crate) fn handle_report(&mut self, report: MessageReport, stats: &mut UtcpStats) {
+    /// A report of the TCP queue about a message written to it. Returns the bytes written
+    /// that will not extend the TCP stream: those of a message dropped unsent, or sent inside
+    /// the range of expired ones (inconsistent retransmissions, Hollywood §4.2).
+    pub(crate) fn handle_report(&mut self, report: MessageReport, stats: &mut UtcpStats) -> u64 {
         let id = report.id();
         let Some(&state) = self.in_tcp.get(&id) else {
-            return;
+            return 0;
         };
+        let mut withdrawn = 0;
         if let InTcp::Queued { len, .. } = state {
             // Dropped, or sent in place of expired messages: no stream bytes of its own.
             if matches!(
@@ -243,7 +236,7 @@ impl TaggedSender {
                 } | MessageReport::Expired { .. }
                     | MessageReport::Squashed { .. }
             ) {
-                self.withdrawn += len as u64;
+                withdrawn = len as u64;
             }
             self.unplaced -= 1;
         }
@@ -279,6 +272,7 @@ impl TaggedSender {
                 self.status(id, MessageStatus::Replaced);
             }
         }
+        withdrawn
     }
 
     /// The connection ended: messages still waiting for a verdict get their last status.

@@ -1786,8 +1786,8 @@ impl Tls {
         let content_len = out.len().saturating_sub(slot.content);
         if content_len == 0 {
             out.truncate(slot.start);
-        } else if content_len > self.chunk_len() || !matches!(self.phase, Phase::Traffic(_)) {
-            // Not what the caller was to write: sealed as `seal` would.
+        } else if content_len > self.chunk_len() {
+            // More than the caller was to write: sealed as `seal` would.
             let plaintext = out.split_off(slot.content);
             out.truncate(slot.start);
             let _ = self.seal_at(&plaintext, out, slot.origin);

@@ -295,29 +295,10 @@ fn key_update_and_close_asked_for_during_the_handshake() {
     assert_eq!(feed(&mut server, &wire, usize::MAX).unwrap(), up);
 }
 
-/// Feeds `wire` to `tls` through [`Tls::process_buffer`] in reads of the sizes `sizes`
-/// cycles through, each into the buffer the previous call left; returns the plaintext.
+/// The plaintext of `wire` read in place in reads of `sizes` ([`read_in_place`]).
 fn feed_reads(tls: &mut Tls, wire: &[u8], sizes: &[usize]) -> Result<Vec<u8>, TlsError> {
-    let mut plaintext = Vec::new();
-    let mut buf = vec![0u8; 70_000];
-    let mut at = 0;
-    for &size in sizes.iter().cycle() {
-        if at == wire.len() {
-            break;
-        }
-        let n = size.min(wire.len() - at).min(buf.len());
-        buf[..n].copy_from_slice(&wire[at..at + n]);
-        // Bytes past the read are not the record layer's: it must not read them.
-        buf[n..].fill(0xa5);
-        at += n;
-        let before = buf.len();
-        tls.process_buffer(&mut buf, n, &mut |p| plaintext.extend_from_slice(p))?;
-        assert!(
-            buf.len() >= before,
-            "the buffer left for the next read shrank"
-        );
-    }
-    Ok(plaintext)
+    let (plaintext, result) = read_in_place(tls, wire, sizes);
+    result.map(|()| plaintext)
 }
 
 #[test]

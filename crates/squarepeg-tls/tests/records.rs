@@ -615,22 +615,7 @@ proptest! {
         if let Some(cut) = cut {
             wire.truncate(cut % (wire.len() + 1));
         }
-        let mut got = Vec::new();
-        let mut buf = vec![0u8; 1024];
-        let mut at = 0;
-        let mut result = Ok(());
-        for &size in reads.iter().cycle() {
-            if at == wire.len() || result.is_err() {
-                break;
-            }
-            let n = size.min(wire.len() - at);
-            if buf.len() < n {
-                buf.resize(n, 0);
-            }
-            buf[..n].copy_from_slice(&wire[at..at + n]);
-            at += n;
-            result = server.process_buffer(&mut buf, n, &mut |p| got.extend_from_slice(p));
-        }
+        let (got, result) = read_in_place(&mut server, &wire, &reads);
         prop_assert!(got.len() <= sent.len() && got[..] == sent[..got.len()]);
         if intact {
             prop_assert!(result.is_ok());

@@ -47,6 +47,40 @@ pub fn feed(tls: &mut Tls, mut bytes: &[u8], piece: usize) -> Result<Vec<u8>, Tl
     Ok(plaintext)
 }
 
+/// Feeds `bytes` to `tls` through [`Tls::process_buffer`] in reads of the sizes `reads`
+/// cycles through (each at least 1), each into the buffer the previous call left, until
+/// the first error. Returns the plaintext delivered and the last result. Panics if a call
+/// leaves a shorter buffer; the buffer past each read holds filler the record layer must not
+/// take for data.
+pub fn read_in_place(
+    tls: &mut Tls,
+    bytes: &[u8],
+    reads: &[usize],
+) -> (Vec<u8>, Result<(), TlsError>) {
+    let mut plaintext = Vec::new();
+    let mut buf = vec![0u8; 1024];
+    let (mut at, mut result) = (0, Ok(()));
+    for &size in reads.iter().cycle() {
+        if at == bytes.len() || result.is_err() {
+            break;
+        }
+        let n = size.max(1).min(bytes.len() - at);
+        if buf.len() < n {
+            buf.resize(n, 0);
+        }
+        buf[..n].copy_from_slice(&bytes[at..at + n]);
+        buf[n..].fill(0xa5);
+        at += n;
+        let before = buf.len();
+        result = tls.process_buffer(&mut buf, n, &mut |p| plaintext.extend_from_slice(p));
+        assert!(
+            buf.len() >= before,
+            "the buffer left for the next read shrank"
+        );
+    }
+    (plaintext, result)
+}
+
 /// Moves bytes between two squarepeg endpoints until neither has anything to say; each
 /// read is delivered whole. Returns the plaintext each received.
 pub fn pump(client: &mut Tls, server: &mut Tls) -> Result<(Vec<u8>, Vec<u8>), TlsError> {
