@@ -26,8 +26,8 @@ use crate::record::{
     TAG_LEN, content_type,
 };
 use crate::unordered::{
-    Fragment, MAX_SPARE, NUMBER_PREFIX_LEN, OutOfOrderConfig, OutOfOrderRecord, ReplayWindow,
-    SegmentStore, encode_prefix, number_flag, prefix_flags,
+    CursorAt, Fragment, MAX_SPARE, NUMBER_PREFIX_LEN, OutOfOrderConfig, OutOfOrderRecord,
+    ReplayWindow, SegmentStore, encode_prefix, number_flag, prefix_flags,
 };
 
 /// Handshake message types the record layer handles after the handshake (RFC 8446 §4).
@@ -2764,8 +2764,7 @@ impl Scan<'_> {
             let offset = start + pos as u64;
             if let Some(d) = self.delivered.get(offset) {
                 f.cursor += d.wire_len;
-                f.at_boundary = true;
-                f.hint = Some(d.number + 1);
+                f.at = CursorAt::AfterOpened { next: d.number + 1 };
                 continue;
             }
             let header = &f.bytes[pos..pos + HEADER_LEN];
@@ -2775,8 +2774,7 @@ impl Scan<'_> {
                 && (MIN_RECORD - HEADER_LEN..=record::MAX_CIPHERTEXT_LEN).contains(&len);
             if !plausible {
                 // Not a record start: on to the next byte that could begin a header.
-                f.at_boundary = false;
-                f.hint = None;
+                f.at = CursorAt::Scan;
                 f.cursor = find_byte(&f.bytes[pos + 1..], content_type::APPLICATION_DATA)
                     .map_or(f.bytes.len(), |i| pos + 1 + i);
                 continue;
@@ -2786,31 +2784,41 @@ impl Scan<'_> {
                 // Wait for the rest of it.
                 return;
             }
-            let hint = if f.at_boundary { f.hint } else { None };
-            match self.candidate(offset, &f.bytes[pos..pos + wire_len], hint, deliver) {
-                Candidate::Delivered(number) | Candidate::Record(number) => {
+            // Opening a record where it lies overwrites its ciphertext, also when it does not
+            // authenticate (ring zeroes it). Right after a record that authenticated, that
+            // changes nothing: the in-order stream, should it get here, reads a record at the
+            // same place with the same header, and opens it where it lies just the same.
+            // After a pattern scan the candidate may straddle true records: a copy is opened.
+            let in_place = matches!(f.at, CursorAt::AfterOpened { .. });
+            let record = &mut f.bytes[pos..pos + wire_len];
+            match self.candidate(offset, record, f.at.hint(), in_place, deliver) {
+                Candidate::Delivered(number) => {
                     f.cursor += wire_len;
-                    f.at_boundary = true;
-                    f.hint = Some(number + 1);
+                    f.at = CursorAt::AfterOpened { next: number + 1 };
+                }
+                Candidate::Record(number) => {
+                    f.cursor += wire_len;
+                    f.at = CursorAt::AfterNamed { next: number + 1 };
                 }
                 outcome @ (Candidate::NotARecord | Candidate::Untried) => {
                     if matches!(outcome, Candidate::NotARecord) {
                         self.stats.candidates_rejected += 1;
                     }
-                    f.at_boundary = false;
-                    f.hint = None;
+                    f.at = CursorAt::Scan;
                     f.cursor = pos + 1;
                 }
             }
         }
     }
 
-    /// Tries to open the complete candidate record `record` at `offset`.
+    /// Tries to open the complete candidate record `record` at `offset`; where it lies if
+    /// `in_place` (a numbered record), else in a copy.
     fn candidate(
         &mut self,
         offset: u64,
-        record: &[u8],
+        record: &mut [u8],
         hint: Option<u64>,
+        in_place: bool,
         deliver: &mut dyn FnMut(OutOfOrderRecord<'_>),
     ) -> Candidate {
         if self.numbering.accept
@@ -2820,7 +2828,7 @@ impl Scan<'_> {
                 Some(hint.unwrap_or_else(|| self.estimate_number(offset))),
             )
         {
-            return self.open_numbered(offset, record, found, deliver);
+            return self.open_numbered(offset, record, found, in_place, deliver);
         }
         if !self.numbering.receive_on && self.config.predictions > 0 {
             return self.open_predicted(offset, record, hint, deliver);
@@ -2857,8 +2865,9 @@ impl Scan<'_> {
     fn open_numbered(
         &mut self,
         offset: u64,
-        record: &[u8],
+        record: &mut [u8],
         found: FoundNumber,
+        in_place: bool,
         deliver: &mut dyn FnMut(OutOfOrderRecord<'_>),
     ) -> Candidate {
         if found.flags != 0 {
@@ -2878,9 +2887,15 @@ impl Scan<'_> {
             }
         };
         let epoch = key.epoch;
-        self.scratch.clear();
-        self.scratch.extend_from_slice(record);
-        let Ok((kind, content)) = key.keys.open_in_place(found.number, self.scratch) else {
+        let wire_len = record.len();
+        let sealed = if in_place {
+            record
+        } else {
+            self.scratch.clear();
+            self.scratch.extend_from_slice(record);
+            self.scratch.as_mut_slice()
+        };
+        let Ok((kind, content)) = key.keys.open_in_place(found.number, sealed) else {
             return Candidate::NotARecord;
         };
         if kind != content_type::APPLICATION_DATA || content.len() < NUMBER_PREFIX_LEN {
@@ -2889,7 +2904,7 @@ impl Scan<'_> {
         replay.insert(found.number);
         let record = OutOfOrderRecord {
             offset,
-            wire_len: record.len(),
+            wire_len,
             number: found.number,
             content: &content[NUMBER_PREFIX_LEN..],
         };

@@ -213,12 +213,33 @@ pub(crate) struct Fragment {
     pub(crate) bytes: Vec<u8>,
     /// Where scanning resumes, relative to the fragment's start.
     pub(crate) cursor: usize,
-    /// `cursor` is a known record boundary (right after a record that authenticated, or
-    /// after one whose prefix named it); otherwise it is a pattern-scan position.
-    pub(crate) at_boundary: bool,
-    /// The record number expected at `cursor` when it is a boundary (the one before, plus
-    /// one): the first candidate tried.
-    pub(crate) hint: Option<u64>,
+    /// What is known of `cursor`.
+    pub(crate) at: CursorAt,
+}
+
+/// What is known of a fragment's scan position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CursorAt {
+    /// A pattern-scan position: a record may start at any byte from here.
+    Scan,
+    /// Right after a record whose prefix named its number, not opened: a record boundary,
+    /// `next` (the number after it) the first number tried there.
+    AfterNamed { next: u64 },
+    /// Right after a record that authenticated, opened here or delivered out of order
+    /// before: a record boundary that the in-order stream, should it get here, reads a
+    /// record at too (it passes a record delivered out of order by its extent). `next` is
+    /// the first number tried there.
+    AfterOpened { next: u64 },
+}
+
+impl CursorAt {
+    /// The number to try first at the cursor, if it is a record boundary.
+    pub(crate) fn hint(self) -> Option<u64> {
+        match self {
+            CursorAt::Scan => None,
+            CursorAt::AfterNamed { next } | CursorAt::AfterOpened { next } => Some(next),
+        }
+    }
 }
 
 /// Ciphertext fragments ahead of the in-order stream, by stream offset: non-overlapping and
@@ -351,8 +372,7 @@ impl SegmentStore {
                     Fragment {
                         bytes,
                         cursor: 0,
-                        at_boundary: false,
-                        hint: None,
+                        at: CursorAt::Scan,
                     },
                 );
                 pos
@@ -376,9 +396,8 @@ impl SegmentStore {
         if a.cursor >= a_len {
             // Everything of `a` was scanned: go on where `b` was.
             a.cursor = a_len + b.cursor;
-            if !(a.at_boundary && b.cursor == 0) {
-                a.at_boundary = b.at_boundary;
-                a.hint = b.hint;
+            if !(a.at != CursorAt::Scan && b.cursor == 0) {
+                a.at = b.at;
             }
         }
         let before = a.bytes.capacity();
@@ -414,8 +433,7 @@ impl SegmentStore {
                 f.bytes.drain(..cut);
                 f.cursor = f.cursor.saturating_sub(cut);
                 if f.cursor == 0 {
-                    f.at_boundary = false;
-                    f.hint = None;
+                    f.at = CursorAt::Scan;
                 }
                 self.bytes += f.bytes.len();
                 self.fragments.insert(floor, f);
@@ -520,8 +538,7 @@ mod tests {
         {
             let f = s.fragments.get_mut(&100).unwrap();
             f.cursor = 4;
-            f.at_boundary = true;
-            f.hint = Some(7);
+            f.at = CursorAt::AfterNamed { next: 7 };
         }
         for (i, at) in [110u64, 120, 130].into_iter().enumerate() {
             assert_eq!(s.insert(0, at, &[2 + i as u8; 10]), 0);
@@ -535,7 +552,7 @@ mod tests {
         assert_eq!(f.bytes.len(), 45);
         assert_eq!(&f.bytes[30..35], &[4; 5]);
         assert_eq!(&f.bytes[40..], &[9; 5]);
-        assert_eq!((f.cursor, f.at_boundary, f.hint), (4, true, Some(7)));
+        assert_eq!((f.cursor, f.at), (4, CursorAt::AfterNamed { next: 7 }));
         // Filling a gap before it merges the two, keeping the bytes held first.
         assert_eq!(s.insert(0, 80, &[5; 25]), 0);
         s.check();
