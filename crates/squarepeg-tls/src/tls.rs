@@ -421,6 +421,15 @@ impl DeliveredRecords {
         }
     }
 
+    /// Whether one starts inside `(offset, offset + len)`: a record there authenticated, so
+    /// a record at `offset` claiming `len` bytes lies about its length.
+    fn starts_inside(&self, offset: u64, len: usize) -> bool {
+        (self.queue.len() + self.others.len()) > 0
+            && self
+                .before(offset.saturating_add(len as u64))
+                .is_some_and(|(at, _)| at > offset)
+    }
+
     /// Forgets those below `floor` (the in-order stream passed them).
     fn drop_below(&mut self, floor: u64) {
         if self.queue.front().is_none_or(|&(at, _)| at >= floor) && self.others.is_empty() {
@@ -1287,6 +1296,13 @@ impl Tls {
                     self.user_canceled_without_data = 0;
                     self.inbox.consume(record_len);
                     continue;
+                }
+                if ooo.delivered.starts_inside(offset, record_len) {
+                    // Its header lies about its length (a record that authenticated starts
+                    // inside): it cannot authenticate, and opening it where it lies would
+                    // overwrite the records behind it, which a stream that skips a replaced
+                    // range may still read.
+                    return self.hold_or_fail(TlsError::Decrypt);
                 }
                 let (sum, count) = &mut ooo.seen_len;
                 if *count >= 1 << 16 {
@@ -2787,9 +2803,20 @@ impl Scan<'_> {
             // Opening a record where it lies overwrites its ciphertext, also when it does not
             // authenticate (ring zeroes it). Right after a record that authenticated, that
             // changes nothing: the in-order stream, should it get here, reads a record at the
-            // same place with the same header, and opens it where it lies just the same.
+            // same place with the same header and opens it where it lies just the same, or
+            // fails. Not so from a peer that replaces records: the in-order stream, held on a
+            // record whose header lies about its length, may skip a replaced range into the
+            // middle of it and need the records behind, which this scan finds only after it.
             // After a pattern scan the candidate may straddle true records: a copy is opened.
-            let in_place = matches!(f.at, CursorAt::AfterOpened { .. });
+            if self.delivered.starts_inside(offset, wire_len) {
+                // A record that authenticated starts inside: this header lies.
+                self.stats.candidates_rejected += 1;
+                f.at = CursorAt::Scan;
+                f.cursor = pos + 1;
+                continue;
+            }
+            let in_place = matches!(f.at, CursorAt::AfterOpened { .. })
+                && !self.numbering.replacements_expected;
             let record = &mut f.bytes[pos..pos + wire_len];
             match self.candidate(offset, record, f.at.hint(), in_place, deliver) {
                 Candidate::Delivered(number) => {

@@ -486,6 +486,64 @@ fn a_held_record_among_bytes_held_ahead_is_skipped_once_its_range_is_replaced() 
 }
 
 #[test]
+fn a_record_whose_header_lies_about_its_length_harms_nothing_behind_it() {
+    // From a peer that replaces records, a copy of one record whose header claims it runs
+    // over the next two arrives first, right after a record delivered out of order. It does
+    // not authenticate; once the peer announces its true range replaced, the in-order stream
+    // skips to where it really ends, and the two records behind it must still be there,
+    // intact (delivered out of order, found by a pattern scan): neither the scan nor the
+    // in-order stream may open it where it lies (that overwrites what its header claims).
+    let setup = default_setup();
+    let (mut client, mut server, base) = connected(&setup, true, 0);
+    server.expect_replacements();
+    let mut rng = 37;
+    let stream = client_stream(&mut client, 0..200, false, &mut rng);
+    let mut records = Vec::new();
+    let mut at = 0;
+    while at < stream.len() {
+        let len = 5 + usize::from(u16::from_be_bytes([stream[at + 3], stream[at + 4]]));
+        records.push((at, len));
+        at += len;
+    }
+    // Record 51 holds message 51, or 50 after a switch marker (a record without content).
+    let (bad_at, bad_len) = records[51];
+    let bad_id = if records[0].1 < 5 + MESSAGE { 50 } else { 51 };
+    let claimed = bad_len - 5 + records[52].1 + records[53].1;
+    let mut lying = stream.clone();
+    lying[bad_at + 3..bad_at + 5].copy_from_slice(&(claimed as u16).to_be_bytes());
+    let mut segs: Vec<(u64, Vec<u8>)> = lying
+        .chunks(300)
+        .enumerate()
+        .map(|(i, c)| (base + (i * 300) as u64, c.to_vec()))
+        .collect();
+    // The first segment (before the lying record) comes last, and genuine.
+    segs.remove(0);
+    let (mut got, result) = receive(&mut server, &segs);
+    result.unwrap();
+    let (rest, result) = receive(&mut server, &[(base, stream[..300].to_vec())]);
+    result.unwrap();
+    assert!(server.is_held());
+    assert_eq!(server.in_order_offset(), base + bad_at as u64);
+    server.note_replaced(base + bad_at as u64..base + (bad_at + bad_len) as u64);
+    let (after, result) = receive(&mut server, &[(base + stream.len() as u64, Vec::new())]);
+    result.unwrap();
+    for r in [rest, after] {
+        got.garbage += r.garbage;
+        for (id, n) in r.counts {
+            *got.counts.entry(id).or_default() += n;
+        }
+    }
+    assert!(!server.is_held());
+    assert_eq!(server.in_order_offset(), base + stream.len() as u64);
+    assert_eq!(got.garbage, 0);
+    assert_eq!(got.counts.get(&bad_id), None);
+    for id in (0..200).filter(|&id| id != bad_id) {
+        assert_eq!(got.counts.get(&id), Some(&1), "message {id}");
+    }
+    assert_eq!(server.stats().records_held, 1);
+}
+
+#[test]
 fn duplicated_and_overlapping_segments_deliver_once() {
     let setup = default_setup();
     let (mut client, mut server, base) = connected(&setup, true, 0);
