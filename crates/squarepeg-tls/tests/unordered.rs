@@ -420,17 +420,21 @@ fn records_behind_holes_are_delivered_once_then_passed_in_order() {
     assert_eq!(stats.duplicates_skipped, 0);
 }
 
-#[test]
-fn a_held_record_among_bytes_held_ahead_is_skipped_once_its_range_is_replaced() {
-    // A corrupted copy of one record arrives first, with everything after the first segment;
-    // the records around it are delivered out of order. When the hole fills, the bytes held
-    // ahead reach the in-order path, which passes the delivered records, stops (holds) at the
-    // one that does not authenticate, and skips it once the peer announces its range
-    // replaced: nothing corrupted delivered, everything else exactly once.
+/// 200 messages from a peer that replaces records, in 300-byte segments; the copy of record
+/// 51 that arrives first is `damage`d (given the stream and each record's offset and length),
+/// and the first segment (before it, genuine) comes last. The records around the damaged one
+/// are delivered out of order; when the hole fills, the in-order stream passes the delivered
+/// records and stops (holds) at the damaged one, and skips it once the peer announces its
+/// range replaced: nothing damaged delivered, everything else exactly once. Returns the
+/// receiver and the damaged record's length.
+fn held_until_replaced(
+    seed: u64,
+    damage: impl FnOnce(&mut [u8], &[(usize, usize)]),
+) -> (Tls, usize) {
     let setup = default_setup();
     let (mut client, mut server, base) = connected(&setup, true, 0);
     server.expect_replacements();
-    let mut rng = 31;
+    let mut rng = seed;
     let stream = client_stream(&mut client, 0..200, false, &mut rng);
     let mut records = Vec::new();
     let mut at = 0;
@@ -442,14 +446,13 @@ fn a_held_record_among_bytes_held_ahead_is_skipped_once_its_range_is_replaced() 
     // Record 51 holds message 51, or 50 after a switch marker (a record without content).
     let (bad_at, bad_len) = records[51];
     let bad_id = if records[0].1 < 5 + MESSAGE { 50 } else { 51 };
-    let mut corrupted = stream.clone();
-    corrupted[bad_at + 12] ^= 0x20;
-    let mut segs: Vec<(u64, Vec<u8>)> = corrupted
+    let mut damaged = stream.clone();
+    damage(&mut damaged, &records);
+    let mut segs: Vec<(u64, Vec<u8>)> = damaged
         .chunks(300)
         .enumerate()
         .map(|(i, c)| (base + (i * 300) as u64, c.to_vec()))
         .collect();
-    // The first segment (before the corrupted record) comes last, and genuine.
     segs.remove(0);
     let (mut got, result) = receive(&mut server, &segs);
     result.unwrap();
@@ -475,72 +478,35 @@ fn a_held_record_among_bytes_held_ahead_is_skipped_once_its_range_is_replaced() 
     assert_eq!(
         got.counts.get(&bad_id),
         None,
-        "the corrupted record is not delivered"
+        "the damaged record is not delivered"
     );
     for id in (0..200).filter(|&id| id != bad_id) {
         assert_eq!(got.counts.get(&id), Some(&1), "message {id}");
     }
-    let stats = server.stats();
-    assert_eq!(stats.records_held, 1);
-    assert_eq!(stats.spliced_bytes_skipped, bad_len as u64);
+    assert_eq!(server.stats().records_held, 1);
+    (server, bad_len)
+}
+
+#[test]
+fn a_held_record_among_bytes_held_ahead_is_skipped_once_its_range_is_replaced() {
+    // A bit flipped inside the record's ciphertext.
+    let (server, bad_len) = held_until_replaced(31, |stream, records| {
+        stream[records[51].0 + 12] ^= 0x20;
+    });
+    assert_eq!(server.stats().spliced_bytes_skipped, bad_len as u64);
 }
 
 #[test]
 fn a_record_whose_header_lies_about_its_length_harms_nothing_behind_it() {
-    // From a peer that replaces records, a copy of one record whose header claims it runs
-    // over the next two arrives first, right after a record delivered out of order. It does
-    // not authenticate; once the peer announces its true range replaced, the in-order stream
-    // skips to where it really ends, and the two records behind it must still be there,
-    // intact (delivered out of order, found by a pattern scan): neither the scan nor the
-    // in-order stream may open it where it lies (that overwrites what its header claims).
-    let setup = default_setup();
-    let (mut client, mut server, base) = connected(&setup, true, 0);
-    server.expect_replacements();
-    let mut rng = 37;
-    let stream = client_stream(&mut client, 0..200, false, &mut rng);
-    let mut records = Vec::new();
-    let mut at = 0;
-    while at < stream.len() {
-        let len = 5 + usize::from(u16::from_be_bytes([stream[at + 3], stream[at + 4]]));
-        records.push((at, len));
-        at += len;
-    }
-    // Record 51 holds message 51, or 50 after a switch marker (a record without content).
-    let (bad_at, bad_len) = records[51];
-    let bad_id = if records[0].1 < 5 + MESSAGE { 50 } else { 51 };
-    let claimed = bad_len - 5 + records[52].1 + records[53].1;
-    let mut lying = stream.clone();
-    lying[bad_at + 3..bad_at + 5].copy_from_slice(&(claimed as u16).to_be_bytes());
-    let mut segs: Vec<(u64, Vec<u8>)> = lying
-        .chunks(300)
-        .enumerate()
-        .map(|(i, c)| (base + (i * 300) as u64, c.to_vec()))
-        .collect();
-    // The first segment (before the lying record) comes last, and genuine.
-    segs.remove(0);
-    let (mut got, result) = receive(&mut server, &segs);
-    result.unwrap();
-    let (rest, result) = receive(&mut server, &[(base, stream[..300].to_vec())]);
-    result.unwrap();
-    assert!(server.is_held());
-    assert_eq!(server.in_order_offset(), base + bad_at as u64);
-    server.note_replaced(base + bad_at as u64..base + (bad_at + bad_len) as u64);
-    let (after, result) = receive(&mut server, &[(base + stream.len() as u64, Vec::new())]);
-    result.unwrap();
-    for r in [rest, after] {
-        got.garbage += r.garbage;
-        for (id, n) in r.counts {
-            *got.counts.entry(id).or_default() += n;
-        }
-    }
-    assert!(!server.is_held());
-    assert_eq!(server.in_order_offset(), base + stream.len() as u64);
-    assert_eq!(got.garbage, 0);
-    assert_eq!(got.counts.get(&bad_id), None);
-    for id in (0..200).filter(|&id| id != bad_id) {
-        assert_eq!(got.counts.get(&id), Some(&1), "message {id}");
-    }
-    assert_eq!(server.stats().records_held, 1);
+    // The record's header claims it runs over the next two. The resumption lands where it
+    // really ends, and the two records behind it must still be there, intact: neither the
+    // out-of-order scan nor the in-order stream may open the lying record where it lies
+    // (that overwrites what its header claims).
+    held_until_replaced(37, |stream, records| {
+        let (at, len) = records[51];
+        let claimed = len - 5 + records[52].1 + records[53].1;
+        stream[at + 3..at + 5].copy_from_slice(&(claimed as u16).to_be_bytes());
+    });
 }
 
 #[test]
