@@ -281,9 +281,11 @@ impl SegmentStore {
     }
 
     /// Keeps `buffer` (emptied) for a fragment to come, if it is larger than the one kept and
-    /// not larger than [`MAX_SPARE`].
+    /// not larger than [`MAX_SPARE`] nor than a fragment may ever take ([`Self::buffer_for`]:
+    /// twice the limit; a larger one would be kept and never used).
     pub(crate) fn recycle(&mut self, mut buffer: Vec<u8>) {
-        if buffer.capacity() > self.spare.capacity() && buffer.capacity() <= MAX_SPARE {
+        let most = MAX_SPARE.min(self.limit.saturating_mul(2));
+        if buffer.capacity() > self.spare.capacity() && buffer.capacity() <= most {
             buffer.clear();
             self.spare = buffer;
         }
@@ -620,7 +622,8 @@ mod tests {
         s.insert(0, 0, &[1; 10]);
         s.check();
         assert_eq!(s.fragments[&0].bytes.capacity(), 10);
-        assert_eq!(s.spare.capacity(), 4096);
+        // Nor kept: it could never be used.
+        assert_eq!(s.spare.capacity(), 0);
         let mut s = SegmentStore::new(3000);
         s.recycle(Vec::with_capacity(4096));
         s.insert(0, 0, &[1; 10]);
