@@ -424,7 +424,7 @@ impl DeliveredRecords {
     /// Whether one starts inside `(offset, offset + len)`: a record there authenticated, so
     /// a record at `offset` claiming `len` bytes lies about its length.
     fn starts_inside(&self, offset: u64, len: usize) -> bool {
-        (self.queue.len() + self.others.len()) > 0
+        !(self.queue.is_empty() && self.others.is_empty())
             && self
                 .before(offset.saturating_add(len as u64))
                 .is_some_and(|(at, _)| at > offset)
@@ -2800,6 +2800,13 @@ impl Scan<'_> {
                 // Wait for the rest of it.
                 return;
             }
+            if self.delivered.starts_inside(offset, wire_len) {
+                // A record that authenticated starts inside: this header lies.
+                self.stats.candidates_rejected += 1;
+                f.at = CursorAt::Scan;
+                f.cursor = pos + 1;
+                continue;
+            }
             // Opening a record where it lies overwrites its ciphertext, also when it does not
             // authenticate (ring zeroes it). Right after a record that authenticated, that
             // changes nothing: the in-order stream, should it get here, reads a record at the
@@ -2808,13 +2815,6 @@ impl Scan<'_> {
             // record whose header lies about its length, may skip a replaced range into the
             // middle of it and need the records behind, which this scan finds only after it.
             // After a pattern scan the candidate may straddle true records: a copy is opened.
-            if self.delivered.starts_inside(offset, wire_len) {
-                // A record that authenticated starts inside: this header lies.
-                self.stats.candidates_rejected += 1;
-                f.at = CursorAt::Scan;
-                f.cursor = pos + 1;
-                continue;
-            }
             let in_place = matches!(f.at, CursorAt::AfterOpened { .. })
                 && !self.numbering.replacements_expected;
             let record = &mut f.bytes[pos..pos + wire_len];
