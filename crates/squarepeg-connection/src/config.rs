@@ -1,6 +1,8 @@
 //! What a connection is built from: its session limits, its framing choices and the kind of
 //! substrate below it.
 
+use std::time::Duration;
+
 use squarepeg_session::{Config as SessionConfig, ConfigError};
 
 use crate::record::TlsSetup;
@@ -23,6 +25,11 @@ pub struct Config {
     pub plain_frames: bool,
     /// TLS 1.3 on this connection (see `record`); `None`: cleartext.
     pub tls: Option<TlsSetup>,
+    /// A TLS handshake not complete this long after the connection first ran (was first
+    /// polled or fed) fails it (`TlsFailure::HandshakeTimedOut`): a peer that stopped
+    /// answering, or bytes injected into the stream that the handshake would wait on for
+    /// ever, must not hold it open.
+    pub handshake_timeout: Duration,
 }
 
 impl Default for Config {
@@ -32,6 +39,7 @@ impl Default for Config {
             read_buffer: 64 * 1024,
             plain_frames: true,
             tls: None,
+            handshake_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -42,6 +50,9 @@ impl Config {
         self.session.validate()?;
         if self.read_buffer == 0 {
             return Err(ConfigError("read_buffer must be > 0"));
+        }
+        if self.handshake_timeout.is_zero() {
+            return Err(ConfigError("handshake_timeout must be > 0"));
         }
         Ok(())
     }

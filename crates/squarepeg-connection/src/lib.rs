@@ -98,7 +98,7 @@ pub use multipath::{
 pub use squarepeg_framing::FrameFormat;
 pub use squarepeg_session::{
     Config as SessionConfig, ConfigError, ConnectionError, Event, PathPolicy, Role, Session,
-    Stats as SessionStats, TransportError,
+    Stats as SessionStats, TlsFailure, TransportError,
 };
 pub use squarepeg_tcp::{MessageReport, WriteTag};
 
@@ -227,7 +227,7 @@ impl Connection {
                     ooo.predictions = 0;
                     tls.enable_out_of_order(ooo);
                 }
-                RecordLayer::Tls(Box::new(TlsLayer::new(tls)))
+                RecordLayer::Tls(Box::new(TlsLayer::new(tls, config.handshake_timeout)))
             }
         };
         let tls = matches!(record, RecordLayer::Tls(_));
@@ -357,6 +357,7 @@ impl Connection {
 
     /// In-order bytes from the substrate (copied into the frame reader).
     pub fn handle_bytes(&mut self, now: Instant, data: &[u8]) {
+        self.note_running(now);
         if let RecordLayer::Tls(_) = self.record {
             self.handle_tls_bytes(now, data);
             return;
@@ -379,6 +380,7 @@ impl Connection {
     /// keep: under TLS the records are opened where they were read (no copy) and `buf` is
     /// then another buffer, at least as long, for the next read.
     pub fn handle_read(&mut self, now: Instant, buf: &mut Vec<u8>, len: usize) {
+        self.note_running(now);
         let len = len.min(buf.len());
         if let RecordLayer::Cleartext = self.record {
             self.handle_bytes(now, &buf[..len]);
@@ -425,6 +427,7 @@ impl Connection {
 
     /// A segment (or piece of one) at stream offset `offset`, on a segment substrate.
     pub fn handle_segment(&mut self, now: Instant, offset: u64, data: &[u8]) {
+        self.note_running(now);
         if let ReceivePath::TlsSegments(_) = self.receive {
             self.handle_tls_segment(now, offset, data);
             return;
@@ -456,13 +459,21 @@ impl Connection {
         if !self.transport_closed {
             self.transport_closed = true;
             let mut reason = reason;
-            if let RecordLayer::Tls(t) = &mut self.record
-                && t.tls.ends_held()
-            {
+            if let RecordLayer::Tls(t) = &mut self.record {
                 // The stream ended where it was held on bytes that never authenticated (no
-                // replacement covered them): that is the record layer's failure.
-                t.failed = true;
-                reason = tls_transport_error(&TlsError::Decrypt);
+                // replacement covered them), or inside a record: that is the record layer's
+                // failure, not a peer that closed.
+                let cut = if t.tls.ends_held() {
+                    Some(TlsError::Decrypt)
+                } else if t.tls.ends_inside_record() {
+                    Some(TlsError::BadRecord)
+                } else {
+                    None
+                };
+                if let Some(e) = cut {
+                    t.failed = true;
+                    reason = tls_transport_error(&e);
+                }
             }
             self.session.handle_transport_closed(now, reason);
             if let SendPath::Tagged(t) = &mut self.send {
@@ -495,6 +506,7 @@ impl Connection {
     /// overflows a record continues in the next), and sealed where they were written; a call
     /// may append records and return 0 (what overflowed the last call's records).
     pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>, limit: usize) -> usize {
+        self.note_running(now);
         if !matches!(self.send, SendPath::ByteStream) || self.fin_sent {
             return 0;
         }
@@ -683,7 +695,10 @@ impl Connection {
                 &mut |record| records.push((record.offset, record.content.to_vec())),
             );
             t.held_since = t.tls.is_held().then(|| t.held_since.unwrap_or(now));
-            r.deliver(now, &mut self.session, t.tls.in_order_offset());
+            // A CLOSE from a record delivered out of order waits until every record before
+            // it was read in order: bytes merely received may be the rest of a record whose
+            // header lies, never to authenticate.
+            r.deliver(now, &mut self.session, t.tls.in_order_records_end());
             for range in self.session.take_records_replaced() {
                 t.tls.note_replaced(range);
             }
@@ -768,6 +783,7 @@ impl Connection {
     /// The next tagged write, on a tagged-write substrate: it stays the next one until
     /// [`Self::write_done`] says the substrate took it.
     pub fn poll_write(&mut self, now: Instant) -> Option<TaggedWrite<'_>> {
+        self.note_running(now);
         if self.fin_sent || self.transport_closed {
             return None;
         }
@@ -976,10 +992,30 @@ impl Connection {
 
     /// When [`Self::handle_timeout`] should next be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let session = self.session.poll_timeout();
-        match self.hold_deadline() {
-            Some(hold) => Some(session.map_or(hold, |s| s.min(hold))),
-            None => session,
+        [
+            self.session.poll_timeout(),
+            self.hold_deadline(),
+            self.handshake_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// When an unfinished TLS handshake fails the connection.
+    fn handshake_deadline(&self) -> Option<Instant> {
+        match &self.record {
+            RecordLayer::Tls(t) if !t.failed && t.tls.is_handshaking() => t.handshake_deadline,
+            _ => None,
+        }
+    }
+
+    /// The connection runs at `now`: a TLS handshake's clock starts.
+    fn note_running(&mut self, now: Instant) {
+        if let RecordLayer::Tls(t) = &mut self.record
+            && t.handshake_deadline.is_none()
+        {
+            t.handshake_deadline = Some(now + t.handshake_timeout);
         }
     }
 
@@ -993,6 +1029,17 @@ impl Connection {
 
     /// Runs the timers that are due.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.note_running(now);
+        if self.handshake_deadline().is_some_and(|t| t <= now)
+            && let RecordLayer::Tls(t) = &mut self.record
+        {
+            // No alert fits (RFC 8446 §6 has none for it): the FIN follows at once.
+            tracing::debug!("TLS handshake timed out");
+            t.failed = true;
+            t.alert_out = true;
+            self.session
+                .handle_transport_failed(now, TransportError::Tls(TlsFailure::HandshakeTimedOut));
+        }
         if self.hold_deadline().is_some_and(|t| t <= now)
             && let RecordLayer::Tls(t) = &mut self.record
             && t.tls.ends_held()

@@ -181,8 +181,8 @@ impl TlsSegmentReceiver {
     }
 
     /// Hands the session the in-order frames, then those of the out-of-order records, then
-    /// the held CLOSE once the in-order stream (at `in_order_offset`) has passed it.
-    pub(crate) fn deliver(&mut self, now: Instant, session: &mut Session, in_order_offset: u64) {
+    /// the held CLOSE once the records read in order (up to `records_end`) have passed it.
+    pub(crate) fn deliver(&mut self, now: Instant, session: &mut Session, records_end: u64) {
         while let Some(frame) = self.in_order.next_frame() {
             match frame {
                 Ok(f) => session.handle_frame(now, f),
@@ -209,7 +209,7 @@ impl TlsSegmentReceiver {
         if self
             .held_close
             .as_ref()
-            .is_some_and(|(offset, _)| in_order_offset > *offset)
+            .is_some_and(|(offset, _)| records_end > *offset)
             && let Some((_, f)) = self.held_close.take()
         {
             session.handle_frame(now, f);

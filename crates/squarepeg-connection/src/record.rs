@@ -111,6 +111,10 @@ pub(crate) struct TlsLayer {
     /// Since when the in-order stream is held on bytes that do not authenticate
     /// (`Tls::is_held`): it fails after [`MAX_HOLD`].
     pub(crate) held_since: Option<Instant>,
+    /// How long the handshake may take, and when it must be complete (set when the
+    /// connection first runs).
+    pub(crate) handshake_timeout: Duration,
+    pub(crate) handshake_deadline: Option<Instant>,
     /// Client: the plaintext offered as early data, until the handshake says whether the
     /// server took it (how much went early is `Tls::early_data`'s); server: 0.5-RTT frames
     /// that could not be sealed yet.
@@ -189,9 +193,11 @@ impl TlsLayer {
         (taken < early.len()).then(|| early.split_off(taken))
     }
 
-    pub(crate) fn new(tls: Tls) -> Self {
+    pub(crate) fn new(tls: Tls, handshake_timeout: Duration) -> Self {
         Self {
             tls,
+            handshake_timeout,
+            handshake_deadline: None,
             staging: Vec::new(),
             carry_pos: 0,
             carry_cut: false,

@@ -329,6 +329,39 @@ fn a_corrupted_record_is_never_delivered() {
 }
 
 #[test]
+fn a_handshake_that_stalls_times_out_and_a_finished_one_never_does() {
+    // A server that never answers (or bytes the handshake waits on for ever): the client
+    // fails at the handshake timeout with a typed error, and ends its stream.
+    let (c, _) = setups(false);
+    let mut client = connection(Role::Client, c);
+    let t0 = Instant::now();
+    let mut out = Vec::new();
+    client.poll_transmit(t0, &mut out, 64 * 1024);
+    assert!(!out.is_empty(), "the ClientHello");
+    let timeout = Config::default().handshake_timeout;
+    assert_eq!(client.poll_timeout(), Some(t0 + timeout));
+    client.handle_timeout(t0 + timeout - Duration::from_millis(1));
+    assert!(client.session().error().is_none());
+    client.handle_timeout(t0 + timeout);
+    assert_eq!(
+        client.session().error(),
+        Some(&ConnectionError::Transport(TransportError::Tls(
+            TlsFailure::HandshakeTimedOut
+        )))
+    );
+    assert!(client.poll_shutdown(), "the FIN follows");
+    // A handshake that finished is never timed out, however long the connection lives.
+    let (c, s) = setups(false);
+    let mut p = Pair::new(c, s);
+    p.pump();
+    assert!(p.client.is_established() && p.server.is_established());
+    for c in [&mut p.client, &mut p.server] {
+        c.handle_timeout(p.now + timeout * 3);
+        assert!(c.session().error().is_none());
+    }
+}
+
+#[test]
 fn a_tls_side_that_does_not_match_the_role_is_refused() {
     let (c, _) = setups(false);
     let mut config = Config::default();

@@ -181,6 +181,11 @@ pub enum TlsFailure {
     /// without TLS, or another protocol).
     #[error("the peer does not speak TLS (its first bytes are not a TLS record)")]
     NotTls,
+    /// The handshake did not complete within the connection's handshake timeout: a peer
+    /// that stopped answering, or bytes a middlebox put in the stream that the handshake
+    /// waits on for ever.
+    #[error("the TLS handshake timed out")]
+    HandshakeTimedOut,
 }
 
 impl TransportError {

@@ -2654,6 +2654,24 @@ impl Tls {
         true
     }
 
+    /// The transport ended: if it ended inside a record before the peer's close_notify —
+    /// part of one waiting in order for the rest, or bytes held ahead of it — the stream
+    /// was cut short, by the peer or by bytes put in it whose header claims more than ever
+    /// came (their record can never complete, and every record after it would wait): a
+    /// failure ([`TlsError::BadRecord`], with its alert queued if the transport can still
+    /// carry it). Returns whether it was.
+    pub fn ends_inside_record(&mut self) -> bool {
+        if self.failed.is_some() || self.peer_closed || !matches!(self.phase, Phase::Traffic(_)) {
+            return false;
+        }
+        let held_ahead = self.ooo.as_ref().is_some_and(|o| o.store.len() > 0);
+        if self.inbox.unconsumed() == 0 && !held_ahead {
+            return false;
+        }
+        self.fail_with_alert(TlsError::BadRecord);
+        true
+    }
+
     /// Whether the in-order stream is held on bytes that do not authenticate (see
     /// [`Tls::expect_replacements`]).
     pub fn is_held(&self) -> bool {

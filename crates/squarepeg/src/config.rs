@@ -80,6 +80,10 @@ pub struct ConnectionConfig {
     /// stack's listeners answer Fast Open when its connection configuration enables it
     /// (`squarepeg_io::StackConfig::connection`).
     pub fast_open: bool,
+    /// A TLS handshake not complete this long after the connection started fails it
+    /// (`TlsFailure::HandshakeTimedOut`): a server that never answers, or bytes put in the
+    /// stream that the handshake would wait on for ever, must not hold it open.
+    pub handshake_timeout: Duration,
 }
 
 /// Pending Fast Open connections a listener accepts (RFC 7413 §5.1: the queue bounds the
@@ -120,6 +124,7 @@ impl Default for ConnectionConfig {
             status_queue: 1 << 16,
             tls: None,
             fast_open: false,
+            handshake_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -132,6 +137,7 @@ impl ConnectionConfig {
         c.read_buffer = self.read_buffer;
         c.plain_frames = self.plain_frames;
         c.tls = self.tls.clone();
+        c.handshake_timeout = self.handshake_timeout;
         c
     }
 
