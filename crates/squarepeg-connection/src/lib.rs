@@ -461,11 +461,12 @@ impl Connection {
             let mut reason = reason;
             if let RecordLayer::Tls(t) = &mut self.record {
                 // The stream ended where it was held on bytes that never authenticated (no
-                // replacement covered them), or inside a record: that is the record layer's
-                // failure, not a peer that closed.
+                // replacement covered them), or its FIN came inside a record: that is the
+                // record layer's failure, not a peer that closed. (A reset or a timeout keeps
+                // its own reason.)
                 let cut = if t.tls.ends_held() {
                     Some(TlsError::Decrypt)
-                } else if t.tls.ends_inside_record() {
+                } else if reason == TransportError::PeerClosed && t.tls.ends_inside_record() {
                     Some(TlsError::BadRecord)
                 } else {
                     None
