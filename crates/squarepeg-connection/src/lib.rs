@@ -1011,12 +1011,14 @@ impl Connection {
         }
     }
 
-    /// The connection runs at `now`: a TLS handshake's clock starts.
+    /// The connection runs at `now`: a TLS handshake's clock starts (a timeout too long to
+    /// add to `now` sets none).
     fn note_running(&mut self, now: Instant) {
         if let RecordLayer::Tls(t) = &mut self.record
-            && t.handshake_deadline.is_none()
+            && !t.handshake_clock_started
         {
-            t.handshake_deadline = Some(now + t.handshake_timeout);
+            t.handshake_clock_started = true;
+            t.handshake_deadline = now.checked_add(t.handshake_timeout);
         }
     }
 

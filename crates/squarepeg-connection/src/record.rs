@@ -114,6 +114,7 @@ pub(crate) struct TlsLayer {
     /// How long the handshake may take, and when it must be complete (set when the
     /// connection first runs).
     pub(crate) handshake_timeout: Duration,
+    pub(crate) handshake_clock_started: bool,
     pub(crate) handshake_deadline: Option<Instant>,
     /// Client: the plaintext offered as early data, until the handshake says whether the
     /// server took it (how much went early is `Tls::early_data`'s); server: 0.5-RTT frames
@@ -197,6 +198,7 @@ impl TlsLayer {
         Self {
             tls,
             handshake_timeout,
+            handshake_clock_started: false,
             handshake_deadline: None,
             staging: Vec::new(),
             carry_pos: 0,

@@ -350,6 +350,15 @@ fn a_handshake_that_stalls_times_out_and_a_finished_one_never_does() {
         )))
     );
     assert!(client.poll_shutdown(), "the FIN follows");
+    // A timeout too long to reach sets none (and does not overflow).
+    let (c, _) = setups(false);
+    let mut config = Config::default();
+    config.tls = Some(c);
+    config.handshake_timeout = Duration::MAX;
+    let mut patient = Connection::new(Role::Client, config, Substrate::byte_stream()).unwrap();
+    patient.poll_transmit(t0, &mut Vec::new(), 64 * 1024);
+    patient.handle_timeout(t0 + timeout * 100);
+    assert!(patient.session().error().is_none());
     // A handshake that finished is never timed out, however long the connection lives.
     let (c, s) = setups(false);
     let mut p = Pair::new(c, s);
