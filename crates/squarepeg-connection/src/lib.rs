@@ -1003,22 +1003,21 @@ impl Connection {
         .min()
     }
 
-    /// When an unfinished TLS handshake fails the connection.
+    /// When an unfinished TLS handshake fails the connection (a timeout too long to add to
+    /// the clock sets none).
     fn handshake_deadline(&self) -> Option<Instant> {
         match &self.record {
-            RecordLayer::Tls(t) if !t.failed && t.tls.is_handshaking() => t.handshake_deadline,
+            RecordLayer::Tls(t) if !t.failed && t.tls.is_handshaking() => t
+                .handshake_started
+                .and_then(|start| start.checked_add(t.handshake_timeout)),
             _ => None,
         }
     }
 
-    /// The connection runs at `now`: a TLS handshake's clock starts (a timeout too long to
-    /// add to `now` sets none).
+    /// The connection runs at `now`: a TLS handshake's clock starts.
     fn note_running(&mut self, now: Instant) {
-        if let RecordLayer::Tls(t) = &mut self.record
-            && !t.handshake_clock_started
-        {
-            t.handshake_clock_started = true;
-            t.handshake_deadline = now.checked_add(t.handshake_timeout);
+        if let RecordLayer::Tls(t) = &mut self.record {
+            t.handshake_started.get_or_insert(now);
         }
     }
 

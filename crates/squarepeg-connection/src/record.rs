@@ -111,11 +111,9 @@ pub(crate) struct TlsLayer {
     /// Since when the in-order stream is held on bytes that do not authenticate
     /// (`Tls::is_held`): it fails after [`MAX_HOLD`].
     pub(crate) held_since: Option<Instant>,
-    /// How long the handshake may take, and when it must be complete (set when the
-    /// connection first runs).
+    /// How long the handshake may take, from when the connection first ran.
     pub(crate) handshake_timeout: Duration,
-    pub(crate) handshake_clock_started: bool,
-    pub(crate) handshake_deadline: Option<Instant>,
+    pub(crate) handshake_started: Option<Instant>,
     /// Client: the plaintext offered as early data, until the handshake says whether the
     /// server took it (how much went early is `Tls::early_data`'s); server: 0.5-RTT frames
     /// that could not be sealed yet.
@@ -198,8 +196,7 @@ impl TlsLayer {
         Self {
             tls,
             handshake_timeout,
-            handshake_clock_started: false,
-            handshake_deadline: None,
+            handshake_started: None,
             staging: Vec::new(),
             carry_pos: 0,
             carry_cut: false,
