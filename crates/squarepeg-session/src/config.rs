@@ -36,9 +36,11 @@ pub struct Config {
     /// Unsent bytes the application may buffer per stream.
     pub stream_send_buffer: usize,
     /// Bytes of messages queued for sending (not yet handed to the
-    /// transport); `send_message` fails with `QueueFull` beyond it.
+    /// transport), each counted as [`crate::message_queue_cost`] (its payload and the
+    /// record kept of it); `send_message` fails with `QueueFull` beyond it.
     pub message_send_queue: usize,
-    /// Bytes of received messages waiting for the application; beyond it
+    /// Bytes of received messages waiting for the application, counted as
+    /// [`crate::message_queue_cost`]; beyond it
     /// [`crate::Session::receive_blocked`] asks the driver to stop reading.
     pub message_receive_queue: usize,
     /// Width of the message-number window used to drop duplicates.

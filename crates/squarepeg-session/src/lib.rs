@@ -75,8 +75,8 @@ pub use error::{
     transport_code,
 };
 pub use session::{
-    Event, FittedBatch, Message, MessageProps, MessageStatus, Role, Session, Stats, Transmit,
-    TransmitContent,
+    Event, FittedBatch, MESSAGE_RECORD_BYTES, Message, MessageProps, MessageStatus, Role, Session,
+    Stats, Transmit, TransmitContent, message_queue_cost,
 };
 pub use stream::ReadOutcome;
 

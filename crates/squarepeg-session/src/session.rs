@@ -190,6 +190,19 @@ const FORMATS_WITH_PLAIN: u64 = 0b11;
 /// RECORDS_REPLACED announcements kept until the record layer takes them, at most.
 pub const MAX_RECORDS_REPLACED: usize = 4096;
 
+/// What a message costs the message queues beyond its payload: about the memory of the
+/// record each queue keeps for it (number, properties, payload handle, flow entry). Counted
+/// so that `Config::message_send_queue` and `message_receive_queue` bound the memory the
+/// queues take, not only their payloads: a full 8 MiB queue of 64-byte messages used to
+/// hold 131 072 records, three times the payload, and sweeping them through the caches cost
+/// a sending process a quarter of its CPU (docs/results.md, "Messages over kernel TCP").
+pub const MESSAGE_RECORD_BYTES: usize = 128;
+
+/// What a message of `payload_len` bytes counts against the message queues' limits.
+pub fn message_queue_cost(payload_len: usize) -> usize {
+    payload_len.saturating_add(MESSAGE_RECORD_BYTES)
+}
+
 /// The frame-format choices of a session (docs/wire.md §3).
 #[derive(Clone, Copy, Debug, Default)]
 struct Formats {
@@ -515,7 +528,8 @@ impl Session {
     /// [`Event::SendQueueAvailable`] follows once room is freed.
     pub fn message_queue_has_room(&mut self, len: usize) -> bool {
         let room = self.queued_message_bytes == 0
-            || self.queued_message_bytes + len <= self.config.message_send_queue;
+            || self.queued_message_bytes + message_queue_cost(len)
+                <= self.config.message_send_queue;
         if !room {
             self.queue_full_reported = true;
         }
@@ -608,7 +622,7 @@ impl Session {
         if let Some(t) = deadline {
             self.deadlines.insert((t, number));
         }
-        self.queued_message_bytes += payload.len();
+        self.queued_message_bytes += message_queue_cost(payload.len());
         let flow = self
             .message_flows
             .entry((props.priority, props.substream))
@@ -740,7 +754,7 @@ impl Session {
         {
             self.squash.remove(&k);
         }
-        self.queued_message_bytes -= msg.payload.len();
+        self.queued_message_bytes -= message_queue_cost(msg.payload.len());
         if self.queue_full_reported
             && self.queued_message_bytes <= self.config.message_send_queue / 2
         {
@@ -786,7 +800,7 @@ impl Session {
     /// The next received message.
     pub fn poll_message(&mut self) -> Option<Message> {
         let m = self.received.pop_front()?;
-        self.received_bytes -= m.payload.len();
+        self.received_bytes -= message_queue_cost(m.payload.len());
         Some(m)
     }
 
@@ -1170,7 +1184,7 @@ impl Session {
         // Nothing queued will be sent now.
         for n in self.messages.numbers() {
             if let Some(m) = self.messages.remove(n) {
-                self.queued_message_bytes -= m.payload.len();
+                self.queued_message_bytes -= message_queue_cost(m.payload.len());
                 self.report(n, MessageStatus::Discarded);
             }
         }
@@ -1337,7 +1351,7 @@ impl Session {
                 if self.received.is_empty() {
                     self.events.push_back(Event::MessagesReceived);
                 }
-                self.received_bytes += frame.payload.len();
+                self.received_bytes += message_queue_cost(frame.payload.len());
                 self.received.push_back(Message {
                     substream,
                     number,

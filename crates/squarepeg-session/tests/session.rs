@@ -443,6 +443,61 @@ fn message_dedup_and_delivery() {
     assert!(s.poll_message().is_none());
 }
 
+/// Empty messages still take a record in each queue: both limits count it, so neither an
+/// application queueing them nor a peer sending them to an application that does not read
+/// can grow memory without bound.
+#[test]
+fn empty_messages_fill_both_queues() {
+    let mut config = Config::default();
+    config.message_send_queue = 64 * 1024;
+    config.message_receive_queue = 64 * 1024;
+    let per_queue = 64 * 1024 / MESSAGE_RECORD_BYTES;
+    let now = Instant::now();
+
+    let mut sender = Session::new(Role::Client, config.clone()).unwrap();
+    let mut queued = 0;
+    let full = loop {
+        match sender.send_message(now, Vec::new(), MessageProps::default()) {
+            Ok(_) => queued += 1,
+            Err(e) => break e,
+        }
+        assert!(
+            queued <= per_queue,
+            "more empty messages queued than the limit allows"
+        );
+    };
+    assert!(matches!(full, SendError::QueueFull { .. }), "{full:?}");
+    assert_eq!(queued, per_queue);
+    assert_eq!(
+        sender.queued_message_bytes(),
+        per_queue * MESSAGE_RECORD_BYTES
+    );
+
+    let mut receiver = Session::new(Role::Server, config).unwrap();
+    let mut delivered = 0u64;
+    while !receiver.receive_blocked() {
+        assert!(
+            delivered <= per_queue as u64,
+            "the receive queue never blocked on empty messages"
+        );
+        receiver.handle_frame(
+            now,
+            Frame {
+                header: FrameHeader::Message {
+                    substream: 0,
+                    number: delivered,
+                },
+                payload: Default::default(),
+            },
+        );
+        delivered += 1;
+    }
+    assert_eq!(delivered, per_queue as u64);
+    // Reading one unblocks it again.
+    assert!(receiver.poll_message().is_some());
+    assert!(!receiver.receive_blocked());
+}
+
 fn control(c: ControlFrame) -> Frame {
     let mut payload = Vec::new();
     c.encode(&mut payload).unwrap();

@@ -964,6 +964,7 @@ impl Connection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::MESSAGE_RECORD_BYTES;
     use squarepeg_connection::{Config, Connection as Core1, Role, Substrate};
 
     fn shared() -> Shared {
@@ -1045,7 +1046,8 @@ mod tests {
     /// to the session.
     #[test]
     fn outbox_admits_by_the_send_queue_limit() {
-        let mut ob = Outbox::new(10, 0, 100, false, true);
+        // Room for 100 payload bytes in two messages (each also costs its record).
+        let mut ob = Outbox::new(10, 0, 100 + 2 * MESSAGE_RECORD_BYTES, false, true);
         let now = Instant::now();
         let plain = MessageProps::default();
         // An empty queue takes any message, as the session's does.

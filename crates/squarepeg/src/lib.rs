@@ -103,13 +103,15 @@
 //! # Backpressure
 //!
 //! - Messages: [`Connection::send_message`] waits while the session's send
-//!   queue holds `Config::message_send_queue` bytes;
+//!   queue holds `Config::message_send_queue` bytes (each message counts its payload plus
+//!   [`MESSAGE_RECORD_BYTES`] for the record kept of it, so empty messages
+//!   fill the queue too);
 //!   [`Connection::try_send_message`] fails with [`SendError::QueueFull`]
 //!   instead.
 //! - Streams: writes wait (return `Pending`) while the stream's unsent
 //!   buffer is full; peer flow control drains it.
 //! - Receiving: when received messages fill `Config::message_receive_queue`
-//!   the driver stops reading the socket, so TCP's window pushes back on the
+//!   (counted the same way) the driver stops reading the socket, so TCP's window pushes back on the
 //!   peer; stream data is bounded by the flow-control credit we give.
 //!
 //! # Payloads
@@ -170,9 +172,10 @@ pub use squarepeg_io as io;
 pub use squarepeg_io::Stack;
 pub use squarepeg_session::control::ControlError;
 pub use squarepeg_session::{
-    Config as SessionConfig, ConfigError, ConnectionError, MAX_MESSAGE_SIZE, Message,
-    MessageNumber, MessageProps, MessageStatus, PathPolicy, Priority, ProtocolError, SendError,
-    Stats as SessionStats, StreamError, StreamId, TlsFailure, TransportError, transport_code,
+    Config as SessionConfig, ConfigError, ConnectionError, MAX_MESSAGE_SIZE, MESSAGE_RECORD_BYTES,
+    Message, MessageNumber, MessageProps, MessageStatus, PathPolicy, Priority, ProtocolError,
+    SendError, Stats as SessionStats, StreamError, StreamId, TlsFailure, TransportError,
+    transport_code,
 };
 /// TLS 1.3 set-ups (`squarepeg-tls`): client configurations trusting the system's roots, a
 /// CA, a pinned certificate; server configurations from PEM; self-signed certificates for

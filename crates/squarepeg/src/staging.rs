@@ -29,7 +29,9 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use bytes::Bytes;
-use squarepeg_session::{MAX_MESSAGE_SIZE, Message, MessageNumber, MessageProps};
+use squarepeg_session::{
+    MAX_MESSAGE_SIZE, Message, MessageNumber, MessageProps, message_queue_cost,
+};
 
 /// A message the application queued, not yet in the session.
 pub(crate) struct Staged {
@@ -43,7 +45,7 @@ pub(crate) struct Staged {
 /// Messages sent by the application on their way into the session.
 pub(crate) struct Outbox {
     pub(crate) messages: VecDeque<Staged>,
-    /// Payload bytes in `messages`.
+    /// What `messages` count against the send queue (`message_queue_cost`).
     bytes: usize,
     /// The number the next message gets.
     next_number: MessageNumber,
@@ -105,7 +107,8 @@ impl Outbox {
         let queued = self.session_bytes + self.bytes;
         // The session's own rule (`Session::message_queue_has_room`): a message always fits
         // an empty queue.
-        let room = queued == 0 || queued + payload.len() <= self.limit;
+        let cost = message_queue_cost(payload.len());
+        let room = queued == 0 || queued + cost <= self.limit;
         if !self.enabled
             || !self.open
             || !room
@@ -121,7 +124,7 @@ impl Outbox {
         // find it woken already (it drains the outbox whenever it takes output). A lifetime
         // may bring the earliest deadline, which the driver's timer must learn.
         let wake = self.messages.is_empty() || self.wake_every || props.lifetime.is_some();
-        self.bytes += payload.len();
+        self.bytes += cost;
         self.messages.push_back(Staged {
             number,
             payload,
