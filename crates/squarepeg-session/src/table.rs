@@ -147,7 +147,8 @@ impl<V> MessageTable<V> {
     }
 
     /// Every number in the table, ascending.
-    pub(crate) fn numbers(&self) -> Vec<MessageNumber> {
+    #[cfg(test)]
+    fn numbers(&self) -> Vec<MessageNumber> {
         let mut out: Vec<MessageNumber> = self.overflow.keys().copied().collect();
         out.sort_unstable();
         out.extend(
