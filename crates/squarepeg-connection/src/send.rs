@@ -167,11 +167,18 @@ impl TaggedSender {
             }
             let e = session.poll_event()?;
             if let Event::MessageStatus {
-                number,
+                numbers,
                 status: MessageStatus::Sent,
-            } = e
-                && self.in_tcp.contains_key(&number)
+            } = &e
+                && numbers.clone().any(|n| self.in_tcp.contains_key(&n))
             {
+                // Those in the TCP's queue get its verdict later; the rest of the run goes
+                // on now (`self.events` is empty here, so the order holds).
+                for n in numbers.clone() {
+                    if !self.in_tcp.contains_key(&n) {
+                        self.status(n, MessageStatus::Sent);
+                    }
+                }
                 continue;
             }
             // A graceful close of ours hands the CLOSE to the TCP behind everything queued
@@ -213,8 +220,20 @@ impl TaggedSender {
     }
 
     fn status(&mut self, number: MessageNumber, status: MessageStatus) {
-        self.events
-            .push_back(Event::MessageStatus { number, status });
+        if let Some(Event::MessageStatus {
+            numbers,
+            status: last,
+        }) = self.events.back_mut()
+            && *last == status
+            && numbers.end == number
+        {
+            numbers.end += 1;
+            return;
+        }
+        self.events.push_back(Event::MessageStatus {
+            numbers: number..number + 1,
+            status,
+        });
     }
 
     /// A report of the TCP queue about a message written to it. Returns the bytes written

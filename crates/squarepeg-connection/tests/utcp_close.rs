@@ -82,11 +82,13 @@ fn messages_queued_before_a_graceful_close_end_sent() {
             while conn.poll_event().is_some() {}
         }
         while let Some(ev) = client.0.poll_event() {
-            if let Event::MessageStatus { number, status } = ev {
-                assert!(
-                    statuses.insert(number, status).is_none(),
-                    "two statuses for {number}"
-                );
+            if let Event::MessageStatus { numbers, status } = ev {
+                for number in numbers {
+                    assert!(
+                        statuses.insert(number, status).is_none(),
+                        "two statuses for {number}"
+                    );
+                }
             }
         }
         if client.0.is_drained() && statuses.len() == 3 {

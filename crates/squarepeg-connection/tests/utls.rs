@@ -188,11 +188,13 @@ fn run(count: u32, path: &Path, props: impl Fn(u32) -> MessageProps) -> Outcome 
             while conn.poll_event().is_some() {}
         }
         while let Some(ev) = client.poll_event() {
-            if let Event::MessageStatus { number, status } = ev {
-                assert!(
-                    statuses.insert(number, status).is_none(),
-                    "two statuses for {number}"
-                );
+            if let Event::MessageStatus { numbers, status } = ev {
+                for number in numbers {
+                    assert!(
+                        statuses.insert(number, status).is_none(),
+                        "two statuses for {number}"
+                    );
+                }
             }
         }
         let server_done = server.as_ref().is_some_and(|(c, _)| c.is_drained());

@@ -85,9 +85,10 @@ pub enum MessageStatus {
 /// Something the application may want to react to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    /// Final status of a message.
+    /// Final status of messages `numbers` (consecutive numbers that got the same status in
+    /// a row: a batch of messages sent together is one event, not one per message).
     MessageStatus {
-        number: MessageNumber,
+        numbers: std::ops::Range<MessageNumber>,
         status: MessageStatus,
     },
     /// The receive queue went from empty to non-empty.
@@ -720,8 +721,21 @@ impl Session {
             MessageStatus::Squashed => self.stats.messages_squashed += 1,
             MessageStatus::Discarded => self.stats.messages_discarded += 1,
         }
-        self.events
-            .push_back(Event::MessageStatus { number, status });
+        // Runs: a bulk sender's statuses cost one event per batch, not one per message.
+        if let Some(Event::MessageStatus {
+            numbers,
+            status: last,
+        }) = self.events.back_mut()
+            && *last == status
+            && numbers.end == number
+        {
+            numbers.end += 1;
+            return;
+        }
+        self.events.push_back(Event::MessageStatus {
+            numbers: number..number + 1,
+            status,
+        });
     }
 
     /// Takes message `number` out of the queue with `status`, then applies

@@ -55,8 +55,8 @@ fn message_numbers(frames: &[(Frame, Transmit)]) -> Vec<u64> {
 fn statuses(s: &mut Session) -> Vec<(u64, MessageStatus)> {
     let mut v = Vec::new();
     while let Some(e) = s.poll_event() {
-        if let Event::MessageStatus { number, status } = e {
-            v.push((number, status));
+        if let Event::MessageStatus { numbers, status } = e {
+            v.extend(numbers.map(|n| (n, status)));
         }
     }
     v

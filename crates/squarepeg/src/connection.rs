@@ -352,13 +352,11 @@ impl Shared {
         let mut wake = [false; 5];
         while let Some(event) = st.conn.poll_event() {
             match event {
-                Event::MessageStatus { number, status } => {
+                Event::MessageStatus { numbers, status } => {
                     if st.statuses.limit == 0 {
                         continue;
                     }
-                    if st.statuses.push(number, status) {
-                        st.statuses_lagged += 1;
-                    }
+                    st.statuses_lagged += st.statuses.push_run(numbers, status);
                     wake[0] = true;
                 }
                 Event::MessagesReceived => {
@@ -501,20 +499,44 @@ impl StatusQueue {
     /// Appends a status; when the queue is full, drops the oldest one
     /// first and returns true.
     fn push(&mut self, number: MessageNumber, status: MessageStatus) -> bool {
-        let lagged = self.len >= self.limit;
-        if lagged {
-            self.pop();
-        }
-        match self.runs.back_mut() {
-            Some((first, count, s))
-                if *s == status && first.checked_add(*count) == Some(number) =>
-            {
-                *count += 1;
+        self.push_run(number..number.saturating_add(1), status) > 0
+    }
+
+    /// Appends the statuses of `numbers` (all `status`), oldest first; while the queue is
+    /// full, drops the oldest statuses (queued ones first, then the run's own) and returns
+    /// how many it dropped.
+    fn push_run(&mut self, numbers: std::ops::Range<MessageNumber>, status: MessageStatus) -> u64 {
+        let count = numbers.end.saturating_sub(numbers.start);
+        // Of the run, only the newest `limit` can stay.
+        let keep = count.min(self.limit as u64);
+        let mut dropped = count - keep;
+        while self.len as u64 + keep > self.limit as u64 {
+            let Some((first, n, _)) = self.runs.front_mut() else {
+                break;
+            };
+            let over = self.len as u64 + keep - self.limit as u64;
+            let k = over.min(*n);
+            if k == *n {
+                self.runs.pop_front();
+            } else {
+                *first += k;
+                *n -= k;
             }
-            _ => self.runs.push_back((number, 1, status)),
+            self.len -= k as usize;
+            dropped += k;
         }
-        self.len += 1;
-        lagged
+        if keep == 0 {
+            return dropped;
+        }
+        let start = numbers.end - keep;
+        match self.runs.back_mut() {
+            Some((first, n, s)) if *s == status && first.checked_add(*n) == Some(start) => {
+                *n += keep;
+            }
+            _ => self.runs.push_back((start, keep, status)),
+        }
+        self.len += keep as usize;
+        dropped
     }
 
     fn pop(&mut self) -> Option<(MessageNumber, MessageStatus)> {
@@ -1131,6 +1153,22 @@ mod tests {
                     1 => MessageStatus::Squashed,
                     _ => MessageStatus::Sent,
                 };
+                if r.is_multiple_of(3) {
+                    // A run of statuses at once, at times longer than the queue.
+                    let n = r % 13;
+                    let mut dropped = 0;
+                    for k in number..number + n {
+                        if plain.len() >= limit {
+                            plain.pop_front();
+                            dropped += 1;
+                        }
+                        plain.push_back((k, status));
+                    }
+                    assert_eq!(runs.push_run(number..number + n, status), dropped);
+                    number += n;
+                    assert_eq!(runs.len, plain.len());
+                    continue;
+                }
                 let lagged = plain.len() >= limit;
                 if lagged {
                     plain.pop_front();

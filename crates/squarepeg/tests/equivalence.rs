@@ -723,7 +723,11 @@ impl SimApp {
     fn receive(&mut self, conn: &mut Core) {
         while let Some(ev) = conn.poll_event() {
             match ev {
-                Event::MessageStatus { number, status } => self.rec.status(number, status),
+                Event::MessageStatus { numbers, status } => {
+                    for number in numbers {
+                        self.rec.status(number, status);
+                    }
+                }
                 Event::ConnectionLost(e) => self.rec.end(e),
                 _ => {}
             }

@@ -392,10 +392,12 @@ impl App for PlanApp {
         // Receiving.
         while let Some(ev) = conn.poll_event() {
             match ev {
-                Event::MessageStatus { number, status }
-                    if self.statuses.insert(number, status).is_some() =>
-                {
-                    self.errors.push(format!("message {number}: two statuses"));
+                Event::MessageStatus { numbers, status } => {
+                    for number in numbers {
+                        if self.statuses.insert(number, status).is_some() {
+                            self.errors.push(format!("message {number}: two statuses"));
+                        }
+                    }
                 }
                 Event::ConnectionLost(e) => self.lost = Some(e.to_string()),
                 _ => {}

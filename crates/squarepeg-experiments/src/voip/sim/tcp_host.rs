@@ -553,17 +553,19 @@ impl TcpVoiceHost {
         }
         while let Some(event) = core.poll_event() {
             match event {
-                squarepeg_session::Event::MessageStatus { number, status } => {
-                    let voice = c.numbers.get(&number).copied().unwrap_or(number);
-                    match status {
-                        MessageStatus::Expired | MessageStatus::Squashed => {
-                            c.dropped.insert(voice);
+                squarepeg_session::Event::MessageStatus { numbers, status } => {
+                    for number in numbers {
+                        let voice = c.numbers.get(&number).copied().unwrap_or(number);
+                        match status {
+                            MessageStatus::Expired | MessageStatus::Squashed => {
+                                c.dropped.insert(voice);
+                            }
+                            MessageStatus::Replaced => {
+                                c.replaced.insert(voice);
+                            }
+                            MessageStatus::Sent => self.timeline.push(SenderStep::Sent(voice)),
+                            _ => {}
                         }
-                        MessageStatus::Replaced => {
-                            c.replaced.insert(voice);
-                        }
-                        MessageStatus::Sent => self.timeline.push(SenderStep::Sent(voice)),
-                        _ => {}
                     }
                 }
                 squarepeg_session::Event::ConnectionLost(e) => {
