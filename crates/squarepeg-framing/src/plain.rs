@@ -131,8 +131,6 @@ pub(crate) struct PlainDecoder {
     filled: usize,
     pool: Arc<ChunkPool>,
     pinned_limit: usize,
-    /// Frames of the latest read: header and payload range in `buf`, or an error.
-    spans: Vec<Result<(FrameHeader, Range<usize>), FrameError>>,
     ready: VecDeque<Result<Frame, FrameError>>,
     /// A length over the limit was read: frame boundaries are lost, so every later byte is
     /// dropped (on a reliable stream the error ends the connection anyway).
@@ -154,7 +152,6 @@ impl PlainDecoder {
             filled: 0,
             pool,
             pinned_limit,
-            spans: Vec::new(),
             ready: VecDeque::new(),
             failed: false,
         }
@@ -200,72 +197,87 @@ impl PlainDecoder {
         self.filled - self.start
     }
 
-    /// Cuts the complete frames out of `buf[start..filled]`.
+    /// Cuts the complete frames out of `buf[start..filled]`: a first pass finds their extent
+    /// from the lengths alone (which decides whether the chunk is shared), a second decodes
+    /// the headers and queues the frames (no list of spans in between: this runs for every
+    /// frame received).
     fn cut(&mut self) {
         let mut pos = self.start;
-        let mut consumed = 0;
+        let mut oversize = None;
         while pos < self.filled {
-            let rest = &self.buf[pos..self.filled];
-            let Ok((len, len_len)) = varint::decode(rest) else {
+            let Ok((len, len_len)) = varint::decode(&self.buf[pos..self.filled]) else {
                 break; // the length itself is incomplete
             };
             if len > self.max_body as u64 {
-                self.spans.push(Err(FrameError::Oversize {
-                    len: Some(usize::try_from(len).unwrap_or(usize::MAX)),
-                    limit: self.max_body,
-                }));
-                self.failed = true;
+                oversize = Some(len);
                 break;
             }
-            let len = len as usize;
-            if rest.len() < len_len + len {
+            let end = pos + len_len + len as usize;
+            if end > self.filled {
                 break;
             }
-            let body = pos + len_len..pos + len_len + len;
-            self.spans.push(
-                FrameHeader::decode(&self.buf[body.clone()])
-                    .map(|(header, head_len)| (header, body.start + head_len..body.end))
-                    .map_err(|e| match e {
-                        // A body too short for its header.
-                        HeaderError::Truncated => FrameError::TooShort,
-                        other => other.into(),
-                    }),
-            );
-            consumed += len_len + len;
-            pos = body.end;
+            pos = end;
         }
-        if self.spans.is_empty() {
-            return;
-        }
-        let worth_a_chunk = consumed >= self.pool.chunk_size / 8;
-        if worth_a_chunk && self.pool.live() + self.buf.len() <= self.pinned_limit {
-            // The frames' bytes stay where they were read: the chunk is shared and the
-            // payloads are slices of it; the partial frame after them moves to a new chunk.
-            let tail = self.filled - pos;
-            let mut next = self.pool.get(tail + self.read_size);
-            next[..tail].copy_from_slice(&self.buf[pos..self.filled]);
-            let chunk = self.pool.share(std::mem::replace(&mut self.buf, next));
-            for span in self.spans.drain(..) {
-                self.ready.push_back(span.map(|(header, range)| Frame {
-                    header,
-                    payload: chunk.slice(range),
-                }));
+        let from = self.start;
+        let consumed = pos - from;
+        if consumed > 0 {
+            let worth_a_chunk = consumed >= self.pool.chunk_size / 8;
+            if worth_a_chunk && self.pool.live() + self.buf.len() <= self.pinned_limit {
+                // The frames' bytes stay where they were read: the chunk is shared and the
+                // payloads are slices of it; the partial frame after them moves to a new
+                // chunk.
+                let tail = self.filled - pos;
+                let mut next = self.pool.get(tail + self.read_size);
+                next[..tail].copy_from_slice(&self.buf[pos..self.filled]);
+                let chunk = self.pool.share(std::mem::replace(&mut self.buf, next));
+                queue_frames(&mut self.ready, &chunk[from..pos], from, |r| chunk.slice(r));
+                self.start = 0;
+                self.filled = tail;
+            } else {
+                let buf = &self.buf;
+                queue_frames(&mut self.ready, &buf[from..pos], from, |r| {
+                    Bytes::copy_from_slice(&buf[r])
+                });
+                self.start = pos;
             }
-            self.start = 0;
-            self.filled = tail;
-        } else {
-            for span in self.spans.drain(..) {
-                self.ready.push_back(span.map(|(header, range)| Frame {
-                    header,
-                    payload: Bytes::copy_from_slice(&self.buf[range]),
-                }));
-            }
-            self.start = pos;
         }
-        if self.failed {
+        if let Some(len) = oversize {
+            self.ready.push_back(Err(FrameError::Oversize {
+                len: Some(usize::try_from(len).unwrap_or(usize::MAX)),
+                limit: self.max_body,
+            }));
+            self.failed = true;
             self.start = 0;
             self.filled = 0;
         }
+    }
+}
+
+/// Queues the frames of `bytes` (whole frames, their lengths checked by the caller), which
+/// start at offset `base` of the buffer `payload` takes ranges of.
+fn queue_frames(
+    ready: &mut VecDeque<Result<Frame, FrameError>>,
+    bytes: &[u8],
+    base: usize,
+    payload: impl Fn(Range<usize>) -> Bytes,
+) {
+    let mut pos = 0;
+    while pos < bytes.len() {
+        let Ok((len, len_len)) = varint::decode(&bytes[pos..]) else {
+            debug_assert!(false, "lengths were checked");
+            return;
+        };
+        let body = pos + len_len..pos + len_len + len as usize;
+        ready.push_back(match FrameHeader::decode(&bytes[body.clone()]) {
+            Ok((header, head_len)) => Ok(Frame {
+                header,
+                payload: payload(base + body.start + head_len..base + body.end),
+            }),
+            // A body too short for its header.
+            Err(HeaderError::Truncated) => Err(FrameError::TooShort),
+            Err(other) => Err(other.into()),
+        });
+        pos = body.end;
     }
 }
 

@@ -53,6 +53,14 @@ impl NumberWindow {
     /// Inserts `n`. Returns false if it was already present or is older
     /// than the window (the caller treats both as seen).
     pub(crate) fn insert(&mut self, n: u64) -> bool {
+        if n == self.end {
+            // The next number, as on an in-order stream: the window moves by one, and the
+            // slot it moves over (that of `n - ring`, long outside it) becomes `n`'s.
+            let (w, b) = self.slot(n);
+            self.bits[w] |= b;
+            self.end = n + 1;
+            return true;
+        }
         match self.contains(n) {
             None | Some(true) => return false,
             Some(false) => {}
