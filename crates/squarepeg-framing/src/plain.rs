@@ -20,7 +20,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::decoder::{ChunkPool, Fill};
-use crate::{Frame, FrameError, FrameHeader, HeaderError, varint};
+use crate::{Frame, FrameError, FrameHeader, HeaderError, MAX_HEADER_LEN, varint};
 
 /// The frame formats a direction of a connection can be in (the `format` of a Switch frame,
 /// and bits of the PARAMS receive-formats parameter).
@@ -109,11 +109,16 @@ pub fn encode_plain_frame(
     crate::frame::check_stream_end(header, payload.len())?;
     let body = (head_len + payload.len()) as u64;
     let (len, len_len) = varint::to_bytes(body)?;
-    out.reserve(len_len + head_len + payload.len());
-    out.extend_from_slice(&len[..len_len]);
-    out.extend_from_slice(&head[..head_len]);
+    // Length and header are put together first: one copy of the prefix into `out` rather
+    // than two (this runs for every frame sent).
+    let mut prefix = [0u8; 8 + MAX_HEADER_LEN];
+    prefix[..8].copy_from_slice(&len);
+    prefix[len_len..len_len + MAX_HEADER_LEN].copy_from_slice(&head);
+    let prefix_len = len_len + head_len;
+    out.reserve(prefix_len + payload.len());
+    out.extend_from_slice(&prefix[..prefix_len]);
     out.extend_from_slice(payload);
-    Ok(len_len + head_len + payload.len())
+    Ok(prefix_len + payload.len())
 }
 
 /// Splits an in-order stream of plain frames into frames, reading straight into pooled chunks
