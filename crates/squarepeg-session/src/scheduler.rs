@@ -75,19 +75,28 @@ impl Scheduler {
         None
     }
 
-    /// Charges the flow `peek` returned for `bytes` sent.
     /// Whether [`Scheduler::peek`] would return `flow` of class `urgency`
     /// again without changing anything: it is at the front of its ring,
     /// which is the first with flows, and its deficit is not spent. True
     /// right after `peek` chose it and `charge` left it credit.
     pub(crate) fn would_pick_again(&self, urgency: Priority, flow: Flow) -> bool {
-        let u = urgency.index();
-        self.rings[..u].iter().all(VecDeque::is_empty)
-            && self.rings[u]
-                .front()
-                .is_some_and(|&(f, deficit)| f == flow && deficit > 0)
+        self.credit_if_next(urgency, flow).is_some()
     }
 
+    /// The bytes `flow` may still send before [`Scheduler::peek`] moves on, if it
+    /// [would pick it again](Scheduler::would_pick_again).
+    pub(crate) fn credit_if_next(&self, urgency: Priority, flow: Flow) -> Option<usize> {
+        let u = urgency.index();
+        if !self.rings[..u].iter().all(VecDeque::is_empty) {
+            return None;
+        }
+        match self.rings[u].front() {
+            Some(&(f, deficit)) if f == flow && deficit > 0 => Some(deficit as usize),
+            _ => None,
+        }
+    }
+
+    /// Charges the flow `peek` returned for `bytes` sent.
     pub(crate) fn charge(&mut self, urgency: Priority, flow: Flow, bytes: usize) {
         let ring = &mut self.rings[urgency.index()];
         // `peek` left it at the front; look further only if the caller

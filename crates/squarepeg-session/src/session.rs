@@ -1785,6 +1785,10 @@ impl Session {
                 continue;
             };
             let flow = Flow::Messages { substream };
+            if self.fit.is_none() {
+                batch.frames += self.transmit_message_run(priority, substream, buf, end);
+                continue;
+            }
             while buf.len() < end && self.scheduler.would_pick_again(priority, flow) {
                 if let Some(fit) = &mut self.fit {
                     *fit = Fit {
@@ -1996,6 +2000,66 @@ impl Session {
             content,
             path,
         })
+    }
+
+    /// [`Session::transmit_message`] repeated while the scheduler would pick the flow
+    /// (`priority`, `substream`) again and `buf` is shorter than `end`, with the flow looked
+    /// up once and the scheduler charged once: the bulk of a batch of small messages. Not
+    /// for a fitted batch, which checks each message's room. Returns the frames appended.
+    fn transmit_message_run(
+        &mut self,
+        priority: Priority,
+        substream: u64,
+        buf: &mut Vec<u8>,
+        end: usize,
+    ) -> usize {
+        let scheduled = Flow::Messages { substream };
+        let Some(credit) = self.scheduler.credit_if_next(priority, scheduled) else {
+            return 0;
+        };
+        let key = (priority, substream);
+        // Out of the map while it sends: nothing below looks flows up.
+        let Some(mut flow) = self.message_flows.remove(&key) else {
+            return 0;
+        };
+        let start = buf.len();
+        let mut frames = 0;
+        while buf.len() < end && buf.len() - start < credit {
+            let messages = &self.messages;
+            if flow.front(|n| messages.contains(n)).is_none() {
+                break;
+            }
+            let Some(entry) = flow.pop_front() else {
+                break;
+            };
+            let number = entry.number();
+            let payload = match entry {
+                FlowEntry::Inline(m) => {
+                    self.dequeued(number, m.payload.len(), MessageStatus::Sent);
+                    m.payload
+                }
+                FlowEntry::Tabled(_) => {
+                    // `front` skipped the entries no longer in the table.
+                    let Some(msg) = self.messages.remove(number) else {
+                        continue;
+                    };
+                    self.forget_message(number, &msg, MessageStatus::Sent);
+                    self.pin_dependencies(msg.depends_on);
+                    msg.payload
+                }
+            };
+            let header = FrameHeader::Message { substream, number };
+            // Message numbers and sub-streams below 2^62 always encode.
+            if self.stats.send_format.encode(&header, &payload, buf).is_ok() {
+                frames += 1;
+            }
+        }
+        self.stats.frames_sent += frames as u64;
+        self.scheduler.charge(priority, scheduled, buf.len() - start);
+        if flow.live > 0 {
+            self.message_flows.insert(key, flow);
+        }
+        frames
     }
 
     fn transmit_chunk(
