@@ -389,6 +389,8 @@ pub struct Session {
     /// Entries of messages removed out of turn (squash, expiry) stay until
     /// they reach the front or the queue is compacted.
     message_flows: IntMap<(Priority, u64), FlowQueue>,
+    /// An empty flow queue's memory, for the next flow (see [`Session::keep_spare`]).
+    spare_flow_entries: VecDeque<FlowEntry>,
     deadlines: BTreeSet<(Instant, MessageNumber)>,
     squash: IntMap<u64, MessageNumber>,
     /// Recently dropped (expired, squashed) numbers, for `depends_on`.
@@ -451,6 +453,7 @@ impl Session {
             next_message: 0,
             messages: MessageTable::default(),
             message_flows: IntMap::default(),
+            spare_flow_entries: VecDeque::new(),
             deadlines: BTreeSet::new(),
             squash: IntMap::default(),
             dropped: NumberWindow::new(config.dedup_window),
@@ -664,10 +667,14 @@ impl Session {
         self.queued_message_bytes += message_queue_cost(payload.len());
         let path = props.path.unwrap_or(self.config.message_path);
         let inline = deadline.is_none() && props.depends_on.is_none() && props.squash_key.is_none();
+        let spare = &mut self.spare_flow_entries;
         let flow = self
             .message_flows
             .entry((props.priority, props.substream))
-            .or_default();
+            .or_insert_with(|| FlowQueue {
+                entries: std::mem::take(spare),
+                live: 0,
+            });
         // The payload, if the message goes into the table.
         let tabled = if inline {
             flow.push(FlowEntry::Inline(InlineMessage {
@@ -799,7 +806,7 @@ impl Session {
         if let Some(q) = self.message_flows.get_mut(&key) {
             q.remove(number, |k| messages.contains(k));
             if q.live == 0 {
-                self.message_flows.remove(&key);
+                self.retire_flow(key);
             }
         }
         self.forget_message(number, &msg, status);
@@ -1964,7 +1971,7 @@ impl Session {
         }
         let entry = flow.pop_front()?;
         if flow.live == 0 {
-            self.message_flows.remove(&key);
+            self.retire_flow(key);
         }
         let (payload, content, path) = match entry {
             FlowEntry::Inline(m) => {
@@ -2000,6 +2007,25 @@ impl Session {
             content,
             path,
         })
+    }
+
+    /// Takes the flow `key`, now without queued messages, out of the map; its queue's memory
+    /// is kept for the next flow.
+    fn retire_flow(&mut self, key: (Priority, u64)) {
+        if let Some(flow) = self.message_flows.remove(&key) {
+            self.keep_spare(flow.entries);
+        }
+    }
+
+    /// Keeps the larger of `entries` (emptied) and the spare queue for the next flow to
+    /// start with: a bulk sender's flow empties and refills at every batch, and growing a
+    /// fresh queue to thousands of entries each time touched new memory at every step (page
+    /// faults, copies).
+    fn keep_spare(&mut self, mut entries: VecDeque<FlowEntry>) {
+        if entries.capacity() > self.spare_flow_entries.capacity() {
+            entries.clear();
+            self.spare_flow_entries = entries;
+        }
     }
 
     /// [`Session::transmit_message`] repeated while the scheduler would pick the flow
@@ -2050,14 +2076,22 @@ impl Session {
             };
             let header = FrameHeader::Message { substream, number };
             // Message numbers and sub-streams below 2^62 always encode.
-            if self.stats.send_format.encode(&header, &payload, buf).is_ok() {
+            if self
+                .stats
+                .send_format
+                .encode(&header, &payload, buf)
+                .is_ok()
+            {
                 frames += 1;
             }
         }
         self.stats.frames_sent += frames as u64;
-        self.scheduler.charge(priority, scheduled, buf.len() - start);
+        self.scheduler
+            .charge(priority, scheduled, buf.len() - start);
         if flow.live > 0 {
             self.message_flows.insert(key, flow);
+        } else {
+            self.keep_spare(flow.entries);
         }
         frames
     }
