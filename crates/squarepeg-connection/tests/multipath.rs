@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use squarepeg_connection::{
     ConnectionError, MultipathConfig, MultipathConnection, Path, PathEvent, PathId, PathPolicy,
-    Role, TransportError,
+    Role, TlsFailure, TransportError,
 };
 use squarepeg_session::{MessageProps, ReadOutcome};
 use squarepeg_tls::config::{self, Trust};
@@ -1242,4 +1242,38 @@ fn an_early_blackhole_after_a_join_loses_nothing() {
         let got = run(&mut w, &traffic, &schedule, Duration::from_secs(60));
         check_exactly_once(&got, &traffic);
     }
+}
+
+/// A connection whose server never answers its handshake is closed `handshake_timeout`
+/// after it was added, not before; when it was the session's only one, the session ends
+/// with that reason (a connect that would otherwise wait for ever).
+#[test]
+fn a_stalled_handshake_closes_its_path() {
+    let mut config = mp_config();
+    config.handshake_timeout = Duration::from_secs(2);
+    let mut client = MultipathConnection::new(Role::Client, config).unwrap();
+    let tls = Tls::client(tls_setup().client, NAME).unwrap();
+    let start = Instant::now();
+    let id = client.add_path(start, Path::new(tls, 64 * 1024));
+    let mut out = Vec::new();
+    client.poll_transmit(id, start, &mut out, usize::MAX);
+    assert!(!out.is_empty(), "the ClientHello goes out");
+    // Nothing comes back. The timer names the deadline; nothing happens before it.
+    let deadline = start + Duration::from_secs(2);
+    assert_eq!(client.poll_timeout(), Some(deadline));
+    client.handle_timeout(deadline - MS);
+    assert!(!client.path_is_finished(id));
+    assert!(client.session().error().is_none());
+    client.handle_timeout(deadline);
+    assert!(client.path_is_finished(id));
+    assert_eq!(client.stats().handshakes_timed_out, 1);
+    let timed_out = TransportError::Tls(TlsFailure::HandshakeTimedOut);
+    assert_eq!(
+        client.closed_paths().map(|c| c.reason).collect::<Vec<_>>(),
+        vec![timed_out]
+    );
+    assert_eq!(
+        client.session().error(),
+        Some(&ConnectionError::Transport(timed_out))
+    );
 }

@@ -44,7 +44,10 @@ pub struct MultipathOptions {
     pub connect_timeout: Duration,
     /// Server: join tickets per connection, their lifetime, how many are kept.
     pub join: JoinConfig,
-    /// Server: how long a new connection's TLS handshake may take.
+    /// How long a new connection's TLS handshake may take: a server's, before the
+    /// connection starts or joins a session; a client's first connection and each of its
+    /// joins (the core's `handshake_timeout`, which this overrides), after which the
+    /// connect fails or the join's path is tried again.
     pub handshake_timeout: Duration,
     /// Server: most connections a session may have at once (a join beyond is closed).
     pub max_paths: usize,
@@ -68,6 +71,7 @@ impl MultipathOptions {
         let mut core = self.core.clone();
         core.session = config.session.clone();
         core.read_buffer = config.read_buffer;
+        core.handshake_timeout = self.handshake_timeout;
         // A stream spread over paths of different RTTs arrives out of order by their
         // difference, which the receiver must hold: the single-connection default (1 MiB)
         // held an asymmetric pair of paths (10 ms / 40 Mbit/s, 30 ms / 20 Mbit/s) to half

@@ -116,6 +116,11 @@ pub struct MultipathConfig {
     /// connection) after them, so that the stream's hole is filled first. Off: in the order
     /// sent. Nothing on the wire changes.
     pub resend_missing_first: bool,
+    /// A connection added while its TLS handshake runs (the client's first one and its
+    /// joins) that has not finished it this long after it was added is closed
+    /// (`TlsFailure::HandshakeTimedOut`): a server that stalls mid-handshake neither holds
+    /// the first connect for ever nor keeps a join's slot.
+    pub handshake_timeout: Duration,
 }
 
 impl Default for MultipathConfig {
@@ -131,6 +136,7 @@ impl Default for MultipathConfig {
             linger: Duration::from_secs(30),
             reinject: true,
             resend_missing_first: true,
+            handshake_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -148,8 +154,10 @@ impl MultipathConfig {
         if self.path_timeout <= self.ack_delay {
             return Err(ConfigError("path_timeout must exceed ack_delay"));
         }
-        if self.probe_interval.is_zero() {
-            return Err(ConfigError("probe_interval must be > 0"));
+        if self.probe_interval.is_zero() || self.handshake_timeout.is_zero() {
+            return Err(ConfigError(
+                "probe_interval and handshake_timeout must be > 0",
+            ));
         }
         Ok(())
     }
@@ -240,6 +248,9 @@ pub struct MultipathStats {
     pub paths_closed: u64,
     /// Connections declared dead for lack of acknowledgements.
     pub paths_timed_out: u64,
+    /// Connections closed because their TLS handshake took longer than
+    /// [`MultipathConfig::handshake_timeout`].
+    pub handshakes_timed_out: u64,
     /// Frames re-sent on another connection after theirs died.
     pub frames_resent: u64,
     /// Of those, frames the peer most likely had (sealed more than a one-way trip before a
@@ -302,6 +313,8 @@ pub struct Path {
     /// A client's join: refused unless its handshake resumed (a server that did not take
     /// the ticket made a full handshake, i.e. a new session that this one is not).
     must_resume: bool,
+    /// Added to a session still handshaking: when the handshake must be done by.
+    handshake_deadline: Option<Instant>,
 }
 
 impl fmt::Debug for Path {
@@ -346,6 +359,7 @@ impl Path {
             fin_sent: false,
             closed: false,
             must_resume: false,
+            handshake_deadline: None,
         }
     }
 
@@ -391,6 +405,14 @@ impl Path {
 
     fn usable(&self) -> bool {
         !self.closed && self.tls_failed.is_none() && self.is_established() && !self.fin_sent
+    }
+
+    /// When its handshake times out, if it is still running one.
+    fn handshake_deadline(&self) -> Option<Instant> {
+        if self.closed || self.tls_failed.is_some() || self.is_established() {
+            return None;
+        }
+        self.handshake_deadline
     }
 
     /// The RTT to steer by: the smoothed one, or the age of an unanswered probe if that is
@@ -544,10 +566,14 @@ impl MultipathConnection {
 
     /// Adds a connection (established or still handshaking; a server's is established and
     /// admitted by its join registry). Plaintext it received already goes to the session.
-    pub fn add_path(&mut self, now: Instant, path: Path) -> PathId {
+    pub fn add_path(&mut self, now: Instant, mut path: Path) -> PathId {
         let id = PathId(self.next_path);
         self.next_path += 1;
         self.stats.paths_added += 1;
+        if !path.is_established() {
+            // A deadline too far to add to the clock is none.
+            path.handshake_deadline = now.checked_add(self.config.handshake_timeout);
+        }
         if path.usable() {
             // A server's path comes established (and admitted).
             self.ever_established = true;
@@ -1150,6 +1176,9 @@ impl MultipathConnection {
             }
         };
         let reinject = self.reinjects();
+        for p in self.paths.values() {
+            at(p.handshake_deadline());
+        }
         for p in self.paths.values().filter(|p| p.usable()) {
             at(p.ack_due);
             at(p.next_probe);
@@ -1207,6 +1236,20 @@ impl MultipathConnection {
             if poll && !self.to_wake.contains(&id) {
                 self.to_wake.push(id);
             }
+        }
+        let stalled: Vec<PathId> = self
+            .paths
+            .iter()
+            .filter(|(_, p)| p.handshake_deadline().is_some_and(|t| t <= now))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in stalled {
+            self.stats.handshakes_timed_out += 1;
+            self.path_gone(
+                id,
+                now,
+                TransportError::Tls(squarepeg_session::TlsFailure::HandshakeTimedOut),
+            );
         }
         for id in suspects {
             self.reinject_from(id, now);
