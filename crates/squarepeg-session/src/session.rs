@@ -606,6 +606,63 @@ impl Session {
         self.queue_message(now, payload.into(), props, false)
     }
 
+    /// [`Session::send_admitted_message`] for each of `messages` (each with the `now` it was
+    /// queued at), in order, as many calls would; stops at the first the session refuses and
+    /// returns how many it took and why it stopped (what is left in the iterator is not
+    /// taken). Faster per message: a run of messages of one flow without lifetime, squash
+    /// key or dependency joins the flow's queue with the flow looked up once.
+    pub fn send_admitted_messages(
+        &mut self,
+        messages: impl IntoIterator<Item = (Instant, Bytes, MessageProps)>,
+    ) -> (usize, Option<SendError>) {
+        let inline = |payload: &Bytes, props: &MessageProps| {
+            payload.len() <= MAX_MESSAGE_SIZE
+                && props.lifetime.is_none()
+                && props.depends_on.is_none()
+                && props.squash_key.is_none()
+        };
+        let mut messages = messages.into_iter().peekable();
+        let mut taken = 0;
+        while let Some((now, payload, props)) = messages.next() {
+            if !(matches!(self.state, State::Open) && inline(&payload, &props)) {
+                match self.queue_message(now, payload, props, false) {
+                    Ok(_) => taken += 1,
+                    Err(e) => return (taken, Some(e)),
+                }
+                continue;
+            }
+            // What `queue_message` does for such a message, for the whole run.
+            let key = (props.priority, props.substream);
+            let spare = &mut self.spare_flow_entries;
+            let flow = self.message_flows.entry(key).or_insert_with(|| FlowQueue {
+                entries: std::mem::take(spare),
+                live: 0,
+            });
+            let was_idle = flow.live == 0;
+            let mut next = Some((payload, props));
+            while let Some((payload, props)) = next.take() {
+                let number = self.next_message;
+                self.next_message += 1;
+                self.queued_message_bytes += message_queue_cost(payload.len());
+                flow.push(FlowEntry::Inline(InlineMessage {
+                    number,
+                    payload,
+                    path: props.path.unwrap_or(self.config.message_path),
+                    replayable: props.safely_replayable,
+                }));
+                taken += 1;
+                next = messages
+                    .next_if(|(_, p, pr)| (pr.priority, pr.substream) == key && inline(p, pr))
+                    .map(|(_, p, pr)| (p, pr));
+            }
+            if was_idle {
+                self.scheduler
+                    .activate(key.0, Flow::Messages { substream: key.1 });
+            }
+        }
+        (taken, None)
+    }
+
     fn queue_message(
         &mut self,
         now: Instant,

@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use proptest::prelude::*;
 use squarepeg_framing::{DEFAULT_MAX_BODY, Frame, FrameHeader, StreamDecoder, encode_frame};
 use squarepeg_session::control::{self, ControlFrame};
@@ -1242,4 +1243,68 @@ fn records_replaced_goes_only_to_an_out_of_order_reader_of_numbered_records() {
                 Ok(ControlFrame::RecordsReplaced { .. })
             )
     }));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// `send_admitted_messages` queues exactly what one `send_admitted_message` call per
+    /// message would: the same bytes go out, with the same statuses and counters, for any
+    /// mix of flows, lifetimes, dependencies and squash keys, taken in batches of any size.
+    #[test]
+    fn batch_queueing_equals_single_messages(
+        ops in proptest::collection::vec((0u8..8, 0u8..6, 0u16..3000, 0u8..16), 1..200),
+        batches in proptest::collection::vec(1usize..40, 1..20),
+    ) {
+        let start = Instant::now();
+        let message = |i: usize, &(urgency, substream, len, extra): &(u8, u8, u16, u8)| {
+            let mut p = props(u64::from(substream % 3), urgency % 4);
+            match extra % 8 {
+                0 => p.lifetime = Some(Duration::from_millis(u64::from(len % 3))),
+                1 if i > 0 => p.depends_on = Some(i as u64 - 1),
+                2 => p.squash_key = Some(u64::from(substream % 2)),
+                3 => p.safely_replayable = true,
+                _ => {}
+            }
+            (start, Bytes::from(vec![substream; usize::from(len)]), p)
+        };
+        let mut single = session(Role::Client);
+        let mut batched = session(Role::Client);
+        for (i, op) in ops.iter().enumerate() {
+            let (now, payload, p) = message(i, op);
+            prop_assert_eq!(single.send_admitted_message(now, payload, p).unwrap(), i as u64);
+        }
+        let mut all = ops.iter().enumerate().map(|(i, op)| message(i, op));
+        for &n in batches.iter().cycle() {
+            let (taken, refused) = batched.send_admitted_messages(all.by_ref().take(n));
+            prop_assert!(refused.is_none());
+            if taken == 0 {
+                break;
+            }
+        }
+        prop_assert_eq!(batched.next_message_number(), ops.len() as u64);
+        prop_assert_eq!(single.queued_message_bytes(), batched.queued_message_bytes());
+        let now = start + Duration::from_millis(1);
+        let (mut one, mut many) = (Vec::new(), Vec::new());
+        while single.poll_transmit(now, &mut one).is_some() {}
+        while batched.poll_transmit(now, &mut many).is_some() {}
+        prop_assert_eq!(&one, &many);
+        prop_assert_eq!(single.stats(), batched.stats());
+        prop_assert_eq!(statuses(&mut single), statuses(&mut batched));
+    }
+}
+
+/// A closing session takes nothing from a batch and says why; what it took before stays.
+#[test]
+fn a_closing_session_refuses_a_batch() {
+    let now = Instant::now();
+    let mut s = session(Role::Client);
+    let batch =
+        |n: usize| (0..n).map(move |_| (now, Bytes::from_static(b"m"), MessageProps::default()));
+    assert_eq!(s.send_admitted_messages(batch(3)), (3, None));
+    s.close(0, b"");
+    let (taken, refused) = s.send_admitted_messages(batch(2));
+    assert_eq!(taken, 0);
+    assert!(matches!(refused, Some(SendError::Closing)), "{refused:?}");
+    assert_eq!(s.next_message_number(), 3);
 }

@@ -258,29 +258,33 @@ impl Shared {
 
     /// Queues the messages taken from the outbox in the session (`st` locked).
     fn move_staged(&self, st: &mut State) {
-        let mut discarded = false;
-        while let Some(m) = st.staged.pop_front() {
-            match st
-                .conn
-                .session_mut()
-                .send_admitted_message(m.queued_at, m.payload, m.props)
-            {
-                Ok(n) => debug_assert_eq!(n, m.number, "outbox and session numbers agree"),
-                Err(_) => {
-                    // The session closed after the outbox took the message: it is
-                    // discarded, as one queued in the session would have been.
-                    st.staged_discarded += 1;
-                    discarded = true;
-                    if st.statuses.limit > 0 && st.statuses.push(m.number, MessageStatus::Discarded)
-                    {
-                        st.statuses_lagged += 1;
-                    }
-                }
+        let Some(first) = st.staged.front().map(|m| m.number) else {
+            return;
+        };
+        debug_assert_eq!(
+            first,
+            st.conn.session().next_message_number(),
+            "outbox and session numbers agree"
+        );
+        let count = st.staged.len() as u64;
+        let (taken, refused) = st.conn.session_mut().send_admitted_messages(
+            st.staged
+                .drain(..)
+                .map(|m| (m.queued_at, m.payload, m.props)),
+        );
+        if refused.is_none() {
+            return;
+        }
+        // The session closed after the outbox took them: the messages from the refused one
+        // on are discarded, as ones queued in the session would have been (the outbox
+        // numbers consecutively).
+        for number in first + taken as u64..first + count {
+            st.staged_discarded += 1;
+            if st.statuses.limit > 0 && st.statuses.push(number, MessageStatus::Discarded) {
+                st.statuses_lagged += 1;
             }
         }
-        if discarded {
-            self.statuses.notify_waiters();
-        }
+        self.statuses.notify_waiters();
     }
 
     /// Queues a message in the session itself (`st` locked): one the outbox would not take.
