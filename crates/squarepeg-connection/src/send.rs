@@ -220,20 +220,7 @@ impl TaggedSender {
     }
 
     fn status(&mut self, number: MessageNumber, status: MessageStatus) {
-        if let Some(Event::MessageStatus {
-            numbers,
-            status: last,
-        }) = self.events.back_mut()
-            && *last == status
-            && numbers.end == number
-        {
-            numbers.end += 1;
-            return;
-        }
-        self.events.push_back(Event::MessageStatus {
-            numbers: number..number + 1,
-            status,
-        });
+        Event::push_status(&mut self.events, number, status);
     }
 
     /// A report of the TCP queue about a message written to it. Returns the bytes written

@@ -107,6 +107,28 @@ pub enum Event {
     ConnectionLost(ConnectionError),
 }
 
+impl Event {
+    /// Appends message `number`'s `status` to `events`: to the run at the back if it
+    /// continues it (the same status, the next number), else as a run of its own. Runs: a
+    /// bulk sender's statuses cost one event per batch, not one per message.
+    pub fn push_status(events: &mut VecDeque<Event>, number: MessageNumber, status: MessageStatus) {
+        if let Some(Event::MessageStatus {
+            numbers,
+            status: last,
+        }) = events.back_mut()
+            && *last == status
+            && numbers.end == number
+        {
+            numbers.end += 1;
+            return;
+        }
+        events.push_back(Event::MessageStatus {
+            numbers: number..number + 1,
+            status,
+        });
+    }
+}
+
 /// A frame [`Session::poll_transmit`] appended, with the metadata a tagged
 /// send queue needs to keep binding late (Minion §4.2).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -785,21 +807,7 @@ impl Session {
             MessageStatus::Squashed => self.stats.messages_squashed += 1,
             MessageStatus::Discarded => self.stats.messages_discarded += 1,
         }
-        // Runs: a bulk sender's statuses cost one event per batch, not one per message.
-        if let Some(Event::MessageStatus {
-            numbers,
-            status: last,
-        }) = self.events.back_mut()
-            && *last == status
-            && numbers.end == number
-        {
-            numbers.end += 1;
-            return;
-        }
-        self.events.push_back(Event::MessageStatus {
-            numbers: number..number + 1,
-            status,
-        });
+        Event::push_status(&mut self.events, number, status);
     }
 
     /// Takes message `number` out of the queue with `status`, then applies

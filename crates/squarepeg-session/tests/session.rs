@@ -1101,21 +1101,27 @@ fn loaded_session(now: Instant, ops: &[(u8, u8, u16, u8)]) -> Session {
         })),
     );
     let id = s.open_stream().unwrap();
-    for (i, &(urgency, substream, len, extra)) in ops.iter().enumerate() {
-        let mut p = props(u64::from(substream % 3), urgency % 4);
-        match extra % 8 {
-            0 => p.lifetime = Some(Duration::from_millis(u64::from(len % 3))),
-            1 if i > 0 => p.depends_on = Some(i as u64 - 1),
-            2 => p.squash_key = Some(u64::from(substream % 2)),
-            3 => {
-                s.stream_write(id, &vec![7; usize::from(len)]).unwrap();
-                continue;
-            }
-            _ => {}
+    for (i, op @ &(_, substream, len, extra)) in ops.iter().enumerate() {
+        if extra % 8 == 3 {
+            s.stream_write(id, &vec![7; usize::from(len)]).unwrap();
+            continue;
         }
-        let _ = s.send_message(now, vec![substream; usize::from(len)], p);
+        let _ = s.send_message(now, vec![substream; usize::from(len)], op_props(i, op));
     }
     s
+}
+
+/// The properties of message `i` of a generated load: its class and sub-stream, and by
+/// `extra` a lifetime, a dependency on the message before or a squash key.
+fn op_props(i: usize, &(urgency, substream, len, extra): &(u8, u8, u16, u8)) -> MessageProps {
+    let mut p = props(u64::from(substream % 3), urgency % 4);
+    match extra % 8 {
+        0 => p.lifetime = Some(Duration::from_millis(u64::from(len % 3))),
+        1 if i > 0 => p.depends_on = Some(i as u64 - 1),
+        2 => p.squash_key = Some(u64::from(substream % 2)),
+        _ => {}
+    }
+    p
 }
 
 proptest! {
@@ -1257,15 +1263,9 @@ proptest! {
         batches in proptest::collection::vec(1usize..40, 1..20),
     ) {
         let start = Instant::now();
-        let message = |i: usize, &(urgency, substream, len, extra): &(u8, u8, u16, u8)| {
-            let mut p = props(u64::from(substream % 3), urgency % 4);
-            match extra % 8 {
-                0 => p.lifetime = Some(Duration::from_millis(u64::from(len % 3))),
-                1 if i > 0 => p.depends_on = Some(i as u64 - 1),
-                2 => p.squash_key = Some(u64::from(substream % 2)),
-                3 => p.safely_replayable = true,
-                _ => {}
-            }
+        let message = |i: usize, op @ &(_, substream, len, extra): &(u8, u8, u16, u8)| {
+            let mut p = op_props(i, op);
+            p.safely_replayable = extra % 8 == 3;
             (start, Bytes::from(vec![substream; usize::from(len)]), p)
         };
         let mut single = session(Role::Client);
