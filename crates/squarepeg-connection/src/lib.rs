@@ -61,6 +61,11 @@
 //!   after a graceful close of ours, the messages queued in the TCP before the CLOSE still go
 //!   out and get their verdicts first): `Sent` if transmitted, otherwise `Discarded`.
 //!
+//! Statuses come as runs: `Event::MessageStatus { numbers, status }` covers consecutive
+//! message numbers that got the same status in a row (a batch sent together is one event);
+//! over tagged writes a run of `Sent` is split around the messages whose verdict the TCP's
+//! queue still owes.
+//!
 //! # Driver contract
 //!
 //! After anything happened (bytes or segments arrived, a report, a timer, an application
