@@ -15,7 +15,7 @@
 //! for output ([`MultipathConnection::poll_transmit`]); the frame's [`PathPolicy`] says
 //! which connection carries it (aggregate: the one asking; lowest RTT; round robin; pinned;
 //! redundant: the two lowest-RTT ones, the receiver drops the second copy). What a
-//! connection sent stays in its [`log::SentLog`] until the peer acknowledges it at the
+//! connection sent stays in its `SentLog` (`log.rs`) until the peer acknowledges it at the
 //! session level.
 //!
 //! # Acknowledgements and failover
