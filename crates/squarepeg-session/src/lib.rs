@@ -28,7 +28,10 @@
 //! number of an earlier message) and an optional squash key. Only the
 //! sub-stream id and the number travel on the wire (Hollywood §4.2, §7.2).
 //! Each message ends in exactly one [`MessageStatus`]: `Sent` (handed to the
-//! transport), `Expired`, `Squashed` or `Discarded` (connection closed).
+//! transport), `Expired`, `Squashed` or `Discarded` (connection closed), reported in
+//! [`Event::MessageStatus`] runs of consecutive numbers (a batch sent together is one
+//! event). Each queued or received message counts its payload plus
+//! [`MESSAGE_RECORD_BYTES`] against the queue limits of [`Config`].
 //!
 //! - Expiry: a queued message whose deadline passed is dropped, unless a
 //!   queued message that is still needed depends on it, or a message that
