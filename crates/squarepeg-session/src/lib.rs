@@ -78,8 +78,8 @@ pub use error::{
     transport_code,
 };
 pub use session::{
-    Event, FittedBatch, MESSAGE_RECORD_BYTES, Message, MessageProps, MessageStatus, Role, Session,
-    Stats, Transmit, TransmitContent, message_queue_cost,
+    Event, FittedBatch, MAX_RECORDS_REPLACED, MESSAGE_RECORD_BYTES, Message, MessageProps,
+    MessageStatus, Role, Session, Stats, Transmit, TransmitContent, message_queue_cost,
 };
 pub use stream::ReadOutcome;
 
