@@ -256,6 +256,15 @@ struct QueuedMessage {
     expired: bool,
 }
 
+/// A message leaving the queue as sent: what its frame and its [`Transmit`] need.
+struct SentMessage {
+    payload: Bytes,
+    path: PathPolicy,
+    deadline: Option<Instant>,
+    depends_on: Option<MessageNumber>,
+    squash_key: Option<u64>,
+}
+
 impl QueuedMessage {
     fn droppable(&self) -> bool {
         self.dependents == 0 && !self.pinned
@@ -282,12 +291,38 @@ struct InlineMessage {
 }
 
 impl FlowEntry {
+    fn inline(
+        number: MessageNumber,
+        payload: Bytes,
+        path: PathPolicy,
+        props: &MessageProps,
+    ) -> Self {
+        FlowEntry::Inline(InlineMessage {
+            number,
+            payload,
+            path,
+            replayable: props.safely_replayable,
+        })
+    }
+
     fn number(&self) -> MessageNumber {
         match self {
             FlowEntry::Inline(m) => m.number,
             FlowEntry::Tabled(n) => *n,
         }
     }
+}
+
+/// The queue of flow `key`, made (with the spare queue's memory) if it has none.
+fn flow_queue<'a>(
+    flows: &'a mut IntMap<(Priority, u64), FlowQueue>,
+    spare: &mut VecDeque<FlowEntry>,
+    key: (Priority, u64),
+) -> &'a mut FlowQueue {
+    flows.entry(key).or_insert_with(|| FlowQueue {
+        entries: std::mem::take(spare),
+        live: 0,
+    })
 }
 
 /// The queued messages of one flow, oldest first.
@@ -655,23 +690,15 @@ impl Session {
             }
             // What `queue_message` does for such a message, for the whole run.
             let key = (props.priority, props.substream);
-            let spare = &mut self.spare_flow_entries;
-            let flow = self.message_flows.entry(key).or_insert_with(|| FlowQueue {
-                entries: std::mem::take(spare),
-                live: 0,
-            });
+            let flow = flow_queue(&mut self.message_flows, &mut self.spare_flow_entries, key);
             let was_idle = flow.live == 0;
             let mut next = Some((payload, props));
             while let Some((payload, props)) = next.take() {
                 let number = self.next_message;
                 self.next_message += 1;
                 self.queued_message_bytes += message_queue_cost(payload.len());
-                flow.push(FlowEntry::Inline(InlineMessage {
-                    number,
-                    payload,
-                    path: props.path.unwrap_or(self.config.message_path),
-                    replayable: props.safely_replayable,
-                }));
+                let path = props.path.unwrap_or(self.config.message_path);
+                flow.push(FlowEntry::inline(number, payload, path, &props));
                 taken += 1;
                 next = messages
                     .next_if(|(_, p, pr)| (pr.priority, pr.substream) == key && inline(p, pr))
@@ -746,22 +773,14 @@ impl Session {
         self.queued_message_bytes += message_queue_cost(payload.len());
         let path = props.path.unwrap_or(self.config.message_path);
         let inline = deadline.is_none() && props.depends_on.is_none() && props.squash_key.is_none();
-        let spare = &mut self.spare_flow_entries;
-        let flow = self
-            .message_flows
-            .entry((props.priority, props.substream))
-            .or_insert_with(|| FlowQueue {
-                entries: std::mem::take(spare),
-                live: 0,
-            });
+        let flow = flow_queue(
+            &mut self.message_flows,
+            &mut self.spare_flow_entries,
+            (props.priority, props.substream),
+        );
         // The payload, if the message goes into the table.
         let tabled = if inline {
-            flow.push(FlowEntry::Inline(InlineMessage {
-                number,
-                payload,
-                path,
-                replayable: props.safely_replayable,
-            }));
+            flow.push(FlowEntry::inline(number, payload, path, &props));
             None
         } else {
             flow.push(FlowEntry::Tabled(number));
@@ -2038,40 +2057,55 @@ impl Session {
         if flow.live == 0 {
             self.retire_flow(key);
         }
-        let (payload, content, path) = match entry {
-            FlowEntry::Inline(m) => {
-                self.dequeued(number, m.payload.len(), MessageStatus::Sent);
-                let content = TransmitContent::Message {
-                    number,
-                    substream,
-                    deadline: None,
-                    depends_on: None,
-                    squash_key: None,
-                };
-                (m.payload, content, m.path)
-            }
-            FlowEntry::Tabled(_) => {
-                let msg = self.messages.remove(number)?;
-                self.forget_message(number, &msg, MessageStatus::Sent);
-                self.pin_dependencies(msg.depends_on);
-                let content = TransmitContent::Message {
-                    number,
-                    substream,
-                    deadline: msg.deadline,
-                    depends_on: msg.depends_on,
-                    squash_key: msg.squash_key,
-                };
-                (msg.payload, content, msg.path)
-            }
-        };
+        let sent = self.take_sent(entry)?;
         // Message numbers and sub-streams below 2^62 always encode.
-        let len = self.stats.send_format.encode(&header, &payload, buf).ok()?;
+        let len = self
+            .stats
+            .send_format
+            .encode(&header, &sent.payload, buf)
+            .ok()?;
         Some(Transmit {
             len,
             priority: Some(priority),
-            content,
-            path,
+            content: TransmitContent::Message {
+                number,
+                substream,
+                deadline: sent.deadline,
+                depends_on: sent.depends_on,
+                squash_key: sent.squash_key,
+            },
+            path: sent.path,
         })
+    }
+
+    /// The queue's side of sending the entry just taken from its flow's front: its bytes and
+    /// status, and for a tabled message its table entry, deadline, squash key and
+    /// dependencies. `None` for a tabled entry no longer in the table.
+    fn take_sent(&mut self, entry: FlowEntry) -> Option<SentMessage> {
+        match entry {
+            FlowEntry::Inline(m) => {
+                self.dequeued(m.number, m.payload.len(), MessageStatus::Sent);
+                Some(SentMessage {
+                    payload: m.payload,
+                    path: m.path,
+                    deadline: None,
+                    depends_on: None,
+                    squash_key: None,
+                })
+            }
+            FlowEntry::Tabled(number) => {
+                let msg = self.messages.remove(number)?;
+                self.forget_message(number, &msg, MessageStatus::Sent);
+                self.pin_dependencies(msg.depends_on);
+                Some(SentMessage {
+                    payload: msg.payload,
+                    path: msg.path,
+                    deadline: msg.deadline,
+                    depends_on: msg.depends_on,
+                    squash_key: msg.squash_key,
+                })
+            }
+        }
     }
 
     /// Takes the flow `key`, now without queued messages, out of the map; its queue's memory
@@ -2124,20 +2158,17 @@ impl Session {
                 break;
             };
             let number = entry.number();
+            // Inline entries, the common case, without building a `SentMessage`.
             let payload = match entry {
                 FlowEntry::Inline(m) => {
                     self.dequeued(number, m.payload.len(), MessageStatus::Sent);
                     m.payload
                 }
-                FlowEntry::Tabled(_) => {
-                    // `front` skipped the entries no longer in the table.
-                    let Some(msg) = self.messages.remove(number) else {
-                        continue;
-                    };
-                    self.forget_message(number, &msg, MessageStatus::Sent);
-                    self.pin_dependencies(msg.depends_on);
-                    msg.payload
-                }
+                // `front` skipped the entries no longer in the table.
+                tabled => match self.take_sent(tabled) {
+                    Some(sent) => sent.payload,
+                    None => continue,
+                },
             };
             let header = FrameHeader::Message { substream, number };
             // Message numbers and sub-streams below 2^62 always encode.
