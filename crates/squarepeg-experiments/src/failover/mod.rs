@@ -334,8 +334,9 @@ pub struct FailoverMetrics {
     pub stall_from_s: f64,
     /// The stall lasted to the end of sending: the flow never came back.
     pub stalled_to_end: bool,
-    /// From the death to the end of the first [`RECOVERY_WINDOW`] after the stall's start
-    /// with goodput at [`RECOVERY_SHARE`] of the pre-death mean or more (`None`: never).
+    /// From the death to the end of the first [`RECOVERY_WINDOW`] after the start of the
+    /// stall the death caused ([`death_stall_start`]) with goodput at [`RECOVERY_SHARE`] of
+    /// the pre-death mean or more (`None`: never).
     pub recovered_after_s: Option<f64>,
     /// From the rival's detection of the death ([`DeathRecord::detected_s`]) to the end
     /// of the stall the death caused (the download flowing again: the bytes the dead path
@@ -966,6 +967,31 @@ pub fn longest_stall(
     best
 }
 
+/// Where the stall the death at `at` caused begins: the start of the longest time without
+/// an arrival among those that begin within [`RECOVERY_WINDOW`] of the death (what was in
+/// flight on the dead path drains within a round trip; a gap that begins later is the
+/// flow's own, not the death's). Gaps are cut at `to`; `at` when nothing arrives after it.
+pub fn death_stall_start(arrivals: &[(Duration, u64)], at: Duration, to: Duration) -> Duration {
+    let onset_end = at + RECOVERY_WINDOW;
+    let mut best = (at, Duration::ZERO);
+    let mut last = at;
+    for next in arrivals
+        .iter()
+        .map(|&(t, _)| t)
+        .filter(|&t| t > at && t <= to)
+        .chain([to])
+    {
+        if last > onset_end {
+            break;
+        }
+        if next - last > best.1 {
+            best = (last, next - last);
+        }
+        last = next;
+    }
+    best.0
+}
+
 /// The bulk download's metrics around a death at `at`, sending until `duration`.
 pub fn failover_metrics(
     arrivals: &[(Duration, u64)],
@@ -983,9 +1009,11 @@ pub fn failover_metrics(
     let mut recovered = None;
     if pre_rate > 0.0 {
         let need = pre_rate * RECOVERY_SHARE;
-        // Windows on bin boundaries from the stall's start.
+        // Windows on bin boundaries from the start of the death's stall (not of the longest
+        // one: a later, unrelated gap would put the recovery seconds after the death).
+        let from = death_stall_start(arrivals, at, duration);
         let mut start =
-            Duration::from_nanos((stall_from.as_nanos() / BIN.as_nanos() * BIN.as_nanos()) as u64);
+            Duration::from_nanos((from.as_nanos() / BIN.as_nanos() * BIN.as_nanos()) as u64);
         while start + RECOVERY_WINDOW <= duration {
             if mbps(
                 bytes_between(arrivals, start, start + RECOVERY_WINDOW),
@@ -1459,6 +1487,23 @@ mod tests {
         assert!(m.stalled_to_end);
         assert_eq!(m.recovered_after_s, None);
         assert!((m.stall_s - 3.0).abs() < 1e-9, "{m:?}");
+    }
+
+    #[test]
+    fn recovery_is_measured_from_the_deaths_stall_not_a_later_one() {
+        // 1 kB every 10 ms to 2.02 s, nothing to 2.06 s (the death's stall), every 10 ms to
+        // 3 s, then a longer, unrelated gap to 3.2 s and every 10 ms to 5 s.
+        let mut arrivals: Vec<(Duration, u64)> = (1..=202).map(|i| (i * 10 * MS, 1000)).collect();
+        arrivals.extend((206..=300).map(|i| (i * 10 * MS, 1000)));
+        arrivals.extend((320..=500).map(|i| (i * 10 * MS, 1000)));
+        assert_eq!(death_stall_start(&arrivals, 2000 * MS, 5000 * MS), 2020 * MS);
+        let m = failover_metrics(&arrivals, 2000 * MS, 5000 * MS);
+        // The longest stall is the later one, as documented ...
+        assert!((m.stall_s - 0.2).abs() < 1e-9, "{m:?}");
+        // ... but the recovery follows the death's: the window from 2.0 s (bin of 2.02 s)
+        // to 2.25 s holds 21 of 25 arrivals.
+        let r = m.recovered_after_s.expect("recovered");
+        assert!((r - 0.25).abs() < 1e-9, "{r}");
     }
 
     #[test]
