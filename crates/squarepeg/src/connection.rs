@@ -2,7 +2,9 @@
 //! the driver task.
 
 use std::collections::{HashMap, VecDeque};
+use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
+use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
@@ -19,6 +21,13 @@ use tokio::sync::Notify;
 use crate::core::{Core, Port};
 use crate::staging::{Inbox, Outbox, Staged, Staging};
 use crate::stream::Stream;
+
+/// Bits of [`PendingWakes::lists`]: the waiter lists [`Shared::dispatch`] notifies.
+const LIST_STATUSES: u8 = 0;
+const LIST_MESSAGES: u8 = 1;
+const LIST_INCOMING: u8 = 2;
+const LIST_STREAMS_AVAILABLE: u8 = 3;
+const LIST_SEND_SPACE: u8 = 4;
 
 /// State shared by the driver and the application's handles.
 pub(crate) struct Shared {
@@ -76,6 +85,57 @@ pub(crate) struct State {
     outbox_open: bool,
     /// Messages the outbox had accepted when the session stopped taking any.
     staged_discarded: u64,
+    /// Wake-ups [`Shared::dispatch`] found due, done once the lock is let go.
+    wakes: PendingWakes,
+}
+
+/// Wake-ups owed to tasks waiting on the connection, collected while it is locked and done
+/// by [`StateGuard`] after it unlocks: a task woken while the lock is still held would
+/// only block on it at once (a futex wait and a futex wake more per hand-over: with 1 KiB
+/// messages, half of the futex calls of a transfer went to the receiving application
+/// woken by the driver's hand-over and then blocking on the driver's lock).
+#[derive(Default)]
+pub(crate) struct PendingWakes {
+    /// Which of the waiter lists to notify (bits `LIST_*`, see [`Shared::notify_lists`]).
+    lists: u8,
+    wakers: Vec<Waker>,
+}
+
+/// The connection locked ([`Shared::lock`]); on drop it unlocks, then does the wake-ups
+/// collected meanwhile ([`PendingWakes`]).
+pub(crate) struct StateGuard<'a> {
+    guard: ManuallyDrop<MutexGuard<'a, State>>,
+    shared: &'a Shared,
+}
+
+impl Deref for StateGuard<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.guard
+    }
+}
+
+impl DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.guard
+    }
+}
+
+impl Drop for StateGuard<'_> {
+    fn drop(&mut self) {
+        let lists = std::mem::take(&mut self.guard.wakes.lists);
+        let wakers = if self.guard.wakes.wakers.is_empty() {
+            Vec::new()
+        } else {
+            std::mem::take(&mut self.guard.wakes.wakers)
+        };
+        // SAFETY: `guard` is not used after this (we are in `drop`).
+        unsafe { ManuallyDrop::drop(&mut self.guard) };
+        self.shared.notify_lists(lists);
+        for w in wakers {
+            w.wake();
+        }
+    }
 }
 
 impl State {
@@ -125,6 +185,7 @@ impl Shared {
                 staged: VecDeque::new(),
                 outbox_open: true,
                 staged_discarded: 0,
+                wakes: PendingWakes::default(),
             }),
             received: Mutex::new(Inbox::default()),
             outbox: Mutex::new(outbox),
@@ -211,11 +272,14 @@ impl Shared {
 
     /// Locks the connection. Messages waiting in the outbox move into the session first, so
     /// whoever holds the lock sees every message sent before.
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> StateGuard<'_> {
         // A panic while holding the lock leaves the session in an unknown
         // state; carrying on with it is still better than poisoning every
         // later call of the application.
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = StateGuard {
+            guard: ManuallyDrop::new(self.state.lock().unwrap_or_else(|e| e.into_inner())),
+            shared: self,
+        };
         if self.multipath {
             // Its outbox is off (`Outbox::new`): nothing to move.
             return st;
@@ -352,8 +416,8 @@ impl Shared {
             return;
         }
         // Each waiter list is notified at most once per call: a batch of
-        // frames produces one wake-up, not one per message.
-        let mut wake = [false; 5];
+        // frames produces one wake-up, not one per message. The wake-ups
+        // wait for the lock's release (`StateGuard`).
         while let Some(event) = st.conn.poll_event() {
             match event {
                 Event::MessageStatus { numbers, status } => {
@@ -361,37 +425,44 @@ impl Shared {
                         continue;
                     }
                     st.statuses_lagged += st.statuses.push_run(numbers, status);
-                    wake[0] = true;
+                    st.wakes.lists |= 1 << LIST_STATUSES;
                 }
                 Event::MessagesReceived => {
                     self.fill_inbox(st);
-                    wake[1] = true;
+                    st.wakes.lists |= 1 << LIST_MESSAGES;
                 }
-                Event::StreamIncoming => wake[2] = true,
-                Event::StreamsAvailable => wake[3] = true,
-                Event::SendQueueAvailable => wake[4] = true,
+                Event::StreamIncoming => st.wakes.lists |= 1 << LIST_INCOMING,
+                Event::StreamsAvailable => st.wakes.lists |= 1 << LIST_STREAMS_AVAILABLE,
+                Event::SendQueueAvailable => st.wakes.lists |= 1 << LIST_SEND_SPACE,
                 Event::StreamReadable(id) => {
                     if let Some(w) = st.read_wakers.remove(&id) {
-                        w.wake();
+                        st.wakes.wakers.push(w);
                     }
                 }
                 Event::StreamWritable(id) => {
                     if let Some(w) = st.write_wakers.remove(&id) {
-                        w.wake();
+                        st.wakes.wakers.push(w);
                     }
                 }
                 Event::ConnectionLost(_) => self.wake_all(st),
             }
         }
-        let lists = [
+    }
+
+    /// Notifies the waiter lists whose bits are set in `lists` (see [`PendingWakes`]).
+    fn notify_lists(&self, lists: u8) {
+        if lists == 0 {
+            return;
+        }
+        let all = [
             &self.statuses,
             &self.messages,
             &self.incoming,
             &self.streams_available,
             &self.send_space,
         ];
-        for (notify, woken) in lists.into_iter().zip(wake) {
-            if woken {
+        for (i, notify) in all.into_iter().enumerate() {
+            if lists & (1 << i) != 0 {
                 notify.notify_waiters();
             }
         }

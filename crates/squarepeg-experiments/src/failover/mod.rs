@@ -1496,7 +1496,10 @@ mod tests {
         let mut arrivals: Vec<(Duration, u64)> = (1..=202).map(|i| (i * 10 * MS, 1000)).collect();
         arrivals.extend((206..=300).map(|i| (i * 10 * MS, 1000)));
         arrivals.extend((320..=500).map(|i| (i * 10 * MS, 1000)));
-        assert_eq!(death_stall_start(&arrivals, 2000 * MS, 5000 * MS), 2020 * MS);
+        assert_eq!(
+            death_stall_start(&arrivals, 2000 * MS, 5000 * MS),
+            2020 * MS
+        );
         let m = failover_metrics(&arrivals, 2000 * MS, 5000 * MS);
         // The longest stall is the later one, as documented ...
         assert!((m.stall_s - 0.2).abs() < 1e-9, "{m:?}");
