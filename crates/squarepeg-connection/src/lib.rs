@@ -408,6 +408,12 @@ impl Connection {
         }
     }
 
+    /// Whether [`Self::take_receiver`] would give the receiver now (it is not out).
+    pub fn receiver_available(&self) -> bool {
+        !matches!(self.record, RecordLayer::Tls(_))
+            && matches!(self.receive, ReceivePath::InOrder(Some(_)))
+    }
+
     /// Takes the receiver back and hands the frames it decoded to the session.
     pub fn return_receiver(&mut self, now: Instant, receiver: Box<Receiver>) {
         if let ReceivePath::InOrder(slot @ None) = &mut self.receive {

@@ -87,6 +87,18 @@ pub(crate) struct State {
     staged_discarded: u64,
     /// Wake-ups [`Shared::dispatch`] found due, done once the lock is let go.
     wakes: PendingWakes,
+    /// The driver found the core's receiver lent to an application's call (an inline read,
+    /// [`Shared::read_inline`]) and waits to be woken when it is back.
+    pub(crate) driver_waits_for_receiver: bool,
+    /// The driver has read the peer's bytes: the socket is connected (a Fast Open client's
+    /// may not be before), so an application's call may read it too.
+    pub(crate) peer_bytes_read: bool,
+    /// A single kernel-TCP connection with plain frames: its socket, which the
+    /// application's receive calls may read themselves ([`Shared::read_inline`]), until
+    /// the driver stops (which closes it).
+    pub(crate) inline_socket: Option<Arc<tokio::net::TcpStream>>,
+    /// Reads of the socket made by the application's receive calls.
+    reads_by_application: u64,
 }
 
 /// Wake-ups owed to tasks waiting on the connection, collected while it is locked and done
@@ -139,6 +151,14 @@ impl Drop for StateGuard<'_> {
 }
 
 impl State {
+    /// Whether the core's in-order receiver is in the core (not out for a read).
+    pub(crate) fn receiver_available(&self) -> bool {
+        match &self.conn {
+            Core::Single(c) => c.receiver_available(),
+            Core::Multi(_) => false,
+        }
+    }
+
     /// Whether a message queued now with `props` must wake the driver. The
     /// kernel-TCP driver takes messages until the session's queue is empty
     /// whenever it writes (and comes back on its own while the socket is
@@ -186,6 +206,10 @@ impl Shared {
                 outbox_open: true,
                 staged_discarded: 0,
                 wakes: PendingWakes::default(),
+                driver_waits_for_receiver: false,
+                peer_bytes_read: false,
+                inline_socket: None,
+                reads_by_application: 0,
             }),
             received: Mutex::new(Inbox::default()),
             outbox: Mutex::new(outbox),
@@ -204,6 +228,81 @@ impl Shared {
             local,
             remote,
         }
+    }
+
+    /// Lets the application's receive calls read `socket` themselves (see
+    /// [`Self::read_inline`]).
+    pub(crate) fn allow_inline_reads(&self, socket: Arc<tokio::net::TcpStream>) {
+        self.lock().inline_socket = Some(socket);
+    }
+
+    /// A receive call found nothing received: rather than wait for the driver to read and
+    /// wake it (a thread wake-up per read when the application keeps up with the peer), it
+    /// reads the socket itself if the core's receiver is free, as an application using the
+    /// socket directly would. The driver keeps reading whenever the application does not
+    /// (it waits on the socket's readiness, taking the receiver only for the read). Returns
+    /// whether bytes were read.
+    fn read_inline(&self) -> bool {
+        let (socket, mut receiver, timeout_before) = {
+            let mut st = self.lock();
+            if !st.peer_bytes_read {
+                return false;
+            }
+            let Some(socket) = st.inline_socket.clone() else {
+                return false;
+            };
+            let timeout = st.conn.poll_timeout();
+            let Some(core) = st.conn.single_mut() else {
+                return false;
+            };
+            if !core.wants_read() || !core.is_established() {
+                return false;
+            }
+            let Some(r) = core.take_receiver() else {
+                return false;
+            };
+            (socket, r, timeout)
+        };
+        let result = socket.try_read(receiver.buffer());
+        if let Ok(n @ 1..) = result {
+            // Decoded outside the lock, as the driver does.
+            receiver.filled(n);
+        }
+        let now = Instant::now();
+        let mut st = self.lock();
+        let mut wake_driver = std::mem::take(&mut st.driver_waits_for_receiver);
+        if let Some(core) = st.conn.single_mut() {
+            core.return_receiver(now, receiver);
+        }
+        match &result {
+            Ok(1..) => st.reads_by_application += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            // The end of the peer's stream stays readable: the driver reads it again and
+            // ends the connection as for any read.
+            Ok(0) => wake_driver = true,
+            // An error is reported once (a reset's): the connection ends with it here.
+            Err(e) => {
+                st.conn
+                    .handle_transport_closed(Port::Single, now, TransportError::from_io(e));
+                wake_driver = true;
+            }
+        }
+        // What the read may have given the driver to do: frames to answer (flow credit, a
+        // CLOSE), or an earlier timer.
+        let session = st.conn.session();
+        if session.has_pending_control() || session.is_closing() || session.error().is_some() {
+            wake_driver = true;
+        }
+        let timeout = st.conn.poll_timeout();
+        if timeout.is_some_and(|t| timeout_before.is_none_or(|b| t < b)) {
+            wake_driver = true;
+        }
+        self.dispatch(&mut st);
+        drop(st);
+        if wake_driver {
+            self.wake_driver();
+        }
+        matches!(result, Ok(1..))
     }
 
     /// Wakes the driver(s): the application queued something or made room.
@@ -694,6 +793,10 @@ pub struct ConnectionStats {
     pub notsent_lowat: Option<u32>,
     /// Over TLS: the record layer's counters (records, bytes, key updates).
     pub tls: Option<TlsStats>,
+    /// Over kernel TCP without TLS: reads of the socket made by the application's receive
+    /// calls themselves (a call that finds nothing received reads the socket rather than
+    /// wait for the driver to), not by the driver.
+    pub reads_by_application: u64,
 }
 
 /// What the TLS handshake settled.
@@ -825,6 +928,12 @@ impl Connection {
         }
         let cached = sh.received().pop();
         if let Some(m) = cached {
+            sh.recv_budget.fetch_add(m.payload.len(), Ordering::Relaxed);
+            return Ok(m);
+        }
+        if sh.read_inline()
+            && let Some(m) = sh.received().pop()
+        {
             sh.recv_budget.fetch_add(m.payload.len(), Ordering::Relaxed);
             return Ok(m);
         }
@@ -1003,6 +1112,7 @@ impl Connection {
             utcp: core.utcp,
             notsent_lowat: st.notsent_lowat,
             tls: core.tls,
+            reads_by_application: st.reads_by_application,
         }
     }
 

@@ -35,6 +35,31 @@ pub(crate) trait Wire: Send + 'static {
     /// stopped at `limit` (there may be more).
     fn fill(&mut self, core: &mut Core, now: Instant, out: &mut Vec<u8>, limit: usize) -> bool;
 
+    /// Whether reads wait for the transport's readiness with nothing taken from the core
+    /// ([`Self::poll_read_ready`], then [`Self::begin_read`] and [`Self::try_read`] for the
+    /// read alone), so that the core's receiver stays in the core between reads, where the
+    /// application's receive calls may borrow it and read themselves. Otherwise the
+    /// receiver is taken before the wait and the read is a `poll_read`.
+    fn lends_receiver(&self) -> bool {
+        false
+    }
+
+    /// With [`Self::lends_receiver`]: whether the transport has something to read.
+    fn poll_read_ready(
+        &mut self,
+        _io: &Self::Io,
+        _cx: &mut std::task::Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        Poll::Pending
+    }
+
+    /// With [`Self::lends_receiver`], after [`Self::begin_read`]: reads into
+    /// [`Self::read_buffer`] without waiting (`WouldBlock` if there is nothing, or the
+    /// application holds the receiver).
+    fn try_read(&mut self, _io: &Self::Io) -> io::Result<usize> {
+        Err(io::ErrorKind::WouldBlock.into())
+    }
+
     /// Under the lock, before a read: takes what the read needs from the core.
     fn begin_read(&mut self, core: &mut Core);
 
@@ -57,6 +82,8 @@ pub(crate) trait Wire: Send + 'static {
 /// What ended one wait of the driver.
 enum Wake {
     Read(usize),
+    /// The transport is readable ([`Wire::lends_receiver`]).
+    Readable,
     Wrote(usize),
     ShutDown,
     Failed(io::Error),
@@ -101,6 +128,9 @@ pub(crate) async fn run<W: Wire>(
             TransportError::Io(io::ErrorKind::Other),
         );
     }
+    // The socket closes as the driver lets go of it: the application's calls no longer
+    // read it.
+    st.inline_socket = None;
     sh.driver_stopped(&mut st, port);
     sh.dispatch(&mut st);
     sh.wake_all(&mut st);
@@ -166,13 +196,21 @@ impl<W: Wire> Driver<W> {
                     self.wire.last_write(&self.io, true);
                 }
             }
+            let lends = self.wire.lends_receiver();
             let (timeout, wants_read, drained) = {
                 let mut st = self.shared.lock();
                 if self.out_pos == self.out.len() && st.conn.poll_shutdown(self.port) {
                     self.fin = Fin::Due;
                 }
-                let wants_read = self.read_open && st.conn.wants_read(self.port);
-                if wants_read {
+                let mut wants_read = self.read_open && st.conn.wants_read(self.port);
+                if wants_read && lends && !st.receiver_available() {
+                    // An application's call is reading: it wakes this driver when it is
+                    // done (waiting for readiness now would find the socket readable and
+                    // spin).
+                    st.driver_waits_for_receiver = true;
+                    wants_read = false;
+                }
+                if wants_read && !lends {
                     self.wire.begin_read(&mut st.conn);
                 }
                 let r = (
@@ -217,7 +255,13 @@ impl<W: Wire> Driver<W> {
                             Poll::Pending => {}
                         }
                     }
-                    if wants_read {
+                    if wants_read && lends {
+                        match wire.poll_read_ready(io, cx) {
+                            Poll::Ready(Ok(())) => return Poll::Ready(Wake::Readable),
+                            Poll::Ready(Err(e)) => return Poll::Ready(Wake::Failed(e)),
+                            Poll::Pending => {}
+                        }
+                    } else if wants_read {
                         let mut buf = ReadBuf::new(wire.read_buffer());
                         if buf.remaining() > 0 {
                             match Pin::new(&mut *io).poll_read(cx, &mut buf) {
@@ -252,11 +296,12 @@ impl<W: Wire> Driver<W> {
                     }
                 }
                 Wake::Read(n) => self.received(n),
+                Wake::Readable => self.read_now(),
                 Wake::Failed(e) => self.failed(&e),
                 Wake::Notified => {}
                 Wake::Timer => self.shared.lock().conn.handle_timeout(Instant::now()),
             }
-            if wants_read && !read {
+            if wants_read && !read && !lends {
                 // Nothing was read: give back what `begin_read` took.
                 let mut st = self.shared.lock();
                 self.wire.end_read(&mut st.conn, Instant::now());
@@ -283,6 +328,34 @@ impl<W: Wire> Driver<W> {
         }
     }
 
+    /// The transport is readable ([`Wire::lends_receiver`]): takes the receiver and reads,
+    /// unless the core stopped wanting reads meanwhile or an application's call holds the
+    /// receiver (it then wakes this driver when it gives it back).
+    fn read_now(&mut self) {
+        {
+            let mut st = self.shared.lock();
+            if !(self.read_open && st.conn.wants_read(self.port)) {
+                return;
+            }
+            if !st.receiver_available() {
+                st.driver_waits_for_receiver = true;
+                return;
+            }
+            self.wire.begin_read(&mut st.conn);
+        }
+        match self.wire.try_read(&self.io) {
+            Ok(n) => self.received(n),
+            Err(e) => {
+                let mut st = self.shared.lock();
+                self.wire.end_read(&mut st.conn, Instant::now());
+                drop(st);
+                if e.kind() != io::ErrorKind::WouldBlock {
+                    self.failed(&e);
+                }
+            }
+        }
+    }
+
     /// `n` bytes were read (0: the end of the peer's stream).
     fn received(&mut self, n: usize) {
         if n > 0 {
@@ -292,6 +365,7 @@ impl<W: Wire> Driver<W> {
         let mut st = self.shared.lock();
         let handshaking = !st.conn.is_established();
         self.wire.end_read(&mut st.conn, now);
+        st.peer_bytes_read |= n > 0;
         self.answer_first = handshaking && st.conn.session().has_events();
         self.shared.note_established(&mut st);
         if n == 0 {

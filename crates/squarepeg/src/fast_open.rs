@@ -16,49 +16,71 @@
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
 /// A kernel TCP socket as the driver uses it: a plain stream, except that a Fast Open
-/// client's first write may find the connection not yet open.
+/// client's first write may find the connection not yet open. Shared (an `Arc`): the
+/// application's receive calls may read from it themselves ([`crate::connection::Shared`]'s
+/// inline reads); reads and writes go through the socket's readiness, as tokio's own
+/// `TcpStream` does.
 #[derive(Debug)]
-pub(crate) struct KernelStream(pub(crate) TcpStream);
+pub(crate) struct KernelStream(pub(crate) Arc<TcpStream>);
 
 impl AsyncRead for KernelStream {
     fn poll_read(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
+        loop {
+            ready!(self.0.poll_read_ready(cx))?;
+            match self.0.try_read(buf.initialize_unfilled()) {
+                Ok(n) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                // Readiness cleared: the next poll registers for the next.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
     }
 }
 
 impl AsyncWrite for KernelStream {
     fn poll_write(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.0).poll_write(cx, buf) {
-            // Fast Open without a cookie: the SYN (with a cookie request) left and nothing
-            // was queued. A write now fails with EAGAIN until the handshake completes, which
-            // registers this task for the socket's writability.
-            Poll::Ready(Err(e)) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
-                Pin::new(&mut self.0).poll_write(cx, buf)
+        let mut in_progress_seen = false;
+        loop {
+            ready!(self.0.poll_write_ready(cx))?;
+            match self.0.try_write(buf) {
+                Ok(n) => return Poll::Ready(Ok(n)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                // Fast Open without a cookie: the SYN (with a cookie request) left and
+                // nothing was queued. A write now fails with EAGAIN until the handshake
+                // completes, which registers this task for the socket's writability.
+                Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) && !in_progress_seen => {
+                    in_progress_seen = true;
+                }
+                Err(e) => return Poll::Ready(Err(e)),
             }
-            other => other,
         }
     }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Nothing is buffered here.
+        Poll::Ready(Ok(()))
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(socket2::SockRef::from(&*self.0).shutdown(std::net::Shutdown::Write))
     }
 }
 

@@ -1,13 +1,15 @@
 //! The kernel-TCP substrate: an ordinary socket carrying the core's byte stream.
 //!
 //! Reads go straight into the core's in-order receiver, which the driver borrows for the
-//! read and decodes outside the connection's lock; output is the core's frames, taken in
+//! read and decodes outside the connection's lock (and which an application's receive call
+//! that finds nothing received may borrow to read the socket itself, `Shared::read_inline`); output is the core's frames, taken in
 //! batches no larger than the `TCP_NOTSENT_LOWAT` in force (late binding, see the crate
 //! docs). Over TLS the core keeps its receiver (records are opened there), and reads go into
 //! a buffer of the wire's own that the core takes under the lock.
 
 use std::io;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -50,7 +52,7 @@ pub(crate) trait ByteStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
 
 impl ByteStream for KernelStream {
     fn kernel(&self) -> Option<&TcpStream> {
-        Some(&self.0)
+        Some(&*self.0)
     }
 }
 
@@ -78,6 +80,11 @@ pub(crate) struct KernelWire<S = KernelStream> {
     write_batch: usize,
     /// The lowat following the delivery rate, if configured.
     lowat: Option<AdaptiveLowat>,
+    /// Reads are made when the socket is readable, with the core's receiver taken for the
+    /// read alone: between reads it stays in the core, where the application's receive
+    /// calls may take it and read themselves (`Shared::read_inline`). Plain frames over a
+    /// single kernel-TCP connection.
+    lend_receiver: bool,
     shared: Arc<Shared>,
     stream: std::marker::PhantomData<fn() -> S>,
 }
@@ -100,6 +107,27 @@ impl<S: ByteStream> Wire for KernelWire<S> {
         core.poll_transmit(self.port, now, out, limit);
         // Short of the limit: the core has nothing more.
         out.len() >= limit
+    }
+
+    fn lends_receiver(&self) -> bool {
+        self.lend_receiver
+    }
+
+    fn poll_read_ready(&mut self, io: &S, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
+        match io.kernel() {
+            Some(socket) => socket.poll_read_ready(cx),
+            None => Poll::Pending,
+        }
+    }
+
+    fn try_read(&mut self, io: &S) -> io::Result<usize> {
+        let Some(socket) = io.kernel() else {
+            return Err(io::ErrorKind::WouldBlock.into());
+        };
+        match self.receiver.as_mut() {
+            Some(r) => socket.try_read(r.buffer()),
+            None => Err(io::ErrorKind::WouldBlock.into()),
+        }
     }
 
     fn begin_read(&mut self, core: &mut Core) {
@@ -186,6 +214,7 @@ impl<S> KernelWire<S> {
                 (Some(max), Some(drain)) => Some(AdaptiveLowat::new(drain, max)),
                 _ => None,
             },
+            lend_receiver: false,
             shared,
             stream: std::marker::PhantomData,
         }
@@ -224,7 +253,13 @@ pub(crate) fn start_with(
     let tls = core.protection() == Protection::Tls;
     let shared = Arc::new(Shared::new(core, config.status_queue, local, remote));
     shared.lock().notsent_lowat = config.notsent_lowat;
-    let wire: KernelWire = KernelWire::new(Port::Single, &config, tls, shared.clone());
+    let mut wire: KernelWire = KernelWire::new(Port::Single, &config, tls, shared.clone());
+    let socket = Arc::new(socket);
+    if !tls {
+        // Plain frames: the application's receive calls may read the socket themselves.
+        wire.lend_receiver = true;
+        shared.allow_inline_reads(socket.clone());
+    }
     tokio::spawn(driver::run(
         shared.clone(),
         Port::Single,

@@ -320,7 +320,7 @@ fn spawn_path_driver(
             tokio::spawn(driver::run(
                 shared.clone(),
                 port,
-                KernelStream(socket),
+                KernelStream(Arc::new(socket)),
                 wire,
                 config.write_batch,
             ));

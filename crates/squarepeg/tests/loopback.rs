@@ -930,3 +930,109 @@ async fn a_dropped_receive_takes_no_message() {
     );
     client.close().await;
 }
+
+/// A receiver that keeps up with the sender finds nothing received now and then and reads
+/// the socket itself (`ConnectionStats::reads_by_application`) instead of waiting for the
+/// driver to: every message still arrives once, in order, intact, whoever read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_keeps_up_reads_the_socket_itself() {
+    const COUNT: u32 = 20_000;
+    let (client, server) = pair("127.0.0.1:0").await;
+    let sender = tokio::spawn(async move {
+        for i in 0..COUNT {
+            let mut payload = vec![(i % 251) as u8; 200];
+            payload[..4].copy_from_slice(&i.to_be_bytes());
+            client
+                .send_message(payload, MessageProps::default())
+                .await
+                .unwrap();
+        }
+        client
+    });
+    for i in 0..COUNT {
+        let m = no_hang(server.recv_message()).await.unwrap();
+        assert_eq!(m.payload.len(), 200, "message {i}");
+        assert_eq!(m.payload[..4], i.to_be_bytes(), "message {i} out of order");
+        assert!(m.payload[4..].iter().all(|&b| b == (i % 251) as u8));
+    }
+    let client = sender.await.unwrap();
+    let reads = server.stats().reads_by_application;
+    assert!(reads > 0, "the receiving application never read the socket");
+    // Nothing more: the sender's close ends the stream cleanly for the receiver.
+    client.close().await;
+    assert!(matches!(
+        no_hang(server.recv_message()).await,
+        Err(ConnectionError::ApplicationClosed { .. } | ConnectionError::Transport(_))
+    ));
+}
+
+/// A reset arriving while the receiving application reads the socket itself, or while the
+/// driver does, ends the connection as `TransportError::Reset` either way (the kernel reports
+/// the reset to one read only; the next sees the end of the stream).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_under_a_busy_receiver_is_a_reset() {
+    let ep = Endpoint::bind("127.0.0.1:0", ConnectionConfig::default())
+        .await
+        .unwrap();
+    let server_addr = ep.local_addr().unwrap();
+    // A relay between client and server that resets its server side on request.
+    let relay = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let relay_addr = relay.local_addr().unwrap();
+    let (reset_tx, reset_rx) = tokio::sync::oneshot::channel::<()>();
+    let relay_task = tokio::spawn(async move {
+        let (mut down, _) = relay.accept().await.unwrap();
+        let mut up = TcpStream::connect(server_addr).await.unwrap();
+        tokio::select! {
+            _ = tokio::io::copy_bidirectional(&mut down, &mut up) => {}
+            _ = reset_rx => {}
+        }
+        // SO_LINGER 0: the close sends an RST (zero linger never blocks).
+        socket2::SockRef::from(&up)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(up);
+        down
+    });
+    let (client, server) = tokio::join!(
+        Connection::connect(relay_addr, ConnectionConfig::default()),
+        ep.accept()
+    );
+    let (client, server) = (client.unwrap(), server.unwrap());
+    let sender = tokio::spawn(async move {
+        let mut i = 0u32;
+        // Until the connection fails under it.
+        while client
+            .send_message(vec![7u8; 300], MessageProps::default())
+            .await
+            .is_ok()
+            && i < 1_000_000
+        {
+            i += 1;
+        }
+        client
+    });
+    let mut received = 0u32;
+    let mut reset_tx = Some(reset_tx);
+    let err = loop {
+        match no_hang(server.recv_message()).await {
+            Ok(m) => {
+                assert_eq!(m.payload, vec![7u8; 300]);
+                received += 1;
+                if received == 5_000
+                    && let Some(tx) = reset_tx.take()
+                {
+                    tx.send(()).unwrap();
+                }
+            }
+            Err(e) => break e,
+        }
+    };
+    assert!(received >= 5_000);
+    assert_eq!(
+        err,
+        ConnectionError::Transport(squarepeg::TransportError::Reset),
+        "after {received} messages"
+    );
+    drop(relay_task.await.unwrap());
+    sender.abort();
+}
