@@ -136,15 +136,22 @@ impl DerefMut for StateGuard<'_> {
 impl Drop for StateGuard<'_> {
     fn drop(&mut self) {
         let lists = std::mem::take(&mut self.guard.wakes.lists);
-        let wakers = if self.guard.wakes.wakers.is_empty() {
-            Vec::new()
+        // A few wakers (the usual: a stream's reader or writer) move out without giving up
+        // the list's memory; more take the list along.
+        let mut few: [Option<Waker>; 4] = Default::default();
+        let mut many = Vec::new();
+        let pending = &mut self.guard.wakes.wakers;
+        if pending.len() <= few.len() {
+            for (slot, w) in few.iter_mut().zip(pending.drain(..)) {
+                *slot = Some(w);
+            }
         } else {
-            std::mem::take(&mut self.guard.wakes.wakers)
-        };
+            many = std::mem::take(pending);
+        }
         // SAFETY: `guard` is not used after this (we are in `drop`).
         unsafe { ManuallyDrop::drop(&mut self.guard) };
         self.shared.notify_lists(lists);
-        for w in wakers {
+        for w in few.into_iter().flatten().chain(many) {
             w.wake();
         }
     }
