@@ -291,6 +291,7 @@ pub(crate) fn tls_transport_error(e: &TlsError) -> TransportError {
         TlsError::Handshake(
             rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented,
         ) => TlsFailure::Certificate,
+        TlsError::Handshake(rustls::Error::PeerIncompatible(_)) => TlsFailure::Incompatible,
         TlsError::Alert { description } => TlsFailure::AlertReceived(*description),
         TlsError::Decrypt => TlsFailure::Decrypt,
         TlsError::NotTls => TlsFailure::NotTls,

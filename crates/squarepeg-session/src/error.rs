@@ -162,8 +162,15 @@ pub enum TlsFailure {
     /// pinned one, or none at all.
     #[error("the peer's certificate was refused")]
     Certificate,
-    /// The handshake failed otherwise: no common version or cipher suite, a malformed or
-    /// unexpected handshake message.
+    /// The peer offers nothing this side accepts: not TLS 1.3 (a TLS 1.2-only peer), or no
+    /// cipher suite, key exchange group or signature scheme in common.
+    #[error(
+        "the peer offers no TLS version, cipher suite, group or signature scheme in common \
+         (squarepeg runs TLS 1.3 only)"
+    )]
+    Incompatible,
+    /// The handshake failed otherwise: a malformed or unexpected handshake message, a
+    /// refused parameter.
     #[error("handshake failed")]
     Handshake,
     /// A record did not authenticate (bad_record_mac, RFC 8446 §5.2): bytes were corrupted

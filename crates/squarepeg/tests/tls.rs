@@ -208,6 +208,40 @@ async fn a_refused_certificate_fails_the_connect_with_a_typed_error() {
     .await;
 }
 
+/// A stock TLS 1.2-only client (`openssl s_client -tls1_2`): the server refuses it with
+/// protocol_version and the application learns why (`TlsFailure::Incompatible`), not just
+/// that the handshake failed.
+#[tokio::test]
+async fn a_tls12_only_client_is_refused_as_incompatible() {
+    no_hang(async {
+        let (_, server_config) = configs(false);
+        let ep = Endpoint::bind("127.0.0.1:0", server_config).await.unwrap();
+        let addr = ep.local_addr().unwrap();
+        let client = tokio::task::spawn_blocking(move || {
+            std::process::Command::new("openssl")
+                .args(["s_client", "-tls1_2", "-connect", &addr.to_string()])
+                .stdin(std::process::Stdio::null())
+                .output()
+                .expect("openssl runs")
+        });
+        let server = ep.accept().await.unwrap();
+        assert_eq!(
+            server.established().await,
+            Err(ConnectionError::Transport(TransportError::Tls(
+                TlsFailure::Incompatible
+            )))
+        );
+        let out = client.await.unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("protocol version"),
+            "openssl did not get protocol_version: {stderr}"
+        );
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_tls_side_that_does_not_fit_is_refused() {
     let (client_config, server_config) = configs(true);
