@@ -64,7 +64,7 @@ pub use frame::{
     encode_padding,
 };
 pub use header::{FrameHeader, FrameKind, MAX_HEADER_LEN, VERSION};
-pub use plain::{FrameFormat, encode_plain_frame};
+pub use plain::{FrameFormat, encode_plain_frame, encode_plain_message};
 pub use reader::FrameReader;
 pub use reassembler::{
     ReassembledFrame, Reassembler, ReassemblyError, ReassemblyStats, RejectedFrame,

@@ -2073,7 +2073,7 @@ impl Session {
         let len = self
             .stats
             .send_format
-            .encode(&header, &sent.payload, buf)
+            .encode_message(substream, number, &sent.payload, buf)
             .ok()?;
         Some(Transmit {
             len,
@@ -2181,12 +2181,11 @@ impl Session {
                     None => continue,
                 },
             };
-            let header = FrameHeader::Message { substream, number };
             // Message numbers and sub-streams below 2^62 always encode.
             if self
                 .stats
                 .send_format
-                .encode(&header, &payload, buf)
+                .encode_message(substream, number, &payload, buf)
                 .is_ok()
             {
                 frames += 1;
