@@ -28,6 +28,7 @@ const LIST_MESSAGES: u8 = 1;
 const LIST_INCOMING: u8 = 2;
 const LIST_STREAMS_AVAILABLE: u8 = 3;
 const LIST_SEND_SPACE: u8 = 4;
+const LIST_PATHS_CHANGED: u8 = 5;
 
 /// State shared by the driver and the application's handles.
 pub(crate) struct Shared {
@@ -111,6 +112,8 @@ pub(crate) struct PendingWakes {
     /// Which of the waiter lists to notify (bits `LIST_*`, see [`Shared::notify_lists`]).
     lists: u8,
     wakers: Vec<Waker>,
+    /// A multipath session's paths whose drivers must poll them.
+    paths: Vec<squarepeg_connection::PathId>,
 }
 
 /// The connection locked ([`Shared::lock`]); on drop it unlocks, then does the wake-ups
@@ -136,6 +139,11 @@ impl DerefMut for StateGuard<'_> {
 impl Drop for StateGuard<'_> {
     fn drop(&mut self) {
         let lists = std::mem::take(&mut self.guard.wakes.lists);
+        let paths = if self.guard.wakes.paths.is_empty() {
+            Vec::new()
+        } else {
+            std::mem::take(&mut self.guard.wakes.paths)
+        };
         // A few wakers (the usual: a stream's reader or writer) move out without giving up
         // the list's memory; more take the list along.
         let mut few: [Option<Waker>; 4] = Default::default();
@@ -153,6 +161,9 @@ impl Drop for StateGuard<'_> {
         self.shared.notify_lists(lists);
         for w in few.into_iter().flatten().chain(many) {
             w.wake();
+        }
+        for id in paths {
+            self.shared.wake_path(Port::Path(id));
         }
     }
 }
@@ -502,11 +513,15 @@ impl Shared {
     /// state locked.
     pub(crate) fn dispatch(&self, st: &mut State) {
         if let Some(m) = st.conn.multi_mut() {
-            for id in m.take_paths_to_poll() {
-                self.wake_path(Port::Path(id));
+            let paths = m.take_paths_to_poll();
+            let changed = m.take_path_event_signal();
+            if st.wakes.paths.is_empty() {
+                st.wakes.paths = paths;
+            } else {
+                st.wakes.paths.extend(paths);
             }
-            if m.take_path_event_signal() {
-                self.paths_changed.notify_waiters();
+            if changed {
+                st.wakes.lists |= 1 << LIST_PATHS_CHANGED;
             }
         }
         let open = {
@@ -566,6 +581,7 @@ impl Shared {
             &self.incoming,
             &self.streams_available,
             &self.send_space,
+            &self.paths_changed,
         ];
         for (i, notify) in all.into_iter().enumerate() {
             if lists & (1 << i) != 0 {
