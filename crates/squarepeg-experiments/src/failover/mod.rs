@@ -944,6 +944,37 @@ fn mbps(bytes: u64, over: Duration) -> f64 {
     }
 }
 
+/// The times without an arrival within `[from, to]`, in order: (start, length), each from
+/// one arrival (or `from`) to the next (or `to`). Arrivals before `from` count as progress up
+/// to `from`.
+fn gaps(
+    arrivals: &[(Duration, u64)],
+    from: Duration,
+    to: Duration,
+) -> impl Iterator<Item = (Duration, Duration)> + '_ {
+    let mut last = from;
+    arrivals
+        .iter()
+        .map(|&(at, _)| at)
+        .filter(move |&at| at > from && at <= to)
+        .chain([to])
+        .map(move |at| {
+            let gap = (last, at - last);
+            last = at;
+            gap
+        })
+}
+
+/// The longest of `gaps`, the earliest among equals; `(from, 0)` if none is longer.
+fn longest(
+    gaps: impl Iterator<Item = (Duration, Duration)>,
+    from: Duration,
+) -> (Duration, Duration) {
+    gaps.fold((from, Duration::ZERO), |best, gap| {
+        if gap.1 > best.1 { gap } else { best }
+    })
+}
+
 /// The longest time without an arrival within `[from, to]`: (start, length). Arrivals
 /// before `from` count as progress up to `from`.
 pub fn longest_stall(
@@ -951,20 +982,7 @@ pub fn longest_stall(
     from: Duration,
     to: Duration,
 ) -> (Duration, Duration) {
-    let mut best = (from, Duration::ZERO);
-    let mut last = from;
-    for at in arrivals
-        .iter()
-        .map(|&(at, _)| at)
-        .filter(|&at| at > from && at <= to)
-        .chain([to])
-    {
-        if at - last > best.1 {
-            best = (last, at - last);
-        }
-        last = at;
-    }
-    best
+    longest(gaps(arrivals, from, to), from)
 }
 
 /// Where the stall the death at `at` caused begins: the start of the longest time without
@@ -973,23 +991,8 @@ pub fn longest_stall(
 /// flow's own, not the death's). Gaps are cut at `to`; `at` when nothing arrives after it.
 pub fn death_stall_start(arrivals: &[(Duration, u64)], at: Duration, to: Duration) -> Duration {
     let onset_end = at + RECOVERY_WINDOW;
-    let mut best = (at, Duration::ZERO);
-    let mut last = at;
-    for next in arrivals
-        .iter()
-        .map(|&(t, _)| t)
-        .filter(|&t| t > at && t <= to)
-        .chain([to])
-    {
-        if last > onset_end {
-            break;
-        }
-        if next - last > best.1 {
-            best = (last, next - last);
-        }
-        last = next;
-    }
-    best.0
+    let early = gaps(arrivals, at, to).take_while(|&(start, _)| start <= onset_end);
+    longest(early, at).0
 }
 
 /// The bulk download's metrics around a death at `at`, sending until `duration`.
