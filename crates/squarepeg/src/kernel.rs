@@ -4,8 +4,9 @@
 //! read and decodes outside the connection's lock (and which an application's receive call
 //! that finds nothing received may borrow to read the socket itself, `Shared::read_inline`);
 //! output is the core's frames, taken in batches no larger than the `TCP_NOTSENT_LOWAT` in
-//! force (late binding, see the crate docs). Over TLS the core keeps its receiver (records are opened there), and reads go into
-//! a buffer of the wire's own that the core takes under the lock.
+//! force (late binding, see the crate docs). Over TLS the core keeps its receiver (records
+//! are opened there), and reads go into a buffer of the wire's own that the core takes
+//! under the lock.
 
 use std::io;
 use std::sync::Arc;
