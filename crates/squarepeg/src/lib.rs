@@ -126,12 +126,18 @@
 //!
 //! # Threading
 //!
-//! One driver task per connection owns the socket (over the userspace
-//! TCP: the stack's `TcpStream`); the connection core (session, frame codec,
-//! substrate adapter) sits behind a mutex shared with the application's
-//! handles. The driver wakes on socket readiness, on application calls and
-//! on the core's timer. It is the same driver for both substrates
-//! (`driver.rs`); what differs is a small adapter (`kernel.rs`, `utcp.rs`).
+//! One driver task per connection writes to the socket and reads from it
+//! (over the userspace TCP: the stack's `TcpStream`); the connection core
+//! (session, frame codec, substrate adapter) sits behind a mutex shared with
+//! the application's handles. The driver wakes on socket readiness, on
+//! application calls and on the core's timer. It is the same driver for both
+//! substrates (`driver.rs`); what differs is a small adapter (`kernel.rs`,
+//! `utcp.rs`). Over kernel TCP without TLS, a `recv_message` that finds
+//! nothing received reads the socket itself (in the caller's task) rather
+//! than wait for the driver to read and wake it
+//! ([`ConnectionStats::reads_by_application`] counts those reads); whoever
+//! reads holds the core's receiver, so bytes reach the core in order. Tasks
+//! waiting on the connection are woken after its lock is let go.
 
 pub mod bench;
 mod config;
