@@ -139,11 +139,7 @@ impl DerefMut for StateGuard<'_> {
 impl Drop for StateGuard<'_> {
     fn drop(&mut self) {
         let lists = std::mem::take(&mut self.guard.wakes.lists);
-        let paths = if self.guard.wakes.paths.is_empty() {
-            Vec::new()
-        } else {
-            std::mem::take(&mut self.guard.wakes.paths)
-        };
+        let paths = std::mem::take(&mut self.guard.wakes.paths);
         // A few wakers (the usual: a stream's reader or writer) move out without giving up
         // the list's memory; more take the list along.
         let mut few: [Option<Waker>; 4] = Default::default();
@@ -305,17 +301,20 @@ impl Shared {
                 wake_driver = true;
             }
         }
-        // What the read may have given the driver to do: frames to answer (flow credit, a
-        // CLOSE), or an earlier timer.
-        let session = st.conn.session();
-        if session.has_pending_control() || session.is_closing() || session.error().is_some() {
-            wake_driver = true;
+        let nothing_read = matches!(&result, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        if !nothing_read {
+            // What the read may have given the driver to do: frames to answer (flow credit,
+            // a CLOSE), or an earlier timer; and what it gave the waiters.
+            let session = st.conn.session();
+            if session.has_pending_control() || session.is_closing() || session.error().is_some() {
+                wake_driver = true;
+            }
+            let timeout = st.conn.poll_timeout();
+            if timeout.is_some_and(|t| timeout_before.is_none_or(|b| t < b)) {
+                wake_driver = true;
+            }
+            self.dispatch(&mut st);
         }
-        let timeout = st.conn.poll_timeout();
-        if timeout.is_some_and(|t| timeout_before.is_none_or(|b| t < b)) {
-            wake_driver = true;
-        }
-        self.dispatch(&mut st);
         drop(st);
         if wake_driver {
             self.wake_driver();
