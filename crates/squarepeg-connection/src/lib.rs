@@ -110,6 +110,7 @@ pub use squarepeg_tcp::{MessageReport, WriteTag};
 use receive::{SegmentReceiver, TlsSegmentReceiver};
 use record::{RecordLayer, TlsLayer, tls_transport_error};
 use send::TaggedSender;
+use squarepeg_framing::Decoded;
 use squarepeg_session::control::record_numbers;
 use squarepeg_tls::OutOfOrderConfig;
 pub use squarepeg_tls::{EarlyData, Tls, TlsError, TlsStats};
@@ -427,11 +428,12 @@ impl Connection {
         let ReceivePath::InOrder(Some(r)) = &mut self.receive else {
             return;
         };
-        while let Some(frame) = r.next_frame() {
-            match frame {
-                Ok(f) => self.session.handle_frame(now, f),
+        while let Some(decoded) = r.next_decoded() {
+            match decoded {
+                Decoded::Messages(run) => self.session.handle_message_run(run),
+                Decoded::Frame(Ok(f)) => self.session.handle_frame(now, f),
                 // The stream is reliable and in order: the peer sent it.
-                Err(e) => self.session.handle_decode_error(now, e),
+                Decoded::Frame(Err(e)) => self.session.handle_decode_error(now, e),
             }
         }
     }

@@ -4,7 +4,8 @@
 use std::time::Instant;
 
 use squarepeg_framing::{
-    Frame, FrameError, FrameHeader, FrameReader, ReassembledFrame, Reassembler, ReassemblyError,
+    Decoded, Frame, FrameError, FrameHeader, FrameReader, ReassembledFrame, Reassembler,
+    ReassemblyError,
 };
 use squarepeg_session::control::ControlFrame;
 use squarepeg_session::{MAX_FRAME_BODY, Session};
@@ -60,6 +61,11 @@ impl Receiver {
 
     pub(crate) fn next_frame(&mut self) -> Option<Result<Frame, FrameError>> {
         self.decoder.next_frame()
+    }
+
+    /// [`Self::next_frame`], with consecutive plain MESSAGE frames as one run.
+    pub(crate) fn next_decoded(&mut self) -> Option<Decoded> {
+        self.decoder.next_decoded()
     }
 
     /// Stream offset just past the last whole frame, once every decoded frame was taken

@@ -36,6 +36,8 @@
 //!   encodes in either format.
 //! - [`reader`]: [`FrameReader`], the in-order receive side that follows
 //!   the sender's switch from uCOBS to plain frames.
+//! - [`run`]: [`MessageRun`], consecutive plain MESSAGE frames of a read
+//!   handed on whole, each message cut out only where it is delivered.
 //! - `crc`: CRC32C, by `crc-fast` (carry-less multiplication folding).
 //! - [`sample`]: deterministic sample payloads (random, text-like,
 //!   zero-heavy) for the benchmarks and tests.
@@ -55,6 +57,7 @@ pub mod header;
 pub mod plain;
 pub mod reader;
 pub mod reassembler;
+pub mod run;
 pub mod sample;
 pub mod varint;
 
@@ -69,6 +72,7 @@ pub use reader::FrameReader;
 pub use reassembler::{
     ReassembledFrame, Reassembler, ReassemblyError, ReassemblyStats, RejectedFrame,
 };
+pub use run::{Decoded, MessageRun, RunMessage};
 
 /// A frame header that cannot be parsed or written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]

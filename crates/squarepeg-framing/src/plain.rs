@@ -20,7 +20,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::decoder::{ChunkPool, Fill};
-use crate::{Frame, FrameError, FrameHeader, HeaderError, MAX_HEADER_LEN, varint};
+use crate::run::{MessageRun, RunSummary, parse_message};
+use crate::{Decoded, Frame, FrameError, FrameHeader, HeaderError, MAX_HEADER_LEN, varint};
 
 /// The frame formats a direction of a connection can be in (the `format` of a Switch frame,
 /// and bits of the PARAMS receive-formats parameter).
@@ -187,7 +188,7 @@ pub(crate) struct PlainDecoder {
     filled: usize,
     pool: Arc<ChunkPool>,
     pinned_limit: usize,
-    ready: VecDeque<Result<Frame, FrameError>>,
+    ready: VecDeque<Decoded>,
     /// A length over the limit was read: frame boundaries are lost, so every later byte is
     /// dropped (on a reliable stream the error ends the connection anyway).
     failed: bool,
@@ -241,11 +242,34 @@ impl PlainDecoder {
     }
 
     pub(crate) fn next_frame(&mut self) -> Option<Result<Frame, FrameError>> {
+        match self.ready.front_mut()? {
+            Decoded::Messages(run) => {
+                let frame = run.pop_frame();
+                if run.is_empty() {
+                    self.ready.pop_front();
+                }
+                frame.map(Ok)
+            }
+            Decoded::Frame(_) => match self.ready.pop_front()? {
+                Decoded::Frame(f) => Some(f),
+                Decoded::Messages(_) => None,
+            },
+        }
+    }
+
+    pub(crate) fn next_decoded(&mut self) -> Option<Decoded> {
         self.ready.pop_front()
     }
 
+    /// Frames (and errors) waiting.
     pub(crate) fn ready_len(&self) -> usize {
-        self.ready.len()
+        self.ready
+            .iter()
+            .map(|d| match d {
+                Decoded::Messages(run) => run.len(),
+                Decoded::Frame(_) => 1,
+            })
+            .sum()
     }
 
     /// Bytes held waiting for the end of a frame.
@@ -298,10 +322,11 @@ impl PlainDecoder {
             }
         }
         if let Some(len) = oversize {
-            self.ready.push_back(Err(FrameError::Oversize {
-                len: Some(usize::try_from(len).unwrap_or(usize::MAX)),
-                limit: self.max_body,
-            }));
+            self.ready
+                .push_back(Decoded::Frame(Err(FrameError::Oversize {
+                    len: Some(usize::try_from(len).unwrap_or(usize::MAX)),
+                    limit: self.max_body,
+                })));
             self.failed = true;
             self.start = 0;
             self.filled = 0;
@@ -310,31 +335,54 @@ impl PlainDecoder {
 }
 
 /// Queues the frames of `bytes` (whole frames, their lengths checked by the caller), which
-/// start at offset `base` of the buffer `payload` takes ranges of.
+/// start at offset `base` of the buffer `payload` takes ranges of: consecutive well-formed
+/// MESSAGE frames as one [`MessageRun`], every other frame (or error) on its own.
 fn queue_frames(
-    ready: &mut VecDeque<Result<Frame, FrameError>>,
+    ready: &mut VecDeque<Decoded>,
     bytes: &[u8],
     base: usize,
     payload: impl Fn(Range<usize>) -> Bytes,
 ) {
     let mut pos = 0;
+    // The run being gathered: where it starts, and its figures.
+    let mut run_start = 0;
+    let mut run = RunSummary::default();
+    let flush = |ready: &mut VecDeque<Decoded>, start: usize, end: usize, run: &mut RunSummary| {
+        if run.count > 0 {
+            let bytes = payload(base + start..base + end);
+            ready.push_back(Decoded::Messages(MessageRun::new(bytes, *run)));
+            *run = RunSummary::default();
+        }
+    };
     while pos < bytes.len() {
+        if let Some(m) = parse_message(&bytes[pos..]) {
+            if run.count == 0 {
+                run_start = pos;
+            }
+            run.add(&m);
+            pos += m.end();
+            continue;
+        }
+        flush(ready, run_start, pos, &mut run);
         let Ok((len, len_len)) = varint::decode(&bytes[pos..]) else {
             debug_assert!(false, "lengths were checked");
             return;
         };
         let body = pos + len_len..pos + len_len + len as usize;
-        ready.push_back(match FrameHeader::decode(&bytes[body.clone()]) {
-            Ok((header, head_len)) => Ok(Frame {
-                header,
-                payload: payload(base + body.start + head_len..base + body.end),
-            }),
-            // A body too short for its header.
-            Err(HeaderError::Truncated) => Err(FrameError::TooShort),
-            Err(other) => Err(other.into()),
-        });
+        ready.push_back(Decoded::Frame(
+            match FrameHeader::decode(&bytes[body.clone()]) {
+                Ok((header, head_len)) => Ok(Frame {
+                    header,
+                    payload: payload(base + body.start + head_len..base + body.end),
+                }),
+                // A body too short for its header.
+                Err(HeaderError::Truncated) => Err(FrameError::TooShort),
+                Err(other) => Err(other.into()),
+            },
+        ));
         pos = body.end;
     }
+    flush(ready, run_start, pos, &mut run);
 }
 
 impl Fill for PlainDecoder {

@@ -113,6 +113,15 @@ impl FrameReader {
         self.plain.as_mut()?.next_frame()
     }
 
+    /// [`FrameReader::next_frame`], with consecutive plain MESSAGE frames as one
+    /// [`crate::MessageRun`] (uCOBS frames one by one).
+    pub fn next_decoded(&mut self) -> Option<crate::Decoded> {
+        if let Some(f) = self.ucobs.next_frame() {
+            return Some(crate::Decoded::Frame(f));
+        }
+        self.plain.as_mut()?.next_decoded()
+    }
+
     /// Frames (and errors) decoded and waiting for [`FrameReader::next_frame`].
     pub fn ready_len(&self) -> usize {
         self.ucobs.ready_len() + self.plain.as_ref().map_or(0, PlainDecoder::ready_len)

@@ -79,8 +79,10 @@ pub use error::{
 };
 pub use session::{
     Event, FittedBatch, MAX_RECORDS_REPLACED, MESSAGE_RECORD_BYTES, Message, MessageProps,
-    MessageStatus, Role, Session, Stats, Transmit, TransmitContent, message_queue_cost,
+    MessageStatus, Received, Role, Session, Stats, Transmit, TransmitContent, message_queue_cost,
 };
+/// The received-message run type [`Received::Run`] holds.
+pub use squarepeg_framing::MessageRun;
 pub use stream::ReadOutcome;
 
 /// Which of a session's connections carries a message's or a stream's frames, when the

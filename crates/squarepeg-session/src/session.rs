@@ -4,7 +4,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use squarepeg_framing::{Frame, FrameError, FrameFormat, FrameHeader};
+use squarepeg_framing::{Frame, FrameError, FrameFormat, FrameHeader, MessageRun};
 
 use crate::config::{
     Config, ConfigError, DEFAULT_INITIAL_MAX_DATA, DEFAULT_INITIAL_MAX_STREAM_DATA,
@@ -126,6 +126,43 @@ impl Event {
             numbers: number..number + 1,
             status,
         });
+    }
+}
+
+/// Received messages, as [`Session::poll_received`] hands them out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Received {
+    One(Message),
+    /// Consecutive messages still in the frames they came in (never empty): take them out
+    /// in order with [`MessageRun::pop_front`].
+    Run(MessageRun),
+}
+
+impl Received {
+    /// Messages in it.
+    pub fn len(&self) -> usize {
+        match self {
+            Received::One(_) => 1,
+            Received::Run(run) => run.len(),
+        }
+    }
+
+    /// Whether it holds no message (a run whose messages were all taken).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Payload bytes of its messages.
+    pub fn payload_len(&self) -> usize {
+        match self {
+            Received::One(m) => m.payload.len(),
+            Received::Run(run) => run.payload_len(),
+        }
+    }
+
+    /// What its messages count against the receive queue (`message_queue_cost` of each).
+    fn queue_cost(&self) -> usize {
+        self.payload_len() + MESSAGE_RECORD_BYTES * self.len()
     }
 }
 
@@ -456,7 +493,9 @@ pub struct Session {
     queue_full_reported: bool,
 
     // Messages, receive side.
-    received: VecDeque<Message>,
+    /// Received messages, oldest first: single ones and runs as read (see
+    /// [`Session::handle_message_run`]); never an empty run.
+    received: VecDeque<Received>,
     received_bytes: usize,
     seen: NumberWindow,
 
@@ -976,9 +1015,40 @@ impl Session {
 
     /// The next received message.
     pub fn poll_message(&mut self) -> Option<Message> {
-        let m = self.received.pop_front()?;
+        let m = match self.received.front_mut()? {
+            Received::Run(run) => {
+                let (substream, number, payload) = run.pop_front()?;
+                if run.is_empty() {
+                    self.received.pop_front();
+                }
+                Message {
+                    substream,
+                    number,
+                    payload,
+                }
+            }
+            Received::One(_) => match self.received.pop_front()? {
+                Received::One(m) => m,
+                Received::Run(_) => return None,
+            },
+        };
         self.received_bytes -= message_queue_cost(m.payload.len());
         Some(m)
+    }
+
+    /// The oldest received messages: one, or a run of consecutive ones as they were read
+    /// (which [`Session::poll_message`] would hand out one by one, in the same order).
+    /// Cheaper per message where the caller queues them again (the tokio crate's inbox).
+    pub fn poll_received(&mut self) -> Option<Received> {
+        let r = self.received.pop_front()?;
+        self.received_bytes -= r.queue_cost();
+        Some(r)
+    }
+
+    /// What the received messages not yet taken count against
+    /// `Config::message_receive_queue` (payloads plus [`MESSAGE_RECORD_BYTES`] each).
+    pub fn received_message_bytes(&self) -> usize {
+        self.received_bytes
     }
 
     /// Whether received messages fill `Config::message_receive_queue`: the
@@ -1532,6 +1602,60 @@ impl Session {
         }
     }
 
+    /// [`Session::handle_frame`] for each message of `run` (consecutive MESSAGE frames as
+    /// the in-order reader found them, [`squarepeg_framing::Decoded::Messages`]), in order:
+    /// the same deliveries, duplicates dropped and counters, with the run queued whole and
+    /// each message cut out of it only when taken ([`Session::poll_message`]).
+    pub fn handle_message_run(&mut self, run: MessageRun) {
+        self.peer_frame_seen = true;
+        if let State::Closed { .. } = self.state {
+            return;
+        }
+        self.stats.frames_received += run.len() as u64;
+        if run.is_consecutive() && self.seen.insert_run(run.first_number(), run.len() as u64) {
+            // The usual case on an in-order connection: every number new, checked at once.
+            let cost = run.payload_len() + MESSAGE_RECORD_BYTES * run.len();
+            self.queue_received_run(run, cost);
+            return;
+        }
+        let mut run = run;
+        loop {
+            let mut cost = 0;
+            let mut duplicate = None;
+            for (i, m) in run.iter().enumerate() {
+                if !self.seen.insert(m.number) {
+                    duplicate = Some((i, m));
+                    break;
+                }
+                cost += message_queue_cost(m.len);
+            }
+            let Some((i, m)) = duplicate else {
+                self.queue_received_run(run, cost);
+                return;
+            };
+            // A duplicate (possible only from a peer that repeats numbers) cuts the run: the
+            // messages before it are queued, it is dropped, the walk goes on after it.
+            let front = run.split_before(&m, i);
+            self.queue_received_run(front, cost);
+            self.stats.duplicate_messages += 1;
+            run.skip_front();
+        }
+    }
+
+    /// Queues the messages of `run` (checked against `seen`), which count `cost` against
+    /// the receive queue.
+    fn queue_received_run(&mut self, run: MessageRun, cost: usize) {
+        if run.is_empty() {
+            return;
+        }
+        self.stats.messages_received += run.len() as u64;
+        if self.received.is_empty() {
+            self.events.push_back(Event::MessagesReceived);
+        }
+        self.received_bytes += cost;
+        self.received.push_back(Received::Run(run));
+    }
+
     fn process_frame(&mut self, now: Instant, frame: Frame) -> Result<(), ProtocolError> {
         match frame.header {
             FrameHeader::Message { substream, number } => {
@@ -1544,11 +1668,11 @@ impl Session {
                     self.events.push_back(Event::MessagesReceived);
                 }
                 self.received_bytes += message_queue_cost(frame.payload.len());
-                self.received.push_back(Message {
+                self.received.push_back(Received::One(Message {
                     substream,
                     number,
                     payload: frame.payload,
-                });
+                }));
             }
             FrameHeader::StreamChunk {
                 stream,

@@ -84,6 +84,24 @@ impl NumberWindow {
     }
 }
 
+impl NumberWindow {
+    /// Inserts `first`, `first + 1`, … (`count` numbers) if they all follow the highest
+    /// number inserted (`first` is the window's end: the run of an in-order stream), as
+    /// that many [`NumberWindow::insert`] calls would; returns false, inserting none, if
+    /// they do not (the caller then inserts them one by one).
+    pub(crate) fn insert_run(&mut self, first: u64, count: u64) -> bool {
+        if first != self.end {
+            return false;
+        }
+        for n in first..first + count.min(self.mask + 1) {
+            let (w, b) = self.slot(n);
+            self.bits[w] |= b;
+        }
+        self.end = first + count;
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,6 +125,36 @@ mod tests {
     }
 
     proptest! {
+        /// `insert_run` inserts exactly what one `insert` per number would, where it takes
+        /// the run, and changes nothing where it does not.
+        #[test]
+        fn insert_run_equals_inserts(
+            ops in proptest::collection::vec((0u64..600, 0u64..300, any::<bool>()), 1..100),
+            width in prop_oneof![Just(64u64), Just(192)],
+        ) {
+            let mut runs = NumberWindow::new(width);
+            let mut singles = NumberWindow::new(width);
+            for (n, count, from_end) in ops {
+                let first = if from_end { runs.end } else { n };
+                let before = runs.clone();
+                if runs.insert_run(first, count) {
+                    prop_assert_eq!(first, before.end);
+                    for k in first..first + count {
+                        prop_assert!(singles.insert(k));
+                    }
+                } else {
+                    prop_assert_ne!(first, before.end);
+                    prop_assert_eq!(&runs.bits, &before.bits);
+                    prop_assert_eq!(runs.end, before.end);
+                    prop_assert!(runs.insert(first) == singles.insert(first));
+                }
+                prop_assert_eq!(runs.end, singles.end);
+                for k in runs.floor()..runs.end {
+                    prop_assert_eq!(runs.contains(k), singles.contains(k), "k={}", k);
+                }
+            }
+        }
+
         /// Within the window the bitmap agrees with an exact set.
         #[test]
         fn matches_a_set(

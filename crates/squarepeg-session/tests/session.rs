@@ -1308,3 +1308,82 @@ fn a_closing_session_refuses_a_batch() {
     assert!(matches!(refused, Some(SendError::Closing)), "{refused:?}");
     assert_eq!(s.next_message_number(), 3);
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// Messages handed over as runs (`handle_message_run`, consecutive MESSAGE frames as
+    /// the plain reader finds them) are received exactly as the same frames handed over one
+    /// by one: the same messages taken in the same order, duplicates dropped alike, the same
+    /// counters, events and receive-queue state after every step, whatever the numbering
+    /// (in order, gaps, repeats, numbers older than the window) and however the taking of
+    /// messages interleaves with the runs.
+    #[test]
+    fn message_runs_are_received_as_single_frames(
+        steps in proptest::collection::vec(
+            (proptest::collection::vec((0u8..3, 0u8..4, 0usize..200), 0..40), 0usize..50),
+            1..30,
+        ),
+    ) {
+        let now = Instant::now();
+        let mut config = Config::default();
+        config.message_receive_queue = 4096;
+        let mut single = Session::new(Role::Server, config.clone()).unwrap();
+        let mut runs = Session::new(Role::Server, config).unwrap();
+        let mut next = 0u64;
+        let (mut got_single, mut got_runs) = (Vec::new(), Vec::new());
+        for (messages, take) in steps {
+            let mut wire = Vec::new();
+            for (i, &(substream, numbering, len)) in messages.iter().enumerate() {
+                // Mostly the next number; sometimes a gap, a repeat, or a number long past.
+                let number = match numbering {
+                    0 | 1 => next,
+                    2 => next + 3,
+                    _ => next.saturating_sub(1 + (i as u64 % 5) * 3000),
+                };
+                next = next.max(number + 1);
+                let header = FrameHeader::Message { substream: u64::from(substream), number };
+                let payload = vec![substream; len];
+                squarepeg_framing::encode_plain_frame(&header, &payload, &mut wire).unwrap();
+            }
+            let mut reader = squarepeg_framing::FrameReader::new(DEFAULT_MAX_BODY);
+            reader.start_plain();
+            reader.push(&wire);
+            while let Some(d) = reader.next_decoded() {
+                match d {
+                    squarepeg_framing::Decoded::Messages(run) => {
+                        let mut copy = run.clone();
+                        while let Some(f) = copy.pop_frame() {
+                            single.handle_frame(now, f);
+                        }
+                        runs.handle_message_run(run);
+                    }
+                    squarepeg_framing::Decoded::Frame(f) => {
+                        let f = f.unwrap();
+                        single.handle_frame(now, f.clone());
+                        runs.handle_frame(now, f);
+                    }
+                }
+            }
+            for _ in 0..take {
+                got_single.extend(single.poll_message());
+                got_runs.extend(runs.poll_message());
+            }
+            prop_assert_eq!(&got_single, &got_runs);
+            prop_assert_eq!(single.stats(), runs.stats());
+            prop_assert_eq!(single.receive_blocked(), runs.receive_blocked());
+            prop_assert_eq!(single.received_message_bytes(), runs.received_message_bytes());
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            while let Some(e) = single.poll_event() { a.push(e); }
+            while let Some(e) = runs.poll_event() { b.push(e); }
+            prop_assert_eq!(a, b);
+        }
+        while let Some(m) = single.poll_message() {
+            got_single.push(m);
+        }
+        while let Some(m) = runs.poll_message() {
+            got_runs.push(m);
+        }
+        prop_assert_eq!(got_single, got_runs);
+    }
+}

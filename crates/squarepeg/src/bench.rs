@@ -80,6 +80,15 @@ pub async fn squarepeg_messages(
     let client = client.map_err(std::io::Error::other)?;
     let server = server.map_err(std::io::Error::other)?;
     let payload = Bytes::from(vec![0x5au8; size]);
+    // One message each way first: both ends have the other's PARAMS, so both write plain
+    // frames from the first measured message on (docs/wire.md §3) — the figures are the
+    // steady state's, not a mix that depends on how much was queued before the switch.
+    for (from, to) in [(&client, &server), (&server, &client)] {
+        from.send_message(Bytes::from_static(b"warm-up"), MessageProps::default())
+            .await
+            .map_err(std::io::Error::other)?;
+        to.recv_message().await.map_err(std::io::Error::other)?;
+    }
     let cpu = process_cpu();
     let start = Instant::now();
     let sender = tokio::spawn(async move {

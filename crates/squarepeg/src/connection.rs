@@ -624,10 +624,10 @@ impl Shared {
     fn fill_inbox(&self, st: &mut State) {
         let mut inbox = self.received();
         while inbox.has_room() {
-            let Some(m) = st.conn.session_mut().poll_message() else {
+            let Some(r) = st.conn.session_mut().poll_received() else {
                 break;
             };
-            inbox.push(m);
+            inbox.push(r);
         }
     }
 

@@ -30,7 +30,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use squarepeg_session::{
-    MAX_MESSAGE_SIZE, Message, MessageNumber, MessageProps, message_queue_cost,
+    MAX_MESSAGE_SIZE, Message, MessageNumber, MessageProps, Received, message_queue_cost,
 };
 
 /// A message the application queued, not yet in the session.
@@ -158,33 +158,58 @@ impl Outbox {
 }
 
 /// Received messages taken out of the session, oldest first, for the application's receive
-/// calls.
+/// calls: single ones and runs as they were read (`Session::poll_received`), each message of
+/// a run cut out only when the application takes it (one record moved per read rather than
+/// per message).
 #[derive(Default)]
 pub(crate) struct Inbox {
-    messages: VecDeque<Message>,
+    entries: VecDeque<Received>,
+    /// Messages and payload bytes in `entries`.
+    messages: usize,
     bytes: usize,
 }
 
-/// Messages and bytes the inbox holds at most: the receive queue's bound grows by this much
-/// (and one message). Large enough that the application locks the connection rarely, small
-/// enough to stay in the caches.
+/// Messages and bytes after which the inbox takes no more: the receive queue's bound grows
+/// by this much (and one read's messages, taken as one run). Large enough that the
+/// application locks the connection rarely, small enough to stay in the caches.
 const INBOX_MESSAGES: usize = 1024;
 const INBOX_BYTES: usize = 64 * 1024;
 
 impl Inbox {
     pub(crate) fn pop(&mut self) -> Option<Message> {
-        let m = self.messages.pop_front()?;
+        let m = match self.entries.front_mut()? {
+            Received::Run(run) => {
+                let (substream, number, payload) = run.pop_front()?;
+                if run.is_empty() {
+                    self.entries.pop_front();
+                }
+                Message {
+                    substream,
+                    number,
+                    payload,
+                }
+            }
+            Received::One(_) => match self.entries.pop_front()? {
+                Received::One(m) => m,
+                Received::Run(_) => return None,
+            },
+        };
+        self.messages -= 1;
         self.bytes -= m.payload.len();
         Some(m)
     }
 
-    /// Whether another message may be moved in.
+    /// Whether more messages may be moved in.
     pub(crate) fn has_room(&self) -> bool {
-        self.messages.len() < INBOX_MESSAGES && self.bytes < INBOX_BYTES
+        self.messages < INBOX_MESSAGES && self.bytes < INBOX_BYTES
     }
 
-    pub(crate) fn push(&mut self, m: Message) {
-        self.bytes += m.payload.len();
-        self.messages.push_back(m);
+    pub(crate) fn push(&mut self, r: Received) {
+        if r.is_empty() {
+            return;
+        }
+        self.messages += r.len();
+        self.bytes += r.payload_len();
+        self.entries.push_back(r);
     }
 }
