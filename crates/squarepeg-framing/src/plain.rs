@@ -334,6 +334,10 @@ impl PlainDecoder {
     }
 }
 
+/// A run ends after this many bytes (the receiver's inbox takes whole runs: this bounds how
+/// far past its limit one run takes it).
+const RUN_MAX_BYTES: usize = 16 * 1024;
+
 /// Queues the frames of `bytes` (whole frames, their lengths checked by the caller), which
 /// start at offset `base` of the buffer `payload` takes ranges of: consecutive well-formed
 /// MESSAGE frames as one [`MessageRun`], every other frame (or error) on its own.
@@ -361,6 +365,9 @@ fn queue_frames(
             }
             run.add(&m);
             pos += m.end();
+            if pos - run_start >= RUN_MAX_BYTES {
+                flush(ready, run_start, pos, &mut run);
+            }
             continue;
         }
         flush(ready, run_start, pos, &mut run);

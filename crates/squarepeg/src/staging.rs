@@ -170,7 +170,7 @@ pub(crate) struct Inbox {
 }
 
 /// Messages and bytes after which the inbox takes no more: the receive queue's bound grows
-/// by this much (and one read's messages, taken as one run). Large enough that the
+/// by this much (and one run's messages, at most 16 KiB, taken whole). Large enough that the
 /// application locks the connection rarely, small enough to stay in the caches.
 const INBOX_MESSAGES: usize = 1024;
 const INBOX_BYTES: usize = 64 * 1024;
