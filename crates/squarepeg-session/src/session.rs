@@ -1604,8 +1604,10 @@ impl Session {
 
     /// [`Session::handle_frame`] for each message of `run` (consecutive MESSAGE frames as
     /// the in-order reader found them, [`squarepeg_framing::Decoded::Messages`]), in order:
-    /// the same deliveries, duplicates dropped and counters, with the run queued whole and
-    /// each message cut out of it only when taken ([`Session::poll_message`]).
+    /// the same deliveries, duplicates dropped and counters. A run numbered consecutively
+    /// from the duplicate window's end is queued whole, each message cut out of it only when
+    /// taken ([`Session::poll_message`], [`Session::poll_received`]); any other is taken apart
+    /// here.
     pub fn handle_message_run(&mut self, run: MessageRun) {
         self.peer_frame_seen = true;
         if let State::Closed { .. } = self.state {
@@ -1618,27 +1620,26 @@ impl Session {
             self.queue_received_run(run, cost);
             return;
         }
+        // Otherwise message by message (numbers out of order, as a sender's priorities make
+        // them, or repeated by a peer), each taken out of the run in turn: linear in the
+        // run's length whatever the numbers (cutting the run at each duplicate instead cost a
+        // walk over the rest per duplicate, quadratic for a run of repeats).
         let mut run = run;
-        loop {
-            let mut cost = 0;
-            let mut duplicate = None;
-            for (i, m) in run.iter().enumerate() {
-                if !self.seen.insert(m.number) {
-                    duplicate = Some((i, m));
-                    break;
-                }
-                cost += message_queue_cost(m.len);
+        while let Some((substream, number, payload)) = run.pop_front() {
+            if !self.seen.insert(number) {
+                self.stats.duplicate_messages += 1;
+                continue;
             }
-            let Some((i, m)) = duplicate else {
-                self.queue_received_run(run, cost);
-                return;
-            };
-            // A duplicate (possible only from a peer that repeats numbers) cuts the run: the
-            // messages before it are queued, it is dropped, the walk goes on after it.
-            let front = run.split_before(&m, i);
-            self.queue_received_run(front, cost);
-            self.stats.duplicate_messages += 1;
-            run.skip_front();
+            self.stats.messages_received += 1;
+            if self.received.is_empty() {
+                self.events.push_back(Event::MessagesReceived);
+            }
+            self.received_bytes += message_queue_cost(payload.len());
+            self.received.push_back(Received::One(Message {
+                substream,
+                number,
+                payload,
+            }));
         }
     }
 
