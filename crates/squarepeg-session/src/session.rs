@@ -160,6 +160,28 @@ impl Received {
         }
     }
 
+    /// Takes the oldest message out of `queue` (a run's first, the run dropped once empty).
+    #[inline]
+    pub fn pop_message(queue: &mut VecDeque<Received>) -> Option<Message> {
+        match queue.front_mut()? {
+            Received::Run(run) => {
+                let (substream, number, payload) = run.pop_front()?;
+                if run.is_empty() {
+                    queue.pop_front();
+                }
+                Some(Message {
+                    substream,
+                    number,
+                    payload,
+                })
+            }
+            Received::One(_) => match queue.pop_front()? {
+                Received::One(m) => Some(m),
+                Received::Run(_) => None,
+            },
+        }
+    }
+
     /// What its messages count against the receive queue (`message_queue_cost` of each).
     fn queue_cost(&self) -> usize {
         self.payload_len() + MESSAGE_RECORD_BYTES * self.len()
@@ -1015,23 +1037,7 @@ impl Session {
 
     /// The next received message.
     pub fn poll_message(&mut self) -> Option<Message> {
-        let m = match self.received.front_mut()? {
-            Received::Run(run) => {
-                let (substream, number, payload) = run.pop_front()?;
-                if run.is_empty() {
-                    self.received.pop_front();
-                }
-                Message {
-                    substream,
-                    number,
-                    payload,
-                }
-            }
-            Received::One(_) => match self.received.pop_front()? {
-                Received::One(m) => m,
-                Received::Run(_) => return None,
-            },
-        };
+        let m = Received::pop_message(&mut self.received)?;
         self.received_bytes -= message_queue_cost(m.payload.len());
         Some(m)
     }

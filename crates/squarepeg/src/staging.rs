@@ -177,23 +177,7 @@ const INBOX_BYTES: usize = 64 * 1024;
 
 impl Inbox {
     pub(crate) fn pop(&mut self) -> Option<Message> {
-        let m = match self.entries.front_mut()? {
-            Received::Run(run) => {
-                let (substream, number, payload) = run.pop_front()?;
-                if run.is_empty() {
-                    self.entries.pop_front();
-                }
-                Message {
-                    substream,
-                    number,
-                    payload,
-                }
-            }
-            Received::One(_) => match self.entries.pop_front()? {
-                Received::One(m) => m,
-                Received::Run(_) => return None,
-            },
-        };
+        let m = Received::pop_message(&mut self.entries)?;
         self.messages -= 1;
         self.bytes -= m.payload.len();
         Some(m)
