@@ -131,7 +131,9 @@ impl Event {
 
 /// Received messages, as [`Session::poll_received`] hands them out.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Received {
+    /// A message on its own.
     One(Message),
     /// Consecutive messages still in the frames they came in (never empty): take them out
     /// in order with [`MessageRun::pop_front`].
