@@ -130,12 +130,22 @@ pub fn encode_plain_message(
     let (sub, sub_len) = varint::to_bytes(substream)?;
     let (num, num_len) = varint::to_bytes(number)?;
     let body = 2 + sub_len + num_len + payload.len();
-    let (len, len_len) = varint::to_bytes(body as u64)?;
     // Each varint is copied as all eight of its bytes (fixed-size moves): the next field
     // overwrites the excess. At most 8 + 2 + 8 + 8 bytes are written.
     let mut prefix = [0u8; 8 + 2 + 8 + 8];
-    prefix[..8].copy_from_slice(&len);
-    let mut at = len_len;
+    // The length in its one- or two-byte form for any body under 16 KiB (RFC 9000 §16),
+    // written directly; the general encoder beyond.
+    let mut at = if body < 1 << 6 {
+        prefix[0] = body as u8;
+        1
+    } else if body < 1 << 14 {
+        prefix[..2].copy_from_slice(&(0x4000 | body as u16).to_be_bytes());
+        2
+    } else {
+        let (len, len_len) = varint::to_bytes(body as u64)?;
+        prefix[..8].copy_from_slice(&len);
+        len_len
+    };
     prefix[at] = (crate::header::VERSION << 4) | crate::header::FrameKind::Message as u8;
     prefix[at + 1] = 0;
     at += 2;
