@@ -33,7 +33,9 @@
 //! - [`plain`]: plain frames, `varint(length) ‖ header ‖ payload`, for a
 //!   direction whose receiver reads in order and whose sender never
 //!   replaces retransmitted bytes (docs/wire.md §3); [`FrameFormat`]
-//!   encodes in either format.
+//!   encodes in either format (with the `reference` feature,
+//!   `plain::reference` decodes a stream frame by frame, the oracle for the
+//!   reader's message runs).
 //! - [`reader`]: [`FrameReader`], the in-order receive side that follows
 //!   the sender's switch from uCOBS to plain frames.
 //! - [`run`]: [`MessageRun`], consecutive plain MESSAGE frames of a read

@@ -402,6 +402,47 @@ fn queue_frames(
     flush(ready, run_start, pos, &mut run);
 }
 
+/// Plain frames decoded one at a time from a whole stream, as the plain decoder did before
+/// message runs: kept as the oracle for tests and differential fuzzing.
+#[cfg(any(test, feature = "reference"))]
+pub mod reference {
+    use bytes::Bytes;
+
+    use crate::{Frame, FrameError, FrameHeader, HeaderError, varint};
+
+    /// Every whole frame of `wire`, each decoded on its own; an oversize length ends the
+    /// stream with its error, an incomplete frame at the end is left out.
+    pub fn decode_stream(wire: &[u8], max_body: usize) -> Vec<Result<Frame, FrameError>> {
+        let mut out = Vec::new();
+        let mut pos = 0;
+        while pos < wire.len() {
+            let Ok((len, n)) = varint::decode(&wire[pos..]) else {
+                break; // the length itself is incomplete
+            };
+            if len > max_body as u64 {
+                out.push(Err(FrameError::Oversize {
+                    len: Some(usize::try_from(len).unwrap_or(usize::MAX)),
+                    limit: max_body,
+                }));
+                break;
+            }
+            let Some(body) = wire.get(pos + n..pos + n + len as usize) else {
+                break; // incomplete
+            };
+            out.push(match FrameHeader::decode(body) {
+                Ok((header, head)) => Ok(Frame {
+                    header,
+                    payload: Bytes::copy_from_slice(&body[head..]),
+                }),
+                Err(HeaderError::Truncated) => Err(FrameError::TooShort),
+                Err(e) => Err(e.into()),
+            });
+            pos += n + len as usize;
+        }
+        out
+    }
+}
+
 impl Fill for PlainDecoder {
     fn room(&mut self) -> &mut [u8] {
         self.unfilled()

@@ -244,7 +244,7 @@ impl MessageRun {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{FrameError, FrameReader, HeaderError, encode_plain_frame};
+    use crate::{FrameReader, encode_plain_frame};
     use proptest::prelude::*;
 
     /// A frame of the test stream.
@@ -326,26 +326,6 @@ mod tests {
         wire
     }
 
-    /// Each frame decoded on its own, as the plain decoder did before runs.
-    fn reference(wire: &[u8]) -> Vec<Result<Frame, FrameError>> {
-        let mut out = Vec::new();
-        let mut pos = 0;
-        while pos < wire.len() {
-            let (len, n) = varint::decode(&wire[pos..]).unwrap();
-            let body = &wire[pos + n..pos + n + len as usize];
-            out.push(match FrameHeader::decode(body) {
-                Ok((header, head)) => Ok(Frame {
-                    header,
-                    payload: Bytes::copy_from_slice(&body[head..]),
-                }),
-                Err(HeaderError::Truncated) => Err(FrameError::TooShort),
-                Err(e) => Err(e.into()),
-            });
-            pos += n + len as usize;
-        }
-        out
-    }
-
     proptest! {
         /// The 16-byte fast path of `parse_message` says exactly what the general parser
         /// says, for any bytes (mostly near-MESSAGE frames: the type byte, short lengths).
@@ -376,7 +356,7 @@ mod tests {
             mode in 0u8..2,
         ) {
             let wire = encode(&items);
-            let expected = reference(&wire);
+            let expected = crate::plain::reference::decode_stream(&wire, 1 << 16);
             let mut r = FrameReader::with_buffers(1 << 16, read_size, pinned);
             r.start_plain();
             let mut got = Vec::new();
