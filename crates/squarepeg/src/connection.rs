@@ -99,7 +99,23 @@ pub(crate) struct State {
     /// the driver stops (which closes it).
     pub(crate) inline_socket: Option<Arc<tokio::net::TcpStream>>,
     /// Reads of the socket made by the application's receive calls.
-    reads_by_application: u64,
+    pub(crate) reads_by_application: u64,
+    /// The application's receive calls read the socket (one of them read bytes since the
+    /// driver last took the reading back): the driver does not wait for the socket's
+    /// readiness meanwhile, only checks now and then that they still read (see
+    /// `driver::READ_DUTY_CHECK`). Each read the driver makes instead is a wake-up of the
+    /// driver's thread and a hand-over to the application's (measured with `message_profile
+    /// peg 16384`: three quarters of the reads, and most of the context switches, were the
+    /// driver's while the application was busy with the messages of the read before).
+    pub(crate) application_reads: bool,
+    /// Receive calls waiting for the socket's readiness themselves (they read when it is
+    /// readable).
+    pub(crate) application_waits_readable: usize,
+    /// The driver left the reading to the receive calls waiting for readiness, without a
+    /// timer to check on them: the last of them to stop waiting wakes it.
+    pub(crate) driver_relies_on_waiters: bool,
+    /// Times the driver went back to reading because the application had stopped.
+    pub(crate) reads_taken_back: u64,
 }
 
 /// Wake-ups owed to tasks waiting on the connection, collected while it is locked and done
@@ -224,6 +240,10 @@ impl Shared {
                 peer_bytes_read: false,
                 inline_socket: None,
                 reads_by_application: 0,
+                application_reads: false,
+                application_waits_readable: 0,
+                driver_relies_on_waiters: false,
+                reads_taken_back: 0,
             }),
             received: Mutex::new(Inbox::default()),
             outbox: Mutex::new(outbox),
@@ -253,27 +273,27 @@ impl Shared {
     /// A receive call found nothing received: rather than wait for the driver to read and
     /// wake it (a thread wake-up per read when the application keeps up with the peer), it
     /// reads the socket itself if the core's receiver is free, as an application using the
-    /// socket directly would. The driver keeps reading whenever the application does not
-    /// (it waits on the socket's readiness, taking the receiver only for the read). Returns
-    /// whether bytes were read.
-    fn read_inline(&self) -> bool {
+    /// socket directly would. While the application reads, the driver leaves the reading
+    /// to it ([`State::application_reads`]); it reads again whenever the application does
+    /// not (it waits on the socket's readiness, taking the receiver only for the read).
+    fn read_inline(&self) -> InlineRead {
         let (socket, mut receiver, timeout_before) = {
             let mut st = self.lock();
             if !st.peer_bytes_read {
-                return false;
+                return InlineRead::Unavailable;
             }
             let Some(socket) = st.inline_socket.clone() else {
-                return false;
+                return InlineRead::Unavailable;
             };
             let timeout = st.conn.poll_timeout();
             let Some(core) = st.conn.single_mut() else {
-                return false;
+                return InlineRead::Unavailable;
             };
             if !core.wants_read() || !core.is_established() {
-                return false;
+                return InlineRead::Unavailable;
             }
             let Some(r) = core.take_receiver() else {
-                return false;
+                return InlineRead::Unavailable;
             };
             (socket, r, timeout)
         };
@@ -289,15 +309,22 @@ impl Shared {
             core.return_receiver(now, receiver);
         }
         match &result {
-            Ok(1..) => st.reads_by_application += 1,
+            Ok(1..) => {
+                st.reads_by_application += 1;
+                st.application_reads = true;
+            }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             // The end of the peer's stream stays readable: the driver reads it again and
             // ends the connection as for any read.
-            Ok(0) => wake_driver = true,
+            Ok(0) => {
+                st.application_reads = false;
+                wake_driver = true;
+            }
             // An error is reported once (a reset's): the connection ends with it here.
             Err(e) => {
                 st.conn
                     .handle_transport_closed(Port::Single, now, TransportError::from_io(e));
+                st.application_reads = false;
                 wake_driver = true;
             }
         }
@@ -319,7 +346,11 @@ impl Shared {
         if wake_driver {
             self.wake_driver();
         }
-        matches!(result, Ok(1..))
+        match result {
+            Ok(1..) => InlineRead::Read(socket),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => InlineRead::Empty(socket),
+            _ => InlineRead::Unavailable,
+        }
     }
 
     /// Wakes the driver(s): the application queued something or made room.
@@ -670,6 +701,44 @@ impl Shared {
     }
 }
 
+/// What [`Shared::read_inline`] did.
+enum InlineRead {
+    /// Bytes were read into the core (the socket may have more).
+    Read(Arc<tokio::net::TcpStream>),
+    /// The socket had nothing to read.
+    Empty(Arc<tokio::net::TcpStream>),
+    /// Nothing was read, and the socket is not the application's to read now (the
+    /// driver has the receiver, the connection is not established or has ended, the core
+    /// wants no reads): a receive call waits to be woken.
+    Unavailable,
+}
+
+/// A receive call waiting for the socket's readiness ([`State::application_waits_readable`]),
+/// counted until it stops waiting, also when its future is dropped.
+struct WaitingReadable<'a>(&'a Shared);
+
+impl<'a> WaitingReadable<'a> {
+    fn new(shared: &'a Shared, st: &mut State) -> Self {
+        st.application_waits_readable += 1;
+        WaitingReadable(shared)
+    }
+}
+
+impl Drop for WaitingReadable<'_> {
+    fn drop(&mut self) {
+        let mut st = self.0.lock();
+        st.application_waits_readable -= 1;
+        // A driver that left the reading to waiting calls without a timer must learn that
+        // none waits any longer, to check on the application from now on.
+        let wake =
+            st.application_waits_readable == 0 && std::mem::take(&mut st.driver_relies_on_waiters);
+        drop(st);
+        if wake {
+            self.0.wake_driver();
+        }
+    }
+}
+
 /// Message statuses waiting for the application, oldest first, as runs of
 /// consecutive message numbers with the same status: a steady stream of
 /// messages sent in order is one run whose count grows, instead of an
@@ -819,6 +888,11 @@ pub struct ConnectionStats {
     /// calls themselves (a call that finds nothing received reads the socket rather than
     /// wait for the driver to), not by the driver.
     pub reads_by_application: u64,
+    /// Over kernel TCP without TLS: times the driver went back to reading the socket
+    /// because the application's receive calls, which had been reading it, stopped (for a
+    /// couple of milliseconds, with none of them waiting): frames that need no receive
+    /// call, such as flow credit or the peer's close, are read all the same.
+    pub reads_taken_back: u64,
 }
 
 /// What the TLS handshake settled.
@@ -953,23 +1027,59 @@ impl Connection {
             sh.recv_budget.fetch_add(m.payload.len(), Ordering::Relaxed);
             return Ok(m);
         }
-        if sh.read_inline()
-            && let Some(m) = sh.received().pop()
-        {
-            sh.recv_budget.fetch_add(m.payload.len(), Ordering::Relaxed);
-            return Ok(m);
-        }
-        let r = sh
-            .wait(
-                |s| &s.messages,
-                |st| {
-                    if let Some(taken) = sh.take_received(st) {
-                        return Some(Ok(taken));
+        let mut inline = sh.read_inline();
+        let r = loop {
+            if let InlineRead::Read(_) = inline
+                && let Some(m) = sh.received().pop()
+            {
+                sh.recv_budget.fetch_add(m.payload.len(), Ordering::Relaxed);
+                return Ok(m);
+            }
+            let notified = sh.messages.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let waiting = {
+                let mut st = sh.lock();
+                if let Some(taken) = sh.take_received(&mut st) {
+                    break Ok(taken);
+                }
+                if let Some(e) = st.conn.session().error() {
+                    break Err(e.clone());
+                }
+                match inline {
+                    // This call waits for the socket's readiness and reads itself, rather than
+                    // have the driver woken to read and hand the messages over; the driver
+                    // leaves the reading to it meanwhile (a driver waiting for readiness
+                    // already learns it at the next read's wake-up). After a read that gave
+                    // no whole message the socket may still be readable: the wait is then
+                    // no wait (and spends the task's budget, so a peer's stream of other
+                    // frames cannot hold the thread).
+                    InlineRead::Read(socket) | InlineRead::Empty(socket) => {
+                        st.application_reads = true;
+                        Some((socket, WaitingReadable::new(sh, &mut st)))
                     }
-                    st.conn.session().error().map(|e| Err(e.clone()))
-                },
-            )
-            .await;
+                    InlineRead::Unavailable => None,
+                }
+            };
+            match waiting {
+                Some((socket, waiting)) => {
+                    tokio::select! {
+                        // An error is the next read's to report.
+                        _ = socket.readable() => {}
+                        _ = notified => {}
+                    }
+                    drop(waiting);
+                }
+                None => notified.await,
+            }
+            // (The inbox's lock ends with this statement: `read_inline` takes it again.)
+            let cached = sh.received().pop();
+            if let Some(m) = cached {
+                sh.recv_budget.fetch_add(m.payload.len(), Ordering::Relaxed);
+                return Ok(m);
+            }
+            inline = sh.read_inline();
+        };
         let (m, was_blocked) = r?;
         sh.recv_budget.fetch_add(m.payload.len(), Ordering::Relaxed);
         if was_blocked {
@@ -1135,6 +1245,7 @@ impl Connection {
             notsent_lowat: st.notsent_lowat,
             tls: core.tls,
             reads_by_application: st.reads_by_application,
+            reads_taken_back: st.reads_taken_back,
         }
     }
 

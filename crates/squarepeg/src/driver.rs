@@ -9,17 +9,24 @@ use std::io;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use squarepeg_connection::TransportError;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::connection::Shared;
+use crate::connection::{Shared, State};
 use crate::core::{Core, Port};
 
 /// Bytes of output taken from the core per lock acquisition: encoding happens under the
 /// lock, and the application should not wait a whole batch to queue a message.
 const LOCK_SLICE: usize = 16 * 1024;
+
+/// While the application's receive calls read the socket ([`State::application_reads`]) and
+/// none is waiting for its readiness, the driver checks this often that they still read, and
+/// reads again itself if none did meanwhile: frames that need no receive call (flow credit, a
+/// CLOSE, acknowledgements) wait at most about twice this long for an application busy
+/// elsewhere.
+const READ_DUTY_CHECK: Duration = Duration::from_millis(2);
 
 /// How a substrate's transport meets the core. Methods marked "under the lock" are called
 /// with the connection's state locked; the others without.
@@ -112,6 +119,7 @@ pub(crate) async fn run<W: Wire>(
         fin: Fin::NotYet,
         answer_first: false,
         corked: false,
+        read_duty: None,
     };
     driver.drive().await;
     let sh = &driver.shared;
@@ -167,6 +175,9 @@ struct Driver<W: Wire> {
     answer_first: bool,
     /// [`Wire::last_write`] was told the batch being written is the last.
     corked: bool,
+    /// While the application reads the socket ([`State::application_reads`]): when to check
+    /// next that it still does, and its read count when the check was set.
+    read_duty: Option<(Instant, u64)>,
 }
 
 impl<W: Wire> Driver<W> {
@@ -203,6 +214,19 @@ impl<W: Wire> Driver<W> {
                     self.fin = Fin::Due;
                 }
                 let mut wants_read = self.read_open && st.conn.wants_read(self.port);
+                let mut duty_check = None;
+                if !st.application_reads {
+                    // A check set while the application read belongs to that time.
+                    self.read_duty = None;
+                }
+                if wants_read
+                    && lends
+                    && st.application_reads
+                    && let Some(check) = leave_reading(&mut self.read_duty, &mut st, now)
+                {
+                    wants_read = false;
+                    duty_check = check;
+                }
                 if wants_read && lends && !st.receiver_available() {
                     // An application's call is reading: it wakes this driver when it is
                     // done (waiting for readiness now would find the socket readable and
@@ -214,7 +238,7 @@ impl<W: Wire> Driver<W> {
                     self.wire.begin_read(&mut st.conn);
                 }
                 let r = (
-                    st.conn.poll_timeout(),
+                    (st.conn.poll_timeout(), duty_check),
                     wants_read,
                     st.conn.is_drained(self.port),
                 );
@@ -224,10 +248,15 @@ impl<W: Wire> Driver<W> {
             if drained && self.out_pos == self.out.len() {
                 return;
             }
+            let (core_timeout, duty_check) = timeout;
+            let wake_at = match (core_timeout, duty_check) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             let wake = {
                 let notify = self.notify.clone();
                 let mut notified = pin!(notify.notified());
-                let mut sleep = timeout.map(|t| Box::pin(tokio::time::sleep_until(t.into())));
+                let mut sleep = wake_at.map(|t| Box::pin(tokio::time::sleep_until(t.into())));
                 let Self {
                     io,
                     wire,
@@ -299,7 +328,13 @@ impl<W: Wire> Driver<W> {
                 Wake::Readable => self.read_now(),
                 Wake::Failed(e) => self.failed(&e),
                 Wake::Notified => {}
-                Wake::Timer => self.shared.lock().conn.handle_timeout(Instant::now()),
+                Wake::Timer => {
+                    // Or the read-duty check's: the next round makes it.
+                    let now = Instant::now();
+                    if core_timeout.is_some_and(|t| t <= now) {
+                        self.shared.lock().conn.handle_timeout(now);
+                    }
+                }
             }
             if wants_read && !read && !lends {
                 // Nothing was read: give back what `begin_read` took.
@@ -329,12 +364,13 @@ impl<W: Wire> Driver<W> {
     }
 
     /// The transport is readable ([`Wire::lends_receiver`]): takes the receiver and reads,
-    /// unless the core stopped wanting reads meanwhile or an application's call holds the
-    /// receiver (it then wakes this driver when it gives it back).
+    /// unless the core stopped wanting reads meanwhile, the application reads the socket
+    /// itself now, or an application's call holds the receiver (it then wakes this driver
+    /// when it gives it back).
     fn read_now(&mut self) {
         {
             let mut st = self.shared.lock();
-            if !(self.read_open && st.conn.wants_read(self.port)) {
+            if !(self.read_open && st.conn.wants_read(self.port)) || st.application_reads {
                 return;
             }
             if !st.receiver_available() {
@@ -386,4 +422,39 @@ impl<W: Wire> Driver<W> {
             .handle_transport_closed(self.port, Instant::now(), TransportError::from_io(e));
         self.shared.dispatch(&mut st);
     }
+}
+
+/// While the application reads the socket itself (`st.application_reads`): whether the
+/// driver leaves the reading to it now, and if so until when (`Some(None)`: no timer, calls
+/// wait for readiness and the last of them wakes the driver when it stops). `None`: the
+/// application has not read since the last check and none of its calls waits, so the
+/// reading is the driver's again.
+fn leave_reading(
+    read_duty: &mut Option<(Instant, u64)>,
+    st: &mut State,
+    now: Instant,
+) -> Option<Option<Instant>> {
+    if st.application_waits_readable > 0 {
+        // A call is waiting for readiness: it reads. Checking on it with a timer would wake
+        // every idle connection's driver every few milliseconds.
+        *read_duty = None;
+        st.driver_relies_on_waiters = true;
+        return Some(None);
+    }
+    st.driver_relies_on_waiters = false;
+    let reads = st.reads_by_application;
+    match *read_duty {
+        Some((check, seen)) if now >= check => {
+            if reads == seen {
+                st.application_reads = false;
+                st.reads_taken_back += 1;
+                *read_duty = None;
+                return None;
+            }
+            *read_duty = Some((now + READ_DUTY_CHECK, reads));
+        }
+        Some(_) => {}
+        None => *read_duty = Some((now + READ_DUTY_CHECK, reads)),
+    }
+    read_duty.map(|(check, _)| Some(check))
 }

@@ -982,6 +982,71 @@ async fn a_receiver_that_keeps_up_reads_the_socket_itself() {
     ));
 }
 
+/// A receiving application that read the socket itself and then stops receiving leaves the
+/// reading to the driver again (`ConnectionStats::reads_taken_back`): what it does next needs
+/// frames that no receive call takes — a stream's flow credit (4 MiB through a 1 MiB window)
+/// and the peer's close. Were the reading not taken back, the write would wait for credit
+/// forever. As above, the transfer goes on in rounds until one ended with the application
+/// reading (so that the stream's write is what made the driver take the reading back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_driver_reads_again_when_the_application_stops_receiving() {
+    const PER_ROUND: u32 = 20_000;
+    const ROUNDS: u32 = 20;
+    const STREAM: usize = 4 << 20;
+    let (client, server) = pair("127.0.0.1:0").await;
+    let client = std::sync::Arc::new(client);
+    let mut taken_back_by_a_write = false;
+    for round in 0..ROUNDS {
+        let sender = {
+            let client = client.clone();
+            tokio::spawn(async move {
+                for _ in 0..PER_ROUND {
+                    client
+                        .send_message(vec![round as u8; 200], MessageProps::default())
+                        .await
+                        .unwrap();
+                }
+            })
+        };
+        for _ in 0..PER_ROUND {
+            let m = no_hang(server.recv_message()).await.unwrap();
+            assert_eq!(m.payload, vec![round as u8; 200]);
+        }
+        sender.await.unwrap();
+        let before = server.stats().reads_taken_back;
+        // From here the server only writes: a stream the client reads whole.
+        let data = pattern(STREAM, round as u8);
+        let reader = {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let mut s = client.accept_stream().await.unwrap();
+                let mut got = Vec::new();
+                s.read_to_end(&mut got).await.unwrap();
+                got
+            })
+        };
+        let mut s = no_hang(server.open_stream()).await.unwrap();
+        no_hang(s.write_all(&data)).await.unwrap();
+        no_hang(s.shutdown()).await.unwrap();
+        assert!(no_hang(reader).await.unwrap() == data, "round {round}");
+        if server.stats().reads_taken_back > before {
+            taken_back_by_a_write = true;
+            break;
+        }
+    }
+    assert!(server.stats().reads_by_application > 0);
+    assert!(
+        taken_back_by_a_write,
+        "no round ended with the application reading the socket"
+    );
+    // The client's close reaches a server that does not receive.
+    client.close().await;
+    assert!(matches!(
+        no_hang(server.closed()).await,
+        ConnectionError::ApplicationClosed { .. }
+    ));
+}
+
 /// A reset arriving while the receiving application reads the socket itself, or while the
 /// driver does, ends the connection as `TransportError::Reset` either way (the kernel reports
 /// the reset to one read only; the next sees the end of the stream).
