@@ -100,10 +100,10 @@ pub(crate) struct State {
     pub(crate) inline_socket: Option<Arc<tokio::net::TcpStream>>,
     /// Reads of the socket made by the application's receive calls.
     pub(crate) reads_by_application: u64,
-    /// The application's receive calls read the socket (one of them read bytes since the
-    /// driver last took the reading back): the driver does not wait for the socket's
-    /// readiness meanwhile, only checks now and then that they still read (see
-    /// `driver::READ_DUTY_CHECK`). Each read the driver makes instead is a wake-up of the
+    /// The application's receive calls read the socket (one of them read it, or found it
+    /// empty and waited for it, since the driver last took the reading back): the driver
+    /// does not wait for the socket's readiness meanwhile, only checks now and then that
+    /// they still read (see `driver::READ_DUTY_CHECK`). Each read the driver makes instead is a wake-up of the
     /// driver's thread and a hand-over to the application's (measured with `message_profile
     /// peg 16384`: three quarters of the reads, and most of the context switches, were the
     /// driver's while the application was busy with the messages of the read before).
