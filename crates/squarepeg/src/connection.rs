@@ -1089,22 +1089,31 @@ impl Connection {
         Ok(m)
     }
 
-    /// A received message if one is waiting.
+    /// A received message if one is waiting, or has arrived in the socket (read without
+    /// waiting).
     pub fn try_recv_message(&self) -> Result<Option<Message>, ConnectionError> {
         let sh = self.shared();
-        let cached = sh.received().pop();
-        if let Some(m) = cached {
-            return Ok(Some(m));
-        }
-        let mut st = sh.lock();
-        if let Some((m, was_blocked)) = sh.take_received(&mut st) {
-            drop(st);
-            if was_blocked {
-                sh.wake_driver();
+        // Nothing received yet: what the socket holds is read here, without waiting, as
+        // `recv_message` does (an application polling in a loop then finds its messages
+        // whoever has the reading, `ConnectionStats::reads_taken_back`).
+        for read_first in [false, true] {
+            if read_first && !matches!(sh.read_inline(), InlineRead::Read(_)) {
+                break;
             }
-            return Ok(Some(m));
+            let cached = sh.received().pop();
+            if let Some(m) = cached {
+                return Ok(Some(m));
+            }
+            let mut st = sh.lock();
+            if let Some((m, was_blocked)) = sh.take_received(&mut st) {
+                drop(st);
+                if was_blocked {
+                    sh.wake_driver();
+                }
+                return Ok(Some(m));
+            }
         }
-        match st.conn.session().error() {
+        match sh.lock().conn.session().error() {
             Some(e) => Err(e.clone()),
             None => Ok(None),
         }

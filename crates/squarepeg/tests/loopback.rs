@@ -982,6 +982,59 @@ async fn a_receiver_that_keeps_up_reads_the_socket_itself() {
     ));
 }
 
+/// An application that only polls (`try_recv_message` in a loop, yielding when it finds
+/// nothing, as a game loop would) reads the socket itself too and gets every message once,
+/// in order, intact. As above, in rounds until its calls have read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_polling_receiver_reads_the_socket_itself() {
+    const PER_ROUND: u32 = 20_000;
+    const ROUNDS: u32 = 20;
+    let (client, server) = pair("127.0.0.1:0").await;
+    let client = std::sync::Arc::new(client);
+    let mut next = 0u32;
+    for _ in 0..ROUNDS {
+        let sender = {
+            let client = client.clone();
+            tokio::spawn(async move {
+                for i in next..next + PER_ROUND {
+                    let mut payload = vec![(i % 251) as u8; 100];
+                    payload[..4].copy_from_slice(&i.to_be_bytes());
+                    client
+                        .send_message(payload, MessageProps::default())
+                        .await
+                        .unwrap();
+                }
+            })
+        };
+        let receiver = async {
+            let mut i = next;
+            while i < next + PER_ROUND {
+                match server.try_recv_message().unwrap() {
+                    Some(m) => {
+                        assert_eq!(m.payload[..4], i.to_be_bytes(), "message {i} out of order");
+                        assert_eq!(m.payload.len(), 100, "message {i}");
+                        assert!(m.payload[4..].iter().all(|&b| b == (i % 251) as u8));
+                        i += 1;
+                    }
+                    None => tokio::task::yield_now().await,
+                }
+            }
+        };
+        no_hang(receiver).await;
+        sender.await.unwrap();
+        next += PER_ROUND;
+        if server.stats().reads_by_application > 0 {
+            break;
+        }
+    }
+    assert!(
+        server.stats().reads_by_application > 0,
+        "the polling application never read the socket in {next} messages"
+    );
+    assert_eq!(server.try_recv_message().unwrap(), None);
+    client.close().await;
+}
+
 /// A receiving application that read the socket itself and then stops receiving leaves the
 /// reading to the driver again (`ConnectionStats::reads_taken_back`): what it does next needs
 /// frames that no receive call takes — a stream's flow credit (4 MiB through a 1 MiB window)
