@@ -84,6 +84,9 @@ pub(crate) trait Wire: Send + 'static {
     /// (`last`), or the end was sent: a transport that can may hold a short last write back
     /// so that it leaves in one segment with the FIN (a transaction's final flight).
     fn last_write(&mut self, _io: &Self::Io, _last: bool) {}
+
+    /// The batch taken last is written whole.
+    fn wrote_batch(&mut self, _io: &Self::Io) {}
 }
 
 /// What ended one wait of the driver.
@@ -317,7 +320,12 @@ impl<W: Wire> Driver<W> {
             let read = matches!(wake, Wake::Read(_));
             woken_by_application = matches!(wake, Wake::Notified);
             match wake {
-                Wake::Wrote(n) => self.out_pos += n,
+                Wake::Wrote(n) => {
+                    self.out_pos += n;
+                    if self.out_pos == self.out.len() {
+                        self.wire.wrote_batch(&self.io);
+                    }
+                }
                 Wake::ShutDown => {
                     self.fin = Fin::Done;
                     if std::mem::take(&mut self.corked) {

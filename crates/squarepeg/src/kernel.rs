@@ -86,6 +86,13 @@ pub(crate) struct KernelWire<S = KernelStream> {
     /// calls may take it and read themselves (`Shared::read_inline`). Plain frames over a
     /// single kernel-TCP connection.
     lend_receiver: bool,
+    /// The batch being written carries application data (messages or stream bytes), not
+    /// only the session's own frames.
+    batch_has_data: bool,
+    /// After a batch of only the session's own frames, the socket leaves Linux's delayed-ACK
+    /// "ping-pong" mode (`TCP_QUICKACK`, see `wrote_batch`). Off where delayed ACKs are
+    /// wanted (Fast Open transactions, whose ACKs ride on the answer).
+    quickack_after_control: bool,
     shared: Arc<Shared>,
     stream: std::marker::PhantomData<fn() -> S>,
 }
@@ -105,9 +112,33 @@ impl<S: ByteStream> Wire for KernelWire<S> {
     }
 
     fn fill(&mut self, core: &mut Core, now: Instant, out: &mut Vec<u8>, limit: usize) -> bool {
+        let sent = |core: &Core| {
+            let stats = core.session().stats();
+            (stats.messages_sent, stats.stream_bytes_sent)
+        };
+        let before = sent(core);
         core.poll_transmit(self.port, now, out, limit);
+        self.batch_has_data |= sent(core) != before;
         // Short of the limit: the core has nothing more.
         out.len() >= limit
+    }
+
+    fn wrote_batch(&mut self, io: &S) {
+        // Linux delays ACKs on a connection whose side sent data soon after it received
+        // ("ping-pong" mode, meant for request/answer exchanges): an ACK waits for an answer
+        // to ride on, or for a second segment. A squarepeg side that only receives still
+        // sends its own frames now and then (PARAMS and the format switch at the start,
+        // credit), which put it in that mode for good: with one small message every 20 ms
+        // the peer got an ACK every other message, its RTT samples grew by a message
+        // interval, and its loss detection sometimes waited a message longer (`peg lab voip`,
+        // hollywood-70ms: 17–18 messages late against kernel TCP's 16). Application data
+        // keeps the mode (its ACKs ride on the data, as for any TCP application).
+        if !std::mem::take(&mut self.batch_has_data)
+            && self.quickack_after_control
+            && let Some(socket) = io.kernel()
+        {
+            let _ = crate::fast_open::set_quickack(socket, true);
+        }
     }
 
     fn lends_receiver(&self) -> bool {
@@ -216,6 +247,8 @@ impl<S> KernelWire<S> {
                 _ => None,
             },
             lend_receiver: false,
+            batch_has_data: false,
+            quickack_after_control: !config.fast_open,
             shared,
             stream: std::marker::PhantomData,
         }

@@ -673,6 +673,84 @@ async fn hand_encoded_switch_is_followed_and_a_second_one_rejected() {
     ));
 }
 
+/// Segments the raw socket has received (`TCP_INFO`'s `tcpi_segs_in`).
+#[cfg(target_os = "linux")]
+fn segments_in(socket: &TcpStream) -> u32 {
+    use std::os::fd::AsRawFd;
+    // SAFETY: all-zero is a valid tcp_info; getsockopt writes at most `len` bytes into it.
+    unsafe {
+        let mut info: libc::tcp_info = std::mem::zeroed();
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        let r = libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        );
+        assert_eq!(r, 0, "TCP_INFO");
+        info.tcpi_segs_in
+    }
+}
+
+/// A side that only receives still sends its own frames in answer to the peer's (its
+/// format switch right after the peer's PARAMS), which would put its socket in Linux's
+/// delayed-ACK "ping-pong" mode for good: one ACK per two small segments instead of one per
+/// read, so the peer's RTT samples grow by its send interval and its loss detection waits
+/// longer (`peg lab voip`). A raw server answers the client's PARAMS with the same PARAMS,
+/// then sends one small message every 20 ms and counts the segments that come back: the
+/// squarepeg client acknowledges each (about half without `KernelWire::wrote_batch`).
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_side_that_only_receives_acknowledges_each_small_message() {
+    const COUNT: u32 = 30;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (client, raw) = tokio::join!(
+        Connection::connect(addr, ConnectionConfig::default()),
+        listener.accept()
+    );
+    let (client, mut raw) = (client.unwrap(), raw.unwrap().0);
+    raw.set_nodelay(true).unwrap();
+    // The client's PARAMS, echoed as the server's: the client learns the server reads plain
+    // frames and answers with its switch at once.
+    let mut dec = StreamDecoder::new(DEFAULT_MAX_BODY);
+    let mut buf = vec![0u8; 4096];
+    let params = loop {
+        let n = no_hang(raw.read(&mut buf)).await.unwrap();
+        assert!(n > 0, "EOF before PARAMS");
+        dec.push(&buf[..n]);
+        if let Some(f) = dec.next_frame() {
+            let f = f.unwrap();
+            assert_eq!(f.header, FrameHeader::Control);
+            break f.payload;
+        }
+    };
+    let mut wire = Vec::new();
+    encode_frame(&FrameHeader::Control, &params, &mut wire).unwrap();
+    raw.write_all(&wire).await.unwrap();
+    assert!(no_hang(raw.read(&mut buf)).await.unwrap() > 0, "no switch");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = segments_in(&raw);
+    for number in 0..u64::from(COUNT) {
+        wire.clear();
+        let header = FrameHeader::Message {
+            substream: 0,
+            number,
+        };
+        encode_frame(&header, b"160 bytes of voice", &mut wire).unwrap();
+        raw.write_all(&wire).await.unwrap();
+        let m = no_hang(client.recv_message()).await.unwrap();
+        assert_eq!(m.number, number);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let acks = segments_in(&raw) - before;
+    assert!(
+        acks >= COUNT * 9 / 10,
+        "{acks} segments came back for {COUNT} messages"
+    );
+}
+
 /// A Switch to a format the receiver did not announce is a protocol violation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn switch_to_an_unannounced_format_is_rejected() {
