@@ -1009,6 +1009,33 @@ async fn a_dropped_receive_takes_no_message() {
     client.close().await;
 }
 
+/// Sends the messages `numbers` from a task of its own, each `len` (≥ 4) bytes: its number,
+/// then a filler byte that depends on it ([`check_numbered`]).
+fn send_numbered(
+    client: &std::sync::Arc<Connection>,
+    numbers: std::ops::Range<u32>,
+    len: usize,
+) -> tokio::task::JoinHandle<()> {
+    let client = client.clone();
+    tokio::spawn(async move {
+        for i in numbers {
+            let mut payload = vec![(i % 251) as u8; len];
+            payload[..4].copy_from_slice(&i.to_be_bytes());
+            client
+                .send_message(payload, MessageProps::default())
+                .await
+                .unwrap();
+        }
+    })
+}
+
+/// `m` is message `i` of [`send_numbered`], `len` bytes, intact.
+fn check_numbered(m: &Message, i: u32, len: usize) {
+    assert_eq!(m.payload.len(), len, "message {i}");
+    assert_eq!(m.payload[..4], i.to_be_bytes(), "message {i} out of order");
+    assert!(m.payload[4..].iter().all(|&b| b == (i % 251) as u8));
+}
+
 /// A receiver that keeps up with the sender finds nothing received now and then and reads
 /// the socket itself (`ConnectionStats::reads_by_application`) instead of waiting for the
 /// driver to: every message still arrives once, in order, intact, whoever read it. Whether
@@ -1023,24 +1050,10 @@ async fn a_receiver_that_keeps_up_reads_the_socket_itself() {
     let client = std::sync::Arc::new(client);
     let mut next = 0u32;
     for _ in 0..ROUNDS {
-        let sender = {
-            let client = client.clone();
-            tokio::spawn(async move {
-                for i in next..next + PER_ROUND {
-                    let mut payload = vec![(i % 251) as u8; 200];
-                    payload[..4].copy_from_slice(&i.to_be_bytes());
-                    client
-                        .send_message(payload, MessageProps::default())
-                        .await
-                        .unwrap();
-                }
-            })
-        };
+        let sender = send_numbered(&client, next..next + PER_ROUND, 200);
         for i in next..next + PER_ROUND {
             let m = no_hang(server.recv_message()).await.unwrap();
-            assert_eq!(m.payload.len(), 200, "message {i}");
-            assert_eq!(m.payload[..4], i.to_be_bytes(), "message {i} out of order");
-            assert!(m.payload[4..].iter().all(|&b| b == (i % 251) as u8));
+            check_numbered(&m, i, 200);
         }
         sender.await.unwrap();
         next += PER_ROUND;
@@ -1071,27 +1084,13 @@ async fn a_polling_receiver_reads_the_socket_itself() {
     let client = std::sync::Arc::new(client);
     let mut next = 0u32;
     for _ in 0..ROUNDS {
-        let sender = {
-            let client = client.clone();
-            tokio::spawn(async move {
-                for i in next..next + PER_ROUND {
-                    let mut payload = vec![(i % 251) as u8; 100];
-                    payload[..4].copy_from_slice(&i.to_be_bytes());
-                    client
-                        .send_message(payload, MessageProps::default())
-                        .await
-                        .unwrap();
-                }
-            })
-        };
+        let sender = send_numbered(&client, next..next + PER_ROUND, 100);
         let receiver = async {
             let mut i = next;
             while i < next + PER_ROUND {
                 match server.try_recv_message().unwrap() {
                     Some(m) => {
-                        assert_eq!(m.payload[..4], i.to_be_bytes(), "message {i} out of order");
-                        assert_eq!(m.payload.len(), 100, "message {i}");
-                        assert!(m.payload[4..].iter().all(|&b| b == (i % 251) as u8));
+                        check_numbered(&m, i, 100);
                         i += 1;
                     }
                     None => tokio::task::yield_now().await,
