@@ -87,6 +87,12 @@ pub(crate) trait Wire: Send + 'static {
 
     /// The batch taken last is written whole.
     fn wrote_batch(&mut self, _io: &Self::Io) {}
+
+    /// The transport's segment size, if writes should end on segment boundaries while more
+    /// output is ready (see `unsent::whole_segments`).
+    fn segment_size(&mut self, _io: &Self::Io, _now: Instant) -> Option<usize> {
+        None
+    }
 }
 
 /// What ended one wait of the driver.
@@ -118,6 +124,7 @@ pub(crate) async fn run<W: Wire>(
         wire,
         out: Vec::with_capacity(write_batch + LOCK_SLICE),
         out_pos: 0,
+        write_end: 0,
         read_open: true,
         fin: Fin::NotYet,
         answer_first: false,
@@ -169,6 +176,9 @@ struct Driver<W: Wire> {
     /// Output taken from the core, written from `out_pos`.
     out: Vec<u8>,
     out_pos: usize,
+    /// Where the part of `out` written now ends: the rest, shorter than a segment, is held
+    /// for the next batch while the core has more output ready ([`Wire::segment_size`]).
+    write_end: usize,
     read_open: bool,
     fin: Fin,
     /// A read during the handshake delivered to the application: let it answer before the
@@ -199,13 +209,14 @@ impl<W: Wire> Driver<W> {
                 tokio::task::yield_now().await;
             }
             let now = Instant::now();
-            if self.out_pos == self.out.len() && self.fin == Fin::NotYet {
+            if self.out_pos == self.write_end && self.fin == Fin::NotYet {
                 self.refill(now);
                 if self.out_pos < self.out.len() && self.shared.lock().conn.poll_shutdown(self.port)
                 {
                     // The core's last output: the FIN follows it (`poll_shutdown` says so
-                    // once).
+                    // once), and nothing is held back.
                     self.fin = Fin::Due;
+                    self.write_end = self.out.len();
                     self.corked = true;
                     self.wire.last_write(&self.io, true);
                 }
@@ -265,11 +276,12 @@ impl<W: Wire> Driver<W> {
                     wire,
                     out,
                     out_pos,
+                    write_end,
                     fin,
                     ..
                 } = self;
-                let pending = &out[*out_pos..];
-                let fin_due = *fin == Fin::Due && pending.is_empty();
+                let pending = &out[*out_pos..*write_end];
+                let fin_due = *fin == Fin::Due && *out_pos == out.len();
                 std::future::poll_fn(|cx| {
                     // Each poll registers the transport's waker for what would block, so any
                     // of them wakes this one future.
@@ -353,22 +365,32 @@ impl<W: Wire> Driver<W> {
     }
 
     /// Takes a new batch of output from the core, in slices of [`LOCK_SLICE`], only once the
-    /// last batch is written whole: until then frames wait in the core, where the scheduler
-    /// (or the TCP's tagged queue) still decides what goes first (late binding).
+    /// last batch is written (but for a tail held back, which leads the new one): until then
+    /// frames wait in the core, where the scheduler (or the TCP's tagged queue) still decides
+    /// what goes first (late binding).
     fn refill(&mut self, now: Instant) {
-        self.out.clear();
+        self.out.drain(..self.out_pos);
         self.out_pos = 0;
         let batch = self.wire.batch(&self.io, now).max(1);
+        let mut more;
         loop {
             let mut st = self.shared.lock();
             let slice_end = (self.out.len() + LOCK_SLICE).min(batch);
-            let more = self.wire.fill(&mut st.conn, now, &mut self.out, slice_end);
+            more = self.wire.fill(&mut st.conn, now, &mut self.out, slice_end);
             self.shared.note_transmitted(&st);
             drop(st);
             if !more || self.out.len() >= batch {
                 break;
             }
         }
+        // With more output ready, a write ending just past a segment boundary would send a
+        // short segment of its own: the tail waits for the next batch instead (it leaves no
+        // later than it would have, behind the whole segments). The last of the output is
+        // written whole.
+        self.write_end = match self.wire.segment_size(&self.io, now) {
+            Some(mss) if more => crate::unsent::whole_segments(self.out.len(), mss),
+            _ => self.out.len(),
+        };
     }
 
     /// The transport is readable ([`Wire::lends_receiver`]): takes the receiver and reads,
@@ -423,6 +445,7 @@ impl<W: Wire> Driver<W> {
     fn failed(&mut self, e: &io::Error) {
         self.out.clear();
         self.out_pos = 0;
+        self.write_end = 0;
         self.read_open = false;
         self.fin = Fin::Done;
         let mut st = self.shared.lock();

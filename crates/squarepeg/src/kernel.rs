@@ -49,6 +49,11 @@ pub(crate) fn queue(
 pub(crate) trait ByteStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     /// The kernel socket, if it is one.
     fn kernel(&self) -> Option<&TcpStream>;
+
+    /// The sending MSS, if known (the kernel socket's).
+    fn send_mss(&self) -> Option<usize> {
+        crate::unsent::send_mss(self.kernel()?)
+    }
 }
 
 impl ByteStream for KernelStream {
@@ -63,6 +68,9 @@ impl ByteStream for squarepeg_io::TcpStream {
         None
     }
 }
+
+/// How often the socket's MSS is read again (it follows the path's MTU).
+const MSS_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A byte stream carrying the core's output and reads (over TLS, records).
 pub(crate) struct KernelWire<S = KernelStream> {
@@ -93,6 +101,9 @@ pub(crate) struct KernelWire<S = KernelStream> {
     /// "ping-pong" mode (`TCP_QUICKACK`, see `wrote_batch`). Off where delayed ACKs are
     /// wanted (Fast Open transactions, whose ACKs ride on the answer).
     quickack_after_control: bool,
+    /// The socket's sending MSS as last read, and when to read it again.
+    mss: Option<usize>,
+    mss_checked: Option<Instant>,
     shared: Arc<Shared>,
     stream: std::marker::PhantomData<fn() -> S>,
 }
@@ -121,6 +132,15 @@ impl<S: ByteStream> Wire for KernelWire<S> {
         self.batch_has_data |= sent(core) != before;
         // Short of the limit: the core has nothing more.
         out.len() >= limit
+    }
+
+    fn segment_size(&mut self, io: &S, now: Instant) -> Option<usize> {
+        if self.mss_checked.is_none_or(|t| now >= t) {
+            // The MSS changes only with the path's MTU: one `TCP_INFO` read now and then.
+            self.mss_checked = Some(now + MSS_CHECK_EVERY);
+            self.mss = io.send_mss();
+        }
+        self.mss
     }
 
     fn wrote_batch(&mut self, io: &S) {
@@ -249,6 +269,8 @@ impl<S> KernelWire<S> {
             lend_receiver: false,
             batch_has_data: false,
             quickack_after_control: !config.fast_open,
+            mss: None,
+            mss_checked: None,
             shared,
             stream: std::marker::PhantomData,
         }
@@ -318,4 +340,136 @@ pub(crate) fn set_notsent_lowat(socket: &TcpStream, lowat: u32) -> io::Result<()
 pub(crate) fn set_notsent_lowat(_socket: &TcpStream, _lowat: u32) -> io::Result<()> {
     // Not available: the kernel queue is bounded by the send buffer only.
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::sync::Mutex;
+    use std::task::Context;
+
+    use tokio::io::{DuplexStream, ReadBuf};
+
+    use super::*;
+
+    /// One end of an in-memory pipe posing as a socket with a given MSS, recording the
+    /// length of every write.
+    struct RecordingStream {
+        inner: DuplexStream,
+        mss: Option<usize>,
+        writes: Arc<Mutex<Vec<usize>>>,
+    }
+
+    impl AsyncRead for RecordingStream {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_read(cx, buf)
+        }
+    }
+
+    impl AsyncWrite for RecordingStream {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+            if let Poll::Ready(Ok(n)) = r {
+                self.writes.lock().unwrap().push(n);
+            }
+            r
+        }
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_flush(cx)
+        }
+        fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+
+    impl ByteStream for RecordingStream {
+        fn kernel(&self) -> Option<&TcpStream> {
+            None
+        }
+        fn send_mss(&self) -> Option<usize> {
+            self.mss
+        }
+    }
+
+    /// A connection over `io` with the kernel-TCP wire (plain frames, no inline reads).
+    fn start_over(io: RecordingStream, role: Role, config: &ConnectionConfig) -> Connection {
+        let core = SingleCore::new(role, config.core_config(), Substrate::byte_stream()).unwrap();
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
+        let shared = Arc::new(Shared::new(core, config.status_queue, addr, addr));
+        let wire = KernelWire::<RecordingStream>::new(Port::Single, config, false, shared.clone());
+        tokio::spawn(driver::run(
+            shared.clone(),
+            Port::Single,
+            io,
+            wire,
+            config.write_batch,
+        ));
+        Connection {
+            handle: Arc::new(Handle(shared)),
+        }
+    }
+
+    /// While more output is ready, every write ends on a segment boundary (the tail waits
+    /// for the next batch), and nothing is lost, repeated or moved by holding it back.
+    #[tokio::test(flavor = "current_thread")]
+    async fn writes_end_on_segment_boundaries_while_more_output_waits() {
+        const MSS: usize = 1000;
+        const MESSAGES: usize = 3000;
+        const SIZE: usize = 1024;
+        // Room for the whole transfer: no write is cut short by the pipe.
+        let (a, b) = tokio::io::duplex(16 << 20);
+        let writes = Arc::new(Mutex::new(Vec::new()));
+        let config = ConnectionConfig::default();
+        let client = start_over(
+            RecordingStream {
+                inner: a,
+                mss: Some(MSS),
+                writes: writes.clone(),
+            },
+            Role::Client,
+            &config,
+        );
+        let server = start_over(
+            RecordingStream {
+                inner: b,
+                mss: None,
+                writes: Arc::new(Mutex::new(Vec::new())),
+            },
+            Role::Server,
+            &config,
+        );
+        // Queued before either driver runs (one thread): the client's driver finds 3 MB
+        // waiting and takes it in batches.
+        for i in 0..MESSAGES {
+            let payload = Bytes::from(vec![(i % 251) as u8; SIZE]);
+            client
+                .try_send_message(payload, MessageProps::default())
+                .unwrap();
+        }
+        for i in 0..MESSAGES {
+            let m = server.recv_message().await.unwrap();
+            assert_eq!(m.payload.len(), SIZE, "message {i}");
+            assert!(
+                m.payload.iter().all(|&b| b == (i % 251) as u8),
+                "message {i}"
+            );
+        }
+        let writes = writes.lock().unwrap().clone();
+        let total: usize = writes.iter().sum();
+        assert!(total >= MESSAGES * SIZE, "{total}");
+        // The batches (64 KiB by default) are written as whole segments; only where the
+        // output ran out may a write end elsewhere.
+        let large: Vec<usize> = writes.iter().copied().filter(|&n| n >= 2 * MSS).collect();
+        assert!(large.len() >= 40, "{writes:?}");
+        let unaligned = large.iter().filter(|&&n| n % MSS != 0).count();
+        assert!(unaligned <= 1, "{unaligned} unaligned of {writes:?}");
+    }
 }

@@ -78,14 +78,14 @@ impl AdaptiveLowat {
     }
 }
 
-/// The connection's delivery rate in bytes per second (`None` where the
-/// kernel does not say).
+/// The kernel's `TCP_INFO` for `socket`, and how many bytes of it the kernel
+/// filled.
 #[cfg(target_os = "linux")]
-fn delivery_rate(socket: &TcpStream) -> Option<u64> {
+fn tcp_info(socket: &TcpStream) -> Option<(libc::tcp_info, usize)> {
     use std::os::fd::AsRawFd;
     // SAFETY: all-zero is a valid tcp_info; getsockopt writes at most `len`
     // bytes into it and reports how many.
-    let (info, len) = unsafe {
+    unsafe {
         let mut info: libc::tcp_info = std::mem::zeroed();
         let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
         let r = libc::getsockopt(
@@ -98,8 +98,15 @@ fn delivery_rate(socket: &TcpStream) -> Option<u64> {
         if r != 0 {
             return None;
         }
-        (info, len as usize)
-    };
+        Some((info, len as usize))
+    }
+}
+
+/// The connection's delivery rate in bytes per second (`None` where the
+/// kernel does not say).
+#[cfg(target_os = "linux")]
+fn delivery_rate(socket: &TcpStream) -> Option<u64> {
+    let (info, len) = tcp_info(socket)?;
     // Kernels before 4.9 return a shorter struct without the rate.
     let end = std::mem::offset_of!(libc::tcp_info, tcpi_delivery_rate) + 8;
     (len >= end).then_some(info.tcpi_delivery_rate)
@@ -108,6 +115,35 @@ fn delivery_rate(socket: &TcpStream) -> Option<u64> {
 #[cfg(not(target_os = "linux"))]
 fn delivery_rate(_socket: &TcpStream) -> Option<u64> {
     None
+}
+
+/// The connection's sending maximum segment size (`tcpi_snd_mss`: the
+/// path's MTU less the headers and the options every segment carries).
+#[cfg(target_os = "linux")]
+pub(crate) fn send_mss(socket: &TcpStream) -> Option<usize> {
+    let (info, _) = tcp_info(socket)?;
+    (info.tcpi_snd_mss > 0).then_some(info.tcpi_snd_mss as usize)
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn send_mss(_socket: &TcpStream) -> Option<usize> {
+    None
+}
+
+/// How much of `len` bytes of output to write now when more output is
+/// ready behind them: whole segments of `mss` bytes, the rest held for the
+/// next write. A write ending a little past a segment's end leaves a short
+/// segment of its own once the peer's window is open (`TCP_NODELAY`), and
+/// every segment costs both ends and an acknowledgement: over loopback
+/// (one 64 KiB segment per write) 64 KiB batches of 1 KiB frames went out
+/// as one full segment and one of about a kilobyte, twice raw TCP's
+/// segments and about 30 % more CPU per byte. Where `len` is under one
+/// segment, all of it.
+pub(crate) fn whole_segments(len: usize, mss: usize) -> usize {
+    match len - len % mss.max(1) {
+        0 => len,
+        whole => whole,
+    }
 }
 
 #[cfg(test)]
@@ -128,6 +164,17 @@ mod tests {
         // A maximum below the minimum wins.
         assert_eq!(lowat_for(1_000_000, drain, 4096), 4096);
         assert_eq!(lowat_for(0, drain, max), MIN_NOTSENT_LOWAT);
+    }
+
+    #[test]
+    fn writes_are_cut_to_whole_segments() {
+        // Loopback: a 64 KiB batch and the frame past its end.
+        assert_eq!(whole_segments(65_536 + 1_030, 65_483), 65_483);
+        assert_eq!(whole_segments(10_000, 1_448), 6 * 1_448);
+        assert_eq!(whole_segments(2 * 1_448, 1_448), 2 * 1_448);
+        // Under one segment: all of it (nothing would be gained by waiting).
+        assert_eq!(whole_segments(1_000, 1_448), 1_000);
+        assert_eq!(whole_segments(5, 0), 5);
     }
 
     #[tokio::test]
