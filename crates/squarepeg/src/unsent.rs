@@ -136,8 +136,8 @@ pub(crate) fn send_mss(_socket: &TcpStream) -> Option<usize> {
 /// segment of its own once the peer's window is open (`TCP_NODELAY`), and
 /// every segment costs both ends and an acknowledgement: over loopback
 /// 64 KiB batches of 1 KiB frames went out as one 65 483-byte segment and
-/// one of about a kilobyte, twice raw TCP's segments and 20–30 % more CPU
-/// per byte. Where `len` is under one segment, all of it.
+/// one of a few hundred bytes, twice raw TCP's segments and 20–30 % more
+/// CPU per byte. Where `len` is under one segment, all of it.
 pub(crate) fn whole_segments(len: usize, mss: usize) -> usize {
     match len - len % mss.max(1) {
         0 => len,
