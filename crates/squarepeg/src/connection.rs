@@ -650,6 +650,16 @@ impl Shared {
         self.received.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The next message of the inbox, for a receive call (its bytes count against the
+    /// call's task budget). The inbox's lock is let go on return: the callers go on to lock
+    /// the connection, whose lock comes first.
+    fn pop_received(&self) -> Option<Message> {
+        let m = self.received().pop()?;
+        self.recv_budget
+            .fetch_add(m.payload.len(), Ordering::Relaxed);
+        Some(m)
+    }
+
     /// Moves received messages from the session into the inbox while it has room (`st`
     /// locked).
     fn fill_inbox(&self, st: &mut State) {
@@ -1022,17 +1032,14 @@ impl Connection {
         if spend_budget(&sh.recv_budget, 0) {
             tokio::task::coop::consume_budget().await;
         }
-        let cached = sh.received().pop();
-        if let Some(m) = cached {
-            sh.recv_budget.fetch_add(m.payload.len(), Ordering::Relaxed);
+        if let Some(m) = sh.pop_received() {
             return Ok(m);
         }
         let mut inline = sh.read_inline();
         let r = loop {
             if let InlineRead::Read(_) = inline
-                && let Some(m) = sh.received().pop()
+                && let Some(m) = sh.pop_received()
             {
-                sh.recv_budget.fetch_add(m.payload.len(), Ordering::Relaxed);
                 return Ok(m);
             }
             let notified = sh.messages.notified();
@@ -1072,10 +1079,7 @@ impl Connection {
                 }
                 None => notified.await,
             }
-            // (The inbox's lock ends with this statement: `read_inline` takes it again.)
-            let cached = sh.received().pop();
-            if let Some(m) = cached {
-                sh.recv_budget.fetch_add(m.payload.len(), Ordering::Relaxed);
+            if let Some(m) = sh.pop_received() {
                 return Ok(m);
             }
             inline = sh.read_inline();

@@ -263,10 +263,7 @@ impl<W: Wire> Driver<W> {
                 return;
             }
             let (core_timeout, duty_check) = timeout;
-            let wake_at = match (core_timeout, duty_check) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            let wake_at = core_timeout.into_iter().chain(duty_check).min();
             let wake = {
                 let notify = self.notify.clone();
                 let mut notified = pin!(notify.notified());
