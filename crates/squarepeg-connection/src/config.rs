@@ -30,6 +30,12 @@ pub struct Config {
     /// answering, or bytes injected into the stream that the handshake would wait on for
     /// ever, must not hold it open.
     pub handshake_timeout: Duration,
+    /// After this long without bytes read or written, the connection gives back the memory
+    /// of its empty buffers (read buffers, idle chunks, TLS buffers, queues grown in a
+    /// burst; [`crate::Connection::release_idle_memory`]), so that a server's idle
+    /// connections hold a few KiB each rather than what their busiest moment needed. The
+    /// next bytes allocate again. `None`: never.
+    pub release_idle_after: Option<Duration>,
 }
 
 impl Default for Config {
@@ -40,6 +46,9 @@ impl Default for Config {
             plain_frames: true,
             tls: None,
             handshake_timeout: Duration::from_secs(10),
+            // Long enough that a connection between the messages of a call, a game or an
+            // RPC exchange keeps its buffers; short enough that idle ones stop holding them.
+            release_idle_after: Some(Duration::from_secs(1)),
         }
     }
 }
@@ -53,6 +62,9 @@ impl Config {
         }
         if self.handshake_timeout.is_zero() {
             return Err(ConfigError("handshake_timeout must be > 0"));
+        }
+        if self.release_idle_after.is_some_and(|d| d.is_zero()) {
+            return Err(ConfigError("release_idle_after must be > 0 (None: never)"));
         }
         Ok(())
     }

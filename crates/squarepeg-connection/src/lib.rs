@@ -88,7 +88,7 @@ mod receive;
 pub mod record;
 mod send;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub use config::{Config, Receive, Send, Substrate};
 pub use link::{EndpointLink, tcp_config, tcp_error, transport_error};
@@ -196,6 +196,14 @@ pub struct Connection {
     fin_sent: bool,
     /// The substrate ended (or failed); reported to the session once.
     transport_closed: bool,
+    /// `Config::release_idle_after`.
+    release_idle_after: Option<Duration>,
+    /// The last time bytes were read or output was taken, while the memory an idle
+    /// connection need not hold has not been given back since.
+    active_at: Option<Instant>,
+    /// The idle timer gave memory back since the driver last asked
+    /// ([`Connection::take_idle_released`]).
+    idle_released: bool,
 }
 
 impl Connection {
@@ -289,6 +297,9 @@ impl Connection {
             utcp: uses_utcp.then(UtcpStats::default),
             fin_sent: false,
             transport_closed: false,
+            release_idle_after: config.release_idle_after,
+            active_at: None,
+            idle_released: false,
         })
     }
 
@@ -364,6 +375,7 @@ impl Connection {
     /// In-order bytes from the substrate (copied into the frame reader).
     pub fn handle_bytes(&mut self, now: Instant, data: &[u8]) {
         self.note_running(now);
+        self.note_active(now);
         if let RecordLayer::Tls(_) = self.record {
             self.handle_tls_bytes(now, data);
             return;
@@ -387,6 +399,7 @@ impl Connection {
     /// then another buffer, at least as long, for the next read.
     pub fn handle_read(&mut self, now: Instant, buf: &mut Vec<u8>, len: usize) {
         self.note_running(now);
+        self.note_active(now);
         let len = len.min(buf.len());
         if let RecordLayer::Cleartext = self.record {
             self.handle_bytes(now, &buf[..len]);
@@ -419,6 +432,7 @@ impl Connection {
     pub fn return_receiver(&mut self, now: Instant, receiver: Box<Receiver>) {
         if let ReceivePath::InOrder(slot @ None) = &mut self.receive {
             *slot = Some(receiver);
+            self.note_active(now);
             self.take_frames(now);
         }
     }
@@ -441,6 +455,7 @@ impl Connection {
     /// A segment (or piece of one) at stream offset `offset`, on a segment substrate.
     pub fn handle_segment(&mut self, now: Instant, offset: u64, data: &[u8]) {
         self.note_running(now);
+        self.note_active(now);
         if let ReceivePath::TlsSegments(_) = self.receive {
             self.handle_tls_segment(now, offset, data);
             return;
@@ -521,6 +536,16 @@ impl Connection {
     /// may append records and return 0 (what overflowed the last call's records).
     pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>, limit: usize) -> usize {
         self.note_running(now);
+        let before = out.len();
+        let frames = self.poll_transmit_inner(now, out, limit);
+        if out.len() > before {
+            self.note_active(now);
+        }
+        frames
+    }
+
+    /// [`Self::poll_transmit`] but for noting the activity.
+    fn poll_transmit_inner(&mut self, now: Instant, out: &mut Vec<u8>, limit: usize) -> usize {
         if !matches!(self.send, SendPath::ByteStream) || self.fin_sent {
             return 0;
         }
@@ -1010,6 +1035,7 @@ impl Connection {
             self.session.poll_timeout(),
             self.hold_deadline(),
             self.handshake_deadline(),
+            self.idle_deadline(),
         ]
         .into_iter()
         .flatten()
@@ -1032,6 +1058,57 @@ impl Connection {
         if let RecordLayer::Tls(t) = &mut self.record {
             t.handshake_started.get_or_insert(now);
         }
+    }
+
+    /// Bytes were read or output taken at `now`: the idle timer starts again.
+    fn note_active(&mut self, now: Instant) {
+        if self.release_idle_after.is_some() {
+            self.active_at = Some(now);
+        }
+    }
+
+    /// When the connection, idle since its last bytes, gives back the memory it need not
+    /// hold (`Config::release_idle_after`).
+    fn idle_deadline(&self) -> Option<Instant> {
+        self.active_at?.checked_add(self.release_idle_after?)
+    }
+
+    /// Gives back the memory of buffers that hold nothing now — the frame reader's read
+    /// buffer and idle chunks, the TLS buffers, session queues grown in a burst — as the
+    /// idle timer does (`Config::release_idle_after`); a driver may call it too. Nothing
+    /// received or queued is dropped; the next bytes allocate again. (A receiver lent out
+    /// keeps its memory: it is in use.)
+    pub fn release_idle_memory(&mut self) {
+        if let ReceivePath::InOrder(Some(r)) = &mut self.receive {
+            r.release_idle();
+        }
+        if let RecordLayer::Tls(t) = &mut self.record {
+            t.tls.release_idle();
+            if t.staging.is_empty() {
+                t.staging = Vec::new();
+            }
+        }
+        self.session.release_idle_memory();
+    }
+
+    /// Bytes of memory held by the buffers [`Self::release_idle_memory`] would give back
+    /// when empty (by capacity; not what the application's payloads keep alive).
+    pub fn buffer_capacity(&self) -> usize {
+        let receiver = match &self.receive {
+            ReceivePath::InOrder(Some(r)) => r.buffer_capacity(),
+            _ => 0,
+        };
+        let tls = match &self.record {
+            RecordLayer::Tls(t) => t.tls.buffer_capacity() + t.staging.capacity(),
+            RecordLayer::Cleartext => 0,
+        };
+        receiver + tls
+    }
+
+    /// Whether the idle timer gave memory back since the last call: a driver then gives
+    /// back its own idle buffers too.
+    pub fn take_idle_released(&mut self) -> bool {
+        std::mem::take(&mut self.idle_released)
     }
 
     /// When a stop of the in-order TLS stream on unauthenticated bytes fails the connection.
@@ -1064,6 +1141,11 @@ impl Connection {
         }
         if self.session.poll_timeout().is_some_and(|t| t <= now) {
             self.session.handle_timeout(now);
+        }
+        if self.idle_deadline().is_some_and(|t| t <= now) {
+            self.release_idle_memory();
+            self.active_at = None;
+            self.idle_released = true;
         }
     }
 

@@ -59,6 +59,16 @@ impl Receiver {
         self.decoder.offset()
     }
 
+    /// See [`FrameReader::release_idle`].
+    pub fn release_idle(&mut self) {
+        self.decoder.release_idle();
+    }
+
+    /// See [`FrameReader::buffer_capacity`].
+    pub fn buffer_capacity(&self) -> usize {
+        self.decoder.buffer_capacity()
+    }
+
     pub(crate) fn next_frame(&mut self) -> Option<Result<Frame, FrameError>> {
         self.decoder.next_frame()
     }

@@ -333,7 +333,11 @@ fn a_handshake_that_stalls_times_out_and_a_finished_one_never_does() {
     // A server that never answers (or bytes the handshake waits on for ever): the client
     // fails at the handshake timeout with a typed error, and ends its stream.
     let (c, _) = setups(false);
-    let mut client = connection(Role::Client, c);
+    let mut config = Config::default();
+    config.tls = Some(c);
+    // The handshake's timer alone (not the idle release's).
+    config.release_idle_after = None;
+    let mut client = Connection::new(Role::Client, config, Substrate::byte_stream()).unwrap();
     let t0 = Instant::now();
     let mut out = Vec::new();
     client.poll_transmit(t0, &mut out, 64 * 1024);

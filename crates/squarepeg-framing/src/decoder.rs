@@ -45,8 +45,13 @@ pub const DEFAULT_PINNED_LIMIT: usize = 16 << 20;
 
 /// Idle chunks kept for reuse: enough to cover a receive queue of a few
 /// MiB that the application drains in bursts (each chunk freed and then
-/// allocated again costs a page-fault or memset pass over it).
+/// allocated again costs a page-fault or memset pass over it). An idle
+/// connection gives them back ([`StreamDecoder::release_idle`]).
 const POOL_KEEP: usize = 32;
+
+/// The bytes of a frame in progress that [`StreamDecoder::release_idle`] (and the plain
+/// decoder's) moves to a buffer of their own size; a longer partial frame keeps its buffer.
+pub const IDLE_KEEP: usize = 4096;
 
 /// Splits an in-order byte stream into frames.
 ///
@@ -237,6 +242,32 @@ impl StreamDecoder {
     /// Bytes of output chunks kept alive by payloads now.
     pub fn pinned_bytes(&self) -> usize {
         self.pool.live()
+    }
+
+    /// Bytes of memory this decoder holds for its next reads and frames: its read buffer,
+    /// its scratch space and the idle chunks of its pool (not the chunks payloads keep).
+    pub fn buffer_capacity(&self) -> usize {
+        self.buf.capacity() + self.scratch.capacity() + self.pool.free_bytes()
+    }
+
+    /// Gives back the memory an idle connection need not hold: the read buffer (the bytes of
+    /// a frame in progress, at most [`IDLE_KEEP`], move to one of their size; more stay
+    /// where they are), the scratch space and the pool's idle chunks. The next read
+    /// allocates again; nothing received is lost.
+    pub fn release_idle(&mut self) {
+        if self.filled - self.start <= IDLE_KEEP {
+            self.buf = self.buf[self.start..self.filled].to_vec();
+            self.filled -= self.start;
+            self.scanned = self.scanned.saturating_sub(self.start);
+            self.start = 0;
+        }
+        self.scratch = Vec::new();
+        self.found = Vec::new();
+        self.spans = Vec::new();
+        if self.ready.is_empty() {
+            self.ready = VecDeque::new();
+        }
+        self.pool.trim();
     }
 
     /// Finds the complete runs in `buf[start..filled]`.
@@ -474,6 +505,22 @@ impl ChunkPool {
         len.max(self.chunk_size)
     }
 
+    /// Bytes of the idle chunks kept for reuse.
+    pub(crate) fn free_bytes(&self) -> usize {
+        self.free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(Vec::capacity)
+            .sum()
+    }
+
+    /// Frees the idle chunks (chunks payloads keep come back to it later as usual).
+    pub(crate) fn trim(&self) {
+        let free = std::mem::take(&mut *self.free.lock().unwrap_or_else(|e| e.into_inner()));
+        drop(free);
+    }
+
     fn give_back(&self, buf: Vec<u8>) {
         self.live.fetch_sub(buf.len(), Ordering::Relaxed);
         if buf.len() == self.chunk_size {
@@ -519,6 +566,34 @@ mod tests {
                 payload: vec![i as u8; i as usize * 37].into(),
             })
             .collect()
+    }
+
+    /// After a burst whose payloads shared pooled chunks, an idle decoder gives back its
+    /// read buffer, scratch space and idle chunks once the payloads are dropped, and decodes
+    /// the next frames as before.
+    #[test]
+    fn an_idle_decoder_gives_its_memory_back() {
+        let sent = frames(200);
+        let mut wire = Vec::new();
+        for f in &sent {
+            encode_frame(&f.header, &f.payload, &mut wire).unwrap();
+        }
+        let mut d = StreamDecoder::new(1 << 20);
+        d.push(&wire);
+        let got: Vec<Frame> = std::iter::from_fn(|| d.next_frame())
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(got, sent);
+        assert!(d.pinned_bytes() > 0, "payloads are slices of pooled chunks");
+        drop(got);
+        assert!(d.buffer_capacity() > 64 * 1024);
+        d.release_idle();
+        // The last frame's closing marker, which opens the next frame, stays.
+        assert_eq!(d.buffer_capacity(), 1);
+        let mut more = Vec::new();
+        encode_frame(&sent[7].header, &sent[7].payload, &mut more).unwrap();
+        d.push(&more[1..]);
+        assert_eq!(d.next_frame(), Some(Ok(sent[7].clone())));
     }
 
     #[test]

@@ -287,6 +287,26 @@ impl PlainDecoder {
         self.filled - self.start
     }
 
+    /// Its read buffer's capacity (the pool's is counted by the reader).
+    pub(crate) fn buffer_capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+
+    /// [`crate::StreamDecoder::release_idle`] for the plain decoder: the read buffer goes
+    /// (the bytes of a frame in progress, at most [`crate::decoder::IDLE_KEEP`], move to one
+    /// of their size), and the pool's idle chunks.
+    pub(crate) fn release_idle(&mut self) {
+        if self.filled - self.start <= crate::decoder::IDLE_KEEP {
+            self.buf = self.buf[self.start..self.filled].to_vec();
+            self.filled -= self.start;
+            self.start = 0;
+        }
+        if self.ready.is_empty() {
+            self.ready = VecDeque::new();
+        }
+        self.pool.trim();
+    }
+
     /// Cuts the complete frames out of `buf[start..filled]`: a first pass finds their extent
     /// from the lengths alone (which decides whether the chunk is shared), a second decodes
     /// the headers and queues the frames (no list of spans in between: this runs for every

@@ -146,6 +146,21 @@ impl FrameReader {
         self.ucobs.pinned_bytes()
     }
 
+    /// Bytes of memory the reader holds for its next reads (see
+    /// [`StreamDecoder::buffer_capacity`]; both formats share the pool).
+    pub fn buffer_capacity(&self) -> usize {
+        self.ucobs.buffer_capacity() + self.plain.as_ref().map_or(0, PlainDecoder::buffer_capacity)
+    }
+
+    /// Gives back the memory an idle connection need not hold (see
+    /// [`StreamDecoder::release_idle`]): nothing received is lost, the next read allocates.
+    pub fn release_idle(&mut self) {
+        self.ucobs.release_idle();
+        if let Some(p) = &mut self.plain {
+            p.release_idle();
+        }
+    }
+
     /// After the uCOBS decoder stopped at a Switch frame: reads the rest in plain frames.
     fn follow_switch(&mut self) {
         if !self.ucobs.is_stopped() {
@@ -161,6 +176,8 @@ impl FrameReader {
         );
         plain.push_bytes(&rest);
         self.plain = Some(plain);
+        // Its buffers are not read into again.
+        self.ucobs.release_idle();
     }
 }
 
@@ -219,7 +236,8 @@ mod tests {
     proptest! {
         /// Whatever the cut of the stream and whatever the buffer sizes (which choose between
         /// shared chunks and copies), the reader yields the frames sent, the Switch in its
-        /// place, and holds at most one partial frame.
+        /// place, and holds at most one partial frame — also when it gives its idle memory
+        /// back between any two pieces; once the frames are dropped, it holds none.
         #[test]
         fn follows_the_switch_at_any_cut(
             before in proptest::collection::vec(0usize..700, 0..6),
@@ -228,6 +246,7 @@ mod tests {
             read_size in prop_oneof![Just(1024usize), Just(64 * 1024)],
             pinned in prop_oneof![Just(0usize), Just(1usize << 20)],
             hold in any::<bool>(),
+            release_every in 0usize..4,
         ) {
             let before: Vec<Frame> = before.iter().enumerate().map(|(i, &l)| frame(i as u64, l)).collect();
             let after: Vec<Frame> = after.iter().enumerate().map(|(i, &l)| frame(100 + i as u64, l)).collect();
@@ -238,7 +257,10 @@ mod tests {
             let mut r = FrameReader::with_buffers(1 << 16, read_size, pinned);
             r.accept_plain(true);
             let mut got = Vec::new();
-            for piece in wire.chunks(cut) {
+            for (i, piece) in wire.chunks(cut).enumerate() {
+                if release_every > 0 && i % release_every == 0 {
+                    r.release_idle();
+                }
                 r.push(piece);
                 while let Some(f) = r.next_frame() {
                     got.push(f.unwrap());
@@ -250,9 +272,48 @@ mod tests {
             }
             prop_assert_eq!(r.offset(), wire.len() as u64);
             if hold {
-                prop_assert_eq!(got, expected);
+                prop_assert_eq!(&got, &expected);
             }
             prop_assert_eq!(r.format(), FrameFormat::Plain);
+            // The payloads' chunks come back to the pool as they are dropped; an idle reader
+            // then gives everything back (the stream ended on a frame's end).
+            drop(got);
+            r.release_idle();
+            prop_assert_eq!(r.buffer_capacity(), 0);
+        }
+    }
+
+    /// An idle reader keeps the bytes of a frame in progress: up to `IDLE_KEEP` of them in a
+    /// buffer of their own size, more where they are; the frame completes as if nothing had
+    /// happened.
+    #[test]
+    fn release_idle_keeps_a_frame_in_progress() {
+        for plain in [false, true] {
+            for len in [100usize, 3000, 20_000] {
+                let f = frame(3, len);
+                let mut wire = Vec::new();
+                if plain {
+                    encode_plain_frame(&f.header, &f.payload, &mut wire).unwrap();
+                } else {
+                    encode_frame(&f.header, &f.payload, &mut wire).unwrap();
+                }
+                let mut r = FrameReader::new(1 << 16);
+                if plain {
+                    r.start_plain();
+                }
+                let half = wire.len() / 2;
+                r.push(&wire[..half]);
+                assert!(r.buffer_capacity() >= 64 * 1024, "a whole read's buffer");
+                r.release_idle();
+                if half <= crate::decoder::IDLE_KEEP {
+                    assert_eq!(r.buffer_capacity(), half, "plain {plain}, {len} B");
+                } else {
+                    assert!(r.buffer_capacity() >= half, "plain {plain}, {len} B");
+                }
+                r.push(&wire[half..]);
+                assert_eq!(r.next_frame(), Some(Ok(f)));
+                assert_eq!(r.next_frame(), None);
+            }
         }
     }
 

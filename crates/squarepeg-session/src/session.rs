@@ -1228,6 +1228,24 @@ impl Session {
         Ok(())
     }
 
+    /// Gives back the memory of queues that hold nothing now (their capacity grew in a
+    /// burst), as an idle connection should; queued items are kept.
+    pub fn release_idle_memory(&mut self) {
+        self.spare_flow_entries = VecDeque::new();
+        for flow in self.message_flows.values_mut() {
+            flow.entries.shrink_to_fit();
+        }
+        if self.received.is_empty() {
+            self.received = VecDeque::new();
+        }
+        if self.events.is_empty() {
+            self.events = VecDeque::new();
+        }
+        if self.control_queue.is_empty() {
+            self.control_queue = VecDeque::new();
+        }
+    }
+
     /// The number the next queued message gets.
     pub fn next_message_number(&self) -> MessageNumber {
         self.next_message

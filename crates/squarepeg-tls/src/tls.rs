@@ -1058,6 +1058,27 @@ impl Tls {
         taken
     }
 
+    /// Bytes of memory its buffers hold (ciphertext waiting to be opened, output not yet
+    /// taken, a handshake message in progress), by capacity.
+    pub fn buffer_capacity(&self) -> usize {
+        self.inbox.buf.capacity() + self.control.capacity() + self.handshake_message.capacity()
+    }
+
+    /// Gives back the memory of buffers that hold nothing now, as an idle connection should:
+    /// the next bytes allocate again. Nothing waiting is dropped.
+    pub fn release_idle(&mut self) {
+        if self.inbox.unconsumed() == 0 && self.inbox.exposed == 0 {
+            self.inbox.buf = Vec::new();
+            self.inbox.clear();
+        }
+        if self.control.is_empty() {
+            self.control = Vec::new();
+        }
+        if self.handshake_message.is_empty() {
+            self.handshake_message = Vec::new();
+        }
+    }
+
     /// [`Tls::push_ciphertext`] and [`Tls::process_with`] for the in-order bytes
     /// `buf[..len]` (a read), without copying them where it can: once nothing is pending in
     /// the inbox, `buf` becomes the inbox's buffer and its whole records are opened where they
@@ -1079,6 +1100,10 @@ impl Tls {
             if traffic && self.inbox.unconsumed() == 0 && self.inbox.exposed == 0 {
                 let read = mem::take(buf);
                 *buf = self.inbox.replace(read, pos, len);
+                if buf.len() < read_len {
+                    // The inbox gave its memory back while idle (`Tls::release_idle`).
+                    buf.resize(read_len, 0);
+                }
                 result = self.process_with(deliver);
                 break;
             }

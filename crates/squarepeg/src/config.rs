@@ -84,6 +84,12 @@ pub struct ConnectionConfig {
     /// (`TlsFailure::HandshakeTimedOut`): a server that never answers, or bytes put in the
     /// stream that the handshake would wait on for ever, must not hold it open.
     pub handshake_timeout: Duration,
+    /// After this long without bytes read or written, the connection gives back the memory
+    /// of its empty buffers (read and write buffers, idle receive chunks, TLS buffers,
+    /// queues grown in a burst): a server's idle connections hold a few KiB each rather than
+    /// what their busiest moment needed (`ConnectionStats::buffer_bytes`). The next bytes
+    /// allocate again. `None`: never.
+    pub release_idle_after: Option<Duration>,
 }
 
 /// Pending Fast Open connections a listener accepts (RFC 7413 §5.1: the queue bounds the
@@ -125,6 +131,8 @@ impl Default for ConnectionConfig {
             tls: None,
             fast_open: false,
             handshake_timeout: Duration::from_secs(10),
+            // The core's default (`squarepeg_connection::Config`): 1 s.
+            release_idle_after: squarepeg_connection::Config::default().release_idle_after,
         }
     }
 }
@@ -138,6 +146,7 @@ impl ConnectionConfig {
         c.plain_frames = self.plain_frames;
         c.tls = self.tls.clone();
         c.handshake_timeout = self.handshake_timeout;
+        c.release_idle_after = self.release_idle_after;
         c
     }
 

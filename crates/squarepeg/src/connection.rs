@@ -84,6 +84,9 @@ pub(crate) struct State {
     staged: VecDeque<Staged>,
     /// What the outbox was last told about the session taking messages.
     outbox_open: bool,
+    /// What the driver's own buffers hold (its write batch, its TLS read buffer), as it last
+    /// said (`ConnectionStats::buffer_bytes`).
+    pub(crate) driver_buffer_bytes: usize,
     /// Messages the outbox had accepted when the session stopped taking any.
     staged_discarded: u64,
     /// Wake-ups [`Shared::dispatch`] found due, done once the lock is let go.
@@ -234,6 +237,7 @@ impl Shared {
                 established_told: false,
                 staged: VecDeque::new(),
                 outbox_open: true,
+                driver_buffer_bytes: 0,
                 staged_discarded: 0,
                 wakes: PendingWakes::default(),
                 driver_waits_for_receiver: false,
@@ -445,6 +449,16 @@ impl Shared {
             self.move_staged(&mut st);
         }
         st
+    }
+
+    /// The connection is idle (`st` locked): the queues between the application and the
+    /// driver give back the memory they grew to in a burst, if they are empty.
+    pub(crate) fn release_idle_queues(&self, st: &mut State) {
+        if st.staged.is_empty() {
+            st.staged = VecDeque::new();
+        }
+        self.outbox().release_idle();
+        self.received().release_idle();
     }
 
     fn outbox(&self) -> MutexGuard<'_, Outbox> {
@@ -898,6 +912,13 @@ pub struct ConnectionStats {
     /// calls themselves (a call that finds nothing received reads the socket rather than
     /// wait for the driver to), not by the driver.
     pub reads_by_application: u64,
+    /// Bytes of memory the connection's buffers hold now, by capacity: its read buffer and
+    /// idle receive chunks, its TLS buffers, the driver's write batch and TLS read buffer
+    /// (not the payloads the application holds, nor queued messages). After
+    /// `ConnectionConfig::release_idle_after` without traffic the connection gives back what
+    /// holds nothing, and this drops to a few KiB. (Over one connection; a multipath session
+    /// does not count its paths' buffers.)
+    pub buffer_bytes: usize,
     /// Over kernel TCP without TLS: times the driver went back to reading the socket
     /// because the application's receive calls, which had been reading it, stopped (for a
     /// couple of milliseconds, with none of them waiting): frames that need no receive
@@ -1259,6 +1280,7 @@ impl Connection {
             tls: core.tls,
             reads_by_application: st.reads_by_application,
             reads_taken_back: st.reads_taken_back,
+            buffer_bytes: st.conn.buffer_capacity() + st.driver_buffer_bytes,
         }
     }
 

@@ -79,6 +79,24 @@ impl Core {
         matches!(self, Core::Single(c) if c.substrate().send == SendKind::TaggedWrites)
     }
 
+    /// Whether the core's idle timer gave memory back since the last call
+    /// (`Connection::take_idle_released`; a multipath session's paths keep theirs).
+    pub(crate) fn take_idle_released(&mut self) -> bool {
+        match self {
+            Core::Single(c) => c.take_idle_released(),
+            Core::Multi(_) => false,
+        }
+    }
+
+    /// Bytes the core's buffers hold (`Connection::buffer_capacity`; 0 for a multipath
+    /// session, which does not count them).
+    pub(crate) fn buffer_capacity(&self) -> usize {
+        match self {
+            Core::Single(c) => c.buffer_capacity(),
+            Core::Multi(_) => 0,
+        }
+    }
+
     pub(crate) fn has_events(&self) -> bool {
         match self {
             Core::Single(c) => c.has_events(),

@@ -93,6 +93,15 @@ pub(crate) trait Wire: Send + 'static {
     fn segment_size(&mut self, _io: &Self::Io, _now: Instant) -> Option<usize> {
         None
     }
+
+    /// The connection is idle (the core gave its idle memory back): gives back the memory of
+    /// the wire's own buffers that hold nothing now.
+    fn release_idle(&mut self) {}
+
+    /// Bytes the wire's own buffers hold, by capacity.
+    fn buffer_capacity(&self) -> usize {
+        0
+    }
 }
 
 /// What ended one wait of the driver.
@@ -122,7 +131,10 @@ pub(crate) async fn run<W: Wire>(
         notify,
         io,
         wire,
-        out: Vec::with_capacity(write_batch + LOCK_SLICE),
+        // Allocated by the first batch (`refill`): a connection that never sends much never
+        // holds a whole batch's memory.
+        out: Vec::new(),
+        out_capacity: write_batch + LOCK_SLICE,
         out_pos: 0,
         write_end: 0,
         read_open: true,
@@ -175,6 +187,9 @@ struct Driver<W: Wire> {
     wire: W,
     /// Output taken from the core, written from `out_pos`.
     out: Vec<u8>,
+    /// The memory `out` is given once a batch is under way (a whole batch and a lock slice):
+    /// it starts with none and gives it back when the connection is idle.
+    out_capacity: usize,
     out_pos: usize,
     /// Where the part of `out` written now ends: the rest, shorter than a segment, is held
     /// for the next batch while the core has more output ready ([`Wire::segment_size`]).
@@ -349,7 +364,12 @@ impl<W: Wire> Driver<W> {
                     // Or the read-duty check's: the next round makes it.
                     let now = Instant::now();
                     if core_timeout.is_some_and(|t| t <= now) {
-                        self.shared.lock().conn.handle_timeout(now);
+                        let shared = self.shared.clone();
+                        let mut st = shared.lock();
+                        st.conn.handle_timeout(now);
+                        if st.conn.take_idle_released() {
+                            self.release_idle(&mut st);
+                        }
                     }
                 }
             }
@@ -358,6 +378,26 @@ impl<W: Wire> Driver<W> {
                 let mut st = self.shared.lock();
                 self.wire.end_read(&mut st.conn, Instant::now());
             }
+        }
+    }
+
+    /// The core gave its idle memory back (`st` locked): so do this driver's buffers that
+    /// hold nothing now, the wire's and the application's queues between the two.
+    fn release_idle(&mut self, st: &mut State) {
+        if self.out_pos == self.out.len() {
+            self.out = Vec::new();
+            self.out_pos = 0;
+            self.write_end = 0;
+        }
+        self.wire.release_idle();
+        self.shared.release_idle_queues(st);
+        self.publish_buffer_capacity(st);
+    }
+
+    /// Tells the connection's stats what this driver's buffers hold (`st` locked).
+    fn publish_buffer_capacity(&self, st: &mut State) {
+        if self.port == Port::Single {
+            st.driver_buffer_bytes = self.out.capacity() + self.wire.buffer_capacity();
         }
     }
 
@@ -373,8 +413,16 @@ impl<W: Wire> Driver<W> {
         loop {
             let mut st = self.shared.lock();
             let slice_end = (self.out.len() + LOCK_SLICE).min(batch);
+            let capacity = self.out.capacity();
             more = self.wire.fill(&mut st.conn, now, &mut self.out, slice_end);
             self.shared.note_transmitted(&st);
+            if more && self.out.capacity() < self.out_capacity {
+                // A batch is under way: its whole memory at once, not grown step by step.
+                self.out.reserve(self.out_capacity - self.out.len());
+            }
+            if self.out.capacity() != capacity {
+                self.publish_buffer_capacity(&mut st);
+            }
             drop(st);
             if !more || self.out.len() >= batch {
                 break;

@@ -81,6 +81,12 @@ pub(crate) struct KernelWire<S = KernelStream> {
     /// Over TLS: ciphertext read, and how much of it.
     ciphertext: Vec<u8>,
     ciphertext_len: usize,
+    /// Over TLS: the read size; 0 in cleartext, where the core's receiver is read into.
+    tls_read_size: usize,
+    /// Over TLS: what `ciphertext` must hold for the next read — the read size, or after an
+    /// idle release [`IDLE_READ`] until a read fills that (the driver waits for reads with
+    /// the buffer in hand, so an idle connection would otherwise hold a whole one).
+    tls_read_now: usize,
     /// Frames taken from the core are committed: a batch larger than the lowat would hold an
     /// urgent message behind it, and one write larger than the lowat fills the kernel past
     /// it (the kernel checks the lowat only between its buffers, up to 64 KB each), so the
@@ -194,14 +200,37 @@ impl<S: ByteStream> Wire for KernelWire<S> {
     fn read_buffer(&mut self) -> &mut [u8] {
         match self.receiver.as_mut() {
             Some(r) => r.buffer(),
-            None => &mut self.ciphertext,
+            None => {
+                if self.ciphertext.len() < self.tls_read_now {
+                    self.ciphertext.resize(self.tls_read_now, 0);
+                }
+                &mut self.ciphertext
+            }
         }
+    }
+
+    fn release_idle(&mut self) {
+        if self.ciphertext_len == 0 {
+            // The driver waits for reads with this buffer in hand: a small one.
+            self.tls_read_now = self.tls_read_size.min(IDLE_READ);
+            self.ciphertext = vec![0; self.tls_read_now];
+        }
+    }
+
+    fn buffer_capacity(&self) -> usize {
+        self.ciphertext.capacity()
     }
 
     fn filled(&mut self, n: usize) {
         match self.receiver.as_mut() {
             Some(r) => r.filled(n),
-            None => self.ciphertext_len = n,
+            None => {
+                self.ciphertext_len = n;
+                if n >= self.ciphertext.len() {
+                    // Traffic again: whole reads.
+                    self.tls_read_now = self.tls_read_size;
+                }
+            }
         }
     }
 
@@ -227,6 +256,10 @@ impl<S: ByteStream> Wire for KernelWire<S> {
     }
 }
 
+/// Over TLS, the read size of a connection idle since its memory was given back, until a
+/// read fills it.
+const IDLE_READ: usize = 4096;
+
 /// The socket options of every kernel-TCP connection.
 pub(crate) fn prepare_socket(socket: &TcpStream, config: &ConnectionConfig) -> io::Result<()> {
     // Messages must not wait for Nagle (Hollywood §4.2).
@@ -251,12 +284,11 @@ impl<S> KernelWire<S> {
             receiver: None,
             // Over TLS reads go here (an empty buffer otherwise: the core's receiver is
             // used).
-            ciphertext: if tls {
-                vec![0; config.read_buffer.max(1)]
-            } else {
-                Vec::new()
-            },
+            // Allocated by the first read.
+            ciphertext: Vec::new(),
             ciphertext_len: 0,
+            tls_read_size: if tls { config.read_buffer.max(1) } else { 0 },
+            tls_read_now: if tls { config.read_buffer.max(1) } else { 0 },
             batch: config
                 .write_batch
                 .min(config.notsent_lowat.map_or(usize::MAX, |l| l as usize))

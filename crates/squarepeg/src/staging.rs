@@ -155,6 +155,13 @@ impl Outbox {
     pub(crate) fn set_open(&mut self, open: bool) {
         self.open = open;
     }
+
+    /// Gives back the queue's memory if it is empty (an idle connection).
+    pub(crate) fn release_idle(&mut self) {
+        if self.messages.is_empty() {
+            self.messages = VecDeque::new();
+        }
+    }
 }
 
 /// Received messages taken out of the session, oldest first, for the application's receive
@@ -181,6 +188,13 @@ impl Inbox {
         self.messages -= 1;
         self.bytes -= m.payload.len();
         Some(m)
+    }
+
+    /// Gives back the queue's memory if it is empty (an idle connection).
+    pub(crate) fn release_idle(&mut self) {
+        if self.entries.is_empty() {
+            self.entries = VecDeque::new();
+        }
     }
 
     /// Whether more messages may be moved in.

@@ -312,3 +312,80 @@ async fn a_tls_side_and_a_cleartext_side_tell_why_they_cannot_talk() {
     })
     .await;
 }
+
+/// A connection idle for `ConnectionConfig::release_idle_after` gives back the memory its
+/// burst grew (read and write buffers, receive chunks, TLS buffers: `ConnectionStats::
+/// buffer_bytes`), in cleartext and inside TLS, and carries the next messages both ways as
+/// before. The waits are bounded polls of the figure, not timing assertions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_gives_back_its_buffers() {
+    for tls in [false, true] {
+        let (mut client_config, mut server_config) = if tls {
+            configs(true)
+        } else {
+            (ConnectionConfig::default(), ConnectionConfig::default())
+        };
+        for c in [&mut client_config, &mut server_config] {
+            c.release_idle_after = Some(Duration::from_millis(100));
+        }
+        let ep = Endpoint::bind("127.0.0.1:0", server_config).await.unwrap();
+        let addr = ep.local_addr().unwrap();
+        let (client, server) = tokio::join!(Connection::connect(addr, client_config), ep.accept());
+        let (client, server) = (client.unwrap(), server.unwrap());
+        // A burst: 8 MiB of 4 KiB messages, each checked.
+        let sender = client.clone();
+        let send = tokio::spawn(async move {
+            for i in 0..2048u32 {
+                let payload = Bytes::from(i.to_be_bytes().repeat(1024));
+                sender
+                    .send_message(payload, MessageProps::default())
+                    .await
+                    .unwrap();
+            }
+        });
+        no_hang(async {
+            for i in 0..2048u32 {
+                let m = server.recv_message().await.unwrap();
+                assert_eq!(
+                    &m.payload[..],
+                    &i.to_be_bytes().repeat(1024)[..],
+                    "tls {tls}"
+                );
+            }
+        })
+        .await;
+        send.await.unwrap();
+        let held = |c: &Connection| c.stats().buffer_bytes;
+        assert!(held(&server) >= 64 * 1024, "tls {tls}: {} B", held(&server));
+        // Idle: both ends come down to a few KiB (bounded wait).
+        let mut polls = 0;
+        while held(&client) > 8 * 1024 || held(&server) > 8 * 1024 {
+            polls += 1;
+            assert!(
+                polls < 500,
+                "tls {tls}: still {} and {} B",
+                held(&client),
+                held(&server)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Traffic again, both ways.
+        no_hang(async {
+            client
+                .send_message(Bytes::from(vec![7; 50_000]), MessageProps::default())
+                .await
+                .unwrap();
+            assert_eq!(
+                server.recv_message().await.unwrap().payload,
+                vec![7; 50_000]
+            );
+            server
+                .send_message(Bytes::from_static(b"back"), MessageProps::default())
+                .await
+                .unwrap();
+            assert_eq!(&client.recv_message().await.unwrap().payload[..], b"back");
+        })
+        .await;
+        client.close().await;
+    }
+}
