@@ -473,9 +473,12 @@ impl<W: Wire> Driver<W> {
             self.wire.filled(n);
         }
         let now = Instant::now();
-        let mut st = self.shared.lock();
+        let shared = self.shared.clone();
+        let mut st = shared.lock();
         let handshaking = !st.conn.is_established();
         self.wire.end_read(&mut st.conn, now);
+        // Reads may have grown (or swapped) the wire's buffer.
+        self.publish_buffer_capacity(&mut st);
         st.peer_bytes_read |= n > 0;
         self.answer_first = handshaking && st.conn.session().has_events();
         self.shared.note_established(&mut st);
@@ -484,7 +487,7 @@ impl<W: Wire> Driver<W> {
             st.conn
                 .handle_transport_closed(self.port, now, TransportError::PeerClosed);
         }
-        self.shared.dispatch(&mut st);
+        shared.dispatch(&mut st);
     }
 
     fn failed(&mut self, e: &io::Error) {

@@ -83,9 +83,10 @@ pub(crate) struct KernelWire<S = KernelStream> {
     ciphertext_len: usize,
     /// Over TLS: the read size; 0 in cleartext, where the core's receiver is read into.
     tls_read_size: usize,
-    /// Over TLS: what `ciphertext` must hold for the next read — the read size, or after an
-    /// idle release [`IDLE_READ`] until a read fills that (the driver waits for reads with
-    /// the buffer in hand, so an idle connection would otherwise hold a whole one).
+    /// Over TLS: what `ciphertext` must hold for the next read — the read size, or at the
+    /// start and after an idle release [`IDLE_READ`] until a read fills that (the driver
+    /// waits for reads with the buffer in hand, so an idle connection would otherwise hold
+    /// a whole one).
     tls_read_now: usize,
     /// Frames taken from the core are committed: a batch larger than the lowat would hold an
     /// urgent message behind it, and one write larger than the lowat fills the kernel past
@@ -256,8 +257,8 @@ impl<S: ByteStream> Wire for KernelWire<S> {
     }
 }
 
-/// Over TLS, the read size of a connection idle since its memory was given back, until a
-/// read fills it.
+/// Over TLS, the read size of a new connection, and of one idle since its memory was given
+/// back, until a read fills it.
 const IDLE_READ: usize = 4096;
 
 /// The socket options of every kernel-TCP connection.
@@ -288,7 +289,14 @@ impl<S> KernelWire<S> {
             ciphertext: Vec::new(),
             ciphertext_len: 0,
             tls_read_size: if tls { config.read_buffer.max(1) } else { 0 },
-            tls_read_now: if tls { config.read_buffer.max(1) } else { 0 },
+            // A new connection's first reads are a handshake's few KiB: a whole read buffer
+            // only once traffic fills a small one (a client that connects and says nothing
+            // holds 4 KiB until the handshake times out, not 64).
+            tls_read_now: if tls {
+                config.read_buffer.clamp(1, IDLE_READ)
+            } else {
+                0
+            },
             batch: config
                 .write_batch
                 .min(config.notsent_lowat.map_or(usize::MAX, |l| l as usize))

@@ -389,3 +389,28 @@ async fn an_idle_connection_gives_back_its_buffers() {
         client.close().await;
     }
 }
+
+/// A client that begins a TLS handshake and says no more holds a few KiB of the server's
+/// buffers until the handshake times out, not a whole read buffer: the first reads are
+/// small, and grow only once traffic fills them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_client_holds_little_of_the_servers_memory() {
+    let (_, server_config) = configs(true);
+    let ep = Endpoint::bind("127.0.0.1:0", server_config).await.unwrap();
+    let addr = ep.local_addr().unwrap();
+    let (raw, conn) = tokio::join!(TcpStream::connect(addr), ep.accept());
+    let (mut raw, conn) = (raw.unwrap(), conn.unwrap());
+    // The start of a handshake record of 512 bytes, then nothing.
+    raw.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01])
+        .await
+        .unwrap();
+    // Bounded wait for the server's read (its buffers are counted once it read).
+    let mut polls = 0;
+    while conn.stats().buffer_bytes == 0 {
+        polls += 1;
+        assert!(polls < 500, "the server never read");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let held = conn.stats().buffer_bytes;
+    assert!(held <= 8 * 1024, "{held} B held for 6 bytes");
+}
