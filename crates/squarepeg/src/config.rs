@@ -90,6 +90,18 @@ pub struct ConnectionConfig {
     /// what their busiest moment needed (`ConnectionStats::buffer_bytes`). The next bytes
     /// allocate again. `None`: never.
     pub release_idle_after: Option<Duration>,
+    /// Over kernel TCP: when the peer stops answering — a path that blackholes, a NAT or
+    /// firewall that forgot the connection, a host that vanished — the connection fails
+    /// with `TransportError::TimedOut` about this long after (an application otherwise
+    /// waits for ever on an idle connection, and about 15 minutes for data to be
+    /// acknowledged). The kernel checks an idle connection with keepalive probes (the first
+    /// after a third of it, then every sixth; an answering peer keeps it open, and the
+    /// probes keep NAT mappings alive); data sent and not acknowledged for this long ends
+    /// it too (the driver reads `TCP_INFO`). A peer that answers but keeps its window
+    /// closed (its application does not read) is alive: its connection stays. At least
+    /// 1 s; `None`: the system's defaults. A multipath session's own detection
+    /// (`MultipathOptions`) is faster.
+    pub dead_peer_timeout: Option<Duration>,
 }
 
 /// Pending Fast Open connections a listener accepts (RFC 7413 §5.1: the queue bounds the
@@ -133,6 +145,10 @@ impl Default for ConnectionConfig {
             handshake_timeout: Duration::from_secs(10),
             // The core's default (`squarepeg_connection::Config`): 1 s.
             release_idle_after: squarepeg_connection::Config::default().release_idle_after,
+            // As QUIC stacks' idle timeouts (quinn's default 30 s), but only for a peer
+            // that stopped answering: an idle connection whose peer answers the probes
+            // stays open.
+            dead_peer_timeout: Some(Duration::from_secs(30)),
         }
     }
 }
@@ -176,6 +192,14 @@ impl ConnectionConfig {
     /// Checks the values, and that the TLS side (if any) is `role`'s.
     pub(crate) fn check(&self, role: squarepeg_connection::Role) -> Result<(), ConfigError> {
         self.core_config().validate()?;
+        if self
+            .dead_peer_timeout
+            .is_some_and(|t| t < Duration::from_secs(1))
+        {
+            return Err(ConfigError(
+                "dead_peer_timeout must be at least 1 s (None: the system's defaults)",
+            ));
+        }
         match &self.tls {
             Some(t) if t.is_client() != (role == squarepeg_connection::Role::Client) => {
                 Err(ConfigError(if t.is_client() {

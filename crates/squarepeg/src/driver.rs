@@ -98,10 +98,25 @@ pub(crate) trait Wire: Send + 'static {
     /// the wire's own buffers that hold nothing now.
     fn release_idle(&mut self) {}
 
+    /// Whether the peer still acknowledges what was sent (`ConnectionConfig::
+    /// dead_peer_timeout`), and when to ask again.
+    fn check_peer(&mut self, _io: &Self::Io, _now: Instant) -> PeerCheck {
+        PeerCheck::Answering(None)
+    }
+
     /// Bytes the wire's own buffers hold, by capacity.
     fn buffer_capacity(&self) -> usize {
         0
     }
+}
+
+/// What [`Wire::check_peer`] found.
+pub(crate) enum PeerCheck {
+    /// Answering, as far as is known; check again at this time, if ever.
+    Answering(Option<Instant>),
+    /// Nothing sent has been acknowledged for the whole dead-peer timeout: the connection
+    /// fails with `TransportError::TimedOut`.
+    Silent,
 }
 
 /// What ended one wait of the driver.
@@ -236,6 +251,16 @@ impl<W: Wire> Driver<W> {
                     self.wire.last_write(&self.io, true);
                 }
             }
+            let peer_check = match self.wire.check_peer(&self.io, now) {
+                PeerCheck::Answering(at) => at,
+                PeerCheck::Silent => {
+                    self.failed(&io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the peer acknowledged nothing for the dead-peer timeout",
+                    ));
+                    continue;
+                }
+            };
             let lends = self.wire.lends_receiver();
             let (timeout, wants_read, drained) = {
                 let mut st = self.shared.lock();
@@ -278,7 +303,11 @@ impl<W: Wire> Driver<W> {
                 return;
             }
             let (core_timeout, duty_check) = timeout;
-            let wake_at = core_timeout.into_iter().chain(duty_check).min();
+            let wake_at = core_timeout
+                .into_iter()
+                .chain(duty_check)
+                .chain(peer_check)
+                .min();
             let wake = {
                 let notify = self.notify.clone();
                 let mut notified = pin!(notify.notified());

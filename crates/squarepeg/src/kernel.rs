@@ -11,7 +11,7 @@
 use std::io;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use squarepeg_connection::{Connection as SingleCore, Protection, Receiver, Role, Substrate};
@@ -22,7 +22,7 @@ use tokio::net::TcpStream;
 use crate::config::ConnectionConfig;
 use crate::connection::{Connection, Handle, Shared};
 use crate::core::{Core, Port};
-use crate::driver::{self, Wire};
+use crate::driver::{self, PeerCheck, Wire};
 use crate::endpoint::ConnectError;
 use crate::fast_open::KernelStream;
 use crate::unsent::AdaptiveLowat;
@@ -108,6 +108,12 @@ pub(crate) struct KernelWire<S = KernelStream> {
     /// "ping-pong" mode (`TCP_QUICKACK`, see `wrote_batch`). Off where delayed ACKs are
     /// wanted (Fast Open transactions, whose ACKs ride on the answer).
     quickack_after_control: bool,
+    /// `ConnectionConfig::dead_peer_timeout`, and when to look next whether the peer still
+    /// acknowledges (`None`: not until output is taken again).
+    dead_peer_timeout: Option<Duration>,
+    peer_check_at: Option<Instant>,
+    /// Output was taken since the last look.
+    took_output: bool,
     /// The socket's sending MSS as last read, and when to read it again.
     mss: Option<usize>,
     mss_checked: Option<Instant>,
@@ -135,8 +141,10 @@ impl<S: ByteStream> Wire for KernelWire<S> {
             (stats.messages_sent, stats.stream_bytes_sent)
         };
         let before = sent(core);
+        let len = out.len();
         core.poll_transmit(self.port, now, out, limit);
         self.batch_has_data |= sent(core) != before;
+        self.took_output |= out.len() > len;
         // Short of the limit: the core has nothing more.
         out.len() >= limit
     }
@@ -170,6 +178,51 @@ impl<S: ByteStream> Wire for KernelWire<S> {
 
     fn lends_receiver(&self) -> bool {
         self.lend_receiver
+    }
+
+    fn check_peer(&mut self, io: &S, now: Instant) -> PeerCheck {
+        let Some(timeout) = self.dead_peer_timeout else {
+            return PeerCheck::Answering(None);
+        };
+        match self.peer_check_at {
+            Some(at) if now < at => return PeerCheck::Answering(Some(at)),
+            Some(_) => {}
+            None => {
+                if std::mem::take(&mut self.took_output) {
+                    // The first look once the output has had time to leave and be
+                    // acknowledged.
+                    self.peer_check_at = Some(now + timeout / 4);
+                }
+                return PeerCheck::Answering(self.peer_check_at);
+            }
+        }
+        self.took_output = false;
+        let Some(socket) = io.kernel() else {
+            self.peer_check_at = None;
+            return PeerCheck::Answering(None);
+        };
+        match crate::unsent::ack_silence(socket) {
+            // Everything acknowledged (or a closed window whose probes are answered: the
+            // data waits unsent): the keepalive probes watch a connection with nothing
+            // outstanding. Looked at again once more output is taken.
+            Some((0, _)) | None => {
+                self.peer_check_at = None;
+                PeerCheck::Answering(None)
+            }
+            Some((_, silence)) if silence >= timeout => {
+                // Said once: the connection fails now. A reset rather than a FIN queued
+                // behind data that never leaves.
+                self.dead_peer_timeout = None;
+                self.peer_check_at = None;
+                let _ = socket2::SockRef::from(socket).set_linger(Some(Duration::ZERO));
+                PeerCheck::Silent
+            }
+            Some((_, silence)) => {
+                let at = now + (timeout - silence).max(MIN_PEER_CHECK);
+                self.peer_check_at = Some(at);
+                PeerCheck::Answering(Some(at))
+            }
+        }
     }
 
     fn poll_read_ready(&mut self, io: &S, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
@@ -257,6 +310,9 @@ impl<S: ByteStream> Wire for KernelWire<S> {
     }
 }
 
+/// The shortest wait between two looks at whether the peer still acknowledges.
+const MIN_PEER_CHECK: Duration = Duration::from_millis(10);
+
 /// Over TLS, the read size of a new connection, and of one idle since its memory was given
 /// back, until a read fills it.
 const IDLE_READ: usize = 4096;
@@ -268,7 +324,30 @@ pub(crate) fn prepare_socket(socket: &TcpStream, config: &ConnectionConfig) -> i
     if let Some(lowat) = config.notsent_lowat {
         set_notsent_lowat(socket, lowat)?;
     }
+    if let Some(timeout) = config.dead_peer_timeout {
+        set_dead_peer_timeout(socket, timeout)?;
+    }
     Ok(())
+}
+
+/// `ConnectionConfig::dead_peer_timeout` for a connection with nothing outstanding:
+/// keepalive probes (the first after a third of `timeout`, then every sixth, whole seconds, as
+/// many as fit), after which the kernel fails the socket with `ETIMEDOUT`. Data that waits
+/// for acknowledgement is watched by the driver instead (`KernelWire::check_peer`, from
+/// `TCP_INFO`): the kernel's own bound on it, `TCP_USER_TIMEOUT` (RFC 5482), also fails a
+/// connection whose peer answers but keeps its window closed longer than that (Linux 5.11
+/// and later) — an application that pauses reading, which must not lose its connection.
+fn set_dead_peer_timeout(socket: &TcpStream, timeout: Duration) -> io::Result<()> {
+    let whole_seconds = |d: Duration| Duration::from_secs(d.as_secs().max(1));
+    let idle = whole_seconds(timeout / 3);
+    let interval = whole_seconds(timeout / 6);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(idle)
+        .with_interval(interval);
+    #[cfg(any(target_os = "linux", target_os = "android", target_vendor = "apple"))]
+    let keepalive = keepalive
+        .with_retries((timeout.saturating_sub(idle).as_secs() / interval.as_secs()).max(1) as u32);
+    socket2::SockRef::from(socket).set_tcp_keepalive(&keepalive)
 }
 
 impl<S> KernelWire<S> {
@@ -311,6 +390,9 @@ impl<S> KernelWire<S> {
             quickack_after_control: !config.fast_open,
             mss: None,
             mss_checked: None,
+            dead_peer_timeout: config.dead_peer_timeout,
+            peer_check_at: None,
+            took_output: false,
             shared,
             stream: std::marker::PhantomData,
         }

@@ -117,6 +117,22 @@ fn delivery_rate(_socket: &TcpStream) -> Option<u64> {
     None
 }
 
+/// Segments sent and not yet acknowledged (`tcpi_unacked`), and how long ago the last
+/// acknowledgement came (`tcpi_last_ack_recv`; a window probe's answer counts).
+#[cfg(target_os = "linux")]
+pub(crate) fn ack_silence(socket: &TcpStream) -> Option<(u32, Duration)> {
+    let (info, _) = tcp_info(socket)?;
+    Some((
+        info.tcpi_unacked,
+        Duration::from_millis(u64::from(info.tcpi_last_ack_recv)),
+    ))
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn ack_silence(_socket: &TcpStream) -> Option<(u32, Duration)> {
+    None
+}
+
 /// The connection's sending maximum segment size (`tcpi_snd_mss`: the
 /// path's MTU less the headers and the options every segment carries).
 #[cfg(target_os = "linux")]

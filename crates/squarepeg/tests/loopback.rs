@@ -1247,3 +1247,36 @@ async fn a_reset_under_a_busy_receiver_is_a_reset() {
     drop(relay_task.await.unwrap());
     sender.abort();
 }
+
+/// A receiver that stops reading for longer than `ConnectionConfig::dead_peer_timeout` does
+/// not get its connection timed out: its session stops reading the socket once its receive
+/// queue is full, the kernel's window closes, and the sender's zero-window probes are still
+/// answered; once it reads again, every message arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_pauses_longer_than_the_dead_peer_timeout_keeps_its_connection() {
+    let mut config = ConnectionConfig::default();
+    config.dead_peer_timeout = Some(Duration::from_secs(2));
+    let (client, server) = pair_with("127.0.0.1:0", config.clone(), config).await;
+    let count = 8192u32;
+    let sender = tokio::spawn(async move {
+        for i in 0..count {
+            let payload = Bytes::from(i.to_be_bytes().repeat(2048));
+            client
+                .send_message(payload, MessageProps::default())
+                .await
+                .unwrap();
+        }
+        client
+    });
+    // Three timeouts without reading: the receive queue fills, then the kernel's window.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    no_hang(async {
+        for i in 0..count {
+            let m = server.recv_message().await.unwrap();
+            assert_eq!(&m.payload[..], &i.to_be_bytes().repeat(2048)[..]);
+        }
+    })
+    .await;
+    let client = sender.await.unwrap();
+    assert!(client.stats().session.messages_sent >= u64::from(count));
+}
