@@ -517,8 +517,7 @@ impl ChunkPool {
 
     /// Frees the idle chunks (chunks payloads keep come back to it later as usual).
     pub(crate) fn trim(&self) {
-        let free = std::mem::take(&mut *self.free.lock().unwrap_or_else(|e| e.into_inner()));
-        drop(free);
+        self.free.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 
     fn give_back(&self, buf: Vec<u8>) {

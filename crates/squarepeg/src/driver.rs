@@ -502,8 +502,7 @@ impl<W: Wire> Driver<W> {
             self.wire.filled(n);
         }
         let now = Instant::now();
-        let shared = self.shared.clone();
-        let mut st = shared.lock();
+        let mut st = self.shared.lock();
         let handshaking = !st.conn.is_established();
         self.wire.end_read(&mut st.conn, now);
         // Reads may have grown (or swapped) the wire's buffer.
@@ -516,7 +515,7 @@ impl<W: Wire> Driver<W> {
             st.conn
                 .handle_transport_closed(self.port, now, TransportError::PeerClosed);
         }
-        shared.dispatch(&mut st);
+        self.shared.dispatch(&mut st);
     }
 
     fn failed(&mut self, e: &io::Error) {
