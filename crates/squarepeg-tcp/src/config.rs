@@ -102,7 +102,11 @@ pub struct ConnectionConfig {
     /// Data retransmissions before the connection is declared dead (RFC 9293 §3.8.3 R2,
     /// Linux `tcp_retries2`).
     pub max_retransmissions: u32,
-    /// Abort when data stays unacknowledged this long (RFC 9293 §3.8.3 user timeout, RFC 5482).
+    /// Abort when data stays unacknowledged this long (RFC 9293 §3.8.3 user timeout, RFC 5482),
+    /// or when zero-window probes go unanswered this long. A peer that answers its probes
+    /// keeps its connection however long its window stays closed (unlike Linux's
+    /// `TCP_USER_TIMEOUT`, which counts the closed window's whole time); with a user timeout
+    /// the probes are at most a quarter of it apart.
     pub user_timeout: Option<Duration>,
     /// Keepalive (RFC 9293 §3.8.4); off by default.
     pub keepalive: Option<KeepaliveConfig>,

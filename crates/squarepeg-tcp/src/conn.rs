@@ -618,6 +618,10 @@ pub struct Connection {
     persist_backoff: u32,
     /// Position of an outstanding zero-window probe byte.
     zwp_seq: Option<SndPos>,
+    /// When the first zero-window probe that no ACK has answered yet was sent: with a user
+    /// timeout, probing a closed window for that long without an answer ends the connection
+    /// (a peer that answers its probes is alive, however long it keeps the window closed).
+    probe_unanswered_since: Option<Instant>,
     keepalive_sent: u32,
     /// Consecutive retransmission timeouts (also SYN / SYN-ACK retries).
     rto_count: u32,
@@ -782,6 +786,7 @@ impl Connection {
             syn_pending: true,
             rst_pending: false,
             zwp_pending: false,
+            probe_unanswered_since: None,
             keepalive_pending: false,
             last_invalid_ack: None,
             rst_reply_pending: None,
@@ -1693,7 +1698,7 @@ impl Connection {
                     self.counters.rto_wait += now.saturating_duration_since(self.rto_armed_at);
                     self.on_rto(now);
                 }
-                Timer::Persist => self.zwp_pending = true,
+                Timer::Persist => self.on_persist(now),
                 Timer::Keepalive => self.on_keepalive(now),
                 Timer::Pacing => {}
             }
@@ -1817,6 +1822,20 @@ impl Connection {
         self.timers.set(Timer::Keepalive, later(now, k.interval));
     }
 
+    /// The persist timer fired: the next zero-window probe goes out, unless the probes have
+    /// gone unanswered for the user timeout. Only unanswered probes count: Linux (5.11 and
+    /// later) counts the whole time the window stays closed against `TCP_USER_TIMEOUT`, which
+    /// also ends a connection whose peer is alive but does not read for that long.
+    fn on_persist(&mut self, now: Instant) {
+        if let (Some(limit), Some(since)) = (self.cfg.user_timeout, self.probe_unanswered_since)
+            && now.saturating_duration_since(since) >= limit
+        {
+            self.enter_closed(CloseReason::TimedOut, true);
+            return;
+        }
+        self.zwp_pending = true;
+    }
+
     /// Arms or disarms the retransmission and persist timers after sending or ACK processing.
     fn update_send_timers(&mut self, now: Instant) {
         if !self.state.is_synchronized() {
@@ -1835,11 +1854,16 @@ impl Connection {
             self.timers.cancel(Timer::LossProbe);
             if !self.timers.is_armed(Timer::Persist) && !self.zwp_pending {
                 let shift = self.persist_backoff.min(16);
-                let d = self
+                let mut d = self
                     .rtt
                     .current_rto()
                     .saturating_mul(1 << shift)
                     .min(self.cfg.max_rto);
+                if let Some(limit) = self.cfg.user_timeout {
+                    // Probes often enough that a peer gone silent is found about one user
+                    // timeout after its first unanswered probe, not a back-off later.
+                    d = d.min(limit / 4);
+                }
                 self.timers.set(Timer::Persist, later(now, d));
             }
             return;
@@ -2356,6 +2380,8 @@ impl Connection {
         ack: SndPos,
         handshake: bool,
     ) {
+        // The peer answers (a zero-window probe, among others).
+        self.probe_unanswered_since = None;
         let flight_before = self.flight();
         let advancing = ack > self.snd_una;
         let window = (seg.window as u64) << self.snd_wscale;
@@ -3352,7 +3378,7 @@ impl Connection {
             } else {
                 TcpFlags::RST
             };
-            let hdr = self.header(self.snd_nxt, flags, 0);
+            let hdr = self.header(self.empty_segment_seq(), flags, 0);
             let n = wire::write_packet(buf, &hdr, &OutOptions::default(), 0, |_| {})?;
             self.rst_pending = false;
             self.counters.packets_sent += 1;
@@ -3410,7 +3436,7 @@ impl Connection {
             return Some(n);
         }
         if self.ack_now && self.state != State::SynSent {
-            return self.send_ack(now, buf, self.snd_nxt);
+            return self.send_ack(now, buf, self.empty_segment_seq());
         }
         self.update_send_timers(now);
         None
@@ -4110,11 +4136,27 @@ impl Connection {
         };
         let repeated = start < self.snd_nxt - 1u64;
         let n = self.emit_data(now, buf, start, 1, false, &opts, repeated)?;
+        self.probe_unanswered_since.get_or_insert(now);
         self.counters.zero_window_probes += 1;
         self.trace(TraceEvent::WindowProbe);
         self.persist_backoff += 1;
         self.update_send_timers(now);
         Some(n)
+    }
+
+    /// The sequence number of a segment without data (an ACK, an abort's RST): SND.NXT
+    /// (RFC 9293 §3.10.7.4), except while a zero-window probe's byte is outstanding. That
+    /// byte lies beyond the peer's window, and a closed window accepts a segment only at
+    /// SEG.SEQ = RCV.NXT (RFC 9293 §3.10.7.4): numbered after it, an ACK is dropped unread
+    /// (Linux does), so it never answers the peer's keepalive probes — a kernel peer that
+    /// paused its reads reset the connection for want of an answer (lab test
+    /// `dead_peer_lab::userspace_tcp`). Numbered at the probe's byte, the peer's RCV.NXT, it
+    /// is accepted.
+    fn empty_segment_seq(&self) -> SndPos {
+        match self.zwp_seq {
+            Some(probe) if probe >= self.snd_una => probe,
+            _ => self.snd_nxt,
+        }
     }
 
     fn send_ack(&mut self, now: Instant, buf: &mut [u8], seq: SndPos) -> Option<usize> {

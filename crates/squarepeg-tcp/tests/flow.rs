@@ -450,3 +450,110 @@ fn window_rounding_does_not_grow_the_receive_buffer() {
     }
     assert_eq!(window, 0, "the window stays open without reads");
 }
+
+/// A client with a 2 s user timeout whose peer took 2000 bytes and closed its window, with
+/// 3000 bytes waiting: the persist timer probes.
+fn zero_window_with_user_timeout() -> (Harness, ConnectionHandle, u32) {
+    let mut cfg = ConnectionConfig::default();
+    cfg.user_timeout = Some(Duration::from_secs(2));
+    let (mut h, c, iss) = open(cfg, 1000, None, 2000);
+    h.ep.write(c, &[9u8; 5000]).unwrap();
+    assert_eq!(h.out().len(), 2);
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 2001).win(0)).unwrap();
+    h.none();
+    (h, c, iss)
+}
+
+#[test]
+fn a_zero_window_peer_that_answers_its_probes_outlives_the_user_timeout() {
+    let (mut h, c, iss) = zero_window_with_user_timeout();
+    // Ten user timeouts with the window closed, every probe answered.
+    let mut t = Duration::ZERO;
+    let mut gaps = Vec::new();
+    while t < Duration::from_secs(20) {
+        let gap = h.fire_next_timer();
+        t += gap;
+        gaps.push(gap);
+        let probe = h.out1();
+        assert_eq!((probe.seq, probe.payload.len()), (iss + 2001, 1));
+        h.inject(&h.pkt(ACK, IRS + 1, iss + 2001).win(0)).unwrap();
+        assert_eq!(h.events(), vec![], "after {t:?}");
+    }
+    // The back-off stops at a quarter of the user timeout.
+    assert!(
+        gaps.iter().all(|&g| g <= Duration::from_millis(500)),
+        "{gaps:?}"
+    );
+    assert!(gaps.ends_with(&[Duration::from_millis(500); 4]), "{gaps:?}");
+    assert!(h.ep.connection(c).unwrap().close_reason().is_none());
+    // The window opens: everything waiting flows.
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 2001).win(10_000))
+        .unwrap();
+    let rest = h.out();
+    assert_eq!(rest.iter().map(|p| p.payload.len()).sum::<usize>(), 3000);
+}
+
+#[test]
+fn a_zero_window_peer_that_stops_answering_its_probes_times_out() {
+    let (mut h, c, iss) = zero_window_with_user_timeout();
+    // Three probes answered...
+    for _ in 0..3 {
+        h.fire_next_timer();
+        h.out1();
+        h.inject(&h.pkt(ACK, IRS + 1, iss + 2001).win(0)).unwrap();
+    }
+    // ...then none.
+    let mut since_first_unanswered = None::<Duration>;
+    while h.events().is_empty() {
+        let gap = h.fire_next_timer();
+        if let Some(t) = since_first_unanswered.as_mut() {
+            *t += gap;
+        }
+        if !h.out().is_empty() && since_first_unanswered.is_none() {
+            since_first_unanswered = Some(Duration::ZERO);
+        }
+        assert!(
+            since_first_unanswered.unwrap_or_default() < Duration::from_secs(10),
+            "no timeout"
+        );
+    }
+    let silent = since_first_unanswered.expect("a probe went out");
+    // One user timeout after the first unanswered probe, within a probe interval.
+    assert!(
+        silent >= Duration::from_secs(2) && silent <= Duration::from_millis(2500),
+        "{silent:?}"
+    );
+    assert_eq!(
+        h.ep.connection(c).unwrap().close_reason(),
+        Some(CloseReason::TimedOut)
+    );
+}
+
+/// While a zero-window probe's byte is outstanding, a segment without data is numbered at
+/// that byte (the peer's RCV.NXT), not after it: a closed window accepts nothing else, and a
+/// Linux peer drops it unread (its keepalive then counts our answers as missing).
+#[test]
+fn acks_behind_a_zero_window_probe_are_numbered_at_the_probe() {
+    let (mut h, _c, iss) = zero_window_with_user_timeout();
+    h.fire_next_timer();
+    let probe = h.out1();
+    assert_eq!((probe.seq, probe.payload.len()), (iss + 2001, 1));
+    // The peer drops the byte; it sends data of its own, which we acknowledge.
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 2001).win(0).data(b"ping"))
+        .unwrap();
+    let mut out = h.out();
+    if out.is_empty() {
+        // A delayed ACK.
+        assert!(h.fire_next_timer() < Duration::from_millis(500));
+        out = h.out();
+    }
+    assert_eq!(out.len(), 1, "{out:?}");
+    let ack = &out[0];
+    assert_eq!((ack.ack, ack.payload.len()), (IRS + 5, 0));
+    assert_eq!(ack.seq, iss + 2001);
+    // The same for a keepalive probe of the peer's (SEG.SEQ = its SND.NXT - 1).
+    // Below the window: refused, and answered with an ACK (RFC 9293 §3.10.7.4).
+    assert!(h.inject(&h.pkt(ACK, IRS + 4, iss + 2001).win(0)).is_err());
+    let answer = h.out1();
+    assert_eq!((answer.seq, answer.ack), (iss + 2001, IRS + 5));
+}

@@ -90,17 +90,19 @@ pub struct ConnectionConfig {
     /// what their busiest moment needed (`ConnectionStats::buffer_bytes`). The next bytes
     /// allocate again. `None`: never.
     pub release_idle_after: Option<Duration>,
-    /// Over kernel TCP: when the peer stops answering — a path that blackholes, a NAT or
-    /// firewall that forgot the connection, a host that vanished — the connection fails
-    /// with `TransportError::TimedOut` about this long after (an application otherwise
-    /// waits for ever on an idle connection, and about 15 minutes for data to be
-    /// acknowledged). The kernel checks an idle connection with keepalive probes (the first
-    /// after a third of it, then every sixth; an answering peer keeps it open, and the
-    /// probes keep NAT mappings alive); data sent and not acknowledged for this long ends
-    /// it too (the driver reads `TCP_INFO`). A peer that answers but keeps its window
-    /// closed (its application does not read) is alive: its connection stays. At least
-    /// 1 s; `None`: the system's defaults. A multipath session's own detection
-    /// (`MultipathOptions`) is faster.
+    /// When the peer stops answering — a path that blackholes, a NAT or firewall that
+    /// forgot the connection, a host that vanished — the connection fails with
+    /// `TransportError::TimedOut` about this long after (an application otherwise waits for
+    /// ever on an idle connection, and about 15 minutes for data to be acknowledged). An
+    /// idle connection is checked with keepalive probes (the first after a third of it, then
+    /// every sixth; an answering peer keeps it open, and the probes keep NAT mappings
+    /// alive); data sent and not acknowledged for this long ends it too (over kernel TCP
+    /// the driver reads `TCP_INFO`; the userspace TCP takes it as its user timeout). A peer
+    /// that answers but keeps its window closed (its application does not read) is alive:
+    /// its connection stays — over the userspace TCP also one that stops answering its
+    /// zero-window probes is found (over kernel TCP that is left to the kernel's persist
+    /// timer). At least 1 s; `None`: the system's (or the userspace stack's) defaults. A
+    /// multipath session's own detection (`MultipathOptions`) is faster.
     pub dead_peer_timeout: Option<Duration>,
 }
 

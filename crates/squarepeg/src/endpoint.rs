@@ -99,8 +99,9 @@ impl Endpoint {
 
     /// Listens on `addr` over the userspace TCP of `stack` (an unspecified address listens on
     /// its port at every address of the stack). Connections use the stack's default TCP
-    /// configuration ([`squarepeg_io::StackConfig::connection`]) with the uTCP options on;
-    /// see the crate docs, "Over the userspace TCP".
+    /// configuration ([`squarepeg_io::StackConfig::connection`]) with the uTCP options on
+    /// and [`ConnectionConfig::dead_peer_timeout`] as its user timeout and keepalive; see
+    /// the crate docs, "Over the userspace TCP".
     #[cfg(feature = "utcp")]
     pub fn listen_utcp(
         stack: &squarepeg_io::Stack,
@@ -108,8 +109,7 @@ impl Endpoint {
         config: ConnectionConfig,
     ) -> Result<Self, ConnectError> {
         config.check(Role::Server)?;
-        let (listener, window) =
-            crate::utcp::listen(stack, addr, config.inconsistent_retransmissions)?;
+        let (listener, window) = crate::utcp::listen(stack, addr, &config)?;
         Ok(Self {
             listener: Listener::Utcp { listener, window },
             config,

@@ -7,7 +7,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use squarepeg_connection::{
@@ -27,11 +27,37 @@ use crate::endpoint::ConnectError;
 
 /// The TCP configuration of a squarepeg connection over `stack`: the stack's defaults with
 /// the uTCP options on (unordered receive, message writes, consistent segmentation, and,
-/// with `inconsistent`, the uCOBS padder for inconsistent retransmissions).
-pub(crate) fn tcp_config(stack: &Stack, inconsistent: bool) -> squarepeg_tcp::ConnectionConfig {
+/// with `inconsistent_retransmissions`, the uCOBS padder for inconsistent retransmissions),
+/// and `dead_peer_timeout` as the TCP's user timeout and keepalive.
+pub(crate) fn tcp_config(
+    stack: &Stack,
+    config: &ConnectionConfig,
+) -> squarepeg_tcp::ConnectionConfig {
     let base = stack.connection_config();
     let window = base.recv_buffer;
-    core_tcp_config(base, Substrate::utcp(window), inconsistent)
+    let mut tcp = core_tcp_config(
+        base,
+        Substrate::utcp(window),
+        config.inconsistent_retransmissions,
+    );
+    if let Some(timeout) = config.dead_peer_timeout {
+        set_dead_peer_timeout(&mut tcp, timeout);
+    }
+    tcp
+}
+
+/// `ConnectionConfig::dead_peer_timeout` on the userspace TCP: as over kernel TCP
+/// (`kernel::set_dead_peer_timeout`), keepalive probes for a connection with nothing
+/// outstanding (the first after a third of `timeout`, then every sixth, failing after the
+/// last), and data unacknowledged for `timeout` ends it (the user timeout, RFC 9293 §3.8.3).
+/// Here the user timeout can be used: this TCP counts only unanswered zero-window probes
+/// against it, so a live peer that keeps its window closed keeps its connection.
+fn set_dead_peer_timeout(tcp: &mut squarepeg_tcp::ConnectionConfig, timeout: Duration) {
+    const PROBES: u32 = 4;
+    let idle = timeout / 3;
+    let interval = (timeout - idle) / PROBES;
+    tcp.user_timeout = Some(timeout);
+    tcp.keepalive = Some(squarepeg_tcp::KeepaliveConfig::new(idle, interval, PROBES));
 }
 
 struct UtcpWire {
@@ -169,9 +195,9 @@ fn start_core(
 pub(crate) fn listen(
     stack: &Stack,
     addr: SocketAddr,
-    inconsistent: bool,
+    config: &ConnectionConfig,
 ) -> io::Result<(squarepeg_io::TcpListener, usize)> {
-    let tcp = tcp_config(stack, inconsistent);
+    let tcp = tcp_config(stack, config);
     let window = tcp.recv_buffer;
     let addrs: Vec<SocketAddr> = if addr.ip().is_unspecified() {
         stack
@@ -189,9 +215,9 @@ pub(crate) fn listen(
 pub(crate) async fn connect(
     stack: &Stack,
     addr: SocketAddr,
-    inconsistent: bool,
+    config: &ConnectionConfig,
 ) -> io::Result<(TcpStream, usize)> {
-    let tcp = tcp_config(stack, inconsistent);
+    let tcp = tcp_config(stack, config);
     let window = tcp.recv_buffer;
     Ok((stack.connect_with(addr, tcp).await?, window))
 }
@@ -207,7 +233,7 @@ pub(crate) async fn connect_fast_open(
     config: ConnectionConfig,
     messages: Vec<(Bytes, MessageProps)>,
 ) -> Result<(Connection, Vec<MessageNumber>), ConnectError> {
-    let tcp = tcp_config(stack, config.inconsistent_retransmissions);
+    let tcp = tcp_config(stack, &config);
     let window = tcp.recv_buffer;
     let mut core = SingleCore::new(Role::Client, config.core_config(), Substrate::utcp(window))?;
     let now = Instant::now();
@@ -234,7 +260,7 @@ pub(crate) async fn connect_with_messages(
     config: ConnectionConfig,
     messages: Vec<(Bytes, MessageProps)>,
 ) -> Result<(Connection, Vec<MessageNumber>), ConnectError> {
-    let (stream, window) = connect(stack, addr, config.inconsistent_retransmissions)
+    let (stream, window) = connect(stack, addr, &config)
         .await
         .map_err(crate::endpoint::connect_error)?;
     let mut core = SingleCore::new(Role::Client, config.core_config(), Substrate::utcp(window))?;
