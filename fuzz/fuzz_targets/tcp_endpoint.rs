@@ -9,7 +9,8 @@
 //! window-scale / SACK-permitted / timestamp options, SACK blocks, raw option bytes and
 //! payload (of any length, or the window the server last offered less a few bytes), from the
 //! connection's port or another one (a SYN storm); raw bytes as an IP packet or as a TCP
-//! header and payload in a valid IP packet; time advances (timers run); the application's
+//! header and payload in a valid IP packet; ICMP "fragmentation needed" errors quoting the
+//! connection's segments, with any MTU; time advances (timers run); the application's
 //! writes, messages, reads, unordered reads, shutdown, close and abort.
 //!
 //! After every operation (and every packet the server sends is read back):
@@ -155,6 +156,13 @@ enum Op {
         conn: u8,
     },
     Unlisten,
+    /// An ICMP "fragmentation needed" from a router on the path, quoting a segment of the
+    /// server's on the connection numbered `behind` below the highest it sent, with a next-hop
+    /// MTU of `mtu` (anything, zero included).
+    PacketTooBig {
+        mtu: u16,
+        behind: u16,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -265,6 +273,33 @@ fn fold(mut acc: u64) -> u16 {
         acc = (acc & 0xffff) + (acc >> 16);
     }
     !(acc as u16)
+}
+
+/// An ICMP "fragmentation needed" (RFC 1191 §4) from a router to the server, with next-hop
+/// MTU `mtu`, quoting the IP header and first 8 bytes of a segment the server sent to the
+/// client's `port` numbered `seq`.
+fn packet_too_big(mtu: u16, port: u16, seq: u32) -> Vec<u8> {
+    let mut quoted = vec![0x45, 0, 0x05, 0xdc, 0, 0, 0x40, 0, 64, 6, 0, 0];
+    quoted.extend_from_slice(&SERVER_IP.octets());
+    quoted.extend_from_slice(&CLIENT_IP.octets());
+    let c = fold(checksum(0, &quoted));
+    quoted[10..12].copy_from_slice(&c.to_be_bytes());
+    quoted.extend_from_slice(&SERVER_PORT.to_be_bytes());
+    quoted.extend_from_slice(&port.to_be_bytes());
+    quoted.extend_from_slice(&seq.to_be_bytes());
+    let mut icmp = vec![3, 4, 0, 0, 0, 0];
+    icmp.extend_from_slice(&mtu.to_be_bytes());
+    icmp.extend_from_slice(&quoted);
+    let c = fold(checksum(0, &icmp));
+    icmp[2..4].copy_from_slice(&c.to_be_bytes());
+    let total = 20 + icmp.len();
+    let mut p = vec![0x45, 0, (total >> 8) as u8, total as u8, 0, 0, 0, 0, 64, 1, 0, 0];
+    p.extend_from_slice(&[10, 0, 0, 254]);
+    p.extend_from_slice(&SERVER_IP.octets());
+    let c = fold(checksum(0, &p));
+    p[10..12].copy_from_slice(&c.to_be_bytes());
+    p.extend_from_slice(&icmp);
+    p
 }
 
 /// An IPv4 packet from `src_port` of the client to the server around `tcp` (header and
@@ -765,6 +800,12 @@ fuzz_target!(|input: Input| {
         match op {
             Op::Segment(seg) => run.segment(seg),
             Op::RawIp(bytes) => run.send(bytes),
+            Op::PacketTooBig { mtu, behind } => {
+                let seq = run.peer.server_high.wrapping_sub(u32::from(*behind));
+                let p = packet_too_big(*mtu, run.peer.port, seq);
+                let _ = run.ep.handle_packet(run.now, &p);
+                run.step();
+            }
             Op::RawTcp(bytes) => {
                 let mut t = bytes.clone();
                 if t.len() >= 4 {

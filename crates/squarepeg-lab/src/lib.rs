@@ -19,7 +19,7 @@
 //! | [`model`] | the link impairment model: [`model::LinkConfig`] (serde, builder, and the compact spec `delay=35ms rate=8mbit loss=0.1% …`), [`model::LinkDirection`] (offer a packet, get its arrival time(s) or drop reason), counters, presets |
 //! | [`sim`] | the deterministic simulator: sans-IO [`sim::Host`]s on a dumbbell around one bottleneck, virtual time, livelock detection, trace hooks, pcap taps; the [`sim::UdpHost`] test and VoIP reference host |
 //! | [`net`] | the real network: [`net::Topology`] (client, emulator and server namespaces, veths, IPv4 and IPv6), [`net::Emulator`] (the real-time engine, statistics as JSON, captures), [`net::Lab`] (both behind one guard; used by tests and `peg lab`) |
-//! | [`middlebox`] | path transforms after Honda et al.'s TCPExposure study: re-segmentation, retransmission cache, option stripping, sequence-number and window rewriting; [`middlebox::MiddleboxChain`]; [`middlebox::parse_middleboxes`] for command lines |
+//! | [`middlebox`] | path transforms after Honda et al.'s TCPExposure study: re-segmentation, retransmission cache, option stripping, sequence-number and window rewriting; a narrower path MTU with or without its ICMP errors ([`middlebox::PathMtu`]); [`middlebox::MiddleboxChain`]; [`middlebox::parse_middleboxes`] for command lines |
 //! | [`pcap`] | classic pcap (LINKTYPE_RAW) writer and reader |
 //! | [`packet`], [`checksum`] | IP header facts and the Internet checksum, full and incremental |
 //! | [`units`] | exact parsing and printing of durations, rates, sizes and percentages |

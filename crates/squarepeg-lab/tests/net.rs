@@ -708,6 +708,84 @@ fn window_rewriting_caps_the_advertised_window_and_tcp_still_works() {
     assert!(stats.client_side_middleboxes["window_segments_rewritten"] > 0);
 }
 
+/// The IP packets of a capture, whole.
+fn packets(pcap: &Path) -> Vec<Vec<u8>> {
+    let bytes = std::fs::read(pcap).expect("read capture");
+    let file = read_pcap(&bytes).expect("parse capture");
+    file.records.into_iter().map(|r| r.data).collect()
+}
+
+#[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
+fn a_narrower_link_answers_with_icmp_and_kernel_tcp_finds_the_path_mtu() {
+    if !can_run("a_narrower_link_answers_with_icmp_and_kernel_tcp_finds_the_path_mtu") {
+        return;
+    }
+    let _lock = lab_lock();
+    let dir = TempDir::new("mtu");
+    // The veths carry 1500 bytes; a link of 1400 sits between the client and the bottleneck.
+    let lab = middlebox_lab("mtu", "mtu=1400", &dir);
+    let addresses = *lab.addresses();
+    let payload = data(200_000, 7);
+    let digest_v4 = tcp_transfer(&lab, false, 7016, &payload);
+    let digest_v6 = tcp_transfer(&lab, true, 7017, &payload);
+    let stats = finish(lab);
+    let expected = <[u8; 32]>::from(Sha256::digest(&payload));
+    assert_eq!(digest_v4, expected, "IPv4 stream");
+    assert_eq!(digest_v6, expected, "IPv6 stream");
+
+    let before = packets(&capture_path(&dir.0, CaptureSide::Client));
+    let after = packets(&capture_path(&dir.0, CaptureSide::Server));
+    let largest = |packets: &[Vec<u8>]| packets.iter().map(Vec::len).max().unwrap_or(0);
+    // The client starts at its interface's MTU; nothing longer than 1400 crosses.
+    assert!(largest(&before) > 1400, "largest sent {}", largest(&before));
+    assert!(
+        largest(&after) <= 1400,
+        "largest arrived {}",
+        largest(&after)
+    );
+    // The errors reach the client, from the server's address, with the link's MTU.
+    let mut frag_needed = 0;
+    let mut too_big = 0;
+    for packet in &before {
+        let Ok(sliced) = SlicedPacket::from_ip(packet) else {
+            continue;
+        };
+        match (&sliced.net, &sliced.transport) {
+            (Some(NetSlice::Ipv4(ip)), Some(TransportSlice::Icmpv4(icmp))) => {
+                assert_eq!((icmp.type_u8(), icmp.code_u8()), (3, 4));
+                assert_eq!(icmp.bytes5to8()[2..], 1400u16.to_be_bytes());
+                assert_eq!(ip.header().source_addr(), addresses.server_v4);
+                assert_eq!(ip.header().destination_addr(), addresses.client_v4);
+                frag_needed += 1;
+            }
+            (Some(NetSlice::Ipv6(ip)), Some(TransportSlice::Icmpv6(icmp)))
+                if icmp.type_u8() == 2 =>
+            {
+                assert_eq!(icmp.bytes5to8(), 1400u32.to_be_bytes());
+                assert!(icmp.is_checksum_valid(
+                    ip.header().source_addr().octets(),
+                    ip.header().destination_addr().octets()
+                ));
+                assert_eq!(ip.header().source_addr(), addresses.server_v6);
+                too_big += 1;
+            }
+            _ => {}
+        }
+    }
+    let counters = &stats.client_side_middleboxes;
+    eprintln!(
+        "mtu=1400: sent up to {} bytes, arrived up to {}; {frag_needed} Fragmentation Needed, \
+         {too_big} Packet Too Big; counters {counters:?}",
+        largest(&before),
+        largest(&after)
+    );
+    assert!(frag_needed > 0 && too_big > 0);
+    assert_eq!(counters["mtu_icmp_sent"], frag_needed + too_big);
+    assert_eq!(counters["mtu_dropped_too_big"], counters["mtu_icmp_sent"]);
+    assert_eq!(counters["mtu_dropped_fragmentable"], 0);
+}
+
 #[test]
 #[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn retransmission_cache_restores_original_bytes_and_tcp_still_works() {

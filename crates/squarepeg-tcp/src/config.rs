@@ -57,6 +57,12 @@ pub struct ConnectionConfig {
     /// Smallest peer MSS accepted; smaller values are clamped up (Linux `tcp_min_snd_mss`,
     /// against the tiny-MSS resource attack, CVE-2019-11479).
     pub min_mss: u16,
+    /// The send MSS after a path MTU black hole is suspected — three retransmission
+    /// timeouts in a row with larger segments outstanding (RFC 8899 §4.3; Linux
+    /// `tcp_base_mss` with `tcp_mtu_probing` = 1; over IPv6 at least 1220, what the
+    /// 1280-byte minimum MTU carries). `None`: no black-hole detection. ICMP "packet too big"
+    /// errors lower the MSS in any case (RFC 1191, RFC 8201).
+    pub base_mss: Option<u16>,
     /// Send buffer limit in bytes (queued, unsent plus unacknowledged).
     pub send_buffer: usize,
     /// Receive buffer limit in bytes: in-order unread plus out-of-order data. The advertised
@@ -199,6 +205,7 @@ impl Default for ConnectionConfig {
             mtu: 1500,
             mss: None,
             min_mss: 64,
+            base_mss: Some(1024),
             send_buffer: 4 << 20,
             recv_buffer: 4 << 20,
             max_ooo_ranges: 512,

@@ -139,6 +139,10 @@ pub struct ConnectionStats {
     pub recv_window: u64,
     pub send_window: u64,
     pub zero_window_probes: u64,
+    /// Times an ICMP "packet too big" lowered the send MSS (RFC 1191, RFC 8201), and times
+    /// timeouts of full-sized segments did (black-hole detection, RFC 8899 §4.3).
+    pub path_mtu_reductions: u64,
+    pub path_mtu_black_holes: u64,
     /// Tail loss probes sent (RFC 8985 §7), and those that repaired a loss.
     pub tail_loss_probes: u64,
     pub tail_loss_repairs: u64,
@@ -187,6 +191,8 @@ struct Counters {
     packets_received: u64,
     bytes_received: u64,
     zero_window_probes: u64,
+    path_mtu_reductions: u64,
+    path_mtu_black_holes: u64,
     keepalive_probes: u64,
     challenge_acks: u64,
     paws_rejected: u64,
@@ -977,6 +983,69 @@ impl Connection {
         self.cc.set_mss(self.effective_mss() as u64);
     }
 
+    /// An ICMP "packet too big" quoting our segment numbered `seq` (the wire value): a link
+    /// on the path carries packets of at most `mtu` bytes (RFC 1191 §6, RFC 8201 §4). It is
+    /// believed only if `seq` is in flight (RFC 5927 §4.1: an attacker must guess the window
+    /// to shrink our segments); the send MSS then drops to what fits — never below a floor,
+    /// 552 bytes for IPv4 (Linux's `min_pmtu`, against forged tiny MTUs) and 1280 for IPv6
+    /// (RFC 8201 §4) — and the segments in flight that no longer fit, which the link
+    /// dropped, are retransmitted cut to size. Not a congestion signal: the window stays
+    /// (as Linux's `tcp_simple_retransmit`). Returns whether the error was believed.
+    pub(crate) fn on_packet_too_big(&mut self, now: Instant, mtu: u32, seq: u32) -> bool {
+        if !self.state.is_synchronized() || self.state == State::TimeWait {
+            return false;
+        }
+        let quoted = self.snd_pos(seq);
+        if quoted < self.snd_una || quoted >= self.snd_nxt {
+            return false;
+        }
+        let floor = if self.local.is_ipv6() { 1280 } else { 552 };
+        let overhead = (wire::ip_header_len(&self.local) + wire::TCP_HEADER) as u32;
+        let mss = (mtu.clamp(floor, u32::from(u16::MAX)) - overhead)
+            .max(u32::from(self.cfg.min_mss)) as u16;
+        if mss >= self.snd_mss {
+            return true;
+        }
+        tracing::debug!(local = %self.local, remote = %self.remote, mtu, mss, "path MTU lowered");
+        self.snd_mss = mss;
+        self.cc.set_mss(self.effective_mss() as u64);
+        self.counters.path_mtu_reductions += 1;
+        self.sb.mark_larger_lost(self.effective_mss() as u64);
+        self.update_send_timers(now);
+        true
+    }
+
+    /// After a retransmission timeout (`rto_count` counts it): black-hole detection (RFC
+    /// 8899 §4.3, as Linux with `tcp_mtu_probing` = 1). A link that drops full-sized packets
+    /// without an ICMP error — ICMP filtered on the way back, common on the corporate paths
+    /// and VPNs squarepeg is for — looks like a path that lost everything: the third timeout
+    /// in a row with a segment larger than [`ConnectionConfig::base_mss`] outstanding cuts
+    /// the send MSS to it (IPv6: at least the 1280-byte minimum MTU's), for the rest of the
+    /// connection (no probing back up). A path that only lost three times in a row keeps
+    /// working with smaller segments.
+    fn detect_mtu_black_hole(&mut self) {
+        let Some(base) = self.cfg.base_mss else {
+            return;
+        };
+        let base = if self.local.is_ipv6() {
+            base.max(1280 - 60)
+        } else {
+            base
+        };
+        if self.rto_count != 3 || self.snd_mss <= base {
+            return;
+        }
+        // Payloads at the base size (the options every segment carries come off it).
+        let options = u64::from(self.snd_mss) - self.effective_mss() as u64;
+        if self.sb.largest_payload() <= u64::from(base).saturating_sub(options) {
+            return;
+        }
+        tracing::debug!(local = %self.local, remote = %self.remote, mss = base, "path MTU black hole");
+        self.snd_mss = base.max(self.cfg.min_mss);
+        self.cc.set_mss(self.effective_mss() as u64);
+        self.counters.path_mtu_black_holes += 1;
+    }
+
     /// Largest payload our own MTU allows.
     fn local_mss_limit(&self) -> u16 {
         let ip_overhead = wire::ip_header_len(&self.local) as u16 + wire::TCP_HEADER as u16;
@@ -1095,6 +1164,8 @@ impl Connection {
             recv_window: self.rcv_adv.saturating_sub(self.rcv_nxt),
             send_window: self.snd_wnd,
             zero_window_probes: self.counters.zero_window_probes,
+            path_mtu_reductions: self.counters.path_mtu_reductions,
+            path_mtu_black_holes: self.counters.path_mtu_black_holes,
             tail_loss_probes: self.counters.tail_loss_probes,
             tail_loss_repairs: self.counters.tail_loss_repairs,
             keepalive_probes: self.counters.keepalive_probes,
@@ -1778,6 +1849,7 @@ impl Connection {
                     backoff: self.rto_count,
                 });
                 self.sb.mark_all_lost();
+                self.detect_mtu_black_hole();
                 self.recovery = None;
                 self.reno_inflation = 0;
                 self.dupacks = 0;

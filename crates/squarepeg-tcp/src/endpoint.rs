@@ -80,6 +80,10 @@ pub struct EndpointStats {
     pub memory_limited_writes: u64,
     /// Times the total rose above the pressure threshold.
     pub memory_pressure_events: u64,
+    /// ICMP "packet too big" errors believed (each lowered a connection's send MSS or found
+    /// it low enough already); those not believed are dropped as
+    /// [`DropReason::IcmpIgnored`].
+    pub packet_too_big_believed: u64,
 }
 
 /// TCP Fast Open counters (RFC 7413) of an endpoint.
@@ -1216,7 +1220,11 @@ impl Endpoint {
     }
 
     fn handle_packet_inner(&mut self, now: Instant, packet: &[u8]) -> Result<(), DropReason> {
-        let seg = wire::parse_packet(packet, self.config.verify_checksums)?;
+        let seg = match wire::parse_packet(packet, self.config.verify_checksums) {
+            Ok(seg) => seg,
+            Err(DropReason::NotTcp) => return self.handle_icmp(now, packet),
+            Err(e) => return Err(e),
+        };
         if seg.src.port() == 0
             || seg.dst.port() == 0
             || is_non_unicast(&seg.src.ip())
@@ -1275,6 +1283,34 @@ impl Endpoint {
                 Err(DropReason::NoConnection)
             }
         }
+    }
+
+    /// A packet that is not TCP: an ICMP "packet too big" for one of our connections lowers
+    /// its send MSS (path MTU discovery, RFC 1191, RFC 8201); anything else is dropped. Without
+    /// this, a path whose MTU is below both ends' (a tunnel, PPPoE) drops every full-sized
+    /// segment (they carry DF), and the connection stalls for good.
+    fn handle_icmp(&mut self, now: Instant, packet: &[u8]) -> Result<(), DropReason> {
+        let Some(ptb) = wire::parse_packet_too_big(packet, self.config.verify_checksums) else {
+            return Err(DropReason::NotTcp);
+        };
+        if !self.config.local_addresses.is_empty()
+            && !self.config.local_addresses.contains(&ptb.local.ip())
+        {
+            return Err(DropReason::NotLocal);
+        }
+        let Some(&idx) = self.table.get(&(ptb.local, ptb.remote)) else {
+            return Err(DropReason::IcmpIgnored);
+        };
+        let Some(conn) = self.slots[idx as usize].conn.as_mut() else {
+            return Err(DropReason::IcmpIgnored);
+        };
+        if !conn.on_packet_too_big(now, ptb.mtu, ptb.seq) {
+            return Err(DropReason::IcmpIgnored);
+        }
+        self.stats.packet_too_big_believed += 1;
+        self.mark_ready(idx);
+        self.after_op(idx);
+        Ok(())
     }
 
     /// A SYN for a 4-tuple in TIME-WAIT may start a new incarnation when its timestamp (or,

@@ -61,11 +61,13 @@ pub enum DropReason {
     OutOfOrderQueueFull,
     #[error("destination is not one of the endpoint's addresses")]
     NotLocal,
+    #[error("ICMP error not believed (no such connection, or it quotes nothing in flight)")]
+    IcmpIgnored,
 }
 
 impl DropReason {
     /// All reasons, in counter order.
-    pub const ALL: [DropReason; 27] = [
+    pub const ALL: [DropReason; 28] = [
         DropReason::Truncated,
         DropReason::UnsupportedIpVersion,
         DropReason::BadIpHeader,
@@ -93,6 +95,7 @@ impl DropReason {
         DropReason::NoAck,
         DropReason::OutOfOrderQueueFull,
         DropReason::NotLocal,
+        DropReason::IcmpIgnored,
     ];
 
     pub(crate) fn index(self) -> usize {

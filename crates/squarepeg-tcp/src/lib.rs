@@ -107,9 +107,17 @@
 //! `net.ipv4.tcp_tw_reuse` (timestamps, and at least a second since the last one), and a
 //! server takes a new SYN into a TIME-WAIT 4-tuple with the same timestamp rule as here.
 //!
+//! Path MTU: an ICMP "packet too big" (RFC 1191, RFC 8201) quoting a segment in flight
+//! (RFC 5927 §4.1) lowers the send MSS, never below 552 bytes of IPv4 MTU (Linux's
+//! `min_pmtu`) or IPv6's 1280, and the segments in flight that no longer fit are sent again
+//! cut to size, without a congestion response; where ICMP is filtered, the third
+//! retransmission timeout in a row with larger segments outstanding cuts the MSS to
+//! [`ConnectionConfig::base_mss`] (black-hole detection, RFC 8899 §4.3, Linux's
+//! `tcp_mtu_probing` = 1). The MSS never grows back (no probing, RFC 8899's search).
+//!
 //! Not implemented (yet): PRR, HyStart++, F-RTO, undo of spurious fast retransmits, ECN,
-//! urgent data (URG is ignored and data delivered inline, RFC 6093), path MTU
-//! discovery / ICMP, receive buffer auto-tuning, pacing (other than Careful Resume's jump) and
+//! urgent data (URG is ignored and data delivered inline, RFC 6093), path MTU probing
+//! upwards, receive buffer auto-tuning, pacing (other than Careful Resume's jump) and
 //! segmentation offloads.
 //!
 //! ```

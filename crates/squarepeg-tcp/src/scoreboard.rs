@@ -437,6 +437,40 @@ impl Scoreboard {
         }
     }
 
+    /// The largest payload outstanding.
+    pub fn largest_payload(&self) -> u64 {
+        self.segs
+            .iter()
+            .map(|s| s.len() - s.fin as u64)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Marks lost every outstanding segment whose payload exceeds `max_payload` (a link on
+    /// the path said it was too big: RFC 1191 §6.4, as Linux's `tcp_simple_retransmit`), so
+    /// that it is retransmitted, cut to the new size. Returns how many were marked.
+    pub fn mark_larger_lost(&mut self, max_payload: u64) -> u64 {
+        let mut marked = 0;
+        for seg in &mut self.segs {
+            let len = seg.end - seg.start;
+            if seg.sacked || len - seg.fin as u64 <= max_payload {
+                continue;
+            }
+            if !seg.lost {
+                seg.lost = true;
+                self.lost_bytes += len;
+                self.lost_segs += 1;
+                marked += 1;
+            }
+            if seg.retrans_out {
+                seg.retrans_out = false;
+                self.retrans_out_bytes -= len;
+                self.retrans_out_segs -= 1;
+            }
+        }
+        marked
+    }
+
     /// After a retransmission timeout everything outstanding is presumed lost, and SACK
     /// information is discarded (RFC 2018 §8: the receiver may have reneged).
     pub fn mark_all_lost(&mut self) {

@@ -410,6 +410,133 @@ fn parse_tcp(
     })
 }
 
+const PROTO_ICMP: u8 = 1;
+const PROTO_ICMPV6: u8 = 58;
+
+/// An ICMP error saying one of our TCP segments was too big for a link on the path (RFC 1191
+/// §4 "fragmentation needed and DF set", RFC 8201 §4 ICMPv6 Packet Too Big): the MTU it
+/// reports and the fields of the segment it quotes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PacketTooBig {
+    /// The next hop's MTU (for an old router that left the field zero, the RFC 1191 §7
+    /// plateau below the quoted packet's length).
+    pub mtu: u32,
+    /// The quoted segment's source (this end) and destination (the peer).
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    /// The quoted segment's sequence number (RFC 5927 §4.1: checked against what is in
+    /// flight before the error is believed).
+    pub seq: u32,
+}
+
+/// RFC 1191 §7's MTU plateaus, for errors without a next-hop MTU.
+const MTU_PLATEAUS: [u32; 10] = [32000, 17914, 8166, 4352, 2002, 1492, 1006, 508, 296, 68];
+
+/// Parses an ICMP or ICMPv6 "packet too big" error quoting a TCP segment sent from the
+/// error's destination; `None` for anything else (other ICMP, malformed or truncated
+/// quotes, bad checksums with `verify_checksum`).
+pub(crate) fn parse_packet_too_big(packet: &[u8], verify_checksum: bool) -> Option<PacketTooBig> {
+    match packet.first()? >> 4 {
+        4 => parse_icmpv4_too_big(packet, verify_checksum),
+        6 => parse_icmpv6_too_big(packet, verify_checksum),
+        _ => None,
+    }
+}
+
+fn parse_icmpv4_too_big(packet: &[u8], verify_checksum: bool) -> Option<PacketTooBig> {
+    let ihl = ((packet.first()? & 0x0f) as usize) * 4;
+    let total = u16::from_be_bytes([*packet.get(2)?, *packet.get(3)?]) as usize;
+    if ihl < IPV4_HEADER || total < ihl || total > packet.len() || packet[9] != PROTO_ICMP {
+        return None;
+    }
+    let frag = u16::from_be_bytes([packet[6], packet[7]]);
+    if frag & 0x2000 != 0 || frag & 0x1fff != 0 {
+        return None;
+    }
+    if verify_checksum && checksum_fold(sum_bytes(0, &packet[..ihl])) != 0 {
+        return None;
+    }
+    let icmp = &packet[ihl..total];
+    // Type 3 (destination unreachable), code 4 (fragmentation needed and DF set).
+    if icmp.len() < 8 || icmp[0] != 3 || icmp[1] != 4 {
+        return None;
+    }
+    if verify_checksum && checksum_fold(sum_bytes(0, icmp)) != 0 {
+        return None;
+    }
+    let quoted = &icmp[8..];
+    let inner_ihl = ((quoted.first()? & 0x0f) as usize) * 4;
+    if quoted[0] >> 4 != 4
+        || inner_ihl < IPV4_HEADER
+        || quoted.len() < inner_ihl + 8
+        || quoted[9] != PROTO_TCP
+    {
+        return None;
+    }
+    let inner_src = Ipv4Addr::new(quoted[12], quoted[13], quoted[14], quoted[15]);
+    let inner_dst = Ipv4Addr::new(quoted[16], quoted[17], quoted[18], quoted[19]);
+    let outer_dst = Ipv4Addr::new(packet[16], packet[17], packet[18], packet[19]);
+    if outer_dst != inner_src {
+        return None;
+    }
+    let mtu = match u16::from_be_bytes([icmp[6], icmp[7]]) {
+        0 => {
+            let quoted_len = u32::from(u16::from_be_bytes([quoted[2], quoted[3]]));
+            *MTU_PLATEAUS.iter().find(|&&p| p < quoted_len)?
+        }
+        m => u32::from(m),
+    };
+    let tcp = &quoted[inner_ihl..];
+    Some(PacketTooBig {
+        mtu,
+        local: SocketAddr::new(IpAddr::V4(inner_src), u16::from_be_bytes([tcp[0], tcp[1]])),
+        remote: SocketAddr::new(IpAddr::V4(inner_dst), u16::from_be_bytes([tcp[2], tcp[3]])),
+        seq: u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]),
+    })
+}
+
+fn parse_icmpv6_too_big(packet: &[u8], verify_checksum: bool) -> Option<PacketTooBig> {
+    if packet.len() < IPV6_HEADER || packet[6] != PROTO_ICMPV6 {
+        return None;
+    }
+    let payload_len = u16::from_be_bytes([packet[4], packet[5]]) as usize;
+    let icmp = packet.get(IPV6_HEADER..IPV6_HEADER + payload_len)?;
+    // Type 2 (packet too big), code 0.
+    if icmp.len() < 8 || icmp[0] != 2 || icmp[1] != 0 {
+        return None;
+    }
+    let addr = |b: &[u8]| -> Ipv6Addr {
+        let mut a = [0u8; 16];
+        a.copy_from_slice(&b[..16]);
+        Ipv6Addr::from(a)
+    };
+    let (outer_src, outer_dst) = (addr(&packet[8..24]), addr(&packet[24..40]));
+    if verify_checksum {
+        // RFC 4443 §2.3: over the IPv6 pseudo-header with next header 58.
+        let mut acc = sum_bytes(0, &outer_src.octets());
+        acc = sum_bytes(acc, &outer_dst.octets());
+        acc += PROTO_ICMPV6 as u64 + icmp.len() as u64;
+        if checksum_fold(sum_bytes(acc, icmp)) != 0 {
+            return None;
+        }
+    }
+    let quoted = &icmp[8..];
+    if quoted.len() < IPV6_HEADER + 8 || quoted[0] >> 4 != 6 || quoted[6] != PROTO_TCP {
+        return None;
+    }
+    let (inner_src, inner_dst) = (addr(&quoted[8..24]), addr(&quoted[24..40]));
+    if outer_dst != inner_src {
+        return None;
+    }
+    let tcp = &quoted[IPV6_HEADER..];
+    Some(PacketTooBig {
+        mtu: u32::from_be_bytes([icmp[4], icmp[5], icmp[6], icmp[7]]),
+        local: SocketAddr::new(IpAddr::V6(inner_src), u16::from_be_bytes([tcp[0], tcp[1]])),
+        remote: SocketAddr::new(IpAddr::V6(inner_dst), u16::from_be_bytes([tcp[2], tcp[3]])),
+        seq: u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]),
+    })
+}
+
 /// Adds big-endian 16-bit words of `data` (a last odd byte padded with zero) to a
 /// ones-complement accumulator; `data` must start at an even offset of the checksummed
 /// region. Eight bytes at a time in native (little-endian) order, both 32-bit halves into a

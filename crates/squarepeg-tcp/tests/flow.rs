@@ -6,7 +6,9 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use squarepeg_tcp::{CloseReason, ConnectionConfig, ConnectionHandle, Event, KeepaliveConfig};
+use squarepeg_tcp::{
+    CloseReason, ConnectionConfig, ConnectionHandle, DropReason, Event, KeepaliveConfig,
+};
 
 const IRS: u32 = 7_000_000;
 
@@ -556,4 +558,183 @@ fn acks_behind_a_zero_window_probe_are_numbered_at_the_probe() {
     assert!(h.inject(&h.pkt(ACK, IRS + 4, iss + 2001).win(0)).is_err());
     let answer = h.out1();
     assert_eq!((answer.seq, answer.ack), (iss + 2001, IRS + 5));
+}
+
+// ------------------------------------------------------------ path MTU (RFC 1191, RFC 8201)
+
+/// A client whose peer offered MSS 1460 (no timestamps) with 10 000 bytes in flight in
+/// full-sized segments (1460 bytes over IPv4, 1440 over IPv6: our own MTU, 1500, allows no
+/// more); returns them.
+fn in_flight(local: &str, remote: &str) -> (Harness, ConnectionHandle, u32, Vec<Pkt>) {
+    let mut h = Harness::new(local, remote);
+    let c = h.connect({
+        let mut config = ConnectionConfig::default();
+        config.timestamps = false;
+        config
+    });
+    let iss = h.out1().seq;
+    h.inject(&h.pkt(SYN | ACK, IRS, iss + 1).opt(Opt::Mss(1460)))
+        .unwrap();
+    h.out();
+    h.events();
+    h.ep.write(c, &[7u8; 10_000]).unwrap();
+    let sent = h.out();
+    let (ranges, _) = coverage(&sent, iss);
+    assert_eq!(ranges, [(0, 10_000)]);
+    (h, c, iss, sent)
+}
+
+/// The stream ranges `packets` cover, merged, and their largest payload.
+fn coverage(packets: &[Pkt], iss: u32) -> (Vec<(u32, u32)>, usize) {
+    let mut ranges: Vec<(u32, u32)> = packets
+        .iter()
+        .filter(|p| !p.payload.is_empty())
+        .map(|p| (p.seq - iss - 1, p.seq - iss - 1 + p.payload.len() as u32))
+        .collect();
+    ranges.sort();
+    let mut merged: Vec<(u32, u32)> = Vec::new();
+    for (s, e) in ranges {
+        match merged.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => merged.push((s, e)),
+        }
+    }
+    let largest = packets.iter().map(|p| p.payload.len()).max().unwrap_or(0);
+    (merged, largest)
+}
+
+#[test]
+fn a_packet_too_big_cuts_the_segments_in_flight_to_the_path_mtu() {
+    let (mut h, c, iss, sent) = in_flight("192.0.2.1:40000", "198.51.100.7:80");
+    // A router before a 1400-byte link dropped the first segment (and, as they are as
+    // large, all the others).
+    let icmp = icmp_too_big("203.0.113.9".parse().unwrap(), 1400, &sent[0].build());
+    h.ep.handle_packet(h.now, &icmp).unwrap();
+    let again = h.out();
+    // The six 1460-byte segments again, at once, in pieces of at most 1400 - 40 bytes (not
+    // a congestion event: the window that sent them sends them again); the last, 1240
+    // bytes, passed the link.
+    let (ranges, largest) = coverage(&again, iss);
+    assert_eq!(ranges, [(0, 6 * 1460)], "{again:#?}");
+    assert_eq!(largest, 1360);
+    assert_eq!(h.ep.stats_of(c).unwrap().path_mtu_reductions, 1);
+    assert_eq!(h.ep.stats().packet_too_big_believed, 1);
+    // New data too.
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 10_001)).unwrap();
+    h.ep.write(c, &[8u8; 5000]).unwrap();
+    let (_, largest) = coverage(&h.out(), iss);
+    assert_eq!(largest, 1360);
+}
+
+#[test]
+fn a_packet_too_big_over_ipv6_and_its_floor() {
+    let (mut h, c, iss, sent) = in_flight("[2001:db8::1]:40000", "[2001:db8::7]:80");
+    // Below the IPv6 minimum MTU: 1280 (RFC 8201 §4), so 1280 - 60 bytes of payload.
+    let icmp = icmp_too_big("2001:db8::99".parse().unwrap(), 1000, &sent[2].build());
+    h.ep.handle_packet(h.now, &icmp).unwrap();
+    // Every segment was larger: all of them again.
+    let (ranges, largest) = coverage(&h.out(), iss);
+    assert_eq!(ranges, [(0, 10_000)]);
+    assert_eq!(largest, 1220);
+    assert_eq!(h.ep.stats_of(c).unwrap().path_mtu_reductions, 1);
+    // A larger MTU later changes nothing (no increase without probing).
+    let icmp = icmp_too_big("2001:db8::99".parse().unwrap(), 1500, &sent[2].build());
+    h.ep.handle_packet(h.now, &icmp).unwrap();
+    h.none();
+}
+
+#[test]
+fn an_ipv4_packet_too_big_below_the_floor_is_clamped() {
+    let (mut h, _c, iss, sent) = in_flight("192.0.2.1:40000", "198.51.100.7:80");
+    // A forged tiny MTU cannot make the connection send 28-byte segments: 552 at least.
+    let icmp = icmp_too_big("203.0.113.9".parse().unwrap(), 68, &sent[0].build());
+    h.ep.handle_packet(h.now, &icmp).unwrap();
+    // From the first byte on, in segments of 552 - 40 bytes (as many as the window, now
+    // counted in these segments, allows).
+    let again = h.out();
+    let (ranges, largest) = coverage(&again, iss);
+    assert_eq!(ranges[0].0, 0, "{ranges:?}");
+    assert_eq!(largest, 512);
+}
+
+#[test]
+fn a_packet_too_big_that_quotes_nothing_in_flight_is_not_believed() {
+    let (mut h, c, iss, sent) = in_flight("192.0.2.1:40000", "198.51.100.7:80");
+    let router = "203.0.113.9".parse().unwrap();
+    // Quoting a sequence number beyond what was sent (RFC 5927 §4.1)...
+    let mut forged = sent[0].clone();
+    forged.seq = iss + 1 + 50_000;
+    let icmp = icmp_too_big(router, 1400, &forged.build());
+    assert_eq!(
+        h.ep.handle_packet(h.now, &icmp),
+        Err(DropReason::IcmpIgnored)
+    );
+    // ...or one already acknowledged...
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 1 + 2920)).unwrap();
+    h.out();
+    let icmp = icmp_too_big(router, 1400, &sent[0].build());
+    assert_eq!(
+        h.ep.handle_packet(h.now, &icmp),
+        Err(DropReason::IcmpIgnored)
+    );
+    // ...or another connection's ports.
+    let mut other = sent[3].clone();
+    other.src = "192.0.2.1:40001".parse().unwrap();
+    let icmp = icmp_too_big(router, 1400, &other.build());
+    assert_eq!(
+        h.ep.handle_packet(h.now, &icmp),
+        Err(DropReason::IcmpIgnored)
+    );
+    // A damaged one is not even parsed as one.
+    let mut icmp = icmp_too_big(router, 1400, &sent[3].build());
+    icmp[30] ^= 0x40;
+    assert_eq!(h.ep.handle_packet(h.now, &icmp), Err(DropReason::NotTcp));
+    h.none();
+    assert_eq!(h.ep.stats_of(c).unwrap().path_mtu_reductions, 0);
+    assert_eq!(h.ep.stats().dropped(DropReason::IcmpIgnored), 3);
+    assert_eq!(h.ep.stats().packet_too_big_believed, 0);
+}
+
+/// Full-sized segments that only time out (a link drops them and its ICMP errors are
+/// filtered): the third timeout in a row cuts the segments to the base MSS.
+#[test]
+fn the_third_timeout_in_a_row_suspects_a_path_mtu_black_hole() {
+    let (mut h, c, iss, _) = in_flight("192.0.2.1:40000", "198.51.100.7:80");
+    let mut sizes = Vec::new();
+    for _ in 0..4 {
+        h.fire_next_timer();
+        let resent = h.out();
+        assert_eq!(resent[0].seq, iss + 1);
+        sizes.push(resent[0].payload.len());
+    }
+    // Two timeouts resend 1460 bytes; from the third on, 1024.
+    assert_eq!(sizes, [1460, 1460, 1024, 1024]);
+    assert_eq!(h.ep.stats_of(c).unwrap().path_mtu_black_holes, 1);
+    // Acknowledged at last: the rest goes in 1024-byte segments.
+    h.inject(&h.pkt(ACK, IRS + 1, iss + 1 + 1024)).unwrap();
+    let rest = h.out();
+    assert!(rest.iter().all(|p| p.payload.len() <= 1024), "{rest:#?}");
+    assert!(!rest.is_empty());
+}
+
+#[test]
+fn black_hole_detection_can_be_switched_off() {
+    let mut h = Harness::new("192.0.2.1:40000", "198.51.100.7:80");
+    let c = h.connect({
+        let mut config = ConnectionConfig::default();
+        config.timestamps = false;
+        config.base_mss = None;
+        config
+    });
+    let iss = h.out1().seq;
+    h.inject(&h.pkt(SYN | ACK, IRS, iss + 1).opt(Opt::Mss(1460)))
+        .unwrap();
+    h.out();
+    h.ep.write(c, &[7u8; 5000]).unwrap();
+    h.out();
+    for _ in 0..4 {
+        h.fire_next_timer();
+        assert_eq!(h.out()[0].payload.len(), 1460);
+    }
+    assert_eq!(h.ep.stats_of(c).unwrap().path_mtu_black_holes, 0);
 }

@@ -27,7 +27,9 @@ use squarepeg::{
     MessageStatus,
 };
 use squarepeg_io::StackConfig;
-use squarepeg_lab::middlebox::{MiddleboxConfig, ResegmentConfig, RetransmitCacheConfig};
+use squarepeg_lab::middlebox::{
+    MiddleboxConfig, PathMtuConfig, ResegmentConfig, RetransmitCacheConfig,
+};
 use squarepeg_lab::net::{CaptureSide, Lab, LabConfig, Role, capture_path};
 use squarepeg_lab::stack::{LabStack, stack_addresses};
 use squarepeg_tcp::audit::WireAudit;
@@ -412,6 +414,124 @@ fn utcp_client_with_kernel_server_through_lossy_lab_over_ipv6() {
 #[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
 fn kernel_client_with_utcp_server_through_lossy_lab_over_ipv6() {
     utcp_kernel(false, true, 14);
+}
+
+// ------------------------------------------------------------- path MTU
+
+/// The uTCP stack on the client end and the kernel-TCP server, both at MTU 1500, across a
+/// link of 1400 bytes in the middle of the path: the uTCP side's full-sized segments (they
+/// carry DF) are dropped there. With the link's ICMP errors (`icmp`) the uTCP side lowers its
+/// MSS at once (RFC 1191, RFC 8201) and streams and messages flow both ways (the kernel finds
+/// the path MTU the same way); without them (an ICMP black hole) its third timeout in a row
+/// does (RFC 8899 §4.3), and the kernel side sends only what fits (Linux, without
+/// `tcp_mtu_probing`, would stall as the uTCP side once did).
+fn utcp_kernel_across_a_narrow_link(tag: &str, icmp: bool, ipv6: bool) {
+    if !squarepeg_lab::stack::can_run() {
+        return;
+    }
+    let lab = Lab::start(
+        lab_config(tag, 31, "delay=5ms", "delay=5ms").with_client_side(vec![
+            MiddleboxConfig::PathMtu(PathMtuConfig { mtu: 1400, icmp }),
+        ]),
+    )
+    .expect("start lab");
+    let stack = LabStack::attach(&lab, Role::Client, StackConfig::new([]), Some(1500))
+        .expect("attach stack");
+    let utcp_plan = Plan {
+        seed: 0xA7,
+        messages: 300,
+        stream_bytes: 1 << 20,
+        lifetime: None,
+        gap: None,
+    };
+    let kernel_plan = if icmp {
+        Plan {
+            seed: 0xB8,
+            ..utcp_plan
+        }
+    } else {
+        Plan {
+            seed: 0xB8,
+            messages: 0,
+            stream_bytes: 0,
+            ..utcp_plan
+        }
+    };
+    let server_addr = SocketAddr::new(lab.addresses().server(ipv6), PORT);
+    let (kernel, utcp) = std::thread::scope(|s| {
+        let (bound_tx, bound_rx) = mpsc::channel();
+        let server_ns = lab.server();
+        let kernel = s.spawn(move || {
+            server_ns
+                .run(move || {
+                    runtime().block_on(no_hang(async move {
+                        let ep = Endpoint::bind(server_addr, ConnectionConfig::default())
+                            .await
+                            .expect("kernel bind");
+                        bound_tx.send(()).expect("signal");
+                        let conn = ep.accept().await.expect("kernel accept");
+                        exchange(conn, kernel_plan, utcp_plan).await
+                    }))
+                })
+                .expect("enter server namespace")
+        });
+        let utcp = runtime().block_on(no_hang(async {
+            bound_rx.recv().expect("kernel bound");
+            let conn =
+                Connection::connect_utcp(stack.stack(), server_addr, ConnectionConfig::default())
+                    .await
+                    .expect("uTCP connect");
+            exchange(conn, utcp_plan, kernel_plan).await
+        }));
+        (kernel.join().expect("kernel side"), utcp)
+    });
+    let emu = lab.stats().expect("emulator stats");
+    let boxes = &emu.client_side_middleboxes;
+    let endpoint = stack.stack().stats().endpoint;
+    eprintln!(
+        "middlebox {boxes:?}; uTCP endpoint: {} packet-too-big errors believed",
+        endpoint.packet_too_big_believed
+    );
+    assert_eq!(kernel.messages, utcp_plan.messages);
+    assert_eq!(
+        kernel.stream_sha,
+        Some(sha(utcp_plan.seed, utcp_plan.stream_bytes))
+    );
+    assert_eq!(utcp.messages, kernel_plan.messages);
+    if kernel_plan.stream_bytes > 0 {
+        assert_eq!(
+            utcp.stream_sha,
+            Some(sha(kernel_plan.seed, kernel_plan.stream_bytes))
+        );
+    }
+    // The link did drop full-sized segments.
+    assert!(boxes["mtu_dropped_too_big"] > 0, "{boxes:?}");
+    if icmp {
+        assert!(boxes["mtu_icmp_sent"] > 0);
+        assert!(endpoint.packet_too_big_believed > 0);
+    } else {
+        assert_eq!(boxes["mtu_icmp_sent"], 0);
+    }
+    assert_clean_close("uTCP side", &utcp.close);
+    assert_clean_close("kernel side", &kernel.close);
+}
+
+#[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
+fn utcp_across_a_narrow_link_learns_the_path_mtu_from_icmp() {
+    utcp_kernel_across_a_narrow_link("mtu", true, false);
+}
+
+#[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
+fn utcp_across_a_narrow_link_learns_the_path_mtu_from_icmpv6() {
+    utcp_kernel_across_a_narrow_link("mtu6", true, true);
+}
+
+#[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
+fn utcp_across_an_icmp_black_hole_finds_a_size_that_passes() {
+    utcp_kernel_across_a_narrow_link("mtubh", false, false);
 }
 
 // ------------------------------------------------------------- capture and wire audit

@@ -112,7 +112,9 @@ struct UpArgs {
     preset: Option<String>,
     /// Middleboxes between the client and the bottleneck, in path order, e.g.
     /// "resegment,retx-cache,strip-options=keep:mss,seq-offset,window=cap:1000"
-    /// ("forge=inject:1%/flip:50%/splice:1%": an attacker on TLS records).
+    /// ("forge=inject:1%/flip:50%/splice:1%": an attacker on TLS records; "mtu=1400": a
+    /// narrower link that answers with ICMP "packet too big", "mtu=1400:noicmp" one that
+    /// drops silently).
     #[arg(long, value_name = "LIST")]
     middlebox: Option<String>,
     /// Middleboxes between the bottleneck and the server.

@@ -12,19 +12,22 @@
 //! | [`SeqRewriter`] | shifts one direction's sequence numbers by a per-flow random offset (ISN randomisation) |
 //! | [`WindowRewriter`] | clamps or overwrites the advertised window |
 //! | [`SynDataDropper`] | drops SYNs that carry data (firewalls against TCP Fast Open, RFC 7413 §7.1) |
+//! | [`PathMtu`] | not a TCPExposure behaviour: a narrower link on the path, that drops packets longer than its MTU and answers with ICMP Fragmentation Needed / Packet Too Big (RFC 1191, RFC 8201), or silently (an ICMP black hole) |
 //! | [`Forger`] | an attacker, not a TCPExposure behaviour: injects fake TLS record headers, flips bits in retransmissions, splices earlier records in (uTLS must deliver none of it) |
 //!
 //! Every transform keeps packets valid (lengths, IP and TCP checksums) and passes anything it
-//! does not understand — non-TCP, fragments, malformed headers — unchanged. A
+//! does not understand — non-TCP, fragments, malformed headers — unchanged ([`PathMtu`] acts
+//! on every IP packet, TCP or not, and passes non-IP and malformed ones). A
 //! [`MiddleboxChain`] composes them and is itself a [`Middlebox`], so the simulator and the
 //! real-time emulator ([`crate::net`]) drive one object per position on the path.
 //! [`parse_middleboxes`] reads the compact command-line form
-//! (`resegment,retx-cache,strip-options=keep:mss,seq-offset,window=cap:1000,forge`).
+//! (`resegment,retx-cache,strip-options=keep:mss,seq-offset,window=cap:1000,forge,mtu=1400`).
 
 mod chain;
 mod flows;
 mod forge;
 mod options;
+mod path_mtu;
 mod resegment;
 mod retransmit_cache;
 mod seq_rewrite;
@@ -39,6 +42,7 @@ use serde::{Deserialize, Serialize};
 pub use chain::MiddleboxChain;
 pub use forge::{ForgeConfig, ForgeStats, Forger};
 pub use options::{OptionStripper, OptionStripperStats, StripMode, StripOptionsConfig};
+pub use path_mtu::{PathMtu, PathMtuConfig, PathMtuStats};
 pub use resegment::{ResegmentConfig, ResegmentStats, Resegmenter};
 pub use retransmit_cache::{RetransmitCache, RetransmitCacheConfig, RetransmitCacheStats};
 pub use seq_rewrite::{SeqRewriteConfig, SeqRewriteStats, SeqRewriter};
@@ -127,6 +131,8 @@ pub enum MiddleboxConfig {
     Forge(ForgeConfig),
     /// A [`SynDataDropper`].
     DropSynData(DropSynDataConfig),
+    /// A [`PathMtu`].
+    PathMtu(PathMtuConfig),
 }
 
 impl MiddleboxConfig {
@@ -140,6 +146,7 @@ impl MiddleboxConfig {
             MiddleboxConfig::WindowRewrite(c) => Box::new(WindowRewriter::new(*c)),
             MiddleboxConfig::Forge(c) => Box::new(Forger::new(c.clone())),
             MiddleboxConfig::DropSynData(c) => Box::new(SynDataDropper::new(*c)),
+            MiddleboxConfig::PathMtu(c) => Box::new(PathMtu::new(*c)),
         }
     }
 }
@@ -163,7 +170,8 @@ mod tests {
             {"kind": "retransmit_cache", "max_bytes_per_flow": 1000},
             {"kind": "strip_options", "allowed": [2], "mode": "shrink"},
             {"kind": "seq_rewrite", "seed": 9, "directions": "left_to_right"},
-            {"kind": "window_rewrite", "mode": {"cap": 1000}}
+            {"kind": "window_rewrite", "mode": {"cap": 1000}},
+            {"kind": "path_mtu", "mtu": 1400}
         ]"#;
         let configs: Vec<MiddleboxConfig> = serde_json::from_str(json).expect("parse");
         let names: Vec<&str> = configs.iter().map(|c| c.build().name()).collect();
@@ -174,8 +182,16 @@ mod tests {
                 "retransmit-cache",
                 "strip-options",
                 "seq-rewrite",
-                "window-rewrite"
+                "window-rewrite",
+                "path-mtu"
             ]
+        );
+        assert_eq!(
+            configs[5],
+            MiddleboxConfig::PathMtu(PathMtuConfig {
+                mtu: 1400,
+                icmp: true
+            })
         );
         assert_eq!(
             configs[3],

@@ -1,7 +1,7 @@
 //! The compact text form of a middlebox list, for command lines (`peg lab up --middlebox`):
 //!
 //! ```text
-//! resegment,retx-cache,strip-options=keep:mss,seq-offset,window=cap:1000/dir:down
+//! resegment,retx-cache,strip-options=keep:mss,seq-offset,window=cap:1000/dir:down,mtu=1400
 //! ```
 //!
 //! Boxes are separated by commas and listed in path order (the first is nearest the client).
@@ -17,21 +17,23 @@
 //! | `seq-offset` (`seq-rewrite`) | `seed:<n>`, `sack:on\|off` |
 //! | `window` | `cap:<n>` or `fixed:<n>` (raw 16-bit field; required) |
 //! | `forge` | `inject:<%>` (fake record header per data segment), `flip:<%>` (bit flip per retransmission), `splice:<%>` (earlier record in place of a segment), `span:<size>`, `seed:<n>` |
+//! | `mtu` (`path-mtu`) | not `key:value`: `mtu=<bytes>` (a narrower link: IP packets longer than `<bytes>` are dropped and answered with ICMP Fragmentation Needed / Packet Too Big) or `mtu=<bytes>:noicmp` (dropped silently: an ICMP black hole); `<bytes>` from 576 to 65535 (IPv6 links have at least 1280: below that, IPv6 hosts keep sending 1280-byte packets that are lost) |
 //!
-//! Every box also takes `dir:up|down|both`: `up` is client to server (the simulator's left to
-//! right), `down` server to client.
+//! Every box but `mtu` also takes `dir:up|down|both`: `up` is client to server (the
+//! simulator's left to right), `down` server to client. A link's MTU limits both directions.
 
 use thiserror::Error;
 
+use super::path_mtu::MIN_SPEC_MTU;
 use super::{
-    DirectionFilter, DropSynDataConfig, ForgeConfig, MiddleboxConfig, ResegmentConfig,
-    RetransmitCacheConfig, SeqRewriteConfig, StripMode, StripOptionsConfig, WindowMode,
-    WindowRewriteConfig,
+    DirectionFilter, DropSynDataConfig, ForgeConfig, MiddleboxConfig, PathMtuConfig,
+    ResegmentConfig, RetransmitCacheConfig, SeqRewriteConfig, StripMode, StripOptionsConfig,
+    WindowMode, WindowRewriteConfig,
 };
 use crate::units::{ValueError, parse_duration, parse_percent, parse_size};
 
 const BOXES: &str =
-    "resegment, retx-cache, strip-options, seq-offset, window, forge, drop-syn-data";
+    "resegment, retx-cache, strip-options, seq-offset, window, forge, drop-syn-data, mtu";
 
 /// Why a middlebox list could not be parsed.
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -70,6 +72,16 @@ pub enum MiddleboxSpecError {
     /// `window` without `cap:` or `fixed:`.
     #[error("window needs cap:<n> or fixed:<n>, e.g. window=cap:1000")]
     WindowMode,
+    /// `mtu` without a size, or with a wrong one.
+    #[error(
+        "`mtu={value}`: {reason}; expected mtu=<bytes> or mtu=<bytes>:noicmp, <bytes> from 576 to 65535, e.g. mtu=1400"
+    )]
+    BadMtu {
+        /// What followed `mtu=`.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 /// Parses a middlebox list (see the module documentation).
@@ -88,6 +100,11 @@ fn parse_one(item: &str, whole: &str) -> Result<MiddleboxConfig, MiddleboxSpecEr
         return Err(MiddleboxSpecError::Empty(whole.to_owned()));
     }
     let (name, params) = item.split_once('=').unwrap_or((item, ""));
+    let name = name.to_ascii_lowercase();
+    if matches!(name.as_str(), "mtu" | "path-mtu" | "path_mtu") {
+        // Not key:value: `mtu=1400` or `mtu=1400:noicmp`.
+        return path_mtu(params);
+    }
     let params: Vec<(&str, &str)> = params
         .split('/')
         .filter(|p| !p.is_empty())
@@ -96,7 +113,7 @@ fn parse_one(item: &str, whole: &str) -> Result<MiddleboxConfig, MiddleboxSpecEr
                 .ok_or_else(|| MiddleboxSpecError::NotKeyValue(p.to_owned()))
         })
         .collect::<Result<_, _>>()?;
-    match name.to_ascii_lowercase().as_str() {
+    match name.as_str() {
         "resegment" | "reseg" => resegment(&params),
         "retx-cache" | "retransmit-cache" | "retx_cache" => retx_cache(&params),
         "strip-options" | "strip" | "strip_options" => strip_options(&params),
@@ -331,6 +348,33 @@ fn forge(params: &[(&str, &str)]) -> Result<MiddleboxConfig, MiddleboxSpecError>
     Ok(MiddleboxConfig::Forge(config))
 }
 
+fn path_mtu(value: &str) -> Result<MiddleboxConfig, MiddleboxSpecError> {
+    let bad = |reason: &str| MiddleboxSpecError::BadMtu {
+        value: value.to_owned(),
+        reason: reason.to_owned(),
+    };
+    if value.is_empty() {
+        return Err(bad("no size"));
+    }
+    let (bytes, icmp) = match value.split_once(':') {
+        None => (value, true),
+        Some((bytes, flag)) => match flag.to_ascii_lowercase().as_str() {
+            "icmp" => (bytes, true),
+            "noicmp" | "no-icmp" => (bytes, false),
+            _ => return Err(bad("the only flag is `noicmp`")),
+        },
+    };
+    let mtu: u16 = bytes
+        .parse()
+        .map_err(|_| bad("the size is not a whole number of bytes up to 65535"))?;
+    if mtu < MIN_SPEC_MTU {
+        return Err(bad(
+            "below 576 bytes (the datagram every IPv4 host accepts, RFC 791) hosts ignore the ICMP errors",
+        ));
+    }
+    Ok(MiddleboxConfig::PathMtu(PathMtuConfig { mtu, icmp }))
+}
+
 fn window(params: &[(&str, &str)]) -> Result<MiddleboxConfig, MiddleboxSpecError> {
     let p = Params {
         middlebox: "window",
@@ -461,6 +505,58 @@ mod tests {
         let json = r#"{"kind": "drop_syn_data", "directions": "left_to_right"}"#;
         let config: MiddleboxConfig = serde_json::from_str(json).expect("json");
         assert_eq!(config, boxes[0]);
+    }
+
+    #[test]
+    fn path_mtu_box() {
+        let boxes = parse_middleboxes("mtu=1400, MTU=1400:noicmp,path-mtu=576,mtu=65535:icmp")
+            .expect("parse");
+        let config = |mtu, icmp| MiddleboxConfig::PathMtu(PathMtuConfig { mtu, icmp });
+        assert_eq!(
+            boxes,
+            vec![
+                config(1400, true),
+                config(1400, false),
+                config(576, true),
+                config(65_535, true)
+            ]
+        );
+        assert_eq!(boxes[0].build().name(), "path-mtu");
+        // In a list, between other boxes.
+        let list = parse_middleboxes("resegment,mtu=1280:noicmp,window=cap:1000").expect("list");
+        assert_eq!(list.len(), 3);
+        assert_eq!(list[1], config(1280, false));
+        // The JSON form, both ways; `icmp` defaults to on.
+        let json = r#"{"kind": "path_mtu", "mtu": 1400}"#;
+        assert_eq!(
+            serde_json::from_str::<MiddleboxConfig>(json).expect("json"),
+            boxes[0]
+        );
+        for config in &boxes {
+            let text = serde_json::to_string(config).expect("write");
+            assert_eq!(
+                &serde_json::from_str::<MiddleboxConfig>(&text).expect("read"),
+                config
+            );
+        }
+        let typo = r#"{"kind": "path_mtu", "mtu": 1400, "icmp_off": true}"#;
+        assert!(serde_json::from_str::<MiddleboxConfig>(typo).is_err());
+        assert!(serde_json::from_str::<MiddleboxConfig>(r#"{"kind": "path_mtu"}"#).is_err());
+
+        let err = |spec: &str| parse_middleboxes(spec).expect_err(spec).to_string();
+        assert!(err("mtu").contains("no size"));
+        assert!(err("mtu=").contains("no size"));
+        assert!(err("mtu=575").contains("below 576"));
+        assert!(err("mtu=68").contains("below 576"));
+        assert!(err("mtu=0:noicmp").contains("below 576"));
+        assert!(err("mtu=65536").contains("whole number"));
+        assert!(err("mtu=1.4kb").contains("whole number"));
+        assert!(err("mtu=-1400").contains("whole number"));
+        assert!(err("mtu=1400:quiet").contains("only flag is `noicmp`"));
+        assert!(err("mtu=1400/dir:up").contains("only flag is `noicmp`"));
+        assert!(err("mtu=bytes:1400").contains("only flag is `noicmp`"));
+        assert!(err("mtu=1400x").starts_with("`mtu=1400x`: "));
+        assert!(err("mtu=1400x").contains("e.g. mtu=1400"));
     }
 
     #[test]

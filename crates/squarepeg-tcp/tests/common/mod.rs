@@ -323,6 +323,56 @@ pub fn addr(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
 
+/// An ICMP "packet too big" from `router` to the sender of `original` (an IP packet it
+/// sent), as a router before a link of `mtu` bytes would send it: ICMPv4 type 3 code 4 with
+/// the next-hop MTU (RFC 1191 §4), quoting the original's IP header and 8 bytes, or ICMPv6
+/// type 2 (RFC 4443 §3.2) quoting as much as fits in 1280 bytes.
+pub fn icmp_too_big(router: IpAddr, mtu: u32, original: &[u8]) -> Vec<u8> {
+    let to_v4 = |b: &[u8]| std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3]);
+    match router {
+        IpAddr::V4(r) => {
+            let ihl = ((original[0] & 0x0f) as usize) * 4;
+            let quoted = &original[..(ihl + 8).min(original.len())];
+            let mut icmp = vec![3, 4, 0, 0, 0, 0];
+            icmp.extend_from_slice(&(mtu as u16).to_be_bytes());
+            icmp.extend_from_slice(quoted);
+            let c = csum_finish(csum_add(0, &icmp));
+            icmp[2..4].copy_from_slice(&c.to_be_bytes());
+            let total = 20 + icmp.len();
+            let mut ip = vec![0x45, 0];
+            ip.extend_from_slice(&(total as u16).to_be_bytes());
+            ip.extend_from_slice(&[0, 0, 0, 0, 64, 1, 0, 0]);
+            ip.extend_from_slice(&r.octets());
+            ip.extend_from_slice(&to_v4(&original[12..16]).octets());
+            let c = csum_finish(csum_add(0, &ip));
+            ip[10..12].copy_from_slice(&c.to_be_bytes());
+            ip.extend_from_slice(&icmp);
+            ip
+        }
+        IpAddr::V6(r) => {
+            let quoted = &original[..original.len().min(1280 - 48)];
+            let mut icmp = vec![2, 0, 0, 0];
+            icmp.extend_from_slice(&mtu.to_be_bytes());
+            icmp.extend_from_slice(quoted);
+            let dst = &original[8..24];
+            let mut pseudo = Vec::new();
+            pseudo.extend_from_slice(&r.octets());
+            pseudo.extend_from_slice(dst);
+            pseudo.extend_from_slice(&(icmp.len() as u32).to_be_bytes());
+            pseudo.extend_from_slice(&[0, 0, 0, 58]);
+            let c = csum_finish(csum_add(csum_add(0, &pseudo), &icmp));
+            icmp[2..4].copy_from_slice(&c.to_be_bytes());
+            let mut ip = vec![0x60, 0, 0, 0];
+            ip.extend_from_slice(&(icmp.len() as u16).to_be_bytes());
+            ip.extend_from_slice(&[58, 64]);
+            ip.extend_from_slice(&r.octets());
+            ip.extend_from_slice(dst);
+            ip.extend_from_slice(&icmp);
+            ip
+        }
+    }
+}
+
 /// A packetdrill-style harness around one endpoint under test, with virtual time.
 pub struct Harness {
     pub ep: Endpoint,
