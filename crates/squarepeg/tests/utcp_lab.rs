@@ -286,43 +286,22 @@ fn assert_clean_close(who: &str, e: &ConnectionError) {
 
 // ------------------------------------------------------------- uTCP ↔ kernel
 
-/// The uTCP stack on the client end, the kernel-TCP squarepeg endpoint in the server
-/// namespace; `utcp_connects` picks who opens, `ipv6` the address family. Reliable messages
-/// and a stream both ways.
-fn utcp_kernel(utcp_connects: bool, ipv6: bool, seed: u64) {
-    if !squarepeg_lab::stack::can_run() {
-        return;
-    }
-    let lab = Lab::start(lab_config(
-        match (utcp_connects, ipv6) {
-            (true, false) => "uk",
-            (false, false) => "ku",
-            (true, true) => "uk6",
-            (false, true) => "ku6",
-        },
-        seed,
-        "delay=5ms loss=1.5% reorder=1%,2ms",
-        "delay=5ms loss=1.5%",
-    ))
-    .expect("start lab");
-    let stack = LabStack::attach(&lab, Role::Client, StackConfig::new([]), Some(1500))
-        .expect("attach stack");
-    let utcp_plan = Plan {
-        seed: 0xA1,
-        messages: 1200,
-        stream_bytes: 3 << 20,
-        lifetime: None,
-        gap: None,
-    };
-    let kernel_plan = Plan {
-        seed: 0xB2,
-        ..utcp_plan
-    };
+/// Connects the uTCP stack on the client end and a kernel-TCP squarepeg endpoint in the
+/// server namespace (`utcp_connects` picks who opens, `ipv6` the address family) and runs
+/// [`exchange`] with the two plans on both; returns (kernel side, uTCP side).
+fn utcp_kernel_exchange(
+    lab: &Lab,
+    stack: &LabStack,
+    utcp_connects: bool,
+    ipv6: bool,
+    utcp_plan: Plan,
+    kernel_plan: Plan,
+) -> (Received, Received) {
     let server_addr = SocketAddr::new(lab.addresses().server(ipv6), PORT);
     let stack_addr = SocketAddr::new(stack.address(ipv6), PORT);
     let rt = runtime();
 
-    let (kernel, utcp) = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let (bound_tx, bound_rx) = mpsc::channel();
         let server_ns = lab.server();
         let kernel = s.spawn(move || {
@@ -359,7 +338,43 @@ fn utcp_kernel(utcp_connects: bool, ipv6: bool, seed: u64) {
             exchange(conn, utcp_plan, kernel_plan).await
         }));
         (kernel.join().expect("kernel side"), utcp)
-    });
+    })
+}
+
+/// The uTCP stack on the client end, the kernel-TCP squarepeg endpoint in the server
+/// namespace; `utcp_connects` picks who opens, `ipv6` the address family. Reliable messages
+/// and a stream both ways.
+fn utcp_kernel(utcp_connects: bool, ipv6: bool, seed: u64) {
+    if !squarepeg_lab::stack::can_run() {
+        return;
+    }
+    let lab = Lab::start(lab_config(
+        match (utcp_connects, ipv6) {
+            (true, false) => "uk",
+            (false, false) => "ku",
+            (true, true) => "uk6",
+            (false, true) => "ku6",
+        },
+        seed,
+        "delay=5ms loss=1.5% reorder=1%,2ms",
+        "delay=5ms loss=1.5%",
+    ))
+    .expect("start lab");
+    let stack = LabStack::attach(&lab, Role::Client, StackConfig::new([]), Some(1500))
+        .expect("attach stack");
+    let utcp_plan = Plan {
+        seed: 0xA1,
+        messages: 1200,
+        stream_bytes: 3 << 20,
+        lifetime: None,
+        gap: None,
+    };
+    let kernel_plan = Plan {
+        seed: 0xB2,
+        ..utcp_plan
+    };
+    let (kernel, utcp) =
+        utcp_kernel_exchange(&lab, &stack, utcp_connects, ipv6, utcp_plan, kernel_plan);
     eprintln!("uTCP side: {utcp:?}\nkernel side: {kernel:?}");
     let emu = lab.stats().expect("emulator stats");
     eprintln!("emulator: {}", emu.to_json());
@@ -457,34 +472,7 @@ fn utcp_kernel_across_a_narrow_link(tag: &str, icmp: bool, ipv6: bool) {
             ..utcp_plan
         }
     };
-    let server_addr = SocketAddr::new(lab.addresses().server(ipv6), PORT);
-    let (kernel, utcp) = std::thread::scope(|s| {
-        let (bound_tx, bound_rx) = mpsc::channel();
-        let server_ns = lab.server();
-        let kernel = s.spawn(move || {
-            server_ns
-                .run(move || {
-                    runtime().block_on(no_hang(async move {
-                        let ep = Endpoint::bind(server_addr, ConnectionConfig::default())
-                            .await
-                            .expect("kernel bind");
-                        bound_tx.send(()).expect("signal");
-                        let conn = ep.accept().await.expect("kernel accept");
-                        exchange(conn, kernel_plan, utcp_plan).await
-                    }))
-                })
-                .expect("enter server namespace")
-        });
-        let utcp = runtime().block_on(no_hang(async {
-            bound_rx.recv().expect("kernel bound");
-            let conn =
-                Connection::connect_utcp(stack.stack(), server_addr, ConnectionConfig::default())
-                    .await
-                    .expect("uTCP connect");
-            exchange(conn, utcp_plan, kernel_plan).await
-        }));
-        (kernel.join().expect("kernel side"), utcp)
-    });
+    let (kernel, utcp) = utcp_kernel_exchange(&lab, &stack, true, ipv6, utcp_plan, kernel_plan);
     let emu = lab.stats().expect("emulator stats");
     let boxes = &emu.client_side_middleboxes;
     let endpoint = stack.stack().stats().endpoint;
