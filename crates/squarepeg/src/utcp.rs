@@ -61,8 +61,13 @@ fn set_dead_peer_timeout(tcp: &mut squarepeg_tcp::ConnectionConfig, timeout: Dur
 }
 
 struct UtcpWire {
-    /// One read: whole records (reports, segments).
+    /// One read: whole records (reports, segments; a segment larger than the buffer comes
+    /// in pieces). Its length is the read size now: `read_size`, or [`IDLE_READ`] at the
+    /// start and after an idle release until a read fills that (the driver waits for reads
+    /// with the buffer in hand, so an idle connection would otherwise hold a whole one).
     rbuf: Vec<u8>,
+    /// `ConnectionConfig::read_buffer`, at least `MIN_READ_BUFFER`.
+    read_size: usize,
     filled: usize,
     /// Bytes of records taken from the core at a time.
     write_batch: usize,
@@ -107,8 +112,19 @@ impl Wire for UtcpWire {
         self.filled = n;
     }
 
+    fn release_idle(&mut self) {
+        if self.filled == 0 {
+            self.rbuf = vec![0; self.read_size.min(IDLE_READ)];
+        }
+    }
+
+    fn buffer_capacity(&self) -> usize {
+        self.rbuf.capacity()
+    }
+
     fn end_read(&mut self, core: &mut Core, now: Instant) {
         let n = std::mem::take(&mut self.filled);
+        let grow = n >= self.rbuf.len() && self.rbuf.len() < self.read_size;
         let Some(core) = core.single_mut() else {
             return;
         };
@@ -129,8 +145,16 @@ impl Wire for UtcpWire {
                 }
             }
         }
+        if grow {
+            // Traffic again: whole reads.
+            self.rbuf = vec![0; self.read_size];
+        }
     }
 }
+
+/// The read size of a new connection, and of one idle since its memory was given back,
+/// until a read fills it.
+const IDLE_READ: usize = 4096;
 
 /// Appends `w` as the uTCP MESSAGE record that carries a tagged write (the stream's writes
 /// are records in the uTCP mode).
@@ -172,8 +196,12 @@ fn start_core(
         stream.local_addr(),
         stream.peer_addr(),
     ));
+    let read_size = config.read_buffer.max(MIN_READ_BUFFER);
     let wire = UtcpWire {
-        rbuf: vec![0; config.read_buffer.max(MIN_READ_BUFFER)],
+        // A new connection's first reads are a handshake's few KiB: a whole read buffer
+        // only once traffic fills a small one.
+        rbuf: vec![0; read_size.min(IDLE_READ)],
+        read_size,
         filled: 0,
         write_batch: config.write_batch.max(1),
     };

@@ -1273,3 +1273,103 @@ fn multipath_over_mixed_substrates(name: &str, server_on_stack: bool) {
     drop(server_stack);
     lab.teardown_paths().expect("teardown");
 }
+
+// ------------------------------------------------------------- idle memory
+
+/// The uTCP end of a connection to the kernel-TCP server gives back the memory of its
+/// buffers once idle (`ConnectionConfig::release_idle_after`), as the kernel substrate does:
+/// after 8 MiB each way, its buffers hold a few KiB, and traffic flows again.
+#[test]
+#[cfg_attr(not(network_tests), ignore = "needs root, /dev/net/tun and iproute2")]
+fn an_idle_utcp_connection_gives_back_its_buffers() {
+    if !squarepeg_lab::stack::can_run() {
+        return;
+    }
+    let lab = Lab::start(lab_config("idle", 41, "delay=2ms", "delay=2ms")).expect("start lab");
+    let stack = LabStack::attach(&lab, Role::Client, StackConfig::new([]), Some(1500))
+        .expect("attach stack");
+    let server_addr = SocketAddr::new(lab.addresses().server(false), PORT);
+    let mut config = ConnectionConfig::default();
+    config.release_idle_after = Some(Duration::from_millis(100));
+    let server_config = config.clone();
+    std::thread::scope(|s| {
+        let (bound_tx, bound_rx) = mpsc::channel();
+        let server_ns = lab.server();
+        let kernel = s.spawn(move || {
+            server_ns
+                .run(move || {
+                    runtime().block_on(no_hang(async move {
+                        let ep = Endpoint::bind(server_addr, server_config)
+                            .await
+                            .expect("kernel bind");
+                        bound_tx.send(()).expect("signal");
+                        let conn = ep.accept().await.expect("kernel accept");
+                        // Echoes every message back.
+                        while let Ok(m) = conn.recv_message().await {
+                            if conn
+                                .send_message(m.payload, MessageProps::default())
+                                .await
+                                .is_err()
+                            {
+                                break;
+                            }
+                        }
+                    }))
+                })
+                .expect("enter server namespace")
+        });
+        runtime().block_on(no_hang(async {
+            bound_rx.recv().expect("kernel bound");
+            let conn = Connection::connect_utcp(stack.stack(), server_addr, config)
+                .await
+                .expect("uTCP connect");
+            let held = |c: &Connection| c.stats().buffer_bytes;
+            for round in 0..2 {
+                let sender = conn.clone();
+                let send = tokio::spawn(async move {
+                    for i in 0..2048u32 {
+                        let payload = i.to_be_bytes().repeat(1024);
+                        sender
+                            .send_message(payload, MessageProps::default())
+                            .await
+                            .unwrap();
+                    }
+                });
+                let mut most = 0;
+                // Delivered as they arrive (unordered over the userspace TCP): each intact,
+                // none twice, none missing.
+                let mut seen = HashSet::new();
+                for k in 0..2048u32 {
+                    let m = conn.recv_message().await.unwrap();
+                    let i = u32::from_be_bytes(m.payload[..4].try_into().unwrap());
+                    assert!(
+                        m.payload[..] == i.to_be_bytes().repeat(1024)[..],
+                        "message {i} damaged"
+                    );
+                    assert!(seen.insert(i) && i < 2048, "message {i} twice or unknown");
+                    if k % 64 == 0 {
+                        most = most.max(held(&conn));
+                    }
+                }
+                send.await.unwrap();
+                let mut polls = 0;
+                while held(&conn) > 16 * 1024 {
+                    polls += 1;
+                    assert!(
+                        polls < 300,
+                        "round {round}: still {} B held (at most {most} in the burst)",
+                        held(&conn)
+                    );
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                eprintln!(
+                    "round {round}: at most {most} B in the burst, {} B idle",
+                    held(&conn)
+                );
+                assert!(most >= 64 * 1024, "round {round}: at most {most} B");
+            }
+            conn.close().await;
+        }));
+        kernel.join().expect("kernel side");
+    });
+}
