@@ -96,8 +96,9 @@ pub struct ConnectionConfig {
     /// ever on an idle connection, and about 15 minutes for data to be acknowledged). An
     /// idle connection is checked with keepalive probes (the first after a third of it, then
     /// every sixth; an answering peer keeps it open, and the probes keep NAT mappings
-    /// alive); data sent and not acknowledged for this long ends it too (over kernel TCP
-    /// the driver reads `TCP_INFO`; the userspace TCP takes it as its user timeout). A peer
+    /// alive); data sent and not acknowledged for this long ends it too, whatever ACKs of
+    /// nothing new come meanwhile (over kernel TCP the driver reads `TCP_INFO`; the
+    /// userspace TCP takes it as its user timeout). A peer
     /// that answers but keeps its window closed (its application does not read) is alive:
     /// its connection stays — over the userspace TCP also one that stops answering its
     /// zero-window probes is found (over kernel TCP that is left to the kernel's persist

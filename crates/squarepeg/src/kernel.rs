@@ -114,6 +114,9 @@ pub(crate) struct KernelWire<S = KernelStream> {
     peer_check_at: Option<Instant>,
     /// Output was taken since the last look.
     took_output: bool,
+    /// While data is outstanding: the bytes acknowledged (`tcpi_bytes_acked`) as last seen
+    /// to change, and when.
+    acked_progress: Option<(u64, Instant)>,
     /// The socket's sending MSS as last read, and when to read it again.
     mss: Option<usize>,
     mss_checked: Option<Instant>,
@@ -201,28 +204,29 @@ impl<S: ByteStream> Wire for KernelWire<S> {
             self.peer_check_at = None;
             return PeerCheck::Answering(None);
         };
-        match crate::unsent::ack_silence(socket) {
+        let state = match crate::unsent::ack_state(socket) {
+            Some(state) if state.unacked > 0 => state,
             // Everything acknowledged (or a closed window whose probes are answered: the
             // data waits unsent): the keepalive probes watch a connection with nothing
             // outstanding. Looked at again once more output is taken.
-            Some((0, _)) | None => {
+            _ => {
                 self.peer_check_at = None;
-                PeerCheck::Answering(None)
+                self.acked_progress = None;
+                return PeerCheck::Answering(None);
             }
-            Some((_, silence)) if silence >= timeout => {
-                // Said once: the connection fails now. A reset rather than a FIN queued
-                // behind data that never leaves.
-                self.dead_peer_timeout = None;
-                self.peer_check_at = None;
-                let _ = socket2::SockRef::from(socket).set_linger(Some(Duration::ZERO));
-                PeerCheck::Silent
-            }
-            Some((_, silence)) => {
-                let at = now + (timeout - silence).max(MIN_PEER_CHECK);
-                self.peer_check_at = Some(at);
-                PeerCheck::Answering(Some(at))
-            }
+        };
+        let silence = unacknowledged_for(state, &mut self.acked_progress, now);
+        if silence >= timeout {
+            // Said once: the connection fails now. A reset rather than a FIN queued behind
+            // data that never leaves.
+            self.dead_peer_timeout = None;
+            self.peer_check_at = None;
+            let _ = socket2::SockRef::from(socket).set_linger(Some(Duration::ZERO));
+            return PeerCheck::Silent;
         }
+        let at = now + (timeout - silence).max(MIN_PEER_CHECK);
+        self.peer_check_at = Some(at);
+        PeerCheck::Answering(Some(at))
     }
 
     fn poll_read_ready(&mut self, io: &S, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
@@ -310,6 +314,29 @@ impl<S: ByteStream> Wire for KernelWire<S> {
     }
 }
 
+/// How long the peer has acknowledged nothing new while data is outstanding (`state`, read
+/// now; `progress`: the bytes acknowledged as last seen to change, and when). ACKs that
+/// acknowledge nothing new (window updates, answers to probes, the peer's own traffic where
+/// the kernel counts it) keep `since_last_ack` short, but a connection whose data never gets
+/// through — a link that drops its full-sized segments without an ICMP error, say — is as
+/// dead as a silent peer. Progress is seen only at these looks, so it counts from the look
+/// that saw it.
+fn unacknowledged_for(
+    state: crate::unsent::AckState,
+    progress: &mut Option<(u64, Instant)>,
+    now: Instant,
+) -> Duration {
+    let stalled = match (state.bytes_acked, *progress) {
+        (Some(acked), Some((seen, since))) if acked == seen => now - since,
+        (Some(acked), _) => {
+            *progress = Some((acked, now));
+            Duration::ZERO
+        }
+        (None, _) => Duration::ZERO,
+    };
+    state.since_last_ack.max(stalled)
+}
+
 /// The shortest wait between two looks at whether the peer still acknowledges.
 const MIN_PEER_CHECK: Duration = Duration::from_millis(10);
 
@@ -393,6 +420,7 @@ impl<S> KernelWire<S> {
             dead_peer_timeout: config.dead_peer_timeout,
             peer_check_at: None,
             took_output: false,
+            acked_progress: None,
             shared,
             stream: std::marker::PhantomData,
         }
@@ -537,6 +565,58 @@ mod tests {
         Connection {
             handle: Arc::new(Handle(shared)),
         }
+    }
+
+    /// The dead-peer watch counts the time nothing new was acknowledged, whatever ACKs
+    /// keep coming; progress starts it again.
+    #[test]
+    fn acknowledgements_of_nothing_new_do_not_keep_a_stuck_connection_alive() {
+        use crate::unsent::AckState;
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let state = |since_last_ack: u64, acked: u64| AckState {
+            unacked: 5,
+            since_last_ack: Duration::from_millis(since_last_ack),
+            bytes_acked: Some(acked),
+        };
+        let mut progress = None;
+        // ACKs every 200 ms, none acknowledging anything past 1 000 bytes.
+        assert_eq!(
+            unacknowledged_for(state(200, 1000), &mut progress, at(0)),
+            Duration::from_millis(200)
+        );
+        assert_eq!(
+            unacknowledged_for(state(100, 1000), &mut progress, at(10)),
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            unacknowledged_for(state(150, 1000), &mut progress, at(31)),
+            Duration::from_secs(31)
+        );
+        // Progress: counted again from this look.
+        assert_eq!(
+            unacknowledged_for(state(50, 9000), &mut progress, at(32)),
+            Duration::from_millis(50)
+        );
+        assert_eq!(
+            unacknowledged_for(state(50, 9000), &mut progress, at(35)),
+            Duration::from_secs(3)
+        );
+        // A silent peer: the kernel's own clock of the last ACK, whatever was seen before.
+        let mut fresh = None;
+        assert_eq!(
+            unacknowledged_for(state(40_000, 9000), &mut fresh, at(40)),
+            Duration::from_secs(40)
+        );
+        // A kernel without `tcpi_bytes_acked`: the last ACK alone.
+        let old = AckState {
+            bytes_acked: None,
+            ..state(700, 0)
+        };
+        assert_eq!(
+            unacknowledged_for(old, &mut None, at(50)),
+            Duration::from_millis(700)
+        );
     }
 
     /// While more output is ready, every write ends on a segment boundary (the tail waits

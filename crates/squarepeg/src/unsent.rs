@@ -117,19 +117,31 @@ fn delivery_rate(_socket: &TcpStream) -> Option<u64> {
     None
 }
 
-/// Segments sent and not yet acknowledged (`tcpi_unacked`), and how long ago the last
-/// acknowledgement came (`tcpi_last_ack_recv`; a window probe's answer counts).
+/// What the peer acknowledges, for the dead-peer watch (`KernelWire::check_peer`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AckState {
+    /// Segments sent and not yet acknowledged (`tcpi_unacked`).
+    pub unacked: u32,
+    /// How long ago the last acknowledgement came (`tcpi_last_ack_recv`; a window probe's
+    /// answer, or one that acknowledges nothing new, counts).
+    pub since_last_ack: Duration,
+    /// Bytes acknowledged so far (`tcpi_bytes_acked`, Linux 4.2 and later; `None` before).
+    pub bytes_acked: Option<u64>,
+}
+
 #[cfg(target_os = "linux")]
-pub(crate) fn ack_silence(socket: &TcpStream) -> Option<(u32, Duration)> {
-    let (info, _) = tcp_info(socket)?;
-    Some((
-        info.tcpi_unacked,
-        Duration::from_millis(u64::from(info.tcpi_last_ack_recv)),
-    ))
+pub(crate) fn ack_state(socket: &TcpStream) -> Option<AckState> {
+    let (info, len) = tcp_info(socket)?;
+    let end = std::mem::offset_of!(libc::tcp_info, tcpi_bytes_acked) + 8;
+    Some(AckState {
+        unacked: info.tcpi_unacked,
+        since_last_ack: Duration::from_millis(u64::from(info.tcpi_last_ack_recv)),
+        bytes_acked: (len >= end).then_some(info.tcpi_bytes_acked),
+    })
 }
 
 #[cfg(not(target_os = "linux"))]
-pub(crate) fn ack_silence(_socket: &TcpStream) -> Option<(u32, Duration)> {
+pub(crate) fn ack_state(_socket: &TcpStream) -> Option<AckState> {
     None
 }
 

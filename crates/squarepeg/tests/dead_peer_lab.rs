@@ -218,6 +218,93 @@ fn an_idle_connection_whose_peer_answers_stays_open() {
     assert!(ended.is_none(), "{ended:?}");
 }
 
+/// A link on the path drops full-sized segments without an ICMP error (an ICMP black hole;
+/// Linux finds a size that passes only with `net.ipv4.tcp_mtu_probing`, off by default): the
+/// client's large message never gets through while the server keeps sending small ones. The
+/// connection does not hang: nothing new acknowledged for the timeout ends it (the unit test
+/// `kernel::tests::acknowledgements_of_nothing_new_do_not_keep_a_stuck_connection_alive`
+/// covers ACKs that keep coming without progress, which Linux's fast path does not even
+/// count here).
+#[test]
+#[cfg_attr(not(network_tests), ignore = "needs root and iproute2")]
+fn data_that_never_gets_through_times_out_while_the_peer_talks() {
+    use squarepeg_lab::middlebox::{MiddleboxConfig, PathMtuConfig};
+    let lab = Lab::start(
+        LabConfig::new(&format!("sqdpmtu{}", std::process::id() % 10_000))
+            .with_up("delay=5ms".parse().unwrap())
+            .with_down("delay=5ms".parse().unwrap())
+            .with_client_side(vec![MiddleboxConfig::PathMtu(PathMtuConfig {
+                mtu: 1400,
+                icmp: false,
+            })]),
+    )
+    .expect("start lab");
+    let addr = SocketAddr::new(lab.addresses().server(false), PORT);
+    let (bound_tx, bound_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let server_ns = lab.server().try_clone().unwrap();
+    let server = std::thread::spawn(move || {
+        server_ns
+            .run(move || {
+                runtime().block_on(async move {
+                    let ep = Endpoint::bind(addr, config()).await.expect("bind");
+                    bound_tx.send(()).unwrap();
+                    let conn = no_hang(ep.accept()).await.expect("accept");
+                    // Small messages every 200 ms, which pass the link, until told.
+                    let talk = async {
+                        for i in 0u32.. {
+                            if conn
+                                .send_message(
+                                    Bytes::from(vec![i as u8; 100]),
+                                    MessageProps::default(),
+                                )
+                                .await
+                                .is_err()
+                            {
+                                return;
+                            }
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                    };
+                    tokio::select! {
+                        _ = talk => {}
+                        _ = done_rx => {}
+                    }
+                })
+            })
+            .expect("server namespace")
+    });
+    bound_rx.recv().unwrap();
+    let client_ns = lab.client().try_clone().unwrap();
+    let ended = client_ns
+        .run(move || {
+            runtime().block_on(async move {
+                let conn = no_hang(Connection::connect(addr, config()))
+                    .await
+                    .expect("connect");
+                // The server's first small message arrived: the path works for them.
+                no_hang(conn.recv_message()).await.expect("a small message");
+                no_hang(conn.send_message(Bytes::from(vec![9; 20_000]), MessageProps::default()))
+                    .await
+                    .expect("queued");
+                // Keeps reading the server's messages (its ACKs keep coming).
+                let read = async { while conn.recv_message().await.is_ok() {} };
+                tokio::select! {
+                    e = conn.closed() => Some(e),
+                    _ = read => conn.close_reason(),
+                    _ = tokio::time::sleep(Duration::from_secs(40)) => None,
+                }
+            })
+        })
+        .expect("client namespace");
+    let _ = done_tx.send(());
+    server.join().unwrap();
+    let stats = lab.stats().expect("emulator stats");
+    let boxes = &stats.client_side_middleboxes;
+    assert!(boxes["mtu_dropped_too_big"] > 0, "{boxes:?}");
+    assert!(timed_out(&ended), "{ended:?}");
+}
+
 #[cfg(feature = "utcp")]
 mod userspace_tcp {
     use std::sync::Arc;
