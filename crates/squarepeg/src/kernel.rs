@@ -327,7 +327,7 @@ fn unacknowledged_for(
     now: Instant,
 ) -> Duration {
     let stalled = match (state.bytes_acked, *progress) {
-        (Some(acked), Some((seen, since))) if acked == seen => now - since,
+        (Some(acked), Some((seen, since))) if acked == seen => now.saturating_duration_since(since),
         (Some(acked), _) => {
             *progress = Some((acked, now));
             Duration::ZERO
