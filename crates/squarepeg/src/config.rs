@@ -215,3 +215,44 @@ impl ConnectionConfig {
         }
     }
 }
+
+/// The keepalive schedule [`ConnectionConfig::dead_peer_timeout`] sets for a connection with
+/// nothing outstanding, on either substrate: the first probe after a third of `timeout`, then
+/// one every sixth, failing after as many as fit in it. With `whole_seconds` both times are
+/// rounded down to whole seconds (at least one), as the kernel's socket options take them.
+/// Returns (idle, interval, probes).
+pub(crate) fn dead_peer_keepalive(
+    timeout: Duration,
+    whole_seconds: bool,
+) -> (Duration, Duration, u32) {
+    let round = |d: Duration| {
+        if whole_seconds {
+            Duration::from_secs(d.as_secs().max(1))
+        } else {
+            d
+        }
+    };
+    let idle = round(timeout / 3);
+    let interval = round(timeout / 6);
+    let probes = timeout.saturating_sub(idle).as_nanos() / interval.as_nanos().max(1);
+    (idle, interval, probes.clamp(1, u128::from(u32::MAX)) as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The same schedule on both substrates; the kernel's in whole seconds.
+    #[test]
+    fn the_dead_peer_keepalive_schedule() {
+        let s = Duration::from_secs;
+        assert_eq!(dead_peer_keepalive(s(30), false), (s(10), s(5), 4));
+        assert_eq!(dead_peer_keepalive(s(30), true), (s(10), s(5), 4));
+        assert_eq!(
+            dead_peer_keepalive(s(3), false),
+            (s(1), Duration::from_millis(500), 4)
+        );
+        // Half a second rounds up to the socket option's one: two probes fit.
+        assert_eq!(dead_peer_keepalive(s(3), true), (s(1), s(1), 2));
+    }
+}

@@ -365,15 +365,12 @@ pub(crate) fn prepare_socket(socket: &TcpStream, config: &ConnectionConfig) -> i
 /// connection whose peer answers but keeps its window closed longer than that (Linux 5.11
 /// and later) — an application that pauses reading, which must not lose its connection.
 fn set_dead_peer_timeout(socket: &TcpStream, timeout: Duration) -> io::Result<()> {
-    let whole_seconds = |d: Duration| Duration::from_secs(d.as_secs().max(1));
-    let idle = whole_seconds(timeout / 3);
-    let interval = whole_seconds(timeout / 6);
+    let (idle, interval, _probes) = crate::config::dead_peer_keepalive(timeout, true);
     let keepalive = socket2::TcpKeepalive::new()
         .with_time(idle)
         .with_interval(interval);
     #[cfg(any(target_os = "linux", target_os = "android", target_vendor = "apple"))]
-    let keepalive = keepalive
-        .with_retries((timeout.saturating_sub(idle).as_secs() / interval.as_secs()).max(1) as u32);
+    let keepalive = keepalive.with_retries(_probes);
     socket2::SockRef::from(socket).set_tcp_keepalive(&keepalive)
 }
 

@@ -53,11 +53,9 @@ pub(crate) fn tcp_config(
 /// Here the user timeout can be used: this TCP counts only unanswered zero-window probes
 /// against it, so a live peer that keeps its window closed keeps its connection.
 fn set_dead_peer_timeout(tcp: &mut squarepeg_tcp::ConnectionConfig, timeout: Duration) {
-    const PROBES: u32 = 4;
-    let idle = timeout / 3;
-    let interval = (timeout - idle) / PROBES;
+    let (idle, interval, probes) = crate::config::dead_peer_keepalive(timeout, false);
     tcp.user_timeout = Some(timeout);
-    tcp.keepalive = Some(squarepeg_tcp::KeepaliveConfig::new(idle, interval, PROBES));
+    tcp.keepalive = Some(squarepeg_tcp::KeepaliveConfig::new(idle, interval, probes));
 }
 
 struct UtcpWire {
